@@ -1,0 +1,46 @@
+"""irkit: torch.export → clean, fast, hierarchical ONNX on onnx-ir.
+
+The public surface is exactly ``__all__``. Stages are functions over an ``onnx_ir.Model``:
+
+>>> import irkit                                   # doctest: +SKIP
+>>> model = irkit.lower(torch.export.export(m, args))  # doctest: +SKIP
+>>> irkit.save(model, "model.onnx")               # doctest: +SKIP
+
+Only :func:`lower` needs torch, and it imports it on first call: rewriting, outlining and viz
+work on any ONNX file without torch.
+"""
+
+from __future__ import annotations
+
+from irkit import errors, metadata
+from irkit._io import check, load, save
+from irkit.errors import (
+    FixedPointError,
+    IrkitError,
+    LoweringError,
+    ModelLoadError,
+    OutlineError,
+    RewriteError,
+    RuleDefinitionError,
+    UnsupportedOpError,
+)
+from irkit.lowering import lower
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "lower",
+    "save",
+    "load",
+    "check",
+    "errors",
+    "metadata",
+    "IrkitError",
+    "UnsupportedOpError",
+    "LoweringError",
+    "OutlineError",
+    "RuleDefinitionError",
+    "RewriteError",
+    "FixedPointError",
+    "ModelLoadError",
+]

@@ -1,0 +1,145 @@
+"""Saving, loading and checking ONNX models (no torch needed)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import onnx
+import onnx_ir as ir
+
+from irkit.errors import IrkitError, ModelLoadError
+
+__all__ = ["save", "load", "check", "EXTERNAL_DATA_THRESHOLD_BYTES"]
+
+EXTERNAL_DATA_THRESHOLD_BYTES = 1_500_000_000
+"""Above this total initializer size :func:`save` writes weights to ``<file>.data``.
+
+Protobuf cannot serialize messages of 2 GiB or more, so a margin below that is kept.
+"""
+
+
+def _initializer_bytes(model: ir.Model) -> int:
+    total = 0
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None:
+            total += tensor.nbytes
+    return total
+
+
+def save(
+    model: ir.Model,
+    path: str | os.PathLike[str],
+    *,
+    external_data: bool | str | None = None,
+) -> pathlib.Path:
+    """Serialize ``model`` to ``path``. The model is not modified.
+
+    The output is deterministic: the same model gives a byte-identical file.
+
+    Args:
+        model: The model to save.
+        path: Destination ``.onnx`` file. Parent directories must exist.
+        external_data: ``None`` (default) stores weights in a side file ``<name>.data`` only when
+            they exceed :data:`EXTERNAL_DATA_THRESHOLD_BYTES`; ``True`` always does; ``False``
+            never does; a string names the side file (relative to ``path``'s directory).
+
+    Returns:
+        The path written.
+
+    Raises:
+        IrkitError: The destination directory does not exist, or the model is too large for a
+            single file and ``external_data=False`` was given.
+
+    Example:
+        >>> import irkit, onnx_ir as ir
+        >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+        >>> p = irkit.save(m, __import__("tempfile").mkdtemp() + "/relu.onnx")
+        >>> irkit.load(p).graph.node(0).op_type
+        'Relu'
+    """
+    path = pathlib.Path(path)
+    if not path.parent.is_dir():
+        raise IrkitError(
+            f"Cannot save to {str(path)!r}: directory {str(path.parent)!r} does not exist. "
+            "Create it first."
+        )
+    size = _initializer_bytes(model)
+    if external_data is None:
+        external_data = size > EXTERNAL_DATA_THRESHOLD_BYTES
+    if external_data is False and size > EXTERNAL_DATA_THRESHOLD_BYTES:
+        raise IrkitError(
+            f"Model weights take {size / 2**30:.2f} GiB, too large for one protobuf file "
+            f"({str(path)!r}). Pass external_data=True (or None) to irkit.save."
+        )
+    if external_data is False:
+        ir.save(model, path)
+    else:
+        data_name = external_data if isinstance(external_data, str) else f"{path.name}.data"
+        ir.save(model, path, external_data=data_name)
+    return path
+
+
+def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir.Model:
+    """Load an ONNX file into an ``onnx_ir.Model``.
+
+    Args:
+        path: The ``.onnx`` file.
+        load_external_data: If False, weights stored in side files are referenced lazily and
+            not checked (what ``tools/viz.py`` wants).
+
+    Returns:
+        The model; external weights are memory-mapped on first use.
+
+    Raises:
+        ModelLoadError: The file is missing, is not an ONNX model, is truncated, or (with
+            ``load_external_data=True``) references an external data file that is missing.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{str(path)!r}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{str(path)!r}: is a directory, not an ONNX file")
+    try:
+        model = ir.load(path)
+    except Exception as exc:  # protobuf raises DecodeError, onnx raises various
+        raise ModelLoadError(
+            f"{str(path)!r}: not a valid ONNX model ({type(exc).__name__}: {exc}). "
+            "Is the file truncated or of another format?"
+        ) from exc
+    if load_external_data:
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                location = pathlib.Path(tensor.base_dir) / tensor.location
+                if not location.exists():
+                    raise ModelLoadError(
+                        f"{str(path)!r}: external data file {str(location)!r} for initializer "
+                        f"{value.name!r} is missing. Copy it next to the model."
+                    )
+    return model
+
+
+def check(model: ir.Model, *, full_check: bool = True) -> None:
+    """Run ``onnx.checker`` (with shape inference when ``full_check``) on ``model``.
+
+    Args:
+        model: The model to check; it is not modified.
+        full_check: Also run strict shape inference, as ``onnx.checker.check_model`` does.
+
+    Raises:
+        IrkitError: The checker rejected the model; the message is the checker's.
+    """
+    proto = ir.serde.serialize_model(model)
+    try:
+        if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD_BYTES:
+            raise IrkitError(
+                "Model too large to check in memory; save it with irkit.save and run "
+                "onnx.checker.check_model on the path."
+            )
+        onnx.checker.check_model(proto, full_check=full_check)
+    except onnx.checker.ValidationError as exc:
+        raise IrkitError(f"onnx.checker rejected the model: {exc}") from exc
+    except onnx.shape_inference.InferenceError as exc:
+        raise IrkitError(f"ONNX shape inference rejected the model: {exc}") from exc

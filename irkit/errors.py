@@ -1,0 +1,101 @@
+"""irkit's exception classes.
+
+Every error a user can cause is one of these. Messages say *what* went wrong, *where* (FX node,
+source line, module path, file) and *how to fix it*. Internal invariants use ``assert``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "IrkitError",
+    "UnsupportedOpError",
+    "LoweringError",
+    "OutlineError",
+    "RuleDefinitionError",
+    "RewriteError",
+    "FixedPointError",
+    "ModelLoadError",
+]
+
+
+class IrkitError(Exception):
+    """Base class of every error irkit raises on purpose."""
+
+
+class UnsupportedOpError(IrkitError):
+    """Some FX nodes have no lowering (no custom, irkit or torchlib lowering, no decomposition).
+
+    Raised once, before anything is emitted, listing *every* unsupported op.
+
+    Attributes:
+        ops: One entry per unsupported op: ``(op name, count, first FX node, source location)``.
+    """
+
+    def __init__(self, ops: Sequence[tuple[str, int, str, str]]):
+        self.ops = list(ops)
+        lines = [
+            f"{len(self.ops)} op(s) in the ExportedProgram have no lowering to ONNX:",
+        ]
+        for name, count, fx_node, source in self.ops:
+            where = f" at {source}" if source else ""
+            lines.append(f"  - {name}  ×{count}  (first: FX node {fx_node!r}{where})")
+        lines.append(
+            "Fix: pass custom_lowerings={op_overload: function} to irkit.lower "
+            "(see docs/lowering.md), or rewrite the model to avoid these ops."
+        )
+        super().__init__("\n".join(lines))
+
+
+class LoweringError(IrkitError):
+    """Lowering one FX node failed. The original exception is chained as ``__cause__``.
+
+    Attributes:
+        fx_node: Name of the FX node.
+        target: The node's target as text.
+        module_path: The innermost module call path (``""`` for the root).
+        source: ``file:line`` of the user code, if known.
+    """
+
+    def __init__(
+        self, message: str, *, fx_node: str, target: str, module_path: str = "", source: str = ""
+    ):
+        self.fx_node = fx_node
+        self.target = target
+        self.module_path = module_path
+        self.source = source
+        where = f"FX node {fx_node!r} ({target})"
+        if module_path:
+            where += f" in module {module_path!r}"
+        if source:
+            where += f" at {source}"
+        super().__init__(f"{where}: {message}")
+
+
+class OutlineError(IrkitError):
+    """Outlining module calls into functions failed (bad options or unusable metadata)."""
+
+
+class RuleDefinitionError(IrkitError):
+    """A rewrite rule is malformed (detected when the rule is defined, not when it runs)."""
+
+
+class RewriteError(IrkitError):
+    """Applying rewrite rules failed, e.g. a replacement produced an invalid graph."""
+
+
+class FixedPointError(RewriteError):
+    """The rewrite worklist did not reach a fixed point within the iteration cap.
+
+    Attributes:
+        rules: Names of the rules that kept firing.
+    """
+
+    def __init__(self, message: str, rules: Sequence[str]):
+        self.rules = list(rules)
+        super().__init__(message)
+
+
+class ModelLoadError(IrkitError):
+    """A file could not be read as an ONNX model (missing, not ONNX, truncated, no external data)."""

@@ -1,0 +1,154 @@
+"""Every metadata key irkit writes or reads, and the codecs for their values.
+
+This module is the only place where irkit's metadata keys are spelled. Node metadata lives in
+``ir.Node.metadata_props`` (a ``dict[str, str]`` that ONNX serializes as
+``NodeProto.metadata_props``), so it survives :func:`irkit.save` / :func:`irkit.load` and can be
+read by any tool, with or without irkit.
+
+Scope encoding
+--------------
+A node's *scope* is the chain of ``nn.Module`` calls it was traced under, outermost first,
+without the root module. Each level is a :class:`Frame`: the module path (``"layers.0.attn"``),
+the call index (``0`` for the first call of that module instance, ``1`` for the second — torch
+spells it ``layers.0.attn@1``) and the module's qualified class name
+(``"transformers.models.llama.modeling_llama.LlamaAttention"``).
+
+The value stored under :data:`SCOPE` is JSON: a list of ``[path, call_index, class]`` triples.
+Use :func:`encode_scope` / :func:`decode_scope`; never parse it by hand.
+
+Example:
+    >>> frames = (Frame("layers.0", 0, "m.Block"), Frame("layers.0.attn", 1, "m.Attn"))
+    >>> decode_scope(encode_scope(frames)) == frames
+    True
+    >>> frames[1].call_id
+    'layers.0.attn@1'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+__all__ = [
+    "PREFIX",
+    "SCOPE",
+    "FX_NODE",
+    "FX_TARGET",
+    "SOURCE",
+    "CALL_MODULE",
+    "OUTLINE_NOTE",
+    "REWRITE_RULE",
+    "REWRITE_SOURCES",
+    "MODEL_PRODUCER",
+    "Frame",
+    "encode_scope",
+    "decode_scope",
+    "node_scope",
+    "encode_list",
+    "decode_list",
+]
+
+PREFIX = "irkit."
+"""Every key irkit writes starts with this prefix."""
+
+# --- Written by irkit.lower on every ONNX node it emits ------------------------------------------
+SCOPE = "irkit.scope"
+"""The module call chain of the node (JSON, see :func:`encode_scope`). Absent or ``[]``: root."""
+
+FX_NODE = "irkit.fx_node"
+"""Name of the FX node the ONNX node was lowered from (``"linear_3"``)."""
+
+FX_TARGET = "irkit.fx_target"
+"""The FX node's target (``"aten.linear.default"``), for provenance and viz."""
+
+SOURCE = "irkit.source"
+"""User source location ``"file.py:LINE"`` (innermost frame of the FX node's ``stack_trace``)."""
+
+# --- Written by irkit.outline -----------------------------------------------------------------
+CALL_MODULE = "irkit.call"
+"""On a function-call node: the :class:`Frame` of the module call it stands for (JSON triple)."""
+
+OUTLINE_NOTE = "irkit.outline.note"
+"""Why a module call was left inline or split (human readable)."""
+
+# --- Written by irkit.rewrite -----------------------------------------------------------------
+REWRITE_RULE = "irkit.rewrite.rule"
+"""On a replacement node: the name of the rule that created it."""
+
+REWRITE_SOURCES = "irkit.rewrite.sources"
+"""On a replacement node: JSON list of the matched nodes' source locations (union, sorted)."""
+
+# --- Model level ------------------------------------------------------------------------------
+MODEL_PRODUCER = "irkit"
+"""``ModelProto.producer_name`` of models irkit creates."""
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Frame:
+    """One level of a node's module scope: one *call* of one module instance.
+
+    Attributes:
+        path: Module path from the root (``"layers.0.attn"``); ``""`` is the root module.
+        call_index: Which call of that module instance (0 for the first).
+        cls: Qualified class name of the module (``"torch.nn.modules.linear.Linear"``).
+    """
+
+    path: str
+    call_index: int
+    cls: str
+
+    @property
+    def call_id(self) -> str:
+        """The call's identity as torch spells it: ``path`` or ``path@N`` for N > 0."""
+        return self.path if self.call_index == 0 else f"{self.path}@{self.call_index}"
+
+    @property
+    def class_name(self) -> str:
+        """The unqualified class name (``"Linear"``)."""
+        return self.cls.rsplit(".", 1)[-1]
+
+    @property
+    def package(self) -> str:
+        """The Python package of the class (``"transformers.models.llama"``).
+
+        The class's module path without its last component (the defining file); classes defined
+        at top level of a script (``__main__.Foo``) return the module itself.
+        """
+        module = self.cls.rsplit(".", 1)[0] if "." in self.cls else ""
+        return module.rsplit(".", 1)[0] if "." in module else module
+
+    def to_json(self) -> list[object]:
+        return [self.path, self.call_index, self.cls]
+
+    @classmethod
+    def from_json(cls, data: Sequence[object]) -> Frame:
+        path, call_index, klass = data
+        return cls(str(path), int(call_index), str(klass))  # type: ignore[arg-type]
+
+
+def encode_scope(frames: Iterable[Frame]) -> str:
+    """Encode a scope (outermost frame first) as the string stored under :data:`SCOPE`."""
+    return json.dumps([f.to_json() for f in frames], separators=(",", ":"))
+
+
+def decode_scope(text: str | None) -> tuple[Frame, ...]:
+    """Decode a :data:`SCOPE` value; ``None`` or ``""`` is the root scope ``()``."""
+    if not text:
+        return ()
+    return tuple(Frame.from_json(item) for item in json.loads(text))
+
+
+def node_scope(metadata_props: Mapping[str, str]) -> tuple[Frame, ...]:
+    """The scope of a node, read from its ``metadata_props``."""
+    return decode_scope(metadata_props.get(SCOPE))
+
+
+def encode_list(items: Iterable[str]) -> str:
+    """Encode a list of strings (e.g. :data:`REWRITE_SOURCES`) as compact JSON."""
+    return json.dumps(list(items), separators=(",", ":"))
+
+
+def decode_list(text: str | None) -> list[str]:
+    """Decode a value written by :func:`encode_list`; ``None`` gives ``[]``."""
+    return [] if not text else [str(x) for x in json.loads(text)]

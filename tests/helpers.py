@@ -1,0 +1,67 @@
+"""Shared test helpers: run models in onnxruntime and compare with eager PyTorch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+
+FP32_ATOL = 1e-4
+
+
+def ort_session(model: ir.Model) -> ort.InferenceSession:
+    """An onnxruntime CPU session with graph optimizations disabled.
+
+    ORT's own fusions must not hide a wrong graph, so nothing is optimized.
+    """
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    proto = ir.serde.serialize_model(model)
+    return ort.InferenceSession(
+        proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
+
+
+def run_ort(model: ir.Model, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
+    """Run ``model`` on ``inputs`` (positional, in graph-input order, or by name)."""
+    sess = ort_session(model)
+    names = [i.name for i in sess.get_inputs()]
+    if isinstance(inputs, Mapping):
+        feeds = {k: _to_numpy(v) for k, v in inputs.items()}
+    else:
+        if len(inputs) != len(names):
+            raise ValueError(f"model takes {len(names)} inputs {names}, got {len(inputs)}")
+        feeds = {n: _to_numpy(v) for n, v in zip(names, inputs)}
+    return sess.run(None, feeds)
+
+
+def _to_numpy(v: Any) -> np.ndarray:
+    if hasattr(v, "detach"):
+        return v.detach().cpu().numpy()
+    return np.asarray(v)
+
+
+def flatten_outputs(out: Any) -> list[np.ndarray]:
+    """Flatten eager outputs (tensors, tuples, dicts, HF ModelOutput) in torch.export order."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    leaves, _ = pytree.tree_flatten(out)
+    return [leaf.detach().numpy() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], atol: float) -> float:
+    """Assert elementwise closeness of two output lists; returns the max abs difference."""
+    assert len(actual) == len(expected), f"{len(actual)} outputs vs {len(expected)} expected"
+    worst = 0.0
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.shape == e.shape, f"output {i}: shape {a.shape} vs expected {e.shape}"
+        if a.size:
+            diff = float(np.max(np.abs(a.astype(np.float64) - e.astype(np.float64))))
+            assert diff <= atol, f"output {i}: max abs diff {diff:.3g} > {atol:g}"
+            worst = max(worst, diff)
+    return worst
