@@ -24,12 +24,28 @@ from irkit.errors import (
     RuleDefinitionError,
     UnsupportedOpError,
 )
+from irkit.hierarchy import (
+    CallSignatures,
+    FunctionsOption,
+    ModuleSelector,
+    OutlineWarning,
+    function_tree,
+    inline,
+    outline,
+)
 from irkit.lowering import lower
 
 __version__ = "0.1.0"
 
 __all__ = [
     "lower",
+    "outline",
+    "inline",
+    "function_tree",
+    "ModuleSelector",
+    "FunctionsOption",
+    "CallSignatures",
+    "OutlineWarning",
     "save",
     "load",
     "check",

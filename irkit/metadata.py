@@ -38,6 +38,7 @@ __all__ = [
     "SOURCE",
     "CALL_MODULE",
     "OUTLINE_NOTE",
+    "OUTLINE_ORIGIN",
     "REWRITE_RULE",
     "REWRITE_SOURCES",
     "MODEL_PRODUCER",
@@ -71,6 +72,11 @@ CALL_MODULE = "irkit.call"
 
 OUTLINE_NOTE = "irkit.outline.note"
 """Why a module call was left inline or split (human readable)."""
+
+OUTLINE_ORIGIN = "irkit.outline.origin"
+"""On a local function: the scope (JSON, as :data:`SCOPE`) of the module call its body was built
+from, ending with that call's own frame. Body nodes' scopes start with it; :func:`irkit.inline`
+uses it to re-root them at each call site."""
 
 # --- Written by irkit.rewrite -----------------------------------------------------------------
 REWRITE_RULE = "irkit.rewrite.rule"

@@ -1,0 +1,23 @@
+"""Module hierarchy → ONNX local functions (and back).
+
+:func:`outline` recovers the ``nn.Module`` call hierarchy from irkit's scope metadata, turns
+each chosen module call into a local function (bottom-up, sharing structurally identical
+bodies) and :func:`inline` reverses it. See ``docs/hierarchy.md``.
+"""
+
+from __future__ import annotations
+
+from irkit.hierarchy._inline import inline
+from irkit.hierarchy._outline import CallSignatures, OutlineWarning, outline
+from irkit.hierarchy._report import function_tree
+from irkit.hierarchy._select import FunctionsOption, ModuleSelector
+
+__all__ = [
+    "outline",
+    "inline",
+    "function_tree",
+    "ModuleSelector",
+    "FunctionsOption",
+    "CallSignatures",
+    "OutlineWarning",
+]

@@ -1,0 +1,142 @@
+"""Nesting analysis: the scope tree of module calls and the dataflow DAG of the ONNX nodes.
+
+Both are :class:`networkx.DiGraph` objects.
+
+* The **scope tree** has one node per module *call*, keyed by its full scope (a tuple of
+  :class:`~irkit.metadata.Frame`, outermost first; ``()`` is the root). ``a`` and ``a@1`` are two
+  calls of one module and therefore two tree nodes. Each ONNX node is a *direct member* of its
+  innermost call; a call *owns* its direct members and everything its descendants own.
+* The **dataflow DAG** has one node per ONNX node (``ir.Node``), an edge producer → consumer.
+
+Outlining contracts regions of the DAG bottom-up (:meth:`Dataflow.plan` / :meth:`Dataflow.contract`).
+Contracting a set of nodes keeps a DAG acyclic exactly when the set is *convex*: no path leaves
+it and comes back. Every path that leaves a region R and re-enters it runs through nodes whose
+positions in any topological order lie between the first and last node of R, so the check only
+looks at that *span*: the span's outside nodes plus R contracted to one node must be acyclic.
+For the usual contiguous region the span holds no outside node and the check is O(|R|); the
+positions are kept as a valid topological order after each contraction, so the total cost stays
+about O(nodes x depth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import networkx as nx
+import onnx_ir as ir
+
+from irkit import metadata as md
+
+__all__ = ["Scope", "build_scope_tree", "Dataflow", "ContractionPlan"]
+
+Scope = tuple[md.Frame, ...]
+_REGION = "<region>"
+
+
+def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, list[ir.Node]]]:
+    """The scope tree of the module calls found in ``nodes``' metadata, and each call's direct members.
+
+    Returns:
+        ``(tree, members)``: ``tree`` has the root ``()`` and an edge parent → child per call
+        (node attributes ``frame`` and ``depth``); ``members[scope]`` lists the nodes whose
+        innermost call is ``scope``, in the given order.
+
+    Example:
+        >>> tree, members = build_scope_tree([])
+        >>> list(tree.nodes), members
+        ([()], {(): []})
+    """
+    tree = nx.DiGraph()
+    tree.add_node((), frame=None, depth=0)
+    members: dict[Scope, list[ir.Node]] = {(): []}
+    for node in nodes:
+        scope = md.node_scope(node.metadata_props)
+        if scope not in members:
+            for depth in range(1, len(scope) + 1):
+                prefix = scope[:depth]
+                if prefix not in tree:
+                    tree.add_node(prefix, frame=prefix[-1], depth=depth)
+                    tree.add_edge(prefix[:-1], prefix)
+                    members.setdefault(prefix, [])
+        members[scope].append(node)
+    return tree, members
+
+
+@dataclasses.dataclass
+class ContractionPlan:
+    """What :meth:`Dataflow.plan` found out about a region (only built for convex regions)."""
+
+    region: set[ir.Node]
+    lo: int
+    hi: int
+    before: list[ir.Node]  # outside nodes of the span that must stay before the region
+    after: list[ir.Node]  # outside nodes of the span that may follow it
+
+
+class Dataflow:
+    """The dataflow DAG of a graph's nodes, contracted region by region.
+
+    Args:
+        nodes: The graph's nodes in a topological order.
+    """
+
+    def __init__(self, nodes: Sequence[ir.Node]):
+        self.dag = nx.DiGraph()
+        self.order: list[ir.Node | None] = list(nodes)
+        self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
+        self.dag.add_nodes_from(self.order)
+        for node in self.order:
+            for value in node.inputs:
+                producer = value.producer() if value is not None else None
+                if producer is not None and producer in self.pos:
+                    self.dag.add_edge(producer, node)
+
+    def plan(self, region: Iterable[ir.Node]) -> ContractionPlan | list[ir.Node]:
+        """Check that ``region`` is convex.
+
+        Returns:
+            A :class:`ContractionPlan` if it is, else the outside nodes on a path that leaves the
+            region and re-enters it (a witness for the note).
+        """
+        region = set(region)
+        positions = [self.pos[n] for n in region]
+        lo, hi = min(positions), max(positions)
+        outside = [n for n in self.order[lo : hi + 1] if n is not None and n not in region]
+        if not outside:
+            return ContractionPlan(region, lo, hi, [], [])
+        span = set(outside)
+        small = nx.DiGraph()
+        small.add_node(_REGION)
+        small.add_nodes_from(outside)
+        for node in (*outside, *region):
+            src = _REGION if node in region else node
+            for succ in self.dag.successors(node):
+                dst = _REGION if succ in region else (succ if succ in span else None)
+                if dst is not None and dst != src:
+                    small.add_edge(src, dst)
+        if not nx.is_directed_acyclic_graph(small):
+            cycle = nx.find_cycle(small, _REGION)
+            return [u for u, _ in cycle if u != _REGION]
+        must_precede = nx.ancestors(small, _REGION)
+        before = [n for n in outside if n in must_precede]
+        after = [n for n in outside if n not in must_precede]
+        return ContractionPlan(region, lo, hi, before, after)
+
+    def contract(self, plan: ContractionPlan, new_node: ir.Node) -> None:
+        """Replace the planned region by ``new_node``, keeping ``order`` topological."""
+        region = plan.region
+        preds = {p for n in region for p in self.dag.predecessors(n) if p not in region}
+        succs = {s for n in region for s in self.dag.successors(n) if s not in region}
+        self.dag.remove_nodes_from(region)
+        self.dag.add_node(new_node)
+        self.dag.add_edges_from((p, new_node) for p in preds)
+        self.dag.add_edges_from((new_node, s) for s in succs)
+        for n in region:
+            del self.pos[n]
+        new_span = [*plan.before, new_node, *plan.after]
+        self.order[plan.lo : plan.hi + 1] = new_span + [None] * (
+            plan.hi + 1 - plan.lo - len(new_span)
+        )
+        for offset, node in enumerate(new_span):
+            self.pos[node] = plan.lo + offset

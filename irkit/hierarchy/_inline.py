@@ -1,0 +1,171 @@
+"""Inlining function calls back into the graph, with module scopes re-rooted at each call site.
+
+onnx-ir's ``InlinePass(criteria=...)`` does the same cloning, but it copies the call node's
+metadata onto every inlined node and cannot re-root the module paths of a *shared* body (the body
+of ``layers.0``'s function carries ``layers.0.*`` scopes; inlined at ``layers.5`` they must read
+``layers.5.*``). So irkit clones here, node by node, and fixes the scopes on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedFunctionsPass
+
+from irkit import metadata as md
+from irkit.errors import OutlineError
+from irkit.hierarchy._analysis import Scope
+from irkit.hierarchy._select import FunctionsOption, make_predicate
+
+__all__ = ["inline", "call_frame", "reroot_scope"]
+
+logger = logging.getLogger(__name__)
+
+
+def call_frame(node: ir.Node) -> md.Frame | None:
+    """The module call a function-call node stands for (its ``irkit.call``), or None."""
+    text = node.metadata_props.get(md.CALL_MODULE)
+    return md.Frame.from_json(json.loads(text)) if text else None
+
+
+def reroot_scope(scope: Scope, origin: Scope, site: Scope) -> Scope:
+    """Move a body node's scope from the call the body was built from to another call site.
+
+    Example:
+        >>> F = md.Frame
+        >>> origin = (F("layers.0", 0, "m.Block"),)
+        >>> site = (F("layers.5", 0, "m.Block"),)
+        >>> reroot_scope((*origin, F("layers.0.attn", 0, "m.Attn")), origin, site)[-1].path
+        'layers.5.attn'
+    """
+    if not origin or scope[: len(origin)] != origin:
+        return site if len(scope) < len(site) else (*site, *scope[len(site):])
+    old, new = origin[-1].path, site[-1].path
+    tail = tuple(
+        md.Frame(new + f.path[len(old):] if f.path.startswith(old) else f.path, f.call_index, f.cls)
+        for f in scope[len(origin):]
+    )
+    return (*site, *tail)
+
+
+def inline(
+    model: ir.Model,
+    predicate: Callable[[ir.Function], bool] | None = None,
+    *,
+    modules: FunctionsOption | None = None,
+) -> ir.Model:
+    """Inline local-function calls back into the graph (the reverse of :func:`outline`). In place.
+
+    A call is inlined when ``predicate(function)`` is true *and* its module call (``irkit.call``)
+    is selected by ``modules`` (same forms as ``outline``'s ``functions``); ``None`` means all.
+    Inlined nodes get the scope of *their* call site, so ``outline(inline(m))`` finds the same
+    modules again. Calls inside functions that are kept are inlined into those bodies. Functions
+    no longer called are removed.
+
+    Args:
+        model: The model.
+        predicate: Over the called :class:`onnx_ir.Function`; None selects all.
+        modules: Over the module call of the call node; None selects all.
+
+    Returns:
+        ``model`` itself.
+
+    Example:
+        >>> import irkit, onnx_ir as ir
+        >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+        >>> m.graph.node(0).metadata_props["irkit.scope"] = '[["act",0,"torch.nn.modules.activation.ReLU"]]'
+        >>> [n.op_type for n in irkit.inline(irkit.outline(m)).graph]
+        ['Relu']
+    """
+    by_module = make_predicate(True if modules is None else modules)
+
+    def wanted(node: ir.Node) -> ir.Function | None:
+        function = model.functions.get(node.op_identifier())
+        if function is None:
+            return None
+        frame = call_frame(node)
+        if predicate is not None and not predicate(function):
+            return None
+        if frame is not None and not by_module(frame):
+            return None
+        return function
+
+    count = _inline_in(model.graph, wanted)
+    for function in list(model.functions.values()):
+        count += _inline_in(function, wanted)
+    RemoveUnusedFunctionsPass()(model)
+    logger.info("inlined %d calls", count)
+    return model
+
+
+def _inline_in(graph: ir.Graph | ir.Function, wanted: Callable[[ir.Node], ir.Function | None]) -> int:
+    used = {v.name for n in graph for v in n.outputs if v.name}
+    used |= {v.name for v in graph.inputs if v.name}
+    count = 0
+    worklist = list(graph)
+    while worklist:
+        node = worklist.pop(0)
+        function = wanted(node)
+        if function is None:
+            continue
+        new_nodes, new_outputs = _instantiate(node, function, used)
+        ir.convenience.replace_nodes_and_values(
+            graph, node, [node], new_nodes, node.outputs, new_outputs
+        )
+        worklist[:0] = new_nodes
+        count += 1
+    return count
+
+
+def _instantiate(
+    call: ir.Node, function: ir.Function, used: set[str]
+) -> tuple[list[ir.Node], list[ir.Value]]:
+    if len(call.inputs) > len(function.inputs):
+        raise OutlineError(
+            f"Call node {call.name!r} passes {len(call.inputs)} inputs to function "
+            f"{function.domain}::{function.name} which takes {len(function.inputs)}."
+        )
+    vmap: dict[ir.Value, ir.Value | None] = dict(zip(function.inputs, call.inputs))
+    site_scope = md.node_scope(call.metadata_props)
+    frame = call_frame(call)
+    site = (*site_scope, frame) if frame is not None else site_scope
+    origin = md.decode_scope(function.metadata_props.get(md.OUTLINE_ORIGIN))
+    new_nodes = []
+    for node in function:
+        if any(a.is_ref() for a in node.attributes.values()):
+            raise OutlineError(
+                f"Function {function.domain}::{function.name} uses attribute references; "
+                "irkit.inline only inlines functions without attribute parameters."
+            )
+        meta = dict(node.metadata_props)
+        meta[md.SCOPE] = md.encode_scope(reroot_scope(md.node_scope(meta), origin, site))
+        inner = call_frame(node)
+        if inner is not None:
+            moved = reroot_scope((*origin, inner), origin, site)[-1] if origin else inner
+            meta[md.CALL_MODULE] = json.dumps(moved.to_json(), separators=(",", ":"))
+        clone = ir.Node(
+            node.domain, node.op_type, [vmap[v] if v is not None else None for v in node.inputs],
+            attributes=list(node.attributes.values()), overload=node.overload,
+            num_outputs=len(node.outputs), version=node.version,
+            name=_fresh(node.name, used),
+            metadata_props=meta,
+        )
+        for old, new in zip(node.outputs, clone.outputs):
+            new.name = _fresh(old.name, used)
+            new.type, new.shape = old.type, old.shape
+            vmap[old] = new
+        new_nodes.append(clone)
+    return new_nodes, [vmap[v] for v in function.outputs]
+
+
+def _fresh(name: str | None, used: set[str]) -> str | None:
+    if name is None:
+        return None
+    result, k = name, 1
+    while result in used:
+        result, k = f"{name}_{k}", k + 1
+    used.add(result)
+    return result

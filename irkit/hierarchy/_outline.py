@@ -1,0 +1,290 @@
+"""Outlining module calls into ONNX local functions, bottom-up, with deduplication."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+
+import networkx as nx
+import onnx_ir as ir
+from onnx_ir.passes.common import TopologicalSortPass
+
+from irkit import metadata as md
+from irkit.errors import OutlineError
+from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
+from irkit.hierarchy._dedupe import FunctionRegistry, canonical_text
+from irkit.hierarchy._select import FunctionsOption, make_predicate
+
+__all__ = ["outline", "CallSignatures", "OutlineWarning", "function_domain"]
+
+logger = logging.getLogger(__name__)
+
+CallSignatures = Mapping[str, tuple[Sequence[str], Sequence[str]]]
+"""Module call id (``"layers.0"``, ``"layers.0@1"``) → (input value names, output value names)
+in the module's call-signature order. Torch-free; built from ``ep.module_call_graph``."""
+
+FUNCTION_OPSET_VERSION = 1
+
+
+class OutlineWarning(UserWarning):
+    """A module call was left inline (its region is not convex, or it has no used output)."""
+
+
+def function_domain(frame: md.Frame) -> str:
+    """The ONNX domain of a module's function: the Python package of its class.
+
+    Example:
+        >>> function_domain(md.Frame("l", 0, "transformers.models.llama.modeling_llama.LlamaMLP"))
+        'transformers.models.llama'
+        >>> function_domain(md.Frame("l", 0, "__main__.Block"))
+        'main'
+    """
+    package = frame.package.replace("__main__", "main").strip("_.")
+    return package or "irkit.local"
+
+
+@dataclasses.dataclass
+class _Context:
+    model: ir.Model
+    selected: object  # Callable[[Frame], bool]
+    max_depth: int | None
+    signatures: CallSignatures
+    registry: FunctionRegistry
+    dataflow: Dataflow
+    used_call_names: set[str]
+    notes: list[str]
+
+
+def outline(
+    model: ir.Model,
+    functions: FunctionsOption = True,
+    *,
+    max_depth: int | None = None,
+    call_signatures: CallSignatures | None = None,
+) -> ir.Model:
+    """Turn module calls into ONNX local functions, bottom-up, sharing identical bodies. In place.
+
+    Works on any model whose nodes carry ``irkit.scope`` metadata (:mod:`irkit.metadata`), also
+    after rewrites. Each chosen call becomes a call node (named after the call, e.g.
+    ``layers.0@1``, with ``irkit.call`` and ``irkit.scope`` metadata) of a function named after
+    the module class in a domain named after its Python package. Everything a body uses from
+    outside — activations and initializers — becomes a function input; values used outside
+    become outputs. Structurally identical bodies share one function; different bodies of one
+    class get distinct names (``Linear``, ``Linear_1``). A call whose region is not convex (a path
+    leaves it and comes back, so a call node would create a cycle) is left inline with an
+    :class:`OutlineWarning` and an ``irkit.outline.note`` on its nodes.
+
+    Args:
+        model: The model; its main graph is outlined, the result is topologically sorted.
+        functions: Which calls: ``True`` (all), ``False`` (none: the model is returned as is),
+            classes / class names, a :class:`ModuleSelector` (classes and path globs) or a
+            predicate ``(path, qualified_class) -> bool``. See :mod:`irkit.hierarchy._select`.
+        max_depth: Only outline calls at most this deep (top-level modules are depth 1).
+        call_signatures: Optional input/output order of module calls (:data:`CallSignatures`).
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        OutlineError: Bad ``functions``/``max_depth`` options.
+
+    Example:
+        >>> import irkit, onnx_ir as ir
+        >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+        >>> m.graph.node(0).metadata_props["irkit.scope"] = '[["act",0,"torch.nn.modules.activation.ReLU"]]'
+        >>> _ = irkit.outline(m)
+        >>> [(n.name, n.domain, n.op_type) for n in m.graph]
+        [('act', 'torch.nn.modules', 'ReLU')]
+    """
+    if max_depth is not None and (not isinstance(max_depth, int) or max_depth < 0):
+        raise OutlineError(f"max_depth={max_depth!r}: expected a non-negative int or None.")
+    selected = make_predicate(functions)
+    if functions is False or max_depth == 0:
+        return model
+    TopologicalSortPass()(model)
+    tree, members = build_scope_tree(model.graph)
+    ctx = _Context(
+        model, selected, max_depth, call_signatures or {}, FunctionRegistry(),
+        Dataflow(list(model.graph)), {n.name for n in model.graph if n.name}, [],
+    )
+    for scope in _bottom_up(tree, ctx.dataflow, members):
+        items = members.pop(scope)
+        call = _maybe_outline(ctx, scope, items) if items else None
+        members[scope[:-1]].extend([call] if call is not None else items)
+    TopologicalSortPass()(model)
+    logger.info(
+        "outlined %d module calls into %d functions (%d left inline)",
+        sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
+        len(model.functions), len(ctx.notes),
+    )
+    return model
+
+
+def _bottom_up(tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]) -> list[Scope]:
+    """Calls children-first; siblings in order of their first node (deterministic)."""
+    first: dict[Scope, int] = {}
+    for scope in nx.dfs_postorder_nodes(tree, ()):
+        own = [flow.pos[n] for n in members[scope]]
+        own += [first[c] for c in tree.successors(scope)]
+        first[scope] = min(own, default=len(flow.order))
+
+    def children(scope: Scope) -> list[Scope]:
+        return sorted(tree.successors(scope), key=lambda c: (first[c], c))
+
+    order: list[Scope] = []
+    stack: list[tuple[Scope, bool]] = [((), False)]
+    while stack:  # iterative post-order with sorted children (dfs_postorder cannot sort)
+        scope, expanded = stack.pop()
+        if expanded:
+            order.append(scope)
+            continue
+        stack.append((scope, True))
+        stack.extend((c, False) for c in reversed(children(scope)))
+    return order[:-1]  # without the root
+
+
+def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> ir.Node | None:
+    frame = scope[-1]
+    if ctx.max_depth is not None and len(scope) > ctx.max_depth:
+        return None
+    if not ctx.selected(frame):
+        return None
+    if any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for n in items for a in n.attributes.values()
+    ):
+        return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
+    plan = ctx.dataflow.plan(items)
+    if not isinstance(plan, ContractionPlan):
+        witness = ", ".join(repr(n.name or n.op_type) for n in plan[:3])
+        return _leave_inline(
+            ctx, frame, items,
+            f"its region is not convex: a path leaves it and re-enters it through {witness} "
+            "(outlining would create a cycle)",
+        )
+    call = _build_call(ctx, scope, sorted(items, key=ctx.dataflow.pos.__getitem__))
+    if call is None:
+        return _leave_inline(ctx, frame, items, "none of its outputs is used")
+    ctx.dataflow.contract(plan, call)
+    return call
+
+
+def _leave_inline(ctx: _Context, frame: md.Frame, items: list[ir.Node], why: str) -> None:
+    note = f"module call {frame.call_id!r} ({frame.cls}) left inline: {why}"
+    ctx.notes.append(note)
+    logger.warning("%s", note)
+    warnings.warn(note, OutlineWarning, stacklevel=4)
+    for node in items:
+        old = node.metadata_props.get(md.OUTLINE_NOTE)
+        node.metadata_props[md.OUTLINE_NOTE] = note if not old else f"{old}\n{note}"
+
+
+def _ordered(values: list[ir.Value], names: Sequence[str]) -> list[ir.Value]:
+    """``values`` with those named in ``names`` first, in that order; the rest keep their order."""
+    rank = {name: i for i, name in enumerate(names)}
+    first = sorted((v for v in values if v.name in rank), key=lambda v: rank[v.name])
+    return first + [v for v in values if v.name not in rank]
+
+
+def _boundary(ctx: _Context, frame: md.Frame, body: list[ir.Node]) -> tuple[list[ir.Value], list[ir.Value]]:
+    region = set(body)
+    inputs: dict[ir.Value, None] = {}
+    outputs: list[ir.Value] = []
+    for node in body:
+        for value in node.inputs:
+            if value is not None and value.producer() not in region:
+                inputs.setdefault(value)
+        for value in node.outputs:
+            if value.is_graph_output() or any(u.node not in region for u in value.uses()):
+                outputs.append(value)
+    sig_in, sig_out = ctx.signatures.get(frame.call_id, ctx.signatures.get(frame.path, ((), ())))
+    return _ordered(list(inputs), sig_in), _ordered(outputs, sig_out)
+
+
+def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:
+    """Function input names relative to the module (``layers.3.attn.q.weight`` → ``attn.q.weight``)."""
+    base = name or "input"
+    if frame.path and base.startswith(frame.path + "."):
+        base = base[len(frame.path) + 1 :]
+    result, k = base, 1
+    while result in taken:
+        result, k = f"{base}_{k}", k + 1
+    taken.add(result)
+    return result
+
+
+def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | None:
+    """Move ``body`` into a (possibly shared) function; return the call node now standing for it."""
+    frame = scope[-1]
+    graph = ctx.model.graph
+    outer_inputs, outputs = _boundary(ctx, frame, body)
+    if not outputs:
+        return None
+    taken: set[str] = set()
+    params = [
+        ir.Value(name=_local_name(v.name, frame, taken), type=v.type, shape=v.shape)
+        for v in outer_inputs
+    ]
+    param_of = dict(zip(outer_inputs, params))
+    for node in body:
+        for i, value in enumerate(node.inputs):
+            if value in param_of:
+                node.replace_input_with(i, param_of[value])
+    domain = function_domain(frame)
+    text = canonical_text(params, body, outputs)
+    function = ctx.registry.find(domain, frame.class_name, text)
+    call = ir.Node(
+        domain, frame.class_name, outer_inputs, num_outputs=len(outputs), name=_call_name(ctx, frame),
+        metadata_props={
+            md.CALL_MODULE: json.dumps(frame.to_json(), separators=(",", ":")),
+            md.SCOPE: md.encode_scope(scope[:-1]),
+        },
+    )
+    for new, old in zip(call.outputs, outputs):
+        new.name, new.type, new.shape = old.name, old.type, old.shape
+        for use in list(old.uses()):
+            if use.node not in body:
+                use.node.replace_input_with(use.idx, new)
+        if old.is_graph_output():
+            graph.outputs[:] = [new if v is old else v for v in graph.outputs]
+    graph.insert_before(body[0], call)
+    graph.remove(body)
+    if function is None:
+        function = _new_function(ctx, scope, params, body, outputs, text)
+    call.op_type = function.name
+    return call
+
+
+def _new_function(
+    ctx: _Context, scope: Scope, params: list[ir.Value], body: list[ir.Node],
+    outputs: list[ir.Value], text: str,
+) -> ir.Function:
+    frame, model = scope[-1], ctx.model
+    domain, cls_name = function_domain(frame), frame.class_name
+    name = ctx.registry.next_name(domain, cls_name)
+    while (domain, name, "") in model.functions:  # e.g. outlining a model twice
+        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], "")
+        name = ctx.registry.next_name(domain, cls_name)
+    opsets = {"": model.opset_imports.get("", 18)}
+    for node in body:
+        if node.domain not in opsets:
+            opsets[node.domain] = model.opset_imports.get(node.domain, FUNCTION_OPSET_VERSION)
+    fgraph = ir.Graph(params, outputs, nodes=body, opset_imports=opsets, name=name)
+    function = ir.Function(domain, name, graph=fgraph, attributes=[])
+    function.doc_string = f"Module class {frame.cls}"
+    function.metadata_props[md.OUTLINE_ORIGIN] = md.encode_scope(scope)
+    model.functions[function.identifier()] = function
+    model.opset_imports.setdefault(domain, FUNCTION_OPSET_VERSION)
+    ctx.registry.add(domain, cls_name, function, text)
+    return function
+
+
+def _call_name(ctx: _Context, frame: md.Frame) -> str:
+    name, k = frame.call_id, 1
+    while name in ctx.used_call_names:
+        name, k = f"{frame.call_id}#{k}", k + 1
+    ctx.used_call_names.add(name)
+    return name
