@@ -103,7 +103,7 @@ def inline(
 
 def _inline_in(graph: ir.Graph | ir.Function, wanted: Callable[[ir.Node], ir.Function | None]) -> int:
     used = {v.name for n in graph for v in n.outputs if v.name}
-    used |= {v.name for v in graph.inputs if v.name}
+    used |= {v.name for v in graph.inputs if v.name} | {n.name for n in graph if n.name}
     count = 0
     worklist = list(graph)
     while worklist:
@@ -142,15 +142,17 @@ def _instantiate(
             )
         meta = dict(node.metadata_props)
         meta[md.SCOPE] = md.encode_scope(reroot_scope(md.node_scope(meta), origin, site))
+        node_name = node.name
         inner = call_frame(node)
-        if inner is not None:
+        if inner is not None:  # a nested call: it now stands for the call at this site
             moved = reroot_scope((*origin, inner), origin, site)[-1] if origin else inner
             meta[md.CALL_MODULE] = json.dumps(moved.to_json(), separators=(",", ":"))
+            node_name = moved.call_id
         clone = ir.Node(
             node.domain, node.op_type, [vmap[v] if v is not None else None for v in node.inputs],
             attributes=list(node.attributes.values()), overload=node.overload,
             num_outputs=len(node.outputs), version=node.version,
-            name=_fresh(node.name, used),
+            name=_fresh(node_name, used),
             metadata_props=meta,
         )
         for old, new in zip(node.outputs, clone.outputs):

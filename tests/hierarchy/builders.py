@@ -48,7 +48,7 @@ class Builder:
     def op(self, op_type: str, *inputs: ir.Value, num_outputs: int = 1, **attrs: object):
         self._n += 1
         name = f"{op_type.lower()}_{self._n}"
-        node = ir.Node("", op_type, inputs, attributes=attrs, num_outputs=num_outputs, name=name,
+        node = ir.Node("", op_type, inputs, attributes=ir.convenience.convert_attributes(attrs), num_outputs=num_outputs, name=name,
                        metadata_props={md.SCOPE: md.encode_scope(self.scope),
                                        md.SOURCE: f"model.py:{self._n}", md.FX_NODE: name})
         for i, out in enumerate(node.outputs):

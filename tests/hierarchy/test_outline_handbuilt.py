@@ -1,0 +1,202 @@
+"""Outlining hand-built onnx-ir models that carry irkit scope metadata (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import irkit
+from irkit import metadata as md
+from irkit.errors import OutlineError
+from tests.helpers import run_ort
+from tests.hierarchy import builders as B
+from tests.hierarchy.golden import check_golden
+
+X = np.random.default_rng(1).standard_normal((3, B.STACK_D)).astype(np.float32)
+
+
+def outline_and_compare(model: ir.Model, inputs, **kwargs) -> ir.Model:
+    """Outline ``model``; assert checker + topological order + identical numbers in ORT."""
+    before = run_ort(model, inputs)
+    irkit.outline(model, **kwargs)
+    irkit.check(model)
+    assert_sorted(model)
+    after = run_ort(model, inputs)
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    return model
+
+
+def assert_sorted(model: ir.Model) -> None:
+    for body in (model.graph, *model.functions.values()):
+        seen = set(body.inputs) | set(getattr(body, "initializers", {}).values())
+        for node in body:
+            for v in node.inputs:
+                assert v is None or v in seen or v.producer() is None, f"{node.name} before its input"
+            seen.update(node.outputs)
+
+
+def calls(model: ir.Model) -> list[tuple[str, str]]:
+    return [(n.name, n.op_type) for n in model.graph if n.op_identifier() in model.functions]
+
+
+def test_stack_dedupes_to_one_block_function():
+    model = outline_and_compare(B.stack(4), [X])
+    assert [f.name for f in model.functions.values()] == ["Linear", "ReLU", "Block"]
+    assert calls(model) == [(f"layers.{i}", "Block") for i in range(4)]
+    block = model.functions[("mypkg", "Block", "")]
+    # Weights are function inputs; call sites pass their own.
+    assert [v.name for v in block.inputs] == ["x", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert [v.name for v in model.graph.node("layers.2").inputs] == [
+        "add_12", "layers.2.fc1.weight", "layers.2.fc1.bias", "layers.2.fc2.weight", "layers.2.fc2.bias"]
+    assert model.opset_imports == {"": 21, "torch.nn.modules": 1, "mypkg": 1}
+    assert block.opset_imports == {"": 21, "torch.nn.modules": 1}
+    check_golden("stack4_tree.txt", irkit.function_tree(model))
+    check_golden("stack4.onnx.txt", ir.to_onnx_text(model, exclude_initializers=True))
+
+
+def test_call_node_and_body_metadata():
+    model = irkit.outline(B.stack(2))
+    call = model.graph.node("layers.1")
+    assert json.loads(call.metadata_props[md.CALL_MODULE]) == ["layers.1", 0, B.BLOCK]
+    assert md.node_scope(call.metadata_props) == ()
+    block = model.functions[("mypkg", "Block", "")]
+    inner = [n for n in block if n.op_type == "Linear"][0]
+    assert md.node_scope(inner.metadata_props) == (md.Frame("layers.0", 0, B.BLOCK),)
+    linear = model.functions[("torch.nn.modules", "Linear", "")]
+    assert [n.metadata_props[md.SOURCE] for n in linear] == ["model.py:1", "model.py:2"]
+    assert md.decode_scope(block.metadata_props[md.OUTLINE_ORIGIN]) == (md.Frame("layers.0", 0, B.BLOCK),)
+
+
+def test_different_bodies_of_one_class_get_suffixed_names():
+    model = outline_and_compare(B.stack(3, first_bias=False), [X])
+    assert calls(model) == [("layers.0", "Block"), ("layers.1", "Block_1"), ("layers.2", "Block_1")]
+    assert sorted(f.name for f in model.functions.values()) == ["Block", "Block_1", "Linear", "Linear_1", "ReLU"]
+    assert len(model.functions[("torch.nn.modules", "Linear", "")]) == 1  # MatMul only
+    assert all(f.overload == "" for f in model.functions.values())
+
+
+def test_dynamic_batch_dim_survives_in_function_types():
+    model = outline_and_compare(B.stack(2, batch="batch"), [X])
+    block = model.functions[("mypkg", "Block", "")]
+    assert str(block.inputs[0].shape) == "[batch,8]"
+    assert str(block.outputs[0].shape) == "[batch,8]"
+    assert "float[batch,8] x" in ir.to_onnx_text(model, exclude_initializers=True)
+
+
+def test_one_module_called_twice_shares_one_function():
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    w = (b.weight("enc.weight", [B.STACK_D, B.STACK_D]), b.weight("enc.bias", [B.STACK_D]))
+    h = B.linear(b, "enc", x, 0, 0, weights=w)
+    h = b.op("Tanh", h)  # a functional op of the root between the two calls
+    y = B.linear(b, "enc", h, 0, 0, call=1, weights=w)
+    model = outline_and_compare(b.model([y]), [X])
+    assert calls(model) == [("enc", "Linear"), ("enc@1", "Linear")]
+    assert len(model.functions) == 1
+    assert json.loads(model.graph.node("enc@1").metadata_props[md.CALL_MODULE]) == ["enc", 1, B.LINEAR]
+
+
+def test_non_convex_region_is_left_inline_with_a_note():
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    with b.module("c", "mypkg.Child"):
+        a = b.op("Relu", x)
+    n = b.op("Neg", a)  # parent op: consumes the child's first piece, feeds its second
+    with b.module("c", "mypkg.Child"):
+        y = b.op("Add", n, a)
+    with b.module("d", "mypkg.Other"):
+        z = b.op("Sigmoid", y)
+    expected = "module call 'c' (mypkg.Child) left inline: its region is not convex: a path leaves it and re-enters it through 'neg_2' (outlining would create a cycle)"
+    with pytest.warns(irkit.OutlineWarning, match=re.escape(expected)):
+        model = outline_and_compare(b.model([z]), [X])
+    assert calls(model) == [("d", "Other")]
+    assert [n.op_type for n in model.graph] == ["Relu", "Neg", "Add", "Other"]
+    assert model.graph.node("relu_1").metadata_props[md.OUTLINE_NOTE] == expected
+    assert md.OUTLINE_NOTE not in model.graph.node("neg_2").metadata_props
+
+
+def test_disconnected_siblings_that_would_form_a_cycle():
+    # A = {a1, a2} and B = {b1, b2} are each convex, but A feeds B (a1→b1) and B feeds A (b2→a2):
+    # outlining both would make a cycle, so the second is left inline.
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    with b.module("a", "mypkg.A"):
+        a1 = b.op("Relu", x)
+    with b.module("b", "mypkg.B"):
+        b1 = b.op("Neg", a1)
+        b2 = b.op("Sigmoid", x)
+    with b.module("a", "mypkg.A"):
+        a2 = b.op("Add", b2, x)
+    y = b.op("Mul", a2, b1)
+    with pytest.warns(irkit.OutlineWarning, match=r"module call 'b' \(mypkg.B\) left inline: its region is not convex"):
+        model = outline_and_compare(b.model([y]), [X])
+    assert calls(model) == [("a", "A")]
+    assert sorted(n.op_type for n in model.graph) == ["A", "Mul", "Neg", "Sigmoid"]
+
+
+def test_unused_output_dropped_and_tuple_outputs_kept_in_order():
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    with b.module("heads", "mypkg.Heads"):
+        p = b.op("Relu", x)
+        q = b.op("Neg", x)
+        unused = b.op("Sigmoid", x)
+    y = b.op("Sub", q, p)  # uses the outputs in reverse order
+    model = outline_and_compare(b.model([y, p]), [X])
+    heads = model.functions[("mypkg", "Heads", "")]
+    assert [v.name for v in heads.outputs] == ["relu_1", "neg_2"]  # production order, no sigmoid
+    assert [v.name for v in model.graph.node("heads").outputs] == ["relu_1", "neg_2"]
+    assert model.graph.outputs[1] is model.graph.node("heads").outputs[0]
+    assert unused.name == "sigmoid_3"
+
+
+def test_call_signatures_order_inputs_and_outputs():
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    z = b.input("z", [3, B.STACK_D])
+    with b.module("m", "mypkg.M"):
+        p = b.op("Add", x, z)
+        q = b.op("Mul", x, z)
+    y = b.op("Sub", p, q)
+    model = outline_and_compare(
+        b.model([y]), [X, X], call_signatures={"m": (["z", "x"], ["mul_2", "add_1"])}
+    )
+    fn = model.functions[("mypkg", "M", "")]
+    assert [v.name for v in fn.inputs] == ["z", "x"]
+    assert [v.name for v in fn.outputs] == ["mul_2", "add_1"]
+
+
+def test_tied_weights_and_constants():
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    w = b.weight("emb.weight", [B.STACK_D, B.STACK_D])
+    with b.module("emb", "mypkg.Emb"):
+        h = b.op("MatMul", x, w)
+    with b.module("head", "mypkg.Head"):
+        two = b.op("Constant", value=ir.tensor(np.array(2.0, np.float32)))
+        y = b.op("Mul", b.op("MatMul", h, w), two)  # the same (tied) weight
+    model = outline_and_compare(b.model([y]), [X])
+    head = model.functions[("mypkg", "Head", "")]
+    assert [v.name for v in head.inputs] == ["matmul_1", "emb.weight"]
+    assert [n.op_type for n in head] == ["Constant", "MatMul", "Mul"]  # the constant stays inside
+    assert list(model.graph.initializers) == ["emb.weight"]
+
+
+def test_outlining_twice_is_stable():
+    model = irkit.outline(B.stack(2))
+    text = ir.to_onnx_text(model, exclude_initializers=True)
+    irkit.outline(model)
+    assert ir.to_onnx_text(model, exclude_initializers=True) == text
+
+
+def test_functions_false_and_max_depth_zero_are_no_ops():
+    for kwargs in ({"functions": False}, {"max_depth": 0}):
+        model = B.stack(2)
+        text = ir.to_onnx_text(model, exclude_initializers=True)
+        irkit.outline(model, **kwargs)
+        assert ir.to_onnx_text(model, exclude_initializers=True) == text
