@@ -35,7 +35,7 @@ def run_ort(model: ir.Model, inputs: Sequence[Any] | Mapping[str, Any]) -> list[
     else:
         if len(inputs) != len(names):
             raise ValueError(f"model takes {len(names)} inputs {names}, got {len(inputs)}")
-        feeds = {n: _to_numpy(v) for n, v in zip(names, inputs)}
+        feeds = {n: _to_numpy(v) for n, v in zip(names, inputs, strict=False)}
     return sess.run(None, feeds)
 
 
@@ -58,7 +58,7 @@ def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], a
     """Assert elementwise closeness of two output lists; returns the max abs difference."""
     assert len(actual) == len(expected), f"{len(actual)} outputs vs {len(expected)} expected"
     worst = 0.0
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
         assert a.shape == e.shape, f"output {i}: shape {a.shape} vs expected {e.shape}"
         if a.size:
             diff = float(np.max(np.abs(a.astype(np.float64) - e.astype(np.float64))))

@@ -237,7 +237,7 @@ ZOO: dict[str, Callable[[], ZooModel]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str) -> ZooModel:
     """The zoo model ``name`` (``"stackN"`` for a pre-LN stack of N layers), built once."""
     if name.startswith("stack"):
@@ -247,7 +247,7 @@ def load(name: str) -> ZooModel:
     return ZOO[name]()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def export(name: str) -> torch.export.ExportedProgram:
     """``torch.export.export`` of zoo model ``name``, cached per process. Do not mutate it."""
     zm = load(name)
