@@ -44,8 +44,14 @@ def reroot_scope(scope: Scope, origin: Scope, site: Scope) -> Scope:
     if not origin or scope[: len(origin)] != origin:
         return site if len(scope) < len(site) else (*site, *scope[len(site):])
     old, new = origin[-1].path, site[-1].path
+    # A second call of the *same* module (``enc@1``) calls its submodules for the second time
+    # too (``enc.lin@1``): shift their call indices. (A heuristic: exact unless a submodule is
+    # called a different number of times per call.)
+    shift = site[-1].call_index - origin[-1].call_index if old == new else 0
     tail = tuple(
-        md.Frame(new + f.path[len(old):] if f.path.startswith(old) else f.path, f.call_index, f.cls)
+        md.Frame(new + f.path[len(old):], max(0, f.call_index + shift), f.cls)
+        if f.path == old or f.path.startswith(old + ".")
+        else f
         for f in scope[len(origin):]
     )
     return (*site, *tail)

@@ -18,9 +18,9 @@ def _fid(node_or_fn: ir.Node | ir.Function) -> str:
     return f"{node_or_fn.domain}::{node_or_fn.op_type if isinstance(node_or_fn, ir.Node) else node_or_fn.name}{overload}"
 
 
-def function_tree(model: ir.Model) -> str:
-    """The module calls of ``model`` as an indented tree (call id → function), then per-function
-    body size and how many times it is instantiated in total.
+def function_tree(model: ir.Model, *, sizes: bool = True) -> str:
+    """The module calls of ``model`` as an indented tree (call id → function), then per function
+    its body size (``sizes=True``) and how many times it is instantiated in total.
 
     Example:
         >>> import irkit, onnx_ir as ir
@@ -37,7 +37,8 @@ def function_tree(model: ir.Model) -> str:
     _walk(model, model.graph, (), (), 0, lines, instances)
     lines += ["", "functions:"]
     for fn in sorted(model.functions.values(), key=_fid):
-        lines.append(f"  {_fid(fn)}  nodes={len(fn)}  calls={instances[_fid(fn)]}")
+        size = f"  nodes={len(fn)}" if sizes else ""
+        lines.append(f"  {_fid(fn)}{size}  calls={instances[_fid(fn)]}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,242 @@
+"""Outlining models lowered from torch.export: hand-written modules and the public zoo."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+import torch
+from torch import nn
+
+import irkit
+from irkit import metadata as md
+from tests import zoo
+from tests.helpers import assert_close, flatten_outputs, run_ort
+from tests.hierarchy.golden import check_golden
+
+torch.manual_seed(0)
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+class Nested(nn.Module):
+    """Nested modules, and a functional op of the parent between two child calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = Inner(), Inner()
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+class Twice(nn.Module):
+    """One module instance called twice: two call sites of one function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = Inner()
+
+    def forward(self, x):
+        return self.enc(torch.tanh(self.enc(x)))
+
+
+class Loop(nn.Module):
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Inner() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+class PairOut(nn.Module):
+    def forward(self, x):
+        return x + 1, x * 2
+
+
+class DictOut(nn.Module):
+    def forward(self, x):
+        return {"s": torch.sigmoid(x), "t": torch.tanh(x), "unused": torch.exp(x)}
+
+
+class Outputs(nn.Module):
+    """A module returning a tuple, one returning a dict (with an unused entry)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair, self.dict = PairOut(), DictOut()
+
+    def forward(self, x):
+        p, q = self.pair(x)
+        d = self.dict(q)
+        return p - d["s"], d["t"]
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.full((8,), 0.5))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class Tied(nn.Module):
+    """A buffer, and an embedding tied to the output projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.scaled = Scaled()
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.scaled(self.emb(ids)))
+
+
+X = torch.randn(4, 8)
+CASES = {
+    "nested": (Nested, (X,), None),
+    "twice": (Twice, (X,), None),
+    "loop": (Loop, (X,), None),
+    "outputs": (Outputs, (X,), None),
+    "tied": (Tied, (torch.randint(0, 16, (2, 5)),), None),
+    "loop_dynamic": (Loop, (X,), ({0: torch.export.Dim("batch", max=64)},)),
+}
+
+
+def lower_case(name: str):
+    cls, args, dyn = CASES[name]
+    torch.manual_seed(0)
+    module = cls().eval()
+    with torch.no_grad():
+        ep = torch.export.export(module, args, dynamic_shapes=dyn)
+        eager = flatten_outputs(module(*args))
+    return irkit.lower(ep), args, eager
+
+
+def outline_and_verify(model: ir.Model, args, eager, **kwargs) -> ir.Model:
+    flat = run_ort(model, list(args))
+    assert_close(flat, eager, atol=1e-4)
+    irkit.outline(model, **kwargs)
+    irkit.check(model)
+    outlined = run_ort(model, list(args))
+    assert_close(outlined, flat, atol=1e-5)
+    assert_close(outlined, eager, atol=1e-4)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hand_written_modules(name):
+    model, args, eager = lower_case(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", irkit.OutlineWarning)
+        outline_and_verify(model, args, eager)
+    check_golden(f"torch_{name}_tree.txt", irkit.function_tree(model, sizes=False))
+
+
+def test_twice_has_two_call_sites_of_one_function():
+    model, args, eager = lower_case("twice")
+    outline_and_verify(model, args, eager)
+    sites = [n for n in model.graph if n.op_identifier() in model.functions]
+    assert [n.name for n in sites] == ["enc", "enc@1"]
+    assert len({n.op_identifier() for n in sites}) == 1
+
+
+def test_loop_dynamic_batch_dim_in_function_types():
+    model, args, eager = lower_case("loop_dynamic")
+    outline_and_verify(model, args, eager)
+    inner = model.functions[("tests.hierarchy", "Inner", "")]
+    assert str(inner.inputs[0].shape) == "[batch,8]"
+    assert all(str(v.shape).startswith("[batch") for v in inner.outputs)
+
+
+def test_unused_dict_entry_is_not_a_function_output():
+    model, args, eager = lower_case("outputs")
+    outline_and_verify(model, args, eager)
+    fn = model.functions[("tests.hierarchy", "DictOut", "")]
+    assert len(fn.outputs) == 2  # sigmoid and tanh; exp is not used (and lowering may drop it)
+
+
+def test_conflated_calls_are_non_convex_and_left_inline():
+    """Stamp both calls of ``enc`` with call index 0 — what the old Modularize pass did — so the
+    "one call" spans a parent op (tanh): the region is not convex and must stay inline."""
+    model, args, eager = lower_case("twice")
+    for node in model.graph:
+        scope = md.node_scope(node.metadata_props)
+        if scope:
+            node.metadata_props[md.SCOPE] = md.encode_scope(
+                tuple(md.Frame(f.path, 0, f.cls) for f in scope))
+    with pytest.warns(irkit.OutlineWarning, match=r"module call 'enc' \(tests.hierarchy.test_outline_torch.Inner\) left inline: its region is not convex"):
+        outline_and_verify(model, args, eager)
+    assert not any(n.name.startswith("enc") for n in model.graph if n.op_identifier() in model.functions)
+    noted = [n for n in model.graph if md.OUTLINE_NOTE in n.metadata_props]
+    assert noted and all("Tanh" != n.op_type for n in noted)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "cnn", "gpt2_dynamic"])
+def test_zoo(name):
+    zm = zoo.load(name)
+    model = irkit.lower(zoo.export(name))
+    outline_and_verify(model, zm.args, flatten_outputs(zm.eager()))
+    check_golden(f"zoo_{name}_tree.txt", irkit.function_tree(model, sizes=False))
+
+
+def _layer_functions(model: ir.Model, cls: str) -> list[str]:
+    return [f"{d}::{n}" for (d, n, _), f in model.functions.items() if f.doc_string.endswith(cls)]
+
+
+def _transformers_model(kind: str, layers: int):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2Model
+
+        cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=2, vocab_size=64, n_positions=32,
+                         use_cache=False, bos_token_id=0, eos_token_id=0)
+        return GPT2Model(cfg).eval(), ".GPT2Block"
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64, vocab_size=64,
+                      max_position_embeddings=32, use_cache=False)
+    return LlamaModel(cfg).eval(), ".LlamaDecoderLayer"
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_n_layers_give_one_decoder_layer_function(kind):
+    module, cls = _transformers_model(kind, 4)
+    ids = torch.randint(0, 64, (2, 6))
+    with torch.no_grad():
+        ep = torch.export.export(module, (ids,))
+        eager = flatten_outputs(module(ids))
+    model = outline_and_verify(irkit.lower(ep), (ids,), eager)
+    assert len(_layer_functions(model, cls)) == 1
+    layer = _layer_functions(model, cls)[0]
+    tree = irkit.function_tree(model, sizes=False)
+    assert f"  {layer}  calls=4" in tree.splitlines()
+    top = [n.op_type for n in model.graph if n.op_identifier() in model.functions]
+    assert top.count(layer.split("::")[1]) == 4
+
+
+@pytest.mark.parametrize("name", ["twice", "loop"])
+def test_inline_restores_every_scope(name):
+    model, args, eager = lower_case(name)
+    flat_scopes = sorted(n.metadata_props.get(md.SCOPE, "") for n in model.graph)
+    irkit.inline(irkit.outline(model))
+    assert len(model.functions) == 0
+    assert sorted(n.metadata_props.get(md.SCOPE, "") for n in model.graph) == flat_scopes
+    irkit.check(model)
+    assert_close(run_ort(model, list(args)), eager, atol=1e-4)
