@@ -50,8 +50,12 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
     tree = nx.DiGraph()
     tree.add_node((), frame=None, depth=0)
     members: dict[Scope, list[ir.Node]] = {(): []}
+    decoded: dict[str, Scope] = {}  # many nodes share one scope string: decode each once
     for node in nodes:
-        scope = md.node_scope(node.metadata_props)
+        text = node.metadata_props.get(md.SCOPE, "")
+        scope = decoded.get(text)
+        if scope is None:
+            scope = decoded[text] = md.decode_scope(text)
         if scope not in members:
             for depth in range(1, len(scope) + 1):
                 prefix = scope[:depth]

@@ -29,16 +29,18 @@ def _attr_text(attr: ir.Attr) -> str:
     if attr.is_ref():
         return f"{attr.name}=@{attr.ref_attr_name}"
     if attr.type == ir.AttributeType.TENSOR:
-        tensor = attr.as_tensor()
-        digest = hashlib.sha256(tensor.tobytes()).hexdigest()
+        tensor = attr.value  # (not as_tensor(): its protocol isinstance check is slow)
+        digest = hashlib.sha1(tensor.tobytes()).hexdigest()
         return f"{attr.name}=T({tensor.dtype},{tensor.shape},{digest})"
     if attr.type == ir.AttributeType.TENSORS:
-        parts = [hashlib.sha256(t.tobytes()).hexdigest() for t in attr.as_tensors()]
+        parts = [hashlib.sha1(t.tobytes()).hexdigest() for t in attr.value]
         return f"{attr.name}=Ts({parts})"
     return f"{attr.name}:{attr.type.name}={attr.value!r}"
 
 
-def canonical_text(inputs: Sequence[ir.Value], nodes: Sequence[ir.Node], outputs: Sequence[ir.Value]) -> str:
+def canonical_text(
+    inputs: Sequence[ir.Value], nodes: Sequence[ir.Node], outputs: Sequence[ir.Value]
+) -> str:
     """A name-free serialization of a function body (see the module docstring).
 
     Example:

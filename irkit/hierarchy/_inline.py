@@ -42,17 +42,17 @@ def reroot_scope(scope: Scope, origin: Scope, site: Scope) -> Scope:
         'layers.5.attn'
     """
     if not origin or scope[: len(origin)] != origin:
-        return site if len(scope) < len(site) else (*site, *scope[len(site):])
+        return site if len(scope) < len(site) else (*site, *scope[len(site) :])
     old, new = origin[-1].path, site[-1].path
     # A second call of the *same* module (``enc@1``) calls its submodules for the second time
     # too (``enc.lin@1``): shift their call indices. (A heuristic: exact unless a submodule is
     # called a different number of times per call.)
     shift = site[-1].call_index - origin[-1].call_index if old == new else 0
     tail = tuple(
-        md.Frame(new + f.path[len(old):], max(0, f.call_index + shift), f.cls)
+        md.Frame(new + f.path[len(old) :], max(0, f.call_index + shift), f.cls)
         if f.path == old or f.path.startswith(old + ".")
         else f
-        for f in scope[len(origin):]
+        for f in scope[len(origin) :]
     )
     return (*site, *tail)
 
@@ -107,7 +107,9 @@ def inline(
     return model
 
 
-def _inline_in(graph: ir.Graph | ir.Function, wanted: Callable[[ir.Node], ir.Function | None]) -> int:
+def _inline_in(
+    graph: ir.Graph | ir.Function, wanted: Callable[[ir.Node], ir.Function | None]
+) -> int:
     used = {v.name for n in graph for v in n.outputs if v.name}
     used |= {v.name for v in graph.inputs if v.name} | {n.name for n in graph if n.name}
     count = 0
@@ -134,7 +136,7 @@ def _instantiate(
             f"Call node {call.name!r} passes {len(call.inputs)} inputs to function "
             f"{function.domain}::{function.name} which takes {len(function.inputs)}."
         )
-    vmap: dict[ir.Value, ir.Value | None] = dict(zip(function.inputs, call.inputs))
+    vmap: dict[ir.Value, ir.Value | None] = dict(zip(function.inputs, call.inputs, strict=False))
     site_scope = md.node_scope(call.metadata_props)
     frame = call_frame(call)
     site = (*site_scope, frame) if frame is not None else site_scope
@@ -155,13 +157,17 @@ def _instantiate(
             meta[md.CALL_MODULE] = json.dumps(moved.to_json(), separators=(",", ":"))
             node_name = moved.call_id
         clone = ir.Node(
-            node.domain, node.op_type, [vmap[v] if v is not None else None for v in node.inputs],
-            attributes=list(node.attributes.values()), overload=node.overload,
-            num_outputs=len(node.outputs), version=node.version,
+            node.domain,
+            node.op_type,
+            [vmap[v] if v is not None else None for v in node.inputs],
+            attributes=list(node.attributes.values()),
+            overload=node.overload,
+            num_outputs=len(node.outputs),
+            version=node.version,
             name=_fresh(node_name, used),
             metadata_props=meta,
         )
-        for old, new in zip(node.outputs, clone.outputs):
+        for old, new in zip(node.outputs, clone.outputs, strict=True):
             new.name = _fresh(old.name, used)
             new.type, new.shape = old.type, old.shape
             vmap[old] = new

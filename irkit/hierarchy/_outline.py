@@ -104,26 +104,47 @@ def outline(
     selected = make_predicate(functions)
     if functions is False or max_depth == 0:
         return model
-    TopologicalSortPass()(model)
+    if not _is_sorted(model.graph):
+        TopologicalSortPass()(model)
     tree, members = build_scope_tree(model.graph)
     ctx = _Context(
-        model, selected, max_depth, call_signatures or {}, FunctionRegistry(),
-        Dataflow(list(model.graph)), {n.name for n in model.graph if n.name}, [],
+        model,
+        selected,
+        max_depth,
+        call_signatures or {},
+        FunctionRegistry(),
+        Dataflow(list(model.graph)),
+        {n.name for n in model.graph if n.name},
+        [],
     )
     for scope in _bottom_up(tree, ctx.dataflow, members):
         items = members.pop(scope)
         call = _maybe_outline(ctx, scope, items) if items else None
         members[scope[:-1]].extend([call] if call is not None else items)
-    TopologicalSortPass()(model)
+    model.graph.sort()  # function bodies were built in topological order already
     logger.info(
         "outlined %d module calls into %d functions (%d left inline)",
         sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
-        len(model.functions), len(ctx.notes),
+        len(model.functions),
+        len(ctx.notes),
     )
     return model
 
 
-def _bottom_up(tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]) -> list[Scope]:
+def _is_sorted(graph: ir.Graph) -> bool:
+    seen: set[ir.Node] = set()
+    for node in graph:
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer not in seen and producer.graph is graph:
+                return False
+        seen.add(node)
+    return True
+
+
+def _bottom_up(
+    tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
+) -> list[Scope]:
     """Calls children-first; siblings in order of their first node (deterministic)."""
     first: dict[Scope, int] = {}
     for scope in nx.dfs_postorder_nodes(tree, ()):
@@ -154,14 +175,17 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> ir.Node
         return None
     if any(
         a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-        for n in items for a in n.attributes.values()
+        for n in items
+        for a in n.attributes.values()
     ):
         return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
     plan = ctx.dataflow.plan(items)
     if not isinstance(plan, ContractionPlan):
         witness = ", ".join(repr(n.name or n.op_type) for n in plan[:3])
         return _leave_inline(
-            ctx, frame, items,
+            ctx,
+            frame,
+            items,
             f"its region is not convex: a path leaves it and re-enters it through {witness} "
             "(outlining would create a cycle)",
         )
@@ -189,7 +213,9 @@ def _ordered(values: list[ir.Value], names: Sequence[str]) -> list[ir.Value]:
     return first + [v for v in values if v.name not in rank]
 
 
-def _boundary(ctx: _Context, frame: md.Frame, body: list[ir.Node]) -> tuple[list[ir.Value], list[ir.Value]]:
+def _boundary(
+    ctx: _Context, frame: md.Frame, body: list[ir.Node]
+) -> tuple[list[ir.Value], list[ir.Value]]:
     region = set(body)
     inputs: dict[ir.Value, None] = {}
     outputs: list[ir.Value] = []
@@ -228,7 +254,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | N
         ir.Value(name=_local_name(v.name, frame, taken), type=v.type, shape=v.shape)
         for v in outer_inputs
     ]
-    param_of = dict(zip(outer_inputs, params))
+    param_of = dict(zip(outer_inputs, params, strict=True))
     for node in body:
         for i, value in enumerate(node.inputs):
             if value in param_of:
@@ -237,13 +263,17 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | N
     text = canonical_text(params, body, outputs)
     function = ctx.registry.find(domain, frame.class_name, text)
     call = ir.Node(
-        domain, frame.class_name, outer_inputs, num_outputs=len(outputs), name=_call_name(ctx, frame),
+        domain,
+        frame.class_name,
+        outer_inputs,
+        num_outputs=len(outputs),
+        name=_call_name(ctx, frame),
         metadata_props={
             md.CALL_MODULE: json.dumps(frame.to_json(), separators=(",", ":")),
             md.SCOPE: md.encode_scope(scope[:-1]),
         },
     )
-    for new, old in zip(call.outputs, outputs):
+    for new, old in zip(call.outputs, outputs, strict=True):
         new.name, new.type, new.shape = old.name, old.type, old.shape
         for use in list(old.uses()):
             if use.node not in body:
@@ -259,8 +289,12 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | N
 
 
 def _new_function(
-    ctx: _Context, scope: Scope, params: list[ir.Value], body: list[ir.Node],
-    outputs: list[ir.Value], text: str,
+    ctx: _Context,
+    scope: Scope,
+    params: list[ir.Value],
+    body: list[ir.Node],
+    outputs: list[ir.Value],
+    text: str,
 ) -> ir.Function:
     frame, model = scope[-1], ctx.model
     domain, cls_name = function_domain(frame), frame.class_name

@@ -43,8 +43,13 @@ def function_tree(model: ir.Model, *, sizes: bool = True) -> str:
 
 
 def _walk(
-    model: ir.Model, body: ir.Graph | ir.Function, origin: Scope, site: Scope, depth: int,
-    lines: list[str], instances: Counter[str],
+    model: ir.Model,
+    body: ir.Graph | ir.Function,
+    origin: Scope,
+    site: Scope,
+    depth: int,
+    lines: list[str],
+    instances: Counter[str],
 ) -> None:
     for node in body:
         function = model.functions.get(node.op_identifier())
@@ -55,8 +60,11 @@ def _walk(
             label = node.name or "?"
             here = site
         else:
-            here = reroot_scope((*md.node_scope(node.metadata_props), frame), origin, site) if origin else (
-                *md.node_scope(node.metadata_props), frame)
+            here = (
+                reroot_scope((*md.node_scope(node.metadata_props), frame), origin, site)
+                if origin
+                else (*md.node_scope(node.metadata_props), frame)
+            )
             label = here[-1].call_id
         lines.append(f"{'  ' * depth}{label}  ->  {_fid(node)}")
         instances[_fid(node)] += 1

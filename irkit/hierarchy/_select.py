@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Callable, Iterable
-from typing import Union
 
 from irkit.errors import OutlineError
 from irkit.metadata import Frame
@@ -61,9 +60,7 @@ class ModuleSelector:
                 raise OutlineError(f"ModuleSelector(paths=...): {p!r} is not a string glob.")
 
 
-FunctionsOption = Union[
-    bool, ModuleSelector, Callable[[str, str], bool], Iterable[Union[type, str]]
-]
+FunctionsOption = bool | ModuleSelector | Callable[[str, str], bool] | Iterable[type | str]
 """What ``functions=`` accepts (see the module docstring)."""
 
 
@@ -112,7 +109,8 @@ def make_predicate(functions: FunctionsOption) -> Callable[[Frame], bool]:
     if isinstance(functions, type):
         functions = [functions]
     if isinstance(functions, Iterable):
-        return lambda f, m=_class_matcher(list(functions)): m(f.cls)
+        match = _class_matcher(list(functions))
+        return lambda f: match(f.cls)
     raise OutlineError(
         f"functions={functions!r} ({type(functions).__name__}) is not supported: pass True, "
         "False, classes / class names, a ModuleSelector or a predicate (path, class) -> bool."

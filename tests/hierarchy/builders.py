@@ -32,8 +32,12 @@ class Builder:
 
     def weight(self, name: str, shape: Sequence[int], array: np.ndarray | None = None) -> ir.Value:
         arr = self.rng.standard_normal(shape).astype(np.float32) if array is None else array
-        v = ir.Value(name=name, type=ir.TensorType(F32), shape=ir.Shape(list(shape)),
-                     const_value=ir.tensor(arr, name=name))
+        v = ir.Value(
+            name=name,
+            type=ir.TensorType(F32),
+            shape=ir.Shape(list(shape)),
+            const_value=ir.tensor(arr, name=name),
+        )
         self.initializers.append(v)
         return v
 
@@ -48,17 +52,33 @@ class Builder:
     def op(self, op_type: str, *inputs: ir.Value, num_outputs: int = 1, **attrs: object):
         self._n += 1
         name = f"{op_type.lower()}_{self._n}"
-        node = ir.Node("", op_type, inputs, attributes=ir.convenience.convert_attributes(attrs), num_outputs=num_outputs, name=name,
-                       metadata_props={md.SCOPE: md.encode_scope(self.scope),
-                                       md.SOURCE: f"model.py:{self._n}", md.FX_NODE: name})
+        node = ir.Node(
+            "",
+            op_type,
+            inputs,
+            attributes=ir.convenience.convert_attributes(attrs),
+            num_outputs=num_outputs,
+            name=name,
+            metadata_props={
+                md.SCOPE: md.encode_scope(self.scope),
+                md.SOURCE: f"model.py:{self._n}",
+                md.FX_NODE: name,
+            },
+        )
         for i, out in enumerate(node.outputs):
             out.name = name if num_outputs == 1 else f"{name}__{i}"
         self.nodes.append(node)
         return node.outputs[0] if num_outputs == 1 else node.outputs
 
     def model(self, outputs: Sequence[ir.Value]) -> ir.Model:
-        graph = ir.Graph(self.inputs, outputs, nodes=self.nodes, initializers=self.initializers,
-                         opset_imports={"": self.opset}, name="main")
+        graph = ir.Graph(
+            self.inputs,
+            outputs,
+            nodes=self.nodes,
+            initializers=self.initializers,
+            opset_imports={"": self.opset},
+            name="main",
+        )
         model = ir.Model(graph, ir_version=10, producer_name="irkit")
         ir.passes.common.ShapeInferencePass()(model)
         return model
@@ -72,8 +92,16 @@ BLOCK = "mypkg.blocks.Block"
 STACK_D = 8
 
 
-def linear(b: Builder, path: str, x: ir.Value, d_in: int, d_out: int, bias: bool = True, call: int = 0,
-           weights: tuple[ir.Value, ...] | None = None) -> ir.Value:
+def linear(
+    b: Builder,
+    path: str,
+    x: ir.Value,
+    d_in: int,
+    d_out: int,
+    bias: bool = True,
+    call: int = 0,
+    weights: tuple[ir.Value, ...] | None = None,
+) -> ir.Value:
     if weights is None:
         weights = (b.weight(f"{path}.weight", [d_in, d_out]),)
         if bias:

@@ -11,7 +11,6 @@ import pytest
 
 import irkit
 from irkit import metadata as md
-from irkit.errors import OutlineError
 from tests.helpers import run_ort
 from tests.hierarchy import builders as B
 from tests.hierarchy.golden import check_golden
@@ -26,7 +25,7 @@ def outline_and_compare(model: ir.Model, inputs, **kwargs) -> ir.Model:
     irkit.check(model)
     assert_sorted(model)
     after = run_ort(model, inputs)
-    for a, b in zip(after, before):
+    for a, b in zip(after, before, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     return model
 
@@ -36,7 +35,9 @@ def assert_sorted(model: ir.Model) -> None:
         seen = set(body.inputs) | set(getattr(body, "initializers", {}).values())
         for node in body:
             for v in node.inputs:
-                assert v is None or v in seen or v.producer() is None, f"{node.name} before its input"
+                assert v is None or v in seen or v.producer() is None, (
+                    f"{node.name} before its input"
+                )
             seen.update(node.outputs)
 
 
@@ -50,9 +51,20 @@ def test_stack_dedupes_to_one_block_function():
     assert calls(model) == [(f"layers.{i}", "Block") for i in range(4)]
     block = model.functions[("mypkg", "Block", "")]
     # Weights are function inputs; call sites pass their own.
-    assert [v.name for v in block.inputs] == ["x", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert [v.name for v in block.inputs] == [
+        "x",
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    ]
     assert [v.name for v in model.graph.node("layers.2").inputs] == [
-        "add_12", "layers.2.fc1.weight", "layers.2.fc1.bias", "layers.2.fc2.weight", "layers.2.fc2.bias"]
+        "add_12",
+        "layers.2.fc1.weight",
+        "layers.2.fc1.bias",
+        "layers.2.fc2.weight",
+        "layers.2.fc2.bias",
+    ]
     assert model.opset_imports == {"": 21, "torch.nn.modules": 1, "mypkg": 1}
     assert block.opset_imports == {"": 21, "torch.nn.modules": 1}
     check_golden("stack4_tree.txt", irkit.function_tree(model))
@@ -69,13 +81,21 @@ def test_call_node_and_body_metadata():
     assert md.node_scope(inner.metadata_props) == (md.Frame("layers.0", 0, B.BLOCK),)
     linear = model.functions[("torch.nn.modules", "Linear", "")]
     assert [n.metadata_props[md.SOURCE] for n in linear] == ["model.py:1", "model.py:2"]
-    assert md.decode_scope(block.metadata_props[md.OUTLINE_ORIGIN]) == (md.Frame("layers.0", 0, B.BLOCK),)
+    assert md.decode_scope(block.metadata_props[md.OUTLINE_ORIGIN]) == (
+        md.Frame("layers.0", 0, B.BLOCK),
+    )
 
 
 def test_different_bodies_of_one_class_get_suffixed_names():
     model = outline_and_compare(B.stack(3, first_bias=False), [X])
     assert calls(model) == [("layers.0", "Block"), ("layers.1", "Block_1"), ("layers.2", "Block_1")]
-    assert sorted(f.name for f in model.functions.values()) == ["Block", "Block_1", "Linear", "Linear_1", "ReLU"]
+    assert sorted(f.name for f in model.functions.values()) == [
+        "Block",
+        "Block_1",
+        "Linear",
+        "Linear_1",
+        "ReLU",
+    ]
     assert len(model.functions[("torch.nn.modules", "Linear", "")]) == 1  # MatMul only
     assert all(f.overload == "" for f in model.functions.values())
 
@@ -98,7 +118,11 @@ def test_one_module_called_twice_shares_one_function():
     model = outline_and_compare(b.model([y]), [X])
     assert calls(model) == [("enc", "Linear"), ("enc@1", "Linear")]
     assert len(model.functions) == 1
-    assert json.loads(model.graph.node("enc@1").metadata_props[md.CALL_MODULE]) == ["enc", 1, B.LINEAR]
+    assert json.loads(model.graph.node("enc@1").metadata_props[md.CALL_MODULE]) == [
+        "enc",
+        1,
+        B.LINEAR,
+    ]
 
 
 def test_non_convex_region_is_left_inline_with_a_note():
@@ -133,7 +157,10 @@ def test_disconnected_siblings_that_would_form_a_cycle():
     with b.module("a", "mypkg.A"):
         a2 = b.op("Add", b2, x)
     y = b.op("Mul", a2, b1)
-    with pytest.warns(irkit.OutlineWarning, match=r"module call 'b' \(mypkg.B\) left inline: its region is not convex"):
+    with pytest.warns(
+        irkit.OutlineWarning,
+        match=r"module call 'b' \(mypkg.B\) left inline: its region is not convex",
+    ):
         model = outline_and_compare(b.model([y]), [X])
     assert calls(model) == [("a", "A")]
     assert sorted(n.op_type for n in model.graph) == ["A", "Mul", "Neg", "Sigmoid"]

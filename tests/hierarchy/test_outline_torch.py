@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import onnx_ir as ir
 import pytest
 import torch
@@ -179,12 +178,18 @@ def test_conflated_calls_are_non_convex_and_left_inline():
         scope = md.node_scope(node.metadata_props)
         if scope:
             node.metadata_props[md.SCOPE] = md.encode_scope(
-                tuple(md.Frame(f.path, 0, f.cls) for f in scope))
-    with pytest.warns(irkit.OutlineWarning, match=r"module call 'enc' \(tests.hierarchy.test_outline_torch.Inner\) left inline: its region is not convex"):
+                tuple(md.Frame(f.path, 0, f.cls) for f in scope)
+            )
+    with pytest.warns(
+        irkit.OutlineWarning,
+        match=r"module call 'enc' \(tests.hierarchy.test_outline_torch.Inner\) left inline: its region is not convex",
+    ):
         outline_and_verify(model, args, eager)
-    assert not any(n.name.startswith("enc") for n in model.graph if n.op_identifier() in model.functions)
+    assert not any(
+        n.name.startswith("enc") for n in model.graph if n.op_identifier() in model.functions
+    )
     noted = [n for n in model.graph if md.OUTLINE_NOTE in n.metadata_props]
-    assert noted and all("Tanh" != n.op_type for n in noted)
+    assert noted and all(n.op_type != "Tanh" for n in noted)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "cnn", "gpt2_dynamic"])
@@ -204,14 +209,29 @@ def _transformers_model(kind: str, layers: int):
     if kind == "gpt2":
         from transformers import GPT2Config, GPT2Model
 
-        cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=2, vocab_size=64, n_positions=32,
-                         use_cache=False, bos_token_id=0, eos_token_id=0)
+        cfg = GPT2Config(
+            n_embd=32,
+            n_layer=layers,
+            n_head=2,
+            vocab_size=64,
+            n_positions=32,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         return GPT2Model(cfg).eval(), ".GPT2Block"
     from transformers import LlamaConfig, LlamaModel
 
-    cfg = LlamaConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, vocab_size=64,
-                      max_position_embeddings=32, use_cache=False)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     return LlamaModel(cfg).eval(), ".LlamaDecoderLayer"
 
 

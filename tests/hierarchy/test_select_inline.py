@@ -34,7 +34,10 @@ def called(model: ir.Model) -> list[str]:
         (["Linear"], ["torch.nn.modules::Linear"]),
         (["torch.nn.modules.activation.ReLU", "Block"], ["mypkg::Block", "torch.nn.modules::ReLU"]),
         (irkit.ModuleSelector(paths=["*.fc?"]), ["torch.nn.modules::Linear"]),
-        (irkit.ModuleSelector(classes=["ReLU"], paths=["layers.1"]), ["mypkg::Block", "torch.nn.modules::ReLU"]),
+        (
+            irkit.ModuleSelector(classes=["ReLU"], paths=["layers.1"]),
+            ["mypkg::Block", "torch.nn.modules::ReLU"],
+        ),
         (lambda path, cls: path.endswith(".act"), ["torch.nn.modules::ReLU"]),
     ],
 )
@@ -72,7 +75,9 @@ def test_single_string_is_rejected_with_a_fix():
 
 
 def test_bad_elements_and_depth_are_rejected():
-    with pytest.raises(OutlineError, match=r"functions=\.\.\.: 3 is neither a class nor a class name"):
+    with pytest.raises(
+        OutlineError, match=r"functions=\.\.\.: 3 is neither a class nor a class name"
+    ):
         irkit.outline(B.stack(1), [3])
     with pytest.raises(OutlineError, match=r"max_depth=-1: expected a non-negative int or None"):
         irkit.outline(B.stack(1), max_depth=-1)
@@ -92,7 +97,8 @@ def test_inline_everything_round_trips_scopes_and_numbers():
     again, fresh = irkit.outline(model), irkit.outline(B.stack(3))
     assert irkit.function_tree(again) == irkit.function_tree(fresh)
     assert {k: [n.op_type for n in f] for k, f in again.functions.items()} == {
-        k: [n.op_type for n in f] for k, f in fresh.functions.items()}
+        k: [n.op_type for n in f] for k, f in fresh.functions.items()
+    }
 
 
 def test_selective_inline_by_module_and_by_function():

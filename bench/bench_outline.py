@@ -1,0 +1,79 @@
+"""Outlining + dedupe cost and graph-size gain on pre-LN stacks of 4/16/64 layers.
+
+Prints, per stack: node count, lowering time (the anchor, measured in the same run), outline time
+as a fraction of it, outline time per node (flat ⇒ linear growth), and the serialized model size
+without weights, flat vs outlined.
+
+    python bench/bench_outline.py [--layers 4 16 64] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import onnx_ir as ir
+
+import irkit
+from tests import zoo
+
+
+def _graph_bytes(model: ir.Model) -> int:
+    """Serialized size with every initializer's payload dropped (structure only)."""
+    proto = ir.serde.serialize_model(model)
+    for init in proto.graph.initializer:
+        init.ClearField("raw_data")
+        init.ClearField("float_data")
+    return proto.ByteSize()
+
+
+def bench(n_layers: int, repeat: int) -> dict[str, float]:
+    ep = zoo.export(f"stack{n_layers}")
+    irkit.lower(ep)  # warm-up (torchlib import, caches)
+    lower_t, outline_t = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        model = irkit.lower(ep)
+        t1 = time.perf_counter()
+        flat_nodes, flat_bytes = len(list(model.graph)), _graph_bytes(model)
+        t2 = time.perf_counter()
+        irkit.outline(model)
+        t3 = time.perf_counter()
+        lower_t.append(t1 - t0)
+        outline_t.append(t3 - t2)
+    lower_s, outline_s = statistics.median(lower_t), statistics.median(outline_t)
+    return {
+        "layers": n_layers,
+        "nodes": flat_nodes,
+        "lower_s": lower_s,
+        "outline_s": outline_s,
+        "ratio": outline_s / lower_s,
+        "us_per_node": 1e6 * outline_s / flat_nodes,
+        "flat_kb": flat_bytes / 1024,
+        "outlined_kb": _graph_bytes(model) / 1024,
+        "functions": len(model.functions),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    header = (
+        f"{'layers':>6} {'nodes':>6} {'lower s':>8} {'outline s':>9} {'outline/lower':>13} "
+        f"{'us/node':>8} {'flat KB':>8} {'outl. KB':>8} {'shrink':>7} {'fns':>4}"
+    )
+    print(header)
+    for n in args.layers:
+        r = bench(n, args.repeat)
+        print(
+            f"{r['layers']:>6} {r['nodes']:>6} {r['lower_s']:>8.3f} {r['outline_s']:>9.3f} "
+            f"{r['ratio']:>12.1%} {r['us_per_node']:>8.1f} {r['flat_kb']:>8.1f} "
+            f"{r['outlined_kb']:>8.1f} {r['flat_kb'] / r['outlined_kb']:>6.1f}x {r['functions']:>4}"
+        )
+
+
+if __name__ == "__main__":
+    main()
