@@ -247,6 +247,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | N
     frame = scope[-1]
     graph = ctx.model.graph
     outer_inputs, outputs = _boundary(ctx, frame, body)
+    body_set = set(body)
     if not outputs:
         return None
     taken: set[str] = set()
@@ -276,7 +277,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | N
     for new, old in zip(call.outputs, outputs, strict=True):
         new.name, new.type, new.shape = old.name, old.type, old.shape
         for use in list(old.uses()):
-            if use.node not in body:
+            if use.node not in body_set:
                 use.node.replace_input_with(use.idx, new)
         if old.is_graph_output():
             graph.outputs[:] = [new if v is old else v for v in graph.outputs]

@@ -260,3 +260,13 @@ def test_inline_restores_every_scope(name):
     assert sorted(n.metadata_props.get(md.SCOPE, "") for n in model.graph) == flat_scopes
     irkit.check(model)
     assert_close(run_ort(model, list(args)), eager, atol=1e-4)
+
+
+def test_zoo_stack4_is_one_block_function_called_four_times():
+    zm = zoo.load("stack4")
+    model = outline_and_verify(
+        irkit.lower(zoo.export("stack4")), zm.args, flatten_outputs(zm.eager())
+    )
+    tree = irkit.function_tree(model, sizes=False).splitlines()
+    assert "  tests::PreLNBlock  calls=4" in tree
+    assert [n.op_type for n in model.graph] == ["PreLNBlock"] * 4 + ["LayerNorm"]
