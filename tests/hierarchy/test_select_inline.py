@@ -113,3 +113,15 @@ def test_selective_inline_by_module_and_by_function():
     assert called(model) == ["layers.0.fc1", "layers.0.fc2", "layers.1.fc1", "layers.1.fc2"]
     irkit.check(model)
     np.testing.assert_allclose(run_ort(model, [X])[0], run_ort(B.stack(2), [X])[0], atol=1e-6)
+
+
+def test_functions_and_metadata_survive_save_and_load(tmp_path):
+    model = irkit.outline(B.stack(3))
+    loaded = irkit.load(irkit.save(model, tmp_path / "m.onnx"))
+    assert irkit.function_tree(loaded) == irkit.function_tree(model)
+    block = loaded.functions[("mypkg", "Block", "")]
+    assert md.decode_scope(block.metadata_props[md.OUTLINE_ORIGIN])[-1].path == "layers.0"
+    irkit.inline(loaded)
+    assert [n.metadata_props[md.SCOPE] for n in loaded.graph] == [
+        n.metadata_props[md.SCOPE] for n in B.stack(3).graph
+    ]
