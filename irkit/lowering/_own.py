@@ -36,7 +36,7 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
 
 def _cast_to(x: ir.Value, dtype: Any = None) -> ir.Value:
     if dtype is None or dtype == -1 or dtype == x.dtype:
-        return op.Identity(x)
+        return x  # a no-op conversion emits nothing
     return op.Cast(x, to=int(dtype))
 
 
