@@ -261,7 +261,11 @@ class Emitter:
 
     # --- types ----------------------------------------------------------------------------------
     def _set_type(self, value: ir.Value, val: Any) -> None:
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, torch.Tensor) and val.dtype.is_complex:
+            # torchlib represents a complex tensor as real numbers with a trailing dim of 2.
+            value.dtype = onnx_dtype(val.dtype.to_real())
+            value.shape = ir.Shape([*self.symbols.shape(val.shape), 2])
+        elif isinstance(val, torch.Tensor):
             value.dtype = onnx_dtype(val.dtype)
             value.shape = self.symbols.shape(val.shape)
         elif isinstance(val, (bool, torch.SymBool)):
