@@ -106,3 +106,23 @@ def test_import_irkit_does_not_import_torch():
     code = "import sys, irkit; irkit.load; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class WithConstants(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+        self.offset = torch.arange(4.0)  # a plain tensor attribute: lifted as a constant
+
+    def forward(self, x, y):
+        return x * self.scale + self.offset, y.sum()
+
+
+def test_user_names_and_lifted_constants_become_named_initializers():
+    module, args = WithConstants(), (torch.randn(2, 4), torch.randn(3))
+    ep = torch.export.export(module, args)
+    model = irkit.lower(ep, input_names=["features", "extra"], output_names=["scaled", "total"])
+    assert [v.name for v in model.graph.inputs] == ["features", "extra"]
+    assert [v.name for v in model.graph.outputs] == ["scaled", "total"]
+    assert set(model.graph.initializers) == {"scale", "offset"}
+    helpers.assert_close(helpers.run_ort(model, args), helpers.flatten_outputs(module(*args)), 1e-6)
