@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     repeat = 1 if args.quick else args.repeat
-    names = ([] if args.quick else ["mlp", "cnn", "gpt2", "bert", "llama"]) + [
+    names = ([] if args.quick else ["mlp", "cnn", "gpt2", "bert", "llama", "t5", "vit", "whisper"]) + [
         "stack4", "stack16", "stack64"
     ]
     tmp = pathlib.Path(tempfile.mkdtemp())
