@@ -143,7 +143,7 @@ class Emitter:
             name = names[index]
             value = self._as_output_value(frame, result, name)
             if id(value) in seen or value.is_graph_input() or value.is_initializer() or value.producer() is None:
-                value = self._identity(value, name, node)
+                value = self._identity(value, name)
             value.name = name
             seen.add(id(value))
             self.graph.outputs.append(value)
@@ -159,7 +159,7 @@ class Emitter:
         self._append(self.recorder.take_nodes(), {}, name)
         return value
 
-    def _identity(self, value: ir.Value, name: str, node: torch.fx.Node) -> ir.Value:
+    def _identity(self, value: ir.Value, name: str) -> ir.Value:
         out = self.recorder.new_value(name=name, shape=value.shape, type=value.type)
         identity = ir.Node("", "Identity", [value], outputs=[out], name=f"{name}/Identity")
         self.graph.append(identity)
@@ -261,7 +261,11 @@ class Emitter:
 
     # --- types ----------------------------------------------------------------------------------
     def _set_type(self, value: ir.Value, val: Any) -> None:
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, torch.Tensor) and val.dtype.is_complex:
+            # torchlib represents a complex tensor as real numbers with a trailing dim of 2.
+            value.dtype = onnx_dtype(val.dtype.to_real())
+            value.shape = ir.Shape([*self.symbols.shape(val.shape), 2])
+        elif isinstance(val, torch.Tensor):
             value.dtype = onnx_dtype(val.dtype)
             value.shape = self.symbols.shape(val.shape)
         elif isinstance(val, (bool, torch.SymBool)):

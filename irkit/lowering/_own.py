@@ -36,7 +36,7 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
 
 def _cast_to(x: ir.Value, dtype: Any = None) -> ir.Value:
     if dtype is None or dtype == -1 or dtype == x.dtype:
-        return op.Identity(x)
+        return x  # a no-op conversion emits nothing
     return op.Cast(x, to=int(dtype))
 
 
@@ -91,6 +91,38 @@ def _adaptive_avg_pool2d_applies(node: torch.fx.Node) -> bool:
     )
 
 
+def _split_sizes(x: ir.Value, split_size: int, dim: int) -> list[int]:
+    total = x.shape[dim]
+    return [min(split_size, total - start) for start in range(0, total, split_size)]
+
+
+def _split(x: ir.Value, sizes: list[int], dim: int):
+    if len(sizes) == 1:
+        return (op.Identity(x),)
+    if len(set(sizes)) == 1:
+        return op.Split(x, axis=dim, num_outputs=len(sizes))
+    return op.Split(x, op.Constant(value=ir.tensor(sizes, dtype=ir.DataType.INT64)), axis=dim)
+
+
+def _split_tensor(self, split_size, dim=0):
+    return _split(self, _split_sizes(self, split_size, dim), dim)
+
+
+def _split_with_sizes(self, split_sizes, dim=0):
+    return _split(self, list(split_sizes), dim)
+
+
+def _split_tensor_applies(node: torch.fx.Node) -> bool:
+    """torchlib emits SplitToSequence; a static size lets us emit a plain multi-output Split."""
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    size = node.args[0].meta["val"].shape[dim]
+    return isinstance(size, int) and isinstance(node.args[1], int) and node.args[1] > 0
+
+
+def _split_with_sizes_applies(node: torch.fx.Node) -> bool:
+    return all(isinstance(s, int) for s in node.args[1])
+
+
 def own_lowerings(
     torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
 ) -> dict[torch._ops.OpOverload, OwnLowering]:
@@ -107,6 +139,8 @@ def own_lowerings(
         aten.__and__.Tensor: OwnLowering(torchlib[aten.bitwise_and.Tensor]),
         aten.__or__.Tensor: OwnLowering(torchlib[aten.bitwise_or.Tensor]),
         aten.__xor__.Tensor: OwnLowering(torchlib[aten.bitwise_xor.Tensor]),
+        aten.split.Tensor: OwnLowering(_split_tensor, _split_tensor_applies),
+        aten.split_with_sizes.default: OwnLowering(_split_with_sizes, _split_with_sizes_applies),
         aten.batch_norm.default: OwnLowering(
             _batch_norm(torchlib[aten._native_batch_norm_legit_no_training.default]),
             _batch_norm_applies,

@@ -174,7 +174,9 @@ class Recorder:
             tensor = ir.tensor(value if dtype is None else value.astype(dtype.numpy()))
         else:
             tensor = ir.tensor(value, dtype=dtype)
-        return self.opset.Constant(value=tensor)
+        result = self.opset.Constant(value=tensor)
+        result.const_value = tensor  # lets later ops see the value (e.g. Split's output count)
+        return result
 
     def as_value(self, arg: Any, dtype: ir.DataType | None) -> ir.Value | None:
         """``arg`` as an ONNX value: values pass through, constants become ``Constant`` nodes.

@@ -107,6 +107,8 @@ def torch_tensor_to_ir(tensor: torch.Tensor, name: str) -> ir.Tensor:
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
+    if tensor.dtype.is_complex:
+        tensor = torch.view_as_real(tensor)  # torchlib's representation of complex tensors
     dtype = onnx_dtype(tensor.dtype)
     bitcast = _BITCAST.get(tensor.dtype)
     if bitcast is not None:
