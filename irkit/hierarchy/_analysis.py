@@ -27,6 +27,7 @@ import networkx as nx
 import onnx_ir as ir
 
 from irkit import metadata as md
+from irkit.errors import OutlineError
 
 __all__ = ["Scope", "build_scope_tree", "Dataflow", "ContractionPlan"]
 
@@ -55,7 +56,7 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
         text = node.metadata_props.get(md.SCOPE, "")
         scope = decoded.get(text)
         if scope is None:
-            scope = decoded[text] = md.decode_scope(text)
+            scope = decoded[text] = _decode(node, text)
         if scope not in members:
             for depth in range(1, len(scope) + 1):
                 prefix = scope[:depth]
@@ -65,6 +66,17 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
                     members.setdefault(prefix, [])
         members[scope].append(node)
     return tree, members
+
+
+def _decode(node: ir.Node, text: str) -> Scope:
+    try:
+        return md.decode_scope(text)
+    except (ValueError, TypeError) as exc:
+        raise OutlineError(
+            f"Node {node.name!r} ({node.op_type}) has malformed {md.SCOPE} metadata {text!r} "
+            f"({exc}). Expected a JSON list of [path, call_index, class] triples as written by "
+            "irkit.metadata.encode_scope; fix the rewrite that set it or delete the key."
+        ) from exc
 
 
 @dataclasses.dataclass
@@ -144,3 +156,31 @@ class Dataflow:
         )
         for offset, node in enumerate(new_span):
             self.pos[node] = plan.lo + offset
+
+    def first_convex_part(self, region: Iterable[ir.Node]) -> set[ir.Node]:
+        """The largest convex *prefix* of a non-convex region.
+
+        A region node is *late* if it can be reached from an outside node that the region
+        reaches (the path left and came back); the others are *early*. The early nodes form a
+        convex set (a path leaving them and coming back would end at a late node), and it is
+        never empty (the region's first node in topological order cannot be late). Splitting
+        the late rest again, after contracting the early part, yields convex parts in order.
+
+        Example:
+            >>> x = ir.Value(name="x")
+            >>> a = ir.Node("", "Relu", [x]); n = ir.Node("", "Neg", a.outputs)
+            >>> b = ir.Node("", "Add", [n.outputs[0], a.outputs[0]])
+            >>> [m.op_type for m in Dataflow([a, n, b]).first_convex_part([a, b])]
+            ['Relu']
+        """
+        region = set(region)
+        positions = [self.pos[n] for n in region]
+        lo, hi = min(positions), max(positions)
+        span = [n for n in self.order[lo : hi + 1] if n is not None]
+        reach = nx.DiGraph(self.dag.subgraph(span))
+        escapes = {
+            s for n in region for s in self.dag.successors(n) if s in reach and s not in region
+        }
+        reach.add_edges_from((_REGION, s) for s in escapes)
+        late = nx.descendants(reach, _REGION) if escapes else set()
+        return {n for n in region if n not in late}

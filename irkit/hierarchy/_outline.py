@@ -119,8 +119,7 @@ def outline(
     )
     for scope in _bottom_up(tree, ctx.dataflow, members):
         items = members.pop(scope)
-        call = _maybe_outline(ctx, scope, items) if items else None
-        members[scope[:-1]].extend([call] if call is not None else items)
+        members[scope[:-1]].extend(_maybe_outline(ctx, scope, items) if items else ())
     model.graph.sort()  # function bodies were built in topological order already
     logger.info(
         "outlined %d module calls into %d functions (%d left inline)",
@@ -167,12 +166,13 @@ def _bottom_up(
     return order[:-1]  # without the root
 
 
-def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> ir.Node | None:
+def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir.Node]:
+    """Outline one module call; return what now stands for it in its parent's region."""
     frame = scope[-1]
     if ctx.max_depth is not None and len(scope) > ctx.max_depth:
-        return None
+        return items
     if not ctx.selected(frame):
-        return None
+        return items
     if any(
         a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
         for n in items
@@ -180,27 +180,56 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> ir.Node
     ):
         return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
     plan = ctx.dataflow.plan(items)
-    if not isinstance(plan, ContractionPlan):
-        witness = ", ".join(repr(n.name or n.op_type) for n in plan[:3])
-        return _leave_inline(
-            ctx,
-            frame,
-            items,
-            f"its region is not convex: a path leaves it and re-enters it through {witness} "
-            "(outlining would create a cycle)",
-        )
-    call = _build_call(ctx, scope, sorted(items, key=ctx.dataflow.pos.__getitem__))
-    if call is None:
-        return _leave_inline(ctx, frame, items, "none of its outputs is used")
-    ctx.dataflow.contract(plan, call)
+    if isinstance(plan, ContractionPlan):
+        call = _contract(ctx, scope, plan, frame.call_id)
+        return [call] if call is not None else _leave_inline(ctx, frame, items, _NO_OUTPUT)
+    return _split(ctx, scope, items, plan)
+
+
+_NO_OUTPUT = "none of its outputs is used"
+
+
+def _split(
+    ctx: _Context, scope: Scope, items: list[ir.Node], witness: list[ir.Node]
+) -> list[ir.Node]:
+    """Outline a non-convex call as several convex parts (``enc/part0``, ``enc/part1`` …)."""
+    frame, result, remaining, k = scope[-1], [], set(items), 0
+    while remaining:
+        part = ctx.dataflow.first_convex_part(remaining)
+        plan = ctx.dataflow.plan(part)
+        assert isinstance(plan, ContractionPlan), "the early part of a region is convex"
+        call = _contract(ctx, scope, plan, f"{frame.call_id}/part{k}")
+        result.extend([call] if call is not None else part)
+        remaining -= part
+        k += 1
+    names = ", ".join(repr(n.name or n.op_type) for n in witness[:3])
+    _note(
+        ctx,
+        frame,
+        result,
+        f"split into {k} convex parts: its region is not convex (a path leaves it and re-enters "
+        f"it through {names}; one call node would create a cycle)",
+    )
+    return result
+
+
+def _contract(ctx: _Context, scope: Scope, plan: ContractionPlan, name: str) -> ir.Node | None:
+    call = _build_call(ctx, scope, sorted(plan.region, key=ctx.dataflow.pos.__getitem__), name)
+    if call is not None:
+        ctx.dataflow.contract(plan, call)
     return call
 
 
-def _leave_inline(ctx: _Context, frame: md.Frame, items: list[ir.Node], why: str) -> None:
-    note = f"module call {frame.call_id!r} ({frame.cls}) left inline: {why}"
+def _leave_inline(ctx: _Context, frame: md.Frame, items: list[ir.Node], why: str) -> list[ir.Node]:
+    _note(ctx, frame, items, f"left inline: {why}")
+    return items
+
+
+def _note(ctx: _Context, frame: md.Frame, items: list[ir.Node], what: str) -> None:
+    note = f"module call {frame.call_id!r} ({frame.cls}) {what}"
     ctx.notes.append(note)
     logger.warning("%s", note)
-    warnings.warn(note, OutlineWarning, stacklevel=4)
+    warnings.warn(note, OutlineWarning, stacklevel=5)
     for node in items:
         old = node.metadata_props.get(md.OUTLINE_NOTE)
         node.metadata_props[md.OUTLINE_NOTE] = note if not old else f"{old}\n{note}"
@@ -242,7 +271,7 @@ def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:
     return result
 
 
-def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | None:
+def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> ir.Node | None:
     """Move ``body`` into a (possibly shared) function; return the call node now standing for it."""
     frame = scope[-1]
     graph = ctx.model.graph
@@ -268,7 +297,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node]) -> ir.Node | N
         frame.class_name,
         outer_inputs,
         num_outputs=len(outputs),
-        name=_call_name(ctx, frame),
+        name=_call_name(ctx, name),
         metadata_props={
             md.CALL_MODULE: json.dumps(frame.to_json(), separators=(",", ":")),
             md.SCOPE: md.encode_scope(scope[:-1]),
@@ -317,9 +346,9 @@ def _new_function(
     return function
 
 
-def _call_name(ctx: _Context, frame: md.Frame) -> str:
-    name, k = frame.call_id, 1
+def _call_name(ctx: _Context, wanted: str) -> str:
+    name, k = wanted, 1
     while name in ctx.used_call_names:
-        name, k = f"{frame.call_id}#{k}", k + 1
+        name, k = f"{wanted}#{k}", k + 1
     ctx.used_call_names.add(name)
     return name

@@ -65,7 +65,10 @@ def _walk(
                 if origin
                 else (*md.node_scope(node.metadata_props), frame)
             )
-            label = here[-1].call_id
+            part = (
+                node.name[len(frame.call_id) :] if node.name.startswith(frame.call_id + "/") else ""
+            )
+            label = here[-1].call_id + part  # "/partK" of a call split into convex parts
         lines.append(f"{'  ' * depth}{label}  ->  {_fid(node)}")
         instances[_fid(node)] += 1
         inner_origin = md.decode_scope(function.metadata_props.get(md.OUTLINE_ORIGIN))

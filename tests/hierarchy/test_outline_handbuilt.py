@@ -125,7 +125,7 @@ def test_one_module_called_twice_shares_one_function():
     ]
 
 
-def test_non_convex_region_is_left_inline_with_a_note():
+def test_non_convex_region_is_split_into_convex_parts_with_a_note():
     b = B.Builder()
     x = b.input("x", [3, B.STACK_D])
     with b.module("c", "mypkg.Child"):
@@ -135,18 +135,22 @@ def test_non_convex_region_is_left_inline_with_a_note():
         y = b.op("Add", n, a)
     with b.module("d", "mypkg.Other"):
         z = b.op("Sigmoid", y)
-    expected = "module call 'c' (mypkg.Child) left inline: its region is not convex: a path leaves it and re-enters it through 'neg_2' (outlining would create a cycle)"
+    expected = (
+        "module call 'c' (mypkg.Child) split into 2 convex parts: its region is not convex "
+        "(a path leaves it and re-enters it through 'neg_2'; one call node would create a cycle)"
+    )
     with pytest.warns(irkit.OutlineWarning, match=re.escape(expected)):
         model = outline_and_compare(b.model([z]), [X])
-    assert calls(model) == [("d", "Other")]
-    assert [n.op_type for n in model.graph] == ["Relu", "Neg", "Add", "Other"]
-    assert model.graph.node("relu_1").metadata_props[md.OUTLINE_NOTE] == expected
+    assert calls(model) == [("c/part0", "Child"), ("c/part1", "Child_1"), ("d", "Other")]
+    assert [n.op_type for n in model.graph] == ["Child", "Neg", "Child_1", "Other"]
+    assert model.graph.node("c/part1").metadata_props[md.OUTLINE_NOTE] == expected
     assert md.OUTLINE_NOTE not in model.graph.node("neg_2").metadata_props
+    check_golden("non_convex_tree.txt", irkit.function_tree(model))
 
 
 def test_disconnected_siblings_that_would_form_a_cycle():
     # A = {a1, a2} and B = {b1, b2} are each convex, but A feeds B (a1→b1) and B feeds A (b2→a2):
-    # outlining both would make a cycle, so the second is left inline.
+    # one call node each would make a cycle, so B (second) is split around A's call node.
     b = B.Builder()
     x = b.input("x", [3, B.STACK_D])
     with b.module("a", "mypkg.A"):
@@ -158,12 +162,11 @@ def test_disconnected_siblings_that_would_form_a_cycle():
         a2 = b.op("Add", b2, x)
     y = b.op("Mul", a2, b1)
     with pytest.warns(
-        irkit.OutlineWarning,
-        match=r"module call 'b' \(mypkg.B\) left inline: its region is not convex",
+        irkit.OutlineWarning, match=r"module call 'b' \(mypkg.B\) split into 2 convex parts"
     ):
         model = outline_and_compare(b.model([y]), [X])
-    assert calls(model) == [("a", "A")]
-    assert sorted(n.op_type for n in model.graph) == ["A", "Mul", "Neg", "Sigmoid"]
+    assert calls(model) == [("b/part0", "B"), ("a", "A"), ("b/part1", "B_1")]
+    assert [f.name for f in model.functions.values()] == ["A", "B", "B_1"]
 
 
 def test_unused_output_dropped_and_tuple_outputs_kept_in_order():

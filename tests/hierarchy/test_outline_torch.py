@@ -170,9 +170,10 @@ def test_unused_dict_entry_is_not_a_function_output():
     assert len(fn.outputs) == 2  # sigmoid and tanh; exp is not used (and lowering may drop it)
 
 
-def test_conflated_calls_are_non_convex_and_left_inline():
+def test_conflated_calls_are_split_back_into_two_calls():
     """Stamp both calls of ``enc`` with call index 0 — what the old Modularize pass did — so the
-    "one call" spans a parent op (tanh): the region is not convex and must stay inline."""
+    "one call" spans a parent op (tanh): the region is not convex; it is split into two convex
+    parts, which share one function again."""
     model, args, eager = lower_case("twice")
     for node in model.graph:
         scope = md.node_scope(node.metadata_props)
@@ -182,14 +183,15 @@ def test_conflated_calls_are_non_convex_and_left_inline():
             )
     with pytest.warns(
         irkit.OutlineWarning,
-        match=r"module call 'enc' \(tests.hierarchy.test_outline_torch.Inner\) left inline: its region is not convex",
+        match=r"module call 'enc' \(tests.hierarchy.test_outline_torch.Inner\) split into 2 convex parts",
     ):
         outline_and_verify(model, args, eager)
-    assert not any(
-        n.name.startswith("enc") for n in model.graph if n.op_identifier() in model.functions
-    )
-    noted = [n for n in model.graph if md.OUTLINE_NOTE in n.metadata_props]
-    assert noted and all(n.op_type != "Tanh" for n in noted)
+    assert [(n.name, n.op_type) for n in model.graph] == [
+        ("enc/part0", "Inner"),
+        ("tanh", "Tanh"),
+        ("enc/part1", "Inner"),
+    ]
+    assert len(model.functions) == 2  # Inner and Linear, each shared by both parts
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "cnn", "gpt2_dynamic"])

@@ -125,3 +125,14 @@ def test_functions_and_metadata_survive_save_and_load(tmp_path):
     assert [n.metadata_props[md.SCOPE] for n in loaded.graph] == [
         n.metadata_props[md.SCOPE] for n in B.stack(3).graph
     ]
+
+
+def test_malformed_scope_metadata_is_reported_with_the_node():
+    model = B.stack(1)
+    model.graph.node(0).metadata_props[md.SCOPE] = '[["layers.0", 0]]'
+    with pytest.raises(OutlineError) as err:
+        irkit.outline(model)
+    assert str(err.value).startswith(
+        "Node 'matmul_1' (MatMul) has malformed irkit.scope metadata '[[\"layers.0\", 0]]' ("
+    )
+    assert "irkit.metadata.encode_scope" in str(err.value)
