@@ -30,7 +30,7 @@ FUNCTION_OPSET_VERSION = 1
 
 
 class OutlineWarning(UserWarning):
-    """A module call was left inline (its region is not convex, or it has no used output)."""
+    """A module call was split into convex parts, or left inline (control flow, no used output)."""
 
 
 def function_domain(frame: md.Frame) -> str:
@@ -74,8 +74,8 @@ def outline(
     outside — activations and initializers — becomes a function input; values used outside
     become outputs. Structurally identical bodies share one function; different bodies of one
     class get distinct names (``Linear``, ``Linear_1``). A call whose region is not convex (a path
-    leaves it and comes back, so a call node would create a cycle) is left inline with an
-    :class:`OutlineWarning` and an ``irkit.outline.note`` on its nodes.
+    leaves it and comes back, so one call node would create a cycle) is split into convex parts
+    (``enc/part0``, ``enc/part1``), with an :class:`OutlineWarning` and an ``irkit.outline.note``.
 
     Args:
         model: The model; its main graph is outlined, the result is topologically sorted.
@@ -122,7 +122,7 @@ def outline(
         members[scope[:-1]].extend(_maybe_outline(ctx, scope, items) if items else ())
     model.graph.sort()  # function bodies were built in topological order already
     logger.info(
-        "outlined %d module calls into %d functions (%d left inline)",
+        "outlined %d module calls into %d functions (%d notes)",
         sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
         len(model.functions),
         len(ctx.notes),
@@ -228,7 +228,7 @@ def _leave_inline(ctx: _Context, frame: md.Frame, items: list[ir.Node], why: str
 def _note(ctx: _Context, frame: md.Frame, items: list[ir.Node], what: str) -> None:
     note = f"module call {frame.call_id!r} ({frame.cls}) {what}"
     ctx.notes.append(note)
-    logger.warning("%s", note)
+    logger.info("%s", note)  # the warning below is the user-facing report
     warnings.warn(note, OutlineWarning, stacklevel=5)
     for node in items:
         old = node.metadata_props.get(md.OUTLINE_NOTE)
