@@ -20,45 +20,66 @@ import onnx_ir as ir
 __all__ = ["canonical_text", "FunctionRegistry"]
 
 
-def _type_text(value: ir.Value) -> str:
-    shape = "?" if value.shape is None else str(value.shape)
-    return f"{value.type}{shape}"
+_TENSOR = ir.AttributeType.TENSOR
+_TENSORS = ir.AttributeType.TENSORS
 
 
 def _attr_text(attr: ir.Attr) -> str:
     if attr.is_ref():
         return f"{attr.name}=@{attr.ref_attr_name}"
-    if attr.type == ir.AttributeType.TENSOR:
+    kind = attr.type
+    if kind is _TENSOR:
         tensor = attr.value  # (not as_tensor(): its protocol isinstance check is slow)
         digest = hashlib.sha1(tensor.tobytes()).hexdigest()
         return f"{attr.name}=T({tensor.dtype},{tensor.shape},{digest})"
-    if attr.type == ir.AttributeType.TENSORS:
+    if kind is _TENSORS:
         parts = [hashlib.sha1(t.tobytes()).hexdigest() for t in attr.value]
         return f"{attr.name}=Ts({parts})"
-    return f"{attr.name}:{attr.type.name}={attr.value!r}"
+    return f"{attr.name}:{kind.value}={attr.value!r}"
 
 
 def canonical_text(
-    inputs: Sequence[ir.Value], nodes: Sequence[ir.Node], outputs: Sequence[ir.Value]
+    inputs: Sequence[ir.Value],
+    nodes: Sequence[ir.Node],
+    outputs: Sequence[ir.Value],
+    type_texts: dict[object, str] | None = None,
 ) -> str:
     """A name-free serialization of a function body (see the module docstring).
+
+    Args:
+        inputs: The body's inputs (``i0``, ``i1`` … in this order).
+        nodes: The body's nodes, in order.
+        outputs: The body's outputs.
+        type_texts: A cache of type texts, shared across calls for speed.
 
     Example:
         >>> x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
         >>> n = ir.Node("", "Relu", [x])
         >>> canonical_text([x], [n], n.outputs).splitlines()[1]
-        ':Relu: (i0) [] -> None?'
+        ':Relu:(i0)>None?'
     """
+    cache = {} if type_texts is None else type_texts
+
+    def type_text(v: ir.Value) -> str:
+        shape = v.shape
+        key = (v.type, None if shape is None else shape.dims)
+        text = cache.get(key)
+        if text is None:
+            text = cache[key] = f"{v.type}{'?' if shape is None else shape}"
+        return text
+
     ids: dict[ir.Value, str] = {v: f"i{i}" for i, v in enumerate(inputs)}
-    lines = [" ".join(_type_text(v) for v in inputs)]
+    lines = [" ".join([type_text(v) for v in inputs])]
     for k, node in enumerate(nodes):
-        for j, out in enumerate(node.outputs):
+        outs = node.outputs
+        refs = ",".join(["" if v is None else ids.get(v, "?") for v in node.inputs])
+        attributes = node.attributes
+        attrs = sorted([_attr_text(a) for a in attributes.values()]) if attributes else ""
+        types = " ".join([type_text(v) for v in outs])
+        lines.append(f"{node.domain}:{node.op_type}:{node.overload}({refs}){attrs}>{types}")
+        for j, out in enumerate(outs):
             ids[out] = f"{k}.{j}"
-        refs = ",".join("" if v is None else ids.get(v, "?") for v in node.inputs)
-        attrs = sorted(_attr_text(a) for a in node.attributes.values())
-        outs = " ".join(_type_text(v) for v in node.outputs)
-        lines.append(f"{node.domain}:{node.op_type}:{node.overload} ({refs}) {attrs} -> {outs}")
-    lines.append("out " + ",".join(ids.get(v, "?") for v in outputs))
+    lines.append("out " + ",".join([ids.get(v, "?") for v in outputs]))
     return "\n".join(lines)
 
 
@@ -73,6 +94,7 @@ class FunctionRegistry:
     """
 
     def __init__(self) -> None:
+        self.type_texts: dict[object, str] = {}  # cache for canonical_text
         self._buckets: dict[tuple[str, str, str], list[tuple[str, ir.Function]]] = {}
         self._count: dict[tuple[str, str], int] = {}
 

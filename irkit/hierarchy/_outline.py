@@ -55,7 +55,8 @@ class _Context:
     registry: FunctionRegistry
     dataflow: Dataflow
     used_call_names: set[str]
-    notes: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    scope_texts: dict[Scope, str] = dataclasses.field(default_factory=dict)
 
 
 def outline(
@@ -115,7 +116,6 @@ def outline(
         FunctionRegistry(),
         Dataflow(list(model.graph)),
         {n.name for n in model.graph if n.name},
-        [],
     )
     for scope in _bottom_up(tree, ctx.dataflow, members):
         items = members.pop(scope)
@@ -290,7 +290,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> 
             if value in param_of:
                 node.replace_input_with(i, param_of[value])
     domain = function_domain(frame)
-    text = canonical_text(params, body, outputs)
+    text = canonical_text(params, body, outputs, ctx.registry.type_texts)
     function = ctx.registry.find(domain, frame.class_name, text)
     call = ir.Node(
         domain,
@@ -300,7 +300,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> 
         name=_call_name(ctx, name),
         metadata_props={
             md.CALL_MODULE: json.dumps(frame.to_json(), separators=(",", ":")),
-            md.SCOPE: md.encode_scope(scope[:-1]),
+            md.SCOPE: _scope_text(ctx, scope[:-1]),
         },
     )
     for new, old in zip(call.outputs, outputs, strict=True):
@@ -344,6 +344,13 @@ def _new_function(
     model.opset_imports.setdefault(domain, FUNCTION_OPSET_VERSION)
     ctx.registry.add(domain, cls_name, function, text)
     return function
+
+
+def _scope_text(ctx: _Context, scope: Scope) -> str:
+    text = ctx.scope_texts.get(scope)
+    if text is None:
+        text = ctx.scope_texts[scope] = md.encode_scope(scope)
+    return text
 
 
 def _call_name(ctx: _Context, wanted: str) -> str:
