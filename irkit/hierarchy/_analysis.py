@@ -51,20 +51,20 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
     tree = nx.DiGraph()
     tree.add_node((), frame=None, depth=0)
     members: dict[Scope, list[ir.Node]] = {(): []}
-    decoded: dict[str, Scope] = {}  # many nodes share one scope string: decode each once
+    by_text: dict[str, list[ir.Node]] = {}  # many nodes share one scope string: decode it once
     for node in nodes:
         text = node.metadata_props.get(md.SCOPE, "")
-        scope = decoded.get(text)
-        if scope is None:
-            scope = decoded[text] = _decode(node, text)
-        if scope not in members:
+        bucket = by_text.get(text)
+        if bucket is None:
+            scope = _decode(node, text)
             for depth in range(1, len(scope) + 1):
                 prefix = scope[:depth]
                 if prefix not in tree:
                     tree.add_node(prefix, frame=prefix[-1], depth=depth)
                     tree.add_edge(prefix[:-1], prefix)
                     members.setdefault(prefix, [])
-        members[scope].append(node)
+            bucket = by_text[text] = members[scope]
+        bucket.append(node)
     return tree, members
 
 
