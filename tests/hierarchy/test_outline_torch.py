@@ -272,3 +272,30 @@ def test_zoo_stack4_is_one_block_function_called_four_times():
     tree = irkit.function_tree(model, sizes=False).splitlines()
     assert "  tests::PreLNBlock  calls=4" in tree
     assert [n.op_type for n in model.graph] == ["PreLNBlock"] * 4 + ["LayerNorm"]
+
+
+def call_signatures(ep: torch.export.ExportedProgram) -> irkit.CallSignatures:
+    """What ``irkit.lower(ep, functions=...)`` passes to ``outline`` (see docs/hierarchy.md)."""
+    return {
+        entry.fqn: (
+            [a.name for a in entry.signature.inputs if hasattr(a, "name")],
+            [a.name for a in entry.signature.outputs if hasattr(a, "name")],
+        )
+        for entry in ep.module_call_graph
+        if entry.fqn and entry.signature is not None
+    }
+
+
+def test_call_signatures_from_preserved_module_calls():
+    module = Outputs().eval()
+    with torch.no_grad():
+        ep = torch.export.export(module, (X,), preserve_module_call_signature=("pair", "dict"))
+        eager = flatten_outputs(module(X))
+    sigs = call_signatures(ep)
+    assert sigs == {"pair": (["x"], ["add", "mul"]), "dict": (["mul"], ["sigmoid", "tanh", "exp"])}
+    model = outline_and_verify(irkit.lower(ep), (X,), eager, call_signatures=sigs)
+    pair = model.functions[("tests.hierarchy", "PairOut", "")]
+    dict_fn = model.functions[("tests.hierarchy", "DictOut", "")]
+    assert [v.name for v in pair.outputs] == ["add", "mul"]
+    assert [v.name for v in dict_fn.inputs] == ["mul"]
+    assert [v.name for v in dict_fn.outputs] == ["sigmoid", "tanh"]  # exp is unused
