@@ -95,8 +95,8 @@ def inline(
         frame = call_frame(node)
         if predicate is not None and not predicate(function):
             return None
-        if frame is not None and not by_module(frame):
-            return None
+        if modules is not None and (frame is None or not by_module(frame)):
+            return None  # calls of functions irkit did not outline have no module to match
         return function
 
     count = _inline_in(model.graph, wanted)

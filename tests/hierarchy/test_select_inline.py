@@ -136,3 +136,14 @@ def test_malformed_scope_metadata_is_reported_with_the_node():
         "Node 'matmul_1' (MatMul) has malformed irkit.scope metadata '[[\"layers.0\", 0]]' ("
     )
     assert "irkit.metadata.encode_scope" in str(err.value)
+
+
+def test_inline_by_module_leaves_foreign_functions_alone():
+    model = irkit.outline(B.stack(1), ["ReLU"])
+    relu = model.functions[("torch.nn.modules", "ReLU", "")]
+    call = model.graph.node("layers.0.act")
+    del call.metadata_props[md.CALL_MODULE]  # now a call of a function irkit did not outline
+    irkit.inline(model, modules=True)
+    assert list(model.functions.values()) == [relu]
+    irkit.inline(model)
+    assert len(model.functions) == 0
