@@ -15,6 +15,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
+from irkit.hierarchy._constants import localize_constants
 from irkit.hierarchy._dedupe import FunctionRegistry, canonical_text
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
@@ -107,6 +108,7 @@ def outline(
         return model
     if not _is_sorted(model.graph):
         TopologicalSortPass()(model)
+    copied = localize_constants(model.graph)
     tree, members = build_scope_tree(model.graph)
     ctx = _Context(
         model,
@@ -122,10 +124,11 @@ def outline(
         members[scope[:-1]].extend(_maybe_outline(ctx, scope, items) if items else ())
     model.graph.sort()  # function bodies were built in topological order already
     logger.info(
-        "outlined %d module calls into %d functions (%d notes)",
+        "outlined %d module calls into %d functions (%d notes, %d constants copied)",
         sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
         len(model.functions),
         len(ctx.notes),
+        copied,
     )
     return model
 

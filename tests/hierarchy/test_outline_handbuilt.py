@@ -230,3 +230,33 @@ def test_functions_false_and_max_depth_zero_are_no_ops():
         text = ir.to_onnx_text(model, exclude_initializers=True)
         irkit.outline(model, **kwargs)
         assert ir.to_onnx_text(model, exclude_initializers=True) == text
+
+
+def test_shared_constant_is_copied_into_each_call():
+    """After CSE one Constant (in layers.0's scope) serves every layer: it is copied into each
+    layer so layer 0 does not export it, and the layers still share one function."""
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    h = x
+    with b.module("layers.0", B.BLOCK):
+        two = b.op("Constant", value=ir.tensor(np.full((B.STACK_D,), 2.0, np.float32)))
+    for i in range(3):
+        with b.module(f"layers.{i}", B.BLOCK):
+            h = b.op("Add", b.op("Mul", h, two), h)
+    model = outline_and_compare(b.model([h]), [X])
+    assert [f.name for f in model.functions.values()] == ["Block"]
+    block = model.functions[("mypkg", "Block", "")]
+    assert [n.op_type for n in block] == ["Constant", "Mul", "Add"]
+    assert [len(n.inputs) for n in model.graph] == [1, 1, 1]
+
+
+def test_large_constants_are_not_copied():
+    b = B.Builder()
+    x = b.input("x", [3, 8192])
+    with b.module("a", "m.A"):
+        big = b.op("Constant", value=ir.tensor(np.ones((8192,), np.float32)))
+        y = b.op("Mul", x, big)
+    with b.module("b", "m.B"):
+        z = b.op("Add", y, big)
+    model = outline_and_compare(b.model([z]), [np.ones((3, 8192), np.float32)])
+    assert [len(n.outputs) for n in model.graph] == [2, 1]  # a exports the big constant

@@ -299,3 +299,15 @@ def test_call_signatures_from_preserved_module_calls():
     assert [v.name for v in pair.outputs] == ["add", "mul"]
     assert [v.name for v in dict_fn.inputs] == ["mul"]
     assert [v.name for v in dict_fn.outputs] == ["sigmoid", "tanh"]  # exp is unused
+
+
+def test_outline_after_cse_still_dedupes_the_stack():
+    from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
+
+    zm = zoo.load("stack4")
+    model = irkit.lower(zoo.export("stack4"))
+    CommonSubexpressionEliminationPass()(model)
+    RemoveUnusedNodesPass()(model)
+    outline_and_verify(model, zm.args, flatten_outputs(zm.eager()))
+    assert "  tests::PreLNBlock  calls=4" in irkit.function_tree(model, sizes=False).splitlines()
+    assert [n.op_type for n in model.graph] == ["PreLNBlock"] * 4 + ["LayerNorm"]

@@ -1,0 +1,153 @@
+"""Copy small constant subgraphs into every module call that uses them.
+
+After common-subexpression elimination one ``Constant`` (or a ``Concat`` of constants computing a
+reshape target) serves every layer: it lives in ``layers.0``'s scope and is used by ``layers.1`` …
+``layers.63``. Outlined as is, ``layers.0`` would export it as an extra output and every other
+layer would import it, so the first layer's body differs from the rest and deduplication finds
+two block functions instead of one. Copying such *constant cones* to each consuming scope keeps
+function bodies self-contained (backends see the constant) and identical layers identical.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from irkit import metadata as md
+
+__all__ = ["localize_constants", "MAX_CONSTANT_ELEMENTS", "MAX_CONE_NODES"]
+
+MAX_CONSTANT_ELEMENTS = 4096
+"""``Constant`` nodes with larger tensors are never copied (they stay shared function inputs)."""
+
+MAX_CONE_NODES = 8
+"""Constant cones (a value computed only from constants) with more nodes are not copied."""
+
+_NO_COPY = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def _small_constant(node: ir.Node) -> bool:
+    value = node.attributes.get("value")
+    if value is None:  # value_float / value_ints / ...: tiny by construction
+        return True
+    return value.type != ir.AttributeType.TENSOR or value.value.size <= MAX_CONSTANT_ELEMENTS
+
+
+def _constant_cones(graph: ir.Graph) -> dict[ir.Node, int]:
+    """Node → size of its constant cone, for nodes computed from small constants only."""
+    cone: dict[ir.Node, int] = {}
+    for node in graph:  # topological order
+        if (
+            node.domain != ""
+            or node.op_type in _NO_COPY
+            or any(
+                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+                for a in node.attributes.values()
+            )
+        ):
+            continue
+        if node.op_type == "Constant":
+            if _small_constant(node):
+                cone[node] = 1
+            continue
+        producers = [v.producer() if v is not None else None for v in node.inputs]
+        if (
+            node.inputs
+            and all(p in cone for p in producers if p is not None)
+            and all(v is None or v.producer() is not None for v in node.inputs)
+        ):
+            size = 1 + sum(cone[p] for p in set(producers) if p is not None)
+            if size <= MAX_CONE_NODES:
+                cone[node] = size
+    return cone
+
+
+def localize_constants(graph: ir.Graph) -> int:
+    """Give each scope that uses a shared constant cone its own copy. In place.
+
+    Args:
+        graph: A topologically sorted graph whose nodes carry ``irkit.scope``.
+
+    Returns:
+        The number of nodes copied.
+
+    Example:
+        >>> g = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float x) => (float y) {'
+        ...     ' c = Constant <value_float: float = 2.0> () y = Mul(x, c) }').graph
+        >>> g.node(1).metadata_props["irkit.scope"] = '[["m",0,"p.M"]]'
+        >>> localize_constants(g), [n.op_type for n in g]
+        (1, ['Constant', 'Mul'])
+    """
+    cone = _constant_cones(graph)
+    copies: dict[tuple[ir.Node, str], ir.Node] = {}
+    used_names = {v.name for n in graph for v in n.outputs if v.name}
+    used_names |= {n.name for n in graph if n.name}
+    count = 0
+    for node in list(graph):
+        scope = node.metadata_props.get(md.SCOPE, "")
+        for i, value in enumerate(node.inputs):
+            producer = value.producer() if value is not None else None
+            if producer in cone and producer.metadata_props.get(md.SCOPE, "") != scope:
+                copy, made = _copy(graph, producer, scope, copies, used_names, before=node)
+                node.replace_input_with(i, copy.outputs[value.index()])
+                count += made
+    for node in reversed(list(graph)):  # drop originals nobody uses any more
+        if node in cone and not any(v.uses() or v.is_graph_output() for v in node.outputs):
+            graph.remove(node, safe=True)
+    return count
+
+
+def _copy(
+    graph: ir.Graph,
+    node: ir.Node,
+    scope: str,
+    copies: dict[tuple[ir.Node, str], ir.Node],
+    used_names: set[str],
+    before: ir.Node,
+) -> tuple[ir.Node, int]:
+    """The copy of ``node``'s cone in ``scope`` (made once per scope), inserted before ``before``."""
+    key = (node, scope)
+    if key in copies:
+        return copies[key], 0
+    made, inputs = 1, []
+    for value in node.inputs:
+        if value is None:
+            inputs.append(None)
+            continue
+        copy, n = _copy(graph, value.producer(), scope, copies, used_names, before)
+        made += n
+        inputs.append(copy.outputs[value.index()])
+    meta = dict(node.metadata_props)
+    meta[md.SCOPE] = scope
+    clone = ir.Node(
+        node.domain,
+        node.op_type,
+        inputs,
+        attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
+        num_outputs=len(node.outputs),
+        version=node.version,
+        metadata_props=meta,
+        name=_fresh(node.name, used_names) if node.name else None,
+    )
+    for old, new in zip(node.outputs, clone.outputs, strict=True):
+        new.name, new.type, new.shape = _fresh(old.name or "const", used_names), old.type, old.shape
+        new.const_value = old.const_value
+    graph.insert_before(before, clone)
+    copies[key] = clone
+    return clone, made
+
+
+def _fresh(name: str, used: set[str]) -> str:
+    k = 1
+    while f"{name}_{k}" in used:
+        k += 1
+    used.add(f"{name}_{k}")
+    return f"{name}_{k}"
