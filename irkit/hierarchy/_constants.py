@@ -73,6 +73,9 @@ def _constant_cones(graph: ir.Graph) -> dict[ir.Node, int]:
 def localize_constants(graph: ir.Graph) -> int:
     """Give each scope that uses a shared constant cone its own copy. In place.
 
+    Copies are inserted before *a* consumer in their scope; sort the graph afterwards if any
+    were made.
+
     Args:
         graph: A topologically sorted graph whose nodes carry ``irkit.scope``.
 
@@ -88,19 +91,24 @@ def localize_constants(graph: ir.Graph) -> int:
     """
     cone = _constant_cones(graph)
     copies: dict[tuple[ir.Node, str], ir.Node] = {}
-    used_names = {v.name for n in graph for v in n.outputs if v.name}
-    used_names |= {n.name for n in graph if n.name}
+    used_names: set[str] = set()
     count = 0
-    for node in list(graph):
-        scope = node.metadata_props.get(md.SCOPE, "")
-        for i, value in enumerate(node.inputs):
-            producer = value.producer() if value is not None else None
-            if producer in cone and producer.metadata_props.get(md.SCOPE, "") != scope:
+    for producer in list(cone):  # topological order; only uses of cone nodes are visited
+        own_scope = producer.metadata_props.get(md.SCOPE, "")
+        for value in producer.outputs:
+            for use in list(value.uses()):
+                node = use.node
+                scope = node.metadata_props.get(md.SCOPE, "")
+                if scope == own_scope or node.graph is not graph:
+                    continue
+                if not used_names:
+                    used_names = {v.name for n in graph for v in n.outputs if v.name}
+                    used_names |= {n.name for n in graph if n.name}
                 copy, made = _copy(graph, producer, scope, copies, used_names, before=node)
-                node.replace_input_with(i, copy.outputs[value.index()])
+                node.replace_input_with(use.idx, copy.outputs[value.index()])
                 count += made
-    for node in reversed(list(graph)):  # drop originals nobody uses any more
-        if node in cone and not any(v.uses() or v.is_graph_output() for v in node.outputs):
+    for node in reversed(list(cone)):  # drop originals nobody uses any more
+        if not any(v.uses() or v.is_graph_output() for v in node.outputs):
             graph.remove(node, safe=True)
     return count
 

@@ -109,6 +109,8 @@ def outline(
     if not _is_sorted(model.graph):
         TopologicalSortPass()(model)
     copied = localize_constants(model.graph)
+    if copied:  # copies sit before *a* consumer of their scope, not necessarily the first
+        model.graph.sort()
     tree, members = build_scope_tree(model.graph)
     ctx = _Context(
         model,

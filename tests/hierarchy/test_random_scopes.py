@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 import irkit
@@ -34,6 +35,8 @@ def random_model(seed: int, n_nodes: int = 24):
     values = [b.input("x", [2, 3]), b.input("y", [2, 3])]
     w = b.weight("w", [2, 3])
     values.append(w)
+    with b.module("a", "m.A"):  # a constant every scope may share (as after CSE)
+        values.append(b.op("Constant", value=ir.tensor(np.full((2, 3), 0.5, np.float32))))
     for _ in range(n_nodes):
         b.scope[:] = list(SCOPES[rng.integers(len(SCOPES))])
         # prefer recent values, so chains are long and regions interleave
