@@ -79,6 +79,22 @@ def _decode(node: ir.Node, text: str) -> Scope:
         ) from exc
 
 
+def _used_values(node: ir.Node) -> list[ir.Value | None]:
+    """The node's inputs plus the outer values its subgraphs (If/Loop/Scan bodies) capture."""
+    values = list(node.inputs)
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.value]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.value)
+        else:
+            continue
+        for graph in graphs:
+            for inner in ir.traversal.RecursiveGraphIterator(graph):
+                values.extend(inner.inputs)  # inner producers are not in the DAG: ignored
+    return values
+
+
 @dataclasses.dataclass
 class ContractionPlan:
     """What :meth:`Dataflow.plan` found out about a region (only built for convex regions)."""
@@ -103,7 +119,7 @@ class Dataflow:
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
         self.dag.add_nodes_from(self.order)
         for node in self.order:
-            for value in node.inputs:
+            for value in _used_values(node):
                 producer = value.producer() if value is not None else None
                 if producer is not None and producer in self.pos:
                     self.dag.add_edge(producer, node)

@@ -260,3 +260,43 @@ def test_large_constants_are_not_copied():
         z = b.op("Add", y, big)
     model = outline_and_compare(b.model([z]), [np.ones((3, 8192), np.float32)])
     assert [len(n.outputs) for n in model.graph] == [2, 1]  # a exports the big constant
+
+
+def test_control_flow_is_left_inline_with_a_note():
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    with b.module("gate", "m.Gate"):
+        cond = b.op("ReduceSum", x, keepdims=0)
+        cond = b.op("Greater", cond, b.op("Constant", value=ir.tensor(np.array(0.0, np.float32))))
+    branch = lambda op: ir.Graph(  # noqa: E731
+        [], [out := ir.Node("", op, [x]).outputs[0]], nodes=[out.producer()], name=op
+    )
+    with b.module("sel", "m.Select"):
+        y = b.op("If", cond, then_branch=branch("Relu"), else_branch=branch("Neg"))
+    expected = "module call 'sel' (m.Select) left inline: it contains control flow (If/Loop/Scan subgraphs)"
+    with pytest.warns(irkit.OutlineWarning, match=re.escape(expected)):
+        model = outline_and_compare(b.model([y]), [X])
+    assert calls(model) == [("gate", "Gate")]
+    assert model.graph.node("if_4").metadata_props[md.OUTLINE_NOTE] == expected
+
+
+def test_values_captured_by_subgraphs_are_dataflow_edges():
+    # c = {relu, add}; an If at the root captures relu's output inside its branch and feeds add:
+    # without the captured edge c would look convex and outlining it would create a cycle.
+    b = B.Builder()
+    x = b.input("x", [3, B.STACK_D])
+    with b.module("c", "m.C"):
+        r = b.op("Relu", x)
+    cond = b.op("Constant", value=ir.tensor(np.array(True)))
+    inner = ir.Node("", "Neg", [r])
+    then = ir.Graph([], inner.outputs, nodes=[inner], name="then")
+    inner2 = ir.Node("", "Identity", [r])
+    other = ir.Graph([], inner2.outputs, nodes=[inner2], name="else")
+    f = b.op("If", cond, then_branch=then, else_branch=other)
+    with b.module("c", "m.C"):
+        y = b.op("Add", f, x)
+    with pytest.warns(
+        irkit.OutlineWarning, match=r"module call 'c' \(m.C\) split into 2 convex parts"
+    ):
+        model = outline_and_compare(b.model([y]), [X])
+    assert [n.op_type for n in model.graph] == ["C", "Constant", "If", "C_1"]
