@@ -206,35 +206,25 @@ def _layer_functions(model: ir.Model, cls: str) -> list[str]:
     return [f"{d}::{n}" for (d, n, _), f in model.functions.items() if f.doc_string.endswith(cls)]
 
 
+# (config class, model class, decoder-layer class suffix, config kwargs; "{n}" = layer count)
+_TINY_LMS = {
+    "gpt2": ("GPT2Config", "GPT2Model", ".GPT2Block", "n_layer", {
+        "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32,
+        "use_cache": False, "bos_token_id": 0, "eos_token_id": 0}),
+    "llama": ("LlamaConfig", "LlamaModel", ".LlamaDecoderLayer", "num_hidden_layers", {
+        "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "intermediate_size": 64, "vocab_size": 64, "max_position_embeddings": 32,
+        "use_cache": False}),
+}  # fmt: skip
+
+
 def _transformers_model(kind: str, layers: int):
+    import transformers
+
+    config_cls, model_cls, layer_cls, layers_key, kwargs = _TINY_LMS[kind]
     torch.manual_seed(0)
-    if kind == "gpt2":
-        from transformers import GPT2Config, GPT2Model
-
-        cfg = GPT2Config(
-            n_embd=32,
-            n_layer=layers,
-            n_head=2,
-            vocab_size=64,
-            n_positions=32,
-            use_cache=False,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        return GPT2Model(cfg).eval(), ".GPT2Block"
-    from transformers import LlamaConfig, LlamaModel
-
-    cfg = LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=32,
-        use_cache=False,
-    )
-    return LlamaModel(cfg).eval(), ".LlamaDecoderLayer"
+    config = getattr(transformers, config_cls)(**kwargs, **{layers_key: layers})
+    return getattr(transformers, model_cls)(config).eval(), layer_cls
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
