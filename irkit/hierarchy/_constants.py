@@ -22,6 +22,7 @@ MAX_CONSTANT_ELEMENTS = 4096
 MAX_CONE_NODES = 8
 """Constant cones (a value computed only from constants) with more nodes are not copied."""
 
+_SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 _NO_COPY = frozenset(
     {
         "RandomNormal",
@@ -45,27 +46,26 @@ def _constant_cones(graph: ir.Graph) -> dict[ir.Node, int]:
     """Node → size of its constant cone, for nodes computed from small constants only."""
     cone: dict[ir.Node, int] = {}
     for node in graph:  # topological order
-        if (
-            node.domain != ""
-            or node.op_type in _NO_COPY
-            or any(
-                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-                for a in node.attributes.values()
-            )
-        ):
+        if node.domain:
             continue
         if node.op_type == "Constant":
             if _small_constant(node):
                 cone[node] = 1
             continue
-        producers = [v.producer() if v is not None else None for v in node.inputs]
-        if (
-            node.inputs
-            and all(p in cone for p in producers if p is not None)
-            and all(v is None or v.producer() is not None for v in node.inputs)
-        ):
-            size = 1 + sum(cone[p] for p in set(producers) if p is not None)
-            if size <= MAX_CONE_NODES:
+        if not node.inputs or node.op_type in _NO_COPY:
+            continue
+        producers: set[ir.Node] = set()
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if value is not None and producer not in cone:
+                break
+            if producer is not None:
+                producers.add(producer)
+        else:
+            size = 1 + sum(cone[p] for p in producers)
+            if size <= MAX_CONE_NODES and not any(
+                a.type in _SUBGRAPH for a in node.attributes.values()
+            ):
                 cone[node] = size
     return cone
 

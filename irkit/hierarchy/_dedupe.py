@@ -61,8 +61,11 @@ def canonical_text(
     cache = {} if type_texts is None else type_texts
 
     def type_text(v: ir.Value) -> str:
-        shape = v.shape
-        key = (v.type, None if shape is None else shape.dims)
+        shape, vtype = v.shape, v.type  # (TensorType hashes via repr: key on class + dtype)
+        key = (
+            v.dtype if vtype.__class__ is ir.TensorType else vtype,
+            None if shape is None else shape.dims,
+        )
         text = cache.get(key)
         if text is None:
             text = cache[key] = f"{v.type}{'?' if shape is None else shape}"
