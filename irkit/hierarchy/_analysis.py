@@ -79,8 +79,10 @@ def _decode(node: ir.Node, text: str) -> Scope:
         ) from exc
 
 
-def _used_values(node: ir.Node) -> list[ir.Value | None]:
+def _used_values(node: ir.Node) -> Sequence[ir.Value | None]:
     """The node's inputs plus the outer values its subgraphs (If/Loop/Scan bodies) capture."""
+    if not node.attributes:
+        return node.inputs
     values = list(node.inputs)
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
@@ -118,11 +120,13 @@ class Dataflow:
         self.order: list[ir.Node | None] = list(nodes)
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
         self.dag.add_nodes_from(self.order)
-        for node in self.order:
-            for value in _used_values(node):
-                producer = value.producer() if value is not None else None
-                if producer is not None and producer in self.pos:
-                    self.dag.add_edge(producer, node)
+        pos = self.pos
+        self.dag.add_edges_from(
+            (producer, node)
+            for node in self.order
+            for value in _used_values(node)
+            if value is not None and (producer := value.producer()) is not None and producer in pos
+        )
 
     def plan(self, region: Iterable[ir.Node]) -> ContractionPlan | list[ir.Node]:
         """Check that ``region`` is convex.
