@@ -5,19 +5,25 @@ Two bodies are identical when they have the same ops (domain, type, overload), a
 same node order. Names and metadata are ignored. The canonical form renumbers every value by
 where it is defined (function input ``i3``, output 1 of body node 7 ``7.1``), so it is exact and
 linear in the body size; bodies are bucketed by a hash of it and confirmed by comparing the
-full canonical text. (A Weisfeiler-Lehman hash would also match bodies whose nodes are ordered
-differently, but it is a heuristic that needs the same confirmation and costs more; the bodies
-irkit compares come from one lowering and share their node order.)
+full canonical text. That catches the common case (identical layers emitted in one order).
+
+When the exact text misses, bodies emitted in a *different node order* (after rewrites, say)
+are found through networkx: the body as a labelled DiGraph, bucketed by its
+Weisfeiler-Lehman hash, confirmed by an isomorphism (``DiGraphMatcher``) whose mapping tells
+how to permute the call's inputs and outputs onto the existing function's parameters.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import warnings
 from collections.abc import Sequence
 
+import networkx as nx
 import onnx_ir as ir
 
-__all__ = ["canonical_text", "FunctionRegistry"]
+__all__ = ["canonical_text", "body_graph", "FunctionRegistry", "Match"]
 
 
 _TENSOR = ir.AttributeType.TENSOR
@@ -86,6 +92,77 @@ def canonical_text(
     return "\n".join(lines)
 
 
+def body_graph(
+    inputs: Sequence[ir.Value], nodes: Sequence[ir.Node], outputs: Sequence[ir.Value]
+) -> nx.DiGraph:
+    """The body as a labelled :class:`networkx.DiGraph` for order-insensitive comparison.
+
+    Nodes: ``("in", i)`` (label: type), ``("n", k)`` (label: op, attributes, output types),
+    ``("out", m)`` (label ``out``). Edges carry the ports they connect (``"0>1"``: output 0 into
+    input 1). Input and output *positions* are not labels, so an isomorphism may permute them.
+    """
+    g = nx.DiGraph()
+    source: dict[ir.Value, tuple[tuple[str, int], int]] = {}
+    for i, v in enumerate(inputs):
+        g.add_node(("in", i), label=f"in {v.type}{v.shape}")
+        source[v] = (("in", i), 0)
+    for k, node in enumerate(nodes):
+        attrs = sorted(_attr_text(a) for a in node.attributes.values())
+        types = " ".join(f"{v.type}{v.shape}" for v in node.outputs)
+        g.add_node(("n", k), label=f"{node.domain}:{node.op_type}:{node.overload}{attrs}>{types}")
+        for j, v in enumerate(node.outputs):
+            source[v] = (("n", k), j)
+        for j, v in enumerate(node.inputs):
+            if v is not None:
+                _add_port(g, *source[v], ("n", k), str(j))
+    for m, v in enumerate(outputs):
+        g.add_node(("out", m), label="out")
+        _add_port(g, *source[v], ("out", m), "o")
+    for _, _, data in g.edges(data=True):
+        data["ports"] = ",".join(sorted(data["ports"]))
+    return g
+
+
+def _add_port(
+    g: nx.DiGraph, src: tuple[str, int], out: int, dst: tuple[str, int], port: str
+) -> None:
+    if g.has_edge(src, dst):
+        g.edges[src, dst]["ports"].append(f"{out}>{port}")
+    else:
+        g.add_edge(src, dst, ports=[f"{out}>{port}"])
+
+
+def _match(existing: nx.DiGraph, new: nx.DiGraph) -> dict[tuple[str, int], tuple[str, int]] | None:
+    """An isomorphism existing → new respecting labels and ports, or None."""
+    matcher = nx.algorithms.isomorphism.DiGraphMatcher(
+        existing,
+        new,
+        node_match=lambda a, b: a["label"] == b["label"],
+        edge_match=lambda a, b: a["ports"] == b["ports"],
+    )
+    return dict(matcher.mapping) if matcher.is_isomorphic() else None
+
+
+def _wl_hash(graph: nx.DiGraph) -> str:
+    with warnings.catch_warnings():
+        # networkx 3.5 changed directed hashes; irkit compares them within one run only.
+        warnings.filterwarnings("ignore", message="The hashes produced for directed graphs")
+        return nx.weisfeiler_lehman_graph_hash(graph, node_attr="label", edge_attr="ports")
+
+
+@dataclasses.dataclass
+class Match:
+    """A function to reuse and how the new call's inputs/outputs map onto its parameters.
+
+    ``inputs[i]`` is the index (in the new body's order) of the value to pass as the function's
+    input ``i``; ``outputs[m]`` the index of the new body's output that function output ``m`` is.
+    """
+
+    function: ir.Function
+    inputs: list[int]
+    outputs: list[int]
+
+
 class FunctionRegistry:
     """Functions created so far, bucketed by ``(domain, name)`` and body hash.
 
@@ -100,20 +177,47 @@ class FunctionRegistry:
         self.type_texts: dict[object, str] = {}  # cache for canonical_text
         self._buckets: dict[tuple[str, str, str], list[tuple[str, ir.Function]]] = {}
         self._count: dict[tuple[str, str], int] = {}
+        self._graphs: dict[tuple[str, str], list[tuple[str, nx.DiGraph, ir.Function]]] = {}
 
     def find(self, domain: str, name: str, text: str) -> ir.Function | None:
+        """An existing function whose canonical text is exactly ``text``."""
         key = (domain, name, hashlib.sha256(text.encode()).hexdigest())
         for candidate_text, function in self._buckets.get(key, ()):
             if candidate_text == text:
                 return function
         return None
 
+    def find_isomorphic(self, domain: str, name: str, graph: nx.DiGraph) -> Match | None:
+        """An existing function of the class whose body is ``graph`` up to node order.
+
+        Candidates share the Weisfeiler-Lehman hash of ``graph``; an isomorphism confirms them.
+        """
+        wl = _wl_hash(graph)
+        for candidate_wl, candidate, function in self._graphs.get((domain, name), ()):
+            if candidate_wl != wl:
+                continue
+            mapping = _match(candidate, graph)
+            if mapping is not None:
+                n_in = sum(1 for kind, _ in candidate if kind == "in")
+                n_out = sum(1 for kind, _ in candidate if kind == "out")
+                return Match(
+                    function,
+                    [mapping[("in", i)][1] for i in range(n_in)],
+                    [mapping[("out", m)][1] for m in range(n_out)],
+                )
+        return None
+
     def next_name(self, domain: str, name: str) -> str:
         n = self._count.get((domain, name), 0)
         return name if n == 0 else f"{name}_{n}"
 
-    def add(self, domain: str, name: str, function: ir.Function, text: str) -> None:
-        """Register ``function`` as the body ``text`` of class ``name`` in ``domain``."""
+    def add(
+        self, domain: str, name: str, function: ir.Function, text: str, graph: nx.DiGraph | None
+    ) -> None:
+        """Register ``function`` as the body ``text`` (and ``graph``) of class ``name``."""
         key = (domain, name, hashlib.sha256(text.encode()).hexdigest())
         self._buckets.setdefault(key, []).append((text, function))
+        if graph is not None:
+            wl = _wl_hash(graph)
+            self._graphs.setdefault((domain, name), []).append((wl, graph, function))
         self._count[(domain, name)] = self._count.get((domain, name), 0) + 1

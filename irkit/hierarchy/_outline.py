@@ -16,7 +16,7 @@ from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
 from irkit.hierarchy._constants import localize_constants
-from irkit.hierarchy._dedupe import FunctionRegistry, canonical_text
+from irkit.hierarchy._dedupe import FunctionRegistry, body_graph, canonical_text
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
 __all__ = ["outline", "CallSignatures", "OutlineWarning", "function_domain"]
@@ -297,13 +297,20 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> 
         for i, value in enumerate(node.inputs):
             if value in param_of:
                 node.replace_input_with(i, param_of[value])
-    domain = function_domain(frame)
+    domain, cls_name = function_domain(frame), frame.class_name
     text = canonical_text(params, body, outputs, ctx.registry.type_texts)
-    function = ctx.registry.find(domain, frame.class_name, text)
+    function = ctx.registry.find(domain, cls_name, text)
+    shape_graph = None
+    order_in, order_out = list(range(len(params))), list(range(len(outputs)))
+    if function is None:  # same body in another node order?
+        shape_graph = body_graph(params, body, outputs)
+        match = ctx.registry.find_isomorphic(domain, cls_name, shape_graph)
+        if match is not None:
+            function, order_in, order_out = match.function, match.inputs, match.outputs
     call = ir.Node(
         domain,
-        frame.class_name,
-        outer_inputs,
+        cls_name,
+        [outer_inputs[i] for i in order_in],
         num_outputs=len(outputs),
         name=_call_name(ctx, name),
         metadata_props={
@@ -311,7 +318,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> 
             md.SCOPE: _scope_text(ctx, scope[:-1]),
         },
     )
-    for new, old in zip(call.outputs, outputs, strict=True):
+    for new, old in zip(call.outputs, [outputs[m] for m in order_out], strict=True):
         new.name, new.type, new.shape = old.name, old.type, old.shape
         for use in list(old.uses()):
             if use.node not in body_set:
@@ -321,7 +328,7 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> 
     graph.insert_before(body[0], call)
     graph.remove(body)
     if function is None:
-        function = _new_function(ctx, scope, params, body, outputs, text)
+        function = _new_function(ctx, scope, params, body, outputs, (text, shape_graph))
     call.op_type = function.name
     return call
 
@@ -332,13 +339,13 @@ def _new_function(
     params: list[ir.Value],
     body: list[ir.Node],
     outputs: list[ir.Value],
-    text: str,
+    key: tuple[str, nx.DiGraph | None],
 ) -> ir.Function:
     frame, model = scope[-1], ctx.model
     domain, cls_name = function_domain(frame), frame.class_name
     name = ctx.registry.next_name(domain, cls_name)
     while (domain, name, "") in model.functions:  # e.g. outlining a model twice
-        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], "")
+        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], "", None)
         name = ctx.registry.next_name(domain, cls_name)
     opsets = {"": model.opset_imports.get("", 18)}
     for node in body:
@@ -350,7 +357,7 @@ def _new_function(
     function.metadata_props[md.OUTLINE_ORIGIN] = md.encode_scope(scope)
     model.functions[function.identifier()] = function
     model.opset_imports.setdefault(domain, FUNCTION_OPSET_VERSION)
-    ctx.registry.add(domain, cls_name, function, text)
+    ctx.registry.add(domain, cls_name, function, *key)
     return function
 
 

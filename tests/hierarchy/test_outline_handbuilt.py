@@ -300,3 +300,28 @@ def test_values_captured_by_subgraphs_are_dataflow_edges():
     ):
         model = outline_and_compare(b.model([y]), [X])
     assert [n.op_type for n in model.graph] == ["C", "Constant", "If", "C_1"]
+
+
+def test_bodies_in_another_node_order_share_one_function():
+    """Two calls of one class whose nodes were emitted in different orders (so their inputs and
+    outputs come in different first-use/production orders): found by WL hash + isomorphism, the
+    call passes its inputs and takes its outputs permuted. Sub is not commutative: a wrong
+    permutation would change the numbers."""
+    b = B.Builder()
+    p = b.input("p", [3, B.STACK_D])
+    q = b.input("q", [3, B.STACK_D])
+    with b.module("m", "m.Two"):
+        t = b.op("Relu", p)
+        u = b.op("Neg", q)
+        y1, z1 = b.op("Sub", t, u), b.op("Mul", t, u)
+    with b.module("m", "m.Two", call_index=1):
+        u = b.op("Neg", z1)
+        t = b.op("Relu", y1)
+        z2 = b.op("Mul", t, u)
+        y2 = b.op("Sub", t, u)
+    model = outline_and_compare(b.model([y2, z2]), [X, 2 * X])
+    assert calls(model) == [("m", "Two"), ("m@1", "Two")]
+    assert len(model.functions) == 1
+    second = model.graph.node("m@1")
+    assert [v.name for v in second.inputs] == ["sub_3", "mul_4"]  # (p, q) order of the function
+    assert [v.name for v in second.outputs] == ["sub_8", "mul_7"]  # (Sub, Mul) order
