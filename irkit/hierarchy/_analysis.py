@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import onnx_ir as ir
 
 from irkit import metadata as md
 from irkit.errors import OutlineError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Scope", "build_scope_tree", "Dataflow", "ContractionPlan"]
 
@@ -48,6 +51,8 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
         >>> list(tree.nodes), members
         ([()], {(): []})
     """
+    import networkx as nx  # (imported on use: keeps `import irkit` fast)
+
     tree = nx.DiGraph()
     tree.add_node((), frame=None, depth=0)
     members: dict[Scope, list[ir.Node]] = {(): []}
@@ -116,6 +121,8 @@ class Dataflow:
     """
 
     def __init__(self, nodes: Sequence[ir.Node]):
+        import networkx as nx
+
         self.dag = nx.DiGraph()
         self.order: list[ir.Node | None] = list(nodes)
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
@@ -135,6 +142,8 @@ class Dataflow:
             A :class:`ContractionPlan` if it is, else the outside nodes on a path that leaves the
             region and re-enters it (a witness for the note).
         """
+        import networkx as nx
+
         region = set(region)
         positions = [self.pos[n] for n in region]
         lo, hi = min(positions), max(positions)
@@ -193,6 +202,8 @@ class Dataflow:
             >>> [m.op_type for m in Dataflow([a, n, b]).first_convex_part([a, b])]
             ['Relu']
         """
+        import networkx as nx
+
         region = set(region)
         positions = [self.pos[n] for n in region]
         lo, hi = min(positions), max(positions)

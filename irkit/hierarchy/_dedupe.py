@@ -19,8 +19,11 @@ import dataclasses
 import hashlib
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
+
 import onnx_ir as ir
 
 __all__ = ["canonical_text", "body_graph", "FunctionRegistry", "Match"]
@@ -101,6 +104,8 @@ def body_graph(
     ``("out", m)`` (label ``out``). Edges carry the ports they connect (``"0>1"``: output 0 into
     input 1). Input and output *positions* are not labels, so an isomorphism may permute them.
     """
+    import networkx as nx  # (imported on use: keeps `import irkit` fast)
+
     g = nx.DiGraph()
     source: dict[ir.Value, tuple[tuple[str, int], int]] = {}
     for i, v in enumerate(inputs):
@@ -134,6 +139,8 @@ def _add_port(
 
 def _match(existing: nx.DiGraph, new: nx.DiGraph) -> dict[tuple[str, int], tuple[str, int]] | None:
     """An isomorphism existing → new respecting labels and ports, or None."""
+    import networkx as nx
+
     matcher = nx.algorithms.isomorphism.DiGraphMatcher(
         existing,
         new,
@@ -144,6 +151,8 @@ def _match(existing: nx.DiGraph, new: nx.DiGraph) -> dict[tuple[str, int], tuple
 
 
 def _wl_hash(graph: nx.DiGraph) -> str:
+    import networkx as nx
+
     with warnings.catch_warnings():
         # networkx 3.5 changed directed hashes; irkit compares them within one run only.
         warnings.filterwarnings("ignore", message="The hashes produced for directed graphs")

@@ -7,8 +7,8 @@ import json
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import onnx_ir as ir
 from onnx_ir.passes.common import TopologicalSortPass
 
@@ -18,6 +18,9 @@ from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_sc
 from irkit.hierarchy._constants import localize_constants
 from irkit.hierarchy._dedupe import FunctionRegistry, body_graph, canonical_text
 from irkit.hierarchy._select import FunctionsOption, make_predicate
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["outline", "CallSignatures", "OutlineWarning", "function_domain"]
 
@@ -150,6 +153,8 @@ def _bottom_up(
     tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
 ) -> list[Scope]:
     """Calls children-first; siblings in order of their first node (deterministic)."""
+    import networkx as nx
+
     first: dict[Scope, int] = {}
     for scope in nx.dfs_postorder_nodes(tree, ()):
         own = [flow.pos[n] for n in members[scope]]
