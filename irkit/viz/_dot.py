@@ -1,0 +1,175 @@
+"""DOT source for one body (main graph or function), and layout to SVG with Graphviz ``dot``.
+
+The DOT text is written here (no dependency); laying it out needs the ``graphviz`` Python
+package and the ``dot`` program, both imported/located only when an SVG is asked for. Function
+calls are drawn as double-bordered boxes with SVG id ``n<k>`` and class ``call``; primitive
+nodes get class ``op``; edges carry the value's type and shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+
+import onnx_ir as ir
+
+from irkit.errors import IrkitError
+from irkit.viz._summary import Body, ModelSummary, TensorInfo, function_key
+
+__all__ = ["DotGraph", "body_dot", "layout_svg", "GRAPHVIZ_INSTALL_HINT"]
+
+GRAPHVIZ_INSTALL_HINT = (
+    "Install Graphviz's layout program `dot` (Debian/Ubuntu: apt-get install graphviz; "
+    "macOS: brew install graphviz) and the Python binding (pip install graphviz)."
+)
+
+_HEADER = """digraph {{
+  graph [rankdir=TB, nodesep=0.25, ranksep=0.35, fontname="DejaVu Sans", bgcolor="white", label={label}, labelloc=t, fontsize=12];
+  node [fontname="DejaVu Sans", fontsize=10, shape=box, style="rounded,filled", fillcolor="#eef3fb", color="#5b7db1", height=0.3, margin="0.12,0.04"];
+  edge [fontname="DejaVu Sans", fontsize=8, color="#8a8a8a", fontcolor="#555555", arrowsize=0.6];
+"""
+
+_COLORS = {"added": "#d4f7d4", "removed": "#ffd6d6", "changed": "#fff0b3"}
+
+
+def quote(text: str) -> str:
+    """A DOT double-quoted string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+@dataclasses.dataclass
+class DotGraph:
+    """The DOT source of one body and the SVG id given to each of its nodes.
+
+    Attributes:
+        source: DOT text.
+        node_ids: ``{node: "n<k>"}`` in graph order.
+        input_ids: ``{value: "i<k>"}`` for the drawn graph inputs.
+    """
+
+    source: str
+    node_ids: dict[ir.Node, str]
+    input_ids: dict[ir.Value, str]
+
+
+def _attrs(**kwargs: str) -> str:
+    return "[" + ", ".join(f"{k}={quote(v)}" for k, v in kwargs.items()) + "]"
+
+
+def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
+    fill, color = ("#e6f4ea", "#4c9a5f") if kind == "input" else ("#fdecea", "#c0504d")
+    label = f"{info.name}\n{info.type_text()}"
+    attrs = {"id": ident, "label": label, "shape": "ellipse", "fillcolor": fill,
+             "color": color, "class": kind}
+    return f"  {ident} {_attrs(**attrs)};"
+
+
+def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
+    calls = f"  ×{callee.calls}" if callee.calls > 1 else ""
+    assert callee.identifier is not None
+    return f"{callee.identifier[1]}{calls}\n{node.name or ''}\n{callee.node_count} nodes"
+
+
+def body_dot(
+    summary: ModelSummary,
+    body: Body,
+    *,
+    highlight: Mapping[ir.Node, str] | None = None,
+    title: str | None = None,
+) -> DotGraph:
+    """The DOT source of ``body``.
+
+    Args:
+        summary: The model summary (to recognise call nodes).
+        body: The body to draw.
+        highlight: ``{node: "added"|"removed"|"changed"}`` fill colours (used by the diff).
+        title: Graph label (default: the body key).
+
+    Returns:
+        The :class:`DotGraph`.
+    """
+    functions = summary.model.functions
+    highlight = highlight or {}
+    initializers = set(summary.model.graph.initializers) if body.identifier is None else set()
+    lines = [_HEADER.format(label=quote(title or body.key))]
+    producer: dict[ir.Value, str] = {}
+    input_ids: dict[ir.Value, str] = {}
+    for k, value in enumerate(body.graph.inputs):
+        if value.name in initializers:
+            continue
+        ident = f"i{k}"
+        input_ids[value] = producer[value] = ident
+        info = TensorInfo.of(value)
+        lines.append(_io_node(ident, info, "input"))
+    node_ids: dict[ir.Node, str] = {}
+    for k, node in enumerate(body.graph):
+        ident = f"n{k}"
+        node_ids[node] = ident
+        callee_fn = functions.get((node.domain, node.op_type, node.overload))
+        extra: dict[str, str] = {"id": ident, "tooltip": node.name or node.op_type}
+        if callee_fn is not None:
+            callee = summary.bodies[function_key(callee_fn.identifier())]
+            extra.update(label=_call_label(summary, node, callee), style="filled,bold",
+                         fillcolor="#fff4d6", color="#b07d00", peripheries="2", shape="box")
+            extra["class"] = "call"
+        else:
+            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            extra["label"] = op
+            extra["class"] = "op"
+            if node.op_type == "Constant":
+                extra.update(fontsize="8", fillcolor="#f2f2f2", color="#aaaaaa")
+        if node in highlight:
+            extra["fillcolor"] = _COLORS[highlight[node]]
+            extra["class"] += " " + highlight[node]
+        lines.append(f"  {ident} {_attrs(**extra)};")
+        for value in node.outputs:
+            producer[value] = ident
+    for node, ident in node_ids.items():
+        for value in node.inputs:
+            if value is not None and value in producer:
+                label = TensorInfo.of(value).type_text()
+                lines.append(f"  {producer[value]} -> {ident} [label={quote(label)}];")
+    for k, value in enumerate(body.graph.outputs):
+        ident = f"o{k}"
+        info = TensorInfo.of(value)
+        lines.append(_io_node(ident, info, "output"))
+        if value in producer:
+            lines.append(f"  {producer[value]} -> {ident};")
+    lines.append("}")
+    return DotGraph("\n".join(lines) + "\n", node_ids, input_ids)
+
+
+_XML_HEAD = re.compile(r"<\?xml[^>]*>\s*(<!DOCTYPE[^>]*>\s*)?(<!--.*?-->\s*)*", re.S)
+
+
+def layout_svg(sources: Sequence[str]) -> list[str]:
+    """Lay out DOT sources with Graphviz ``dot`` (one process for all) and return the SVGs.
+
+    Raises:
+        IrkitError: The ``graphviz`` Python package or the ``dot`` program is missing, or
+            ``dot`` failed.
+    """
+    if not sources:
+        return []
+    try:
+        import graphviz
+    except ImportError as exc:
+        raise IrkitError(f"SVG output needs the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}") from exc
+    try:
+        out = graphviz.pipe("dot", "svg", "".join(sources).encode(), quiet=True)
+    except graphviz.ExecutableNotFound as exc:
+        raise IrkitError(f"Graphviz's `dot` program was not found on PATH. {GRAPHVIZ_INSTALL_HINT}") from exc
+    except graphviz.CalledProcessError as exc:
+        stderr = (exc.stderr or b"").decode(errors="replace").strip()
+        raise IrkitError(f"Graphviz `dot` failed: {stderr or exc}") from exc
+    text = out.decode("utf-8")
+    starts = [m.start() for m in re.finditer(r"<\?xml", text)]
+    svgs = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
+    assert len(svgs) == len(sources), (len(svgs), len(sources))
+    return svgs
+
+
+def strip_xml_header(svg: str) -> str:
+    """The ``<svg>`` element alone (to inline it in HTML)."""
+    return _XML_HEAD.sub("", svg, count=1).strip()
