@@ -19,8 +19,14 @@ from irkit import metadata
 from irkit.viz._style import Style, format_count, indexed_successor
 from irkit.viz._summary import Body, Call, ModelSummary
 
-__all__ = ["BodyDiff", "ModuleDiff", "ModelDiff", "diff_summaries", "render_diff_text",
-           "diff_json_data"]
+__all__ = [
+    "BodyDiff",
+    "ModuleDiff",
+    "ModelDiff",
+    "diff_summaries",
+    "render_diff_text",
+    "diff_json_data",
+]
 
 
 def _signature(node: ir.Node) -> tuple[object, ...]:
@@ -148,7 +154,7 @@ def _successor(prev: str, path: str) -> bool:
     pa, pb = prev.split("."), path.split(".")
     if len(pa) != len(pb):
         return False
-    diffs = [(x, y) for x, y in zip(pa, pb) if x != y]
+    diffs = [(x, y) for x, y in zip(pa, pb, strict=True) if x != y]
     return len(diffs) == 1 and indexed_successor(*diffs[0])
 
 
@@ -208,8 +214,10 @@ def render_diff_text(diff: ModelDiff, color: bool = False) -> str:
     na, nb = a.root.body.node_count, b.root.body.node_count
     sa = sum(x.stored_nodes for x in a.bodies.values())
     sb = sum(x.stored_nodes for x in b.bodies.values())
-    lines.append(f"nodes {na} → {nb} ({nb - na:+d}) · stored {sa} → {sb} ({sb - sa:+d}) · "
-                 f"functions {len(a.function_bodies())} → {len(b.function_bodies())}")
+    lines.append(
+        f"nodes {na} → {nb} ({nb - na:+d}) · stored {sa} → {sb} ({sb - sa:+d}) · "
+        f"functions {len(a.function_bodies())} → {len(b.function_bodies())}"
+    )
     if diff.ops_delta:
         lines.append("ops: " + _delta_text(diff.ops_delta))
     lines.append(s("modules:", "bold"))
@@ -218,7 +226,9 @@ def render_diff_text(diff: ModelDiff, color: bool = False) -> str:
         mult = s(f" ×{len(group)}", "green") if len(group) > 1 else ""
         head = f"  {s(_group_label(group), 'bold')}  {s(m.cls, 'yellow')}{mult}  "
         if m.status != "changed":
-            lines.append(head + s(f"module {m.status}", "red" if m.status == "removed" else "green"))
+            lines.append(
+                head + s(f"module {m.status}", "red" if m.status == "removed" else "green")
+            )
             continue
         lines.append(head + _delta_text(m.body.ops_delta) + (" each" if len(group) > 1 else ""))
         lines.extend(s(f"    - {_node_text(n)}", "red") for n in m.body.removed)
@@ -230,20 +240,29 @@ def render_diff_text(diff: ModelDiff, color: bool = False) -> str:
 
 def diff_json_data(diff: ModelDiff) -> dict[str, object]:
     """The diff as JSON-able data (schema ``irkit.viz.diff/1``, see docs/viz.md)."""
+
     def nodes(items: Sequence[ir.Node]) -> list[dict[str, str]]:
         return [{"op": _op(n), "name": n.name or ""} for n in items]
 
     modules = []
     for m in diff.modules:
-        modules.append({
-            "path": m.path, "class": m.cls, "status": m.status,
-            "ops_delta": dict(sorted(m.body.ops_delta.items())),
-            "removed": nodes(m.body.removed), "added": nodes(m.body.added),
-            "changed": [{"from": nodes([x])[0], "to": nodes([y])[0]} for x, y in m.body.changed],
-        })
+        modules.append(
+            {
+                "path": m.path,
+                "class": m.cls,
+                "status": m.status,
+                "ops_delta": dict(sorted(m.body.ops_delta.items())),
+                "removed": nodes(m.body.removed),
+                "added": nodes(m.body.added),
+                "changed": [
+                    {"from": nodes([x])[0], "to": nodes([y])[0]} for x, y in m.body.changed
+                ],
+            }
+        )
     return {
         "schema": "irkit.viz.diff/1",
-        "a": diff.a.name, "b": diff.b.name,
+        "a": diff.a.name,
+        "b": diff.b.name,
         "nodes": [diff.a.root.body.node_count, diff.b.root.body.node_count],
         "ops_delta": dict(sorted(diff.ops_delta.items())),
         "modules": modules,

@@ -60,8 +60,14 @@ def _attrs(**kwargs: str) -> str:
 def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
     fill, color = ("#e6f4ea", "#4c9a5f") if kind == "input" else ("#fdecea", "#c0504d")
     label = f"{info.name}\n{info.type_text()}"
-    attrs = {"id": ident, "label": label, "shape": "ellipse", "fillcolor": fill,
-             "color": color, "class": kind}
+    attrs = {
+        "id": ident,
+        "label": label,
+        "shape": "ellipse",
+        "fillcolor": fill,
+        "color": color,
+        "class": kind,
+    }
     return f"  {ident} {_attrs(**attrs)};"
 
 
@@ -100,7 +106,7 @@ def body_dot(
             continue
         ident = f"i{k}"
         input_ids[value] = producer[value] = ident
-        info = TensorInfo.of(value)
+        info = body.input_infos[k]
         lines.append(_io_node(ident, info, "input"))
     node_ids: dict[ir.Node, str] = {}
     for k, node in enumerate(body.graph):
@@ -110,11 +116,19 @@ def body_dot(
         extra: dict[str, str] = {"id": ident, "tooltip": node.name or node.op_type}
         if callee_fn is not None:
             callee = summary.bodies[function_key(callee_fn.identifier())]
-            extra.update(label=_call_label(summary, node, callee), style="filled,bold",
-                         fillcolor="#fff4d6", color="#b07d00", peripheries="2", shape="box")
+            extra.update(
+                label=_call_label(summary, node, callee),
+                style="filled,bold",
+                fillcolor="#fff4d6",
+                color="#b07d00",
+                peripheries="2",
+                shape="box",
+            )
             extra["class"] = "call"
         else:
-            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            op = (
+                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            )
             extra["label"] = op
             extra["class"] = "op"
             if node.op_type == "Constant":
@@ -125,10 +139,14 @@ def body_dot(
         lines.append(f"  {ident} {_attrs(**extra)};")
         for value in node.outputs:
             producer[value] = ident
+    input_index = {v: i for i, v in enumerate(body.graph.inputs)}
     for node, ident in node_ids.items():
         for value in node.inputs:
             if value is not None and value in producer:
-                label = TensorInfo.of(value).type_text()
+                info = TensorInfo.of(value)
+                if value in input_index:
+                    info = body.input_infos[input_index[value]]
+                label = info.type_text()
                 lines.append(f"  {producer[value]} -> {ident} [label={quote(label)}];")
     for k, value in enumerate(body.graph.outputs):
         ident = f"o{k}"
@@ -155,17 +173,21 @@ def layout_svg(sources: Sequence[str]) -> list[str]:
     try:
         import graphviz
     except ImportError as exc:
-        raise IrkitError(f"SVG output needs the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}") from exc
+        raise IrkitError(
+            f"SVG output needs the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}"
+        ) from exc
     try:
         out = graphviz.pipe("dot", "svg", "".join(sources).encode(), quiet=True)
     except graphviz.ExecutableNotFound as exc:
-        raise IrkitError(f"Graphviz's `dot` program was not found on PATH. {GRAPHVIZ_INSTALL_HINT}") from exc
+        raise IrkitError(
+            f"Graphviz's `dot` program was not found on PATH. {GRAPHVIZ_INSTALL_HINT}"
+        ) from exc
     except graphviz.CalledProcessError as exc:
         stderr = (exc.stderr or b"").decode(errors="replace").strip()
         raise IrkitError(f"Graphviz `dot` failed: {stderr or exc}") from exc
     text = out.decode("utf-8")
     starts = [m.start() for m in re.finditer(r"<\?xml", text)]
-    svgs = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
+    svgs = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
     assert len(svgs) == len(sources), (len(svgs), len(sources))
     return svgs
 

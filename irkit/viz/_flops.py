@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
@@ -35,8 +35,7 @@ class Flops:
         return self
 
     def scaled(self, factor: int) -> Flops:
-        return Flops(Counter({k: v * factor for k, v in self.terms.items()}),
-                     self.unknown * factor)
+        return Flops(Counter({k: v * factor for k, v in self.terms.items()}), self.unknown * factor)
 
     def __bool__(self) -> bool:
         return bool(self.terms) or self.unknown > 0
@@ -72,18 +71,20 @@ def format_count(n: float) -> str:
     return str(n)
 
 
-def _dims(value: ir.Value | None) -> list[Dim] | None:
-    if value is None or value.shape is None:
+ShapeOf = Callable[[ir.Value], "tuple[int | str | None, ...] | None"]
+
+
+def _value_shape(value: ir.Value) -> tuple[int | str | None, ...] | None:
+    if value.shape is None:
         return None
-    dims: list[Dim] = []
-    for d in value.shape:
-        if isinstance(d, int):
-            dims.append(d)
-        elif d.value is None:
-            return None
-        else:
-            dims.append(str(d.value))
-    return dims
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def _dims(value: ir.Value | None, shape_of: ShapeOf) -> list[Dim] | None:
+    shape = None if value is None else shape_of(value)
+    if shape is None or any(d is None for d in shape):
+        return None
+    return [d if isinstance(d, int) else str(d) for d in shape]  # type: ignore[misc]
 
 
 def _product(dims: Sequence[Dim], factor: int = 1) -> Flops:
@@ -97,8 +98,11 @@ def _product(dims: Sequence[Dim], factor: int = 1) -> Flops:
     return Flops(Counter({tuple(sorted(symbols)): coef}))
 
 
-def node_flops(node: ir.Node) -> Flops:
+def node_flops(node: ir.Node, shape_of: ShapeOf = _value_shape) -> Flops:
     """FLOPs of one node (2 per multiply-add); zero for ops other than MatMul/Gemm/Conv.
+
+    ``shape_of`` gives a value's shape (ints, symbol names, ``None`` for unknown dims); the
+    default reads ``value.shape``.
 
     Example:
         >>> import onnx_ir as ir
@@ -109,12 +113,12 @@ def node_flops(node: ir.Node) -> Flops:
     if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm", "Conv"):
         return Flops()
     if node.op_type == "Conv":
-        weight, out = _dims(node.inputs[1]), _dims(node.outputs[0])
+        weight, out = _dims(node.inputs[1], shape_of), _dims(node.outputs[0], shape_of)
         if weight is None or out is None or len(weight) < 2:
             return Flops(unknown=1)
         # out[N, C_out, *spatial] each costs C_in/group × prod(kernel) multiply-adds.
         return _product([*out, *weight[1:]], factor=2)
-    a, b = _dims(node.inputs[0]), _dims(node.inputs[1])
+    a, b = _dims(node.inputs[0], shape_of), _dims(node.inputs[1], shape_of)
     if a is None or b is None or not a or not b:
         return Flops(unknown=1)
     if node.op_type == "Gemm":
@@ -124,8 +128,11 @@ def node_flops(node: ir.Node) -> Flops:
         m, k = (a[1], a[0]) if trans_a else (a[0], a[-1])
         n = b[0] if trans_b else b[-1]
         return _product([m, k, n], factor=2)
-    out = _dims(node.outputs[0])
-    if out is None:
-        return Flops(unknown=1)
-    # out[..., M, N] from a[..., M, K]: K multiply-adds per output element.
+    out = _dims(node.outputs[0], shape_of)
+    if out is None:  # out[..., M, N]: batch dims from the longer operand (broadcasting)
+        m = a[-2:-1] if len(a) >= 2 else []
+        n = b[-1:] if len(b) >= 2 else []
+        batch = a[:-2] if len(a) >= len(b) else b[:-2]
+        out = [*batch, *m, *n]
+    # Each output element costs K = a[-1] multiply-adds.
     return _product([*out, a[-1]], factor=2)

@@ -52,8 +52,14 @@ def asset(name: str) -> str:
 def page(title: str, meta: str, body: str, data: object, js: str) -> str:
     """Assemble the page; ``data`` becomes the inline JSON blob ``#irkit-data``."""
     blob = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
-    return _PAGE.format(title=html.escape(title), meta=html.escape(meta), body=body,
-                        css=asset("viewer.css"), data=blob, js=js)
+    return _PAGE.format(
+        title=html.escape(title),
+        meta=html.escape(meta),
+        body=body,
+        css=asset("viewer.css"),
+        data=blob,
+        js=js,
+    )
 
 
 def _value_rows(values, params: set[ir.Value]) -> list[list[str]]:
@@ -77,14 +83,22 @@ def node_info(summary: ModelSummary, node: ir.Node, params: set[ir.Value]) -> di
     if scope:
         fields.append(["module", scope[-1].call_id])
         fields.append(["class", scope[-1].cls])
-    for key, label in ((metadata.SOURCE, "source"), (metadata.FX_NODE, "fx node"),
-                       (metadata.FX_TARGET, "fx target"), (metadata.REWRITE_RULE, "rule")):
+    for key, label in (
+        (metadata.SOURCE, "source"),
+        (metadata.FX_NODE, "fx node"),
+        (metadata.FX_TARGET, "fx target"),
+        (metadata.REWRITE_RULE, "rule"),
+    ):
         if key in props:
             fields.append([label, props[key]])
     if metadata.REWRITE_SOURCES in props:
-        fields.append(["rule sources", ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))])
+        fields.append(
+            ["rule sources", ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))]
+        )
     info: dict[str, object] = {
-        "op": op, "name": node.name or "", "title": f"{op}  {node.name or ''}",
+        "op": op,
+        "name": node.name or "",
+        "title": f"{op}  {node.name or ''}",
         "fields": fields,
         "inputs": _value_rows(node.inputs, params),
         "outputs": _value_rows(node.outputs, set()),
@@ -95,21 +109,31 @@ def node_info(summary: ModelSummary, node: ir.Node, params: set[ir.Value]) -> di
         callee = summary.bodies[function_key(function.identifier())]
         info["callee"] = callee.key
         info["label"] = summary.call_names.get(node, node.name or callee.key)
-        info["fields"] = [*fields, ["function", callee.key], ["body calls", str(callee.calls)],
-                          ["nodes per call", str(callee.node_count)],
-                          ["flops per call", callee.flops.text()]]
+        info["fields"] = [
+            *fields,
+            ["function", callee.key],
+            ["body calls", str(callee.calls)],
+            ["nodes per call", str(callee.node_count)],
+            ["flops per call", callee.flops.text()],
+        ]
     text = " ".join([op, node.name or "", *(v for _, v in fields)])
     info["search"] = text.lower()
     return info
 
 
 def body_about(summary: ModelSummary, body: Body) -> list[list[str]]:
-    rows = [["graph", body.key], ["stored nodes", str(body.stored_nodes)],
-            ["nodes per call", str(body.node_count)], ["flops per call", body.flops.text()]]
+    rows = [
+        ["graph", body.key],
+        ["stored nodes", str(body.stored_nodes)],
+        ["nodes per call", str(body.node_count)],
+        ["flops per call", body.flops.text()],
+    ]
     if body.identifier is None:
-        rows += [["params", f"{format_count(summary.params)} ({format_bytes(summary.param_bytes)})"],
-                 ["inputs", ", ".join(f"{i.name}: {i.type_text()}" for i in summary.inputs)],
-                 ["outputs", ", ".join(f"{o.name}: {o.type_text()}" for o in summary.outputs)]]
+        rows += [
+            ["params", f"{format_count(summary.params)} ({format_bytes(summary.param_bytes)})"],
+            ["inputs", ", ".join(f"{i.name}: {i.type_text()}" for i in summary.inputs)],
+            ["outputs", ", ".join(f"{o.name}: {o.type_text()}" for o in summary.outputs)],
+        ]
     else:
         rows.append(["calls", str(body.calls)])
     ops = sorted(body.ops.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -117,19 +141,41 @@ def body_about(summary: ModelSummary, body: Body) -> list[list[str]]:
     return rows
 
 
-def _tree(summary: ModelSummary, call: Call, trail: list[list[str]], label: str, count: int,
-          trails: dict[str, list[list[str]]], depth: int = 0) -> dict[str, object]:
+def _tree(
+    summary: ModelSummary,
+    call: Call,
+    trail: list[list[str]],
+    label: str,
+    count: int,
+    trails: dict[str, list[list[str]]],
+    depth: int = 0,
+) -> dict[str, object]:
     trails.setdefault(call.body.key, trail)
     groups: list[CallGroup] = group_calls(call.children)
     children = []
     for group in groups:
         child = group.first
         child_label = group.label(call.path)
-        children.append(_tree(summary, child, [*trail, [child.body.key, child.path]],
-                              child_label, count * len(group.calls), trails, depth + 1))
+        children.append(
+            _tree(
+                summary,
+                child,
+                [*trail, [child.body.key, child.path]],
+                child_label,
+                count * len(group.calls),
+                trails,
+                depth + 1,
+            )
+        )
     cls = call.class_name if call.node is not None else ""
-    return {"label": label, "cls": cls, "count": count, "trail": trail,
-            "children": children, "open": depth < 2}
+    return {
+        "label": label,
+        "cls": cls,
+        "count": count,
+        "trail": trail,
+        "children": children,
+        "open": depth < 2,
+    }
 
 
 def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
@@ -148,13 +194,15 @@ def graph_entries(
     dots = [_dot.body_dot(summary, b, highlight=highlight.get(b.key)) for b in bodies]
     svgs = _dot.layout_svg([d.source for d in dots])
     graphs: dict[str, dict[str, object]] = {}
-    for body, dot, svg in zip(bodies, dots, svgs):
+    for body, dot, svg in zip(bodies, dots, svgs, strict=True):
         params = _body_params(summary, body)
         nodes = {ident: node_info(summary, node, params) for node, ident in dot.node_ids.items()}
         short = "main" if body.identifier is None else body.identifier[1]
         graphs[body.key] = {
             "title": f"{summary.name} (main graph)" if body.identifier is None else body.key,
-            "short": short, "svg": _dot.strip_xml_header(svg), "nodes": nodes,
+            "short": short,
+            "svg": _dot.strip_xml_header(svg),
+            "nodes": nodes,
             "about": body_about(summary, body),
         }
     return graphs
@@ -180,11 +228,16 @@ def render_html(summary: ModelSummary, *, title: str | None = None) -> str:
     for body in bodies:  # functions never called from main: reachable by search only
         trails.setdefault(body.key, [["main", "main"], [body.key, body.key]])
     data = {
-        "title": title, "root": "main", "tree": tree, "trails": trails,
+        "title": title,
+        "root": "main",
+        "tree": tree,
+        "trails": trails,
         "graphs": graph_entries(summary, bodies),
     }
-    meta = (f"{summary.root.body.node_count} nodes · {len(summary.function_bodies())} functions · "
-            f"{format_count(summary.params)} params ({format_bytes(summary.param_bytes)})")
+    meta = (
+        f"{summary.root.body.node_count} nodes · {len(summary.function_bodies())} functions · "
+        f"{format_count(summary.params)} params ({format_bytes(summary.param_bytes)})"
+    )
     return page(title, meta, _MAIN, data, asset("viewer.js"))
 
 
@@ -197,26 +250,38 @@ def render_diff_html(diff: _diff.ModelDiff) -> str:
         m = group[0]
         label = html.escape(_diff._group_label(group))
         mult = f" ×{len(group)}" if len(group) > 1 else ""
-        nodes = "".join(f'<div class="del">− {html.escape(_diff._node_text(n))}</div>'
-                        for n in m.body.removed)
-        nodes += "".join(f'<div class="add">+ {html.escape(_diff._node_text(n))}</div>'
-                         for n in m.body.added)
-        nodes += "".join(f"<div>~ {html.escape(_diff._node_text(x))} → {html.escape(y.op_type)}</div>"
-                         for x, y in m.body.changed)
-        delta = html.escape(_diff._delta_text(m.body.ops_delta)) if m.status == "changed" else m.status
-        rows.append(f"<tr><td class=mono>{label}</td><td>{html.escape(m.cls)}{mult}</td>"
-                    f"<td>{delta}</td><td class=mono>{nodes}</td></tr>")
+        nodes = "".join(
+            f'<div class="del">− {html.escape(_diff._node_text(n))}</div>' for n in m.body.removed
+        )
+        nodes += "".join(
+            f'<div class="add">+ {html.escape(_diff._node_text(n))}</div>' for n in m.body.added
+        )
+        nodes += "".join(
+            f"<div>~ {html.escape(_diff._node_text(x))} → {html.escape(y.op_type)}</div>"
+            for x, y in m.body.changed
+        )
+        delta = (
+            html.escape(_diff._delta_text(m.body.ops_delta)) if m.status == "changed" else m.status
+        )
+        rows.append(
+            f"<tr><td class=mono>{label}</td><td>{html.escape(m.cls)}{mult}</td>"
+            f"<td>{delta}</td><td class=mono>{nodes}</td></tr>"
+        )
     pairs = _diff.changed_bodies(diff)
     sources = []
     for body_a, body_b, d in pairs:
         hl_a = {n: "removed" for n in d.removed} | {x: "changed" for x, _ in d.changed}
         hl_b = {n: "added" for n in d.added} | {y: "changed" for _, y in d.changed}
-        sources.append(_dot.body_dot(a, body_a, highlight=hl_a, title=f"before: {body_a.key}").source)
-        sources.append(_dot.body_dot(b, body_b, highlight=hl_b, title=f"after: {body_b.key}").source)
+        sources.append(
+            _dot.body_dot(a, body_a, highlight=hl_a, title=f"before: {body_a.key}").source
+        )
+        sources.append(
+            _dot.body_dot(b, body_b, highlight=hl_b, title=f"after: {body_b.key}").source
+        )
     svgs = [_dot.strip_xml_header(s) for s in _dot.layout_svg(sources)]
     sides = "".join(
         f'<div class="pair"><div><h3>{html.escape(a.name)}</h3>{svgs[2 * i]}</div>'
-        f'<div><h3>{html.escape(b.name)}</h3>{svgs[2 * i + 1]}</div></div>'
+        f"<div><h3>{html.escape(b.name)}</h3>{svgs[2 * i + 1]}</div></div>"
         for i in range(len(pairs))
     )
     ops = html.escape(_diff._delta_text(diff.ops_delta)) or "none"

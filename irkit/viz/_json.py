@@ -13,8 +13,11 @@ SCHEMA = "irkit.viz/1"
 
 
 def _tensor(info: TensorInfo) -> dict[str, object]:
-    return {"name": info.name, "dtype": info.dtype,
-            "shape": None if info.shape is None else list(info.shape)}
+    return {
+        "name": info.name,
+        "dtype": info.dtype,
+        "shape": None if info.shape is None else list(info.shape),
+    }
 
 
 def _histogram(ops: Counter[str]) -> dict[str, int]:
@@ -43,11 +46,19 @@ def to_json_data(summary: ModelSummary) -> dict[str, object]:
     for body in sorted(summary.function_bodies(), key=lambda b: b.key):
         assert body.identifier is not None
         domain, name, overload = body.identifier
-        functions.append({
-            "id": body.key, "domain": domain, "name": name, "overload": overload,
-            "calls": body.calls, "stored_nodes": body.stored_nodes, "nodes": body.node_count,
-            "op_histogram": _histogram(body.ops), "flops": body.flops.to_json(),
-        })
+        functions.append(
+            {
+                "id": body.key,
+                "domain": domain,
+                "name": name,
+                "overload": overload,
+                "calls": body.calls,
+                "stored_nodes": body.stored_nodes,
+                "nodes": body.node_count,
+                "op_histogram": _histogram(body.ops),
+                "flops": body.flops.to_json(),
+            }
+        )
     return {
         "schema": SCHEMA,
         "model": {

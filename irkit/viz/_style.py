@@ -13,8 +13,16 @@ from irkit.viz._summary import relative_name as relative_path
 
 __all__ = ["Style", "CallGroup", "group_calls", "format_bytes", "format_count", "relative_path"]
 
-_CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34",
-          "magenta": "35", "cyan": "36"}
+_CODES = {
+    "bold": "1",
+    "dim": "2",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +46,6 @@ def format_bytes(n: int) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
-
-
 
 
 @dataclasses.dataclass

@@ -58,6 +58,8 @@ class TensorInfo:
             dims = "?"
         else:
             dims = "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+        if self.dtype is None and self.shape is None:
+            return "?"
         return f"{self.dtype or '?'}{dims}"
 
 
@@ -73,6 +75,8 @@ class Body:
         ops: Histogram of all primitive nodes executed by one call (callees expanded).
         flops: Estimated FLOPs of one call (see :mod:`irkit.viz._flops`).
         calls: Number of call nodes in the whole model (all instances) that call this body.
+        input_infos: The body's inputs; for a function, types missing from the body (ONNX
+            function inputs carry none) are taken from the first call site that knows them.
     """
 
     key: str
@@ -82,6 +86,7 @@ class Body:
     ops: Counter[str] = dataclasses.field(default_factory=Counter)
     flops: _flops.Flops = dataclasses.field(default_factory=_flops.Flops)
     calls: int = 0
+    input_infos: list[TensorInfo] = dataclasses.field(default_factory=list)
 
     @property
     def node_count(self) -> int:
@@ -203,6 +208,17 @@ def _call_frame(node: ir.Node) -> metadata.Frame | None:
         return None
 
 
+def _borrow_input_types(caller: Body, callee: Body, node: ir.Node) -> None:
+    """Fill unknown input types of ``callee`` from the arguments of call node ``node``."""
+    formal = {v: i for i, v in enumerate(caller.graph.inputs)}
+    for i, (info, arg) in enumerate(zip(callee.input_infos, node.inputs, strict=False)):
+        if arg is not None and (info.dtype is None or info.shape is None):
+            known = caller.input_infos[formal[arg]] if arg in formal else TensorInfo.of(arg)
+            callee.input_infos[i] = TensorInfo(
+                info.name, info.dtype or known.dtype, info.shape or known.shape
+            )
+
+
 class _Builder:
     """Builds the tree; holds per-model state so nothing is global."""
 
@@ -224,6 +240,7 @@ class _Builder:
         if identifier is not None and identifier in self._stack:
             raise ValueError(f"function {key!r} calls itself (recursion is not valid ONNX)")
         body = Body(key, graph, identifier)
+        body.input_infos = [TensorInfo.of(v) for v in graph.inputs]
         self.bodies[key] = body
         if identifier is not None:
             self._stack.append(identifier)
@@ -232,17 +249,33 @@ class _Builder:
             if function is None:
                 body.own_ops[_op_name(node)] += 1
                 body.ops[_op_name(node)] += 1
-                body.flops += _flops.node_flops(node)
                 continue
             callee = self.body(function, function.identifier())
             body.ops.update(callee.ops)
-            body.flops += callee.flops
             frame = _call_frame(node)
             if frame is not None:
                 self.canonical_paths.setdefault(function.identifier(), []).append(frame.path)
         if identifier is not None:
             self._stack.pop()
         return body
+
+    def flops(self, body: Body, done: set[str]) -> _flops.Flops:
+        """Fill ``body.flops`` (callees first); input shapes come from ``body.input_infos``."""
+        if body.key in done:
+            return body.flops
+        done.add(body.key)
+        formal = {v: info for v, info in zip(body.graph.inputs, body.input_infos, strict=True)}
+
+        def shape_of(value: ir.Value) -> tuple[int | str | None, ...] | None:
+            return (formal[value] if value in formal else TensorInfo.of(value)).shape
+
+        for node in body.graph:
+            function = self.callee(node)
+            if function is None:
+                body.flops += _flops.node_flops(node, shape_of)
+            else:
+                body.flops += self.flops(self.bodies[function_key(function.identifier())], done)
+        return body.flops
 
     def instance_path(self, node: ir.Node, parent: Call, index: int) -> tuple[str, str]:
         """(module path, class) of a call node called from ``parent``'s body."""
@@ -260,7 +293,7 @@ class _Builder:
             parent_id = self.callee(parent.node).identifier()  # type: ignore[union-attr]
             for owner in self.canonical_paths.get(parent_id, []):
                 if path.startswith(owner + "."):
-                    path = f"{parent.path}.{path[len(owner) + 1:]}"
+                    path = f"{parent.path}.{path[len(owner) + 1 :]}"
                     break
         return path, frame.cls
 
@@ -271,13 +304,19 @@ class _Builder:
             if function is None:
                 continue
             path, cls = self.instance_path(node, call, index)
+            _borrow_input_types(call.body, self.bodies[function_key(function.identifier())], node)
             self.call_names.setdefault(node, relative_name(path, call.path))
-            child = Call(path, cls, self.bodies[function_key(function.identifier())], node,
-                         depth=call.depth + 1,
-                         outputs=[TensorInfo.of(v) for v in node.outputs])
+            child = Call(
+                path,
+                cls,
+                self.bodies[function_key(function.identifier())],
+                node,
+                depth=call.depth + 1,
+                outputs=[TensorInfo.of(v) for v in node.outputs],
+            )
             inner: dict[ir.Value, tuple[int, int]] = {}
             seen: set[ir.Value] = set()
-            for arg, formal in zip(node.inputs, function.inputs):
+            for arg, formal in zip(node.inputs, function.inputs, strict=False):
                 if arg is not None and arg in params:
                     inner[formal] = params[arg]
                     if arg not in seen:
@@ -291,7 +330,7 @@ class _Builder:
 def relative_name(path: str, parent: str) -> str:
     """``"layers.0.attn"`` under ``"layers.0"`` → ``"attn"``; unrelated paths stay whole."""
     if parent and path.startswith(parent + "."):
-        return path[len(parent) + 1:]
+        return path[len(parent) + 1 :]
     return path
 
 
@@ -326,11 +365,19 @@ def summarize(model: ir.Model, *, name: str | None = None) -> ModelSummary:
     params: dict[ir.Value, tuple[int, int]] = {
         v: _numel_bytes(v) for v in model.graph.initializers.values()
     }
-    root = Call("", model.graph.name or "main", main, None,
-                outputs=[TensorInfo.of(v) for v in model.graph.outputs])
+    root = Call(
+        "",
+        model.graph.name or "main",
+        main,
+        None,
+        outputs=[TensorInfo.of(v) for v in model.graph.outputs],
+    )
     root.params = sum(p[0] for p in params.values())
     root.param_bytes = sum(p[1] for p in params.values())
     builder.expand(root, params)
+    done: set[str] = set()
+    for body in builder.bodies.values():
+        builder.flops(body, done)
     for call in root.walk():
         if call.node is not None:
             call.body.calls += 1

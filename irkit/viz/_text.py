@@ -209,7 +209,7 @@ def render_function_text(summary: ModelSummary, body: Body, color: bool = False)
         head += ", …" if len(groups) > 4 else ""
     lines = [f"{s(title, 'bold')}  {s(head, 'dim')}"]
     initializers = set(summary.model.graph.initializers) if body.identifier is None else set()
-    inputs = [TensorInfo.of(v) for v in body.graph.inputs if v.name not in initializers]
+    inputs = [i for i in body.input_infos if i.name not in initializers]
     lines += _io_lines("inputs", inputs, s)
     lines.append(s("nodes:", "bold"))
     lines.extend(node_line(node, s, summary) for node in body.graph)

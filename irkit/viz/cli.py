@@ -16,8 +16,15 @@ from collections.abc import Sequence
 __all__ = ["main", "build_parser", "load_model"]
 
 FORMATS = ("text", "onnx-text", "dot", "svg", "html", "json")
-_SUFFIX_FORMATS = {".svg": "svg", ".html": "html", ".htm": "html", ".json": "json",
-                   ".dot": "dot", ".gv": "dot", ".txt": "text"}
+_SUFFIX_FORMATS = {
+    ".svg": "svg",
+    ".html": "html",
+    ".htm": "html",
+    ".json": "json",
+    ".dot": "dot",
+    ".gv": "dot",
+    ".txt": "text",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,21 +34,43 @@ def build_parser() -> argparse.ArgumentParser:
         "DOT/SVG pictures, a one-file interactive HTML page, JSON, and diffs.",
     )
     p.add_argument("model", help="the .onnx file (from irkit or elsewhere)")
-    p.add_argument("--format", "-f", choices=FORMATS,
-                   help="output format (default: from -o's suffix, else text)")
+    p.add_argument(
+        "--format",
+        "-f",
+        choices=FORMATS,
+        help="output format (default: from -o's suffix, else text)",
+    )
     p.add_argument("-o", "--output", help="write to this file instead of standard output")
     p.add_argument("--depth", type=int, help="deepest call level in the tree (1: top calls only)")
-    p.add_argument("--function", metavar="NAME",
-                   help="show one body: a function name, domain::name, a module path, or 'main'")
-    p.add_argument("--expand", action="append", default=[], metavar="GLOB",
-                   help="list grouped calls whose module path matches GLOB one by one (repeatable)")
-    p.add_argument("--stats", action="store_true",
-                   help="add estimated FLOPs and op counts per module, and a function table")
+    p.add_argument(
+        "--function",
+        metavar="NAME",
+        help="show one body: a function name, domain::name, a module path, or 'main'",
+    )
+    p.add_argument(
+        "--expand",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="list grouped calls whose module path matches GLOB one by one (repeatable)",
+    )
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="add estimated FLOPs and op counts per module, and a function table",
+    )
     p.add_argument("--diff", metavar="OTHER", help="compare with OTHER.onnx, module by module")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="ANSI colour (auto: only on a terminal and when NO_COLOR is unset)")
-    p.add_argument("--allow-missing-data", action="store_true",
-                   help="show a model even if its external weight files are missing")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="ANSI colour (auto: only on a terminal and when NO_COLOR is unset)",
+    )
+    p.add_argument(
+        "--allow-missing-data",
+        action="store_true",
+        help="show a model even if its external weight files are missing",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     return p
 
@@ -59,8 +88,10 @@ def load_model(path: str, *, allow_missing_data: bool = False):  # -> ir.Model
 
     model = irkit.load(path, load_external_data=False)
     if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
-        raise ModelLoadError(f"{path!r}: not an ONNX model (no ir_version or no graph). "
-                             "Is the file empty, truncated or of another format?")
+        raise ModelLoadError(
+            f"{path!r}: not an ONNX model (no ir_version or no graph). "
+            "Is the file empty, truncated or of another format?"
+        )
     if allow_missing_data:
         return model
     for value in model.graph.initializers.values():
@@ -104,13 +135,15 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
         body = summary.find_body(args.function)
         if body is None:
             names = ", ".join(sorted(b.key for b in summary.bodies.values()))
-            raise IrkitError(f"{args.model!r} has no function or module {args.function!r}. "
-                             f"Functions: {names}")
+            raise IrkitError(
+                f"{args.model!r} has no function or module {args.function!r}. Functions: {names}"
+            )
     if fmt == "text":
         if body is not None:
             return _text.render_function_text(summary, body, color)
-        options = _text.TextOptions(depth=args.depth, expand=tuple(args.expand),
-                                    stats=args.stats, color=color)
+        options = _text.TextOptions(
+            depth=args.depth, expand=tuple(args.expand), stats=args.stats, color=color
+        )
         return _text.render_text(summary, options)
     if fmt == "json":
         return _json.render_json(summary)
@@ -161,8 +194,10 @@ def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 user error)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="irkit-viz: %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="irkit-viz: %(levelname)s: %(message)s",
+    )
     fmt = args.format or _SUFFIX_FORMATS.get(pathlib.Path(args.output or "").suffix, "text")
     stream = sys.stdout
     color = _use_color(args.color, stream) and args.output is None

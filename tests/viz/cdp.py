@@ -38,12 +38,25 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="irkit-chromium-")
         self.errors: list[str] = []
         self.proc = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={self.profile}",
-             "--remote-debugging-port=0", f"--window-size={width},{height}",
-             "--allow-file-access-from-files", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                f"--window-size={width},{height}",
+                "--allow-file-access-from-files",
+                url,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         port_file = pathlib.Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + timeout
@@ -61,13 +74,19 @@ class Browser:
                 raise RuntimeError("chromium has no page target")
             time.sleep(0.05)
         page = next(t for t in targets if t.get("type") == "page")
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout,
-                                              suppress_origin=True)
+        self.ws = websocket.create_connection(
+            page["webSocketDebuggerUrl"], timeout=timeout, suppress_origin=True
+        )
         self._id = 0
         for domain in ("Runtime", "Log", "Page"):
             self.send(f"{domain}.enable")
-        self.send("Emulation.setDeviceMetricsOverride", width=width, height=height,
-                  deviceScaleFactor=1, mobile=False)
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         self.send("Page.reload", ignoreCache=True)
         self.wait_for("document.readyState === 'complete' && !!window.irkitViz", timeout)
 
@@ -95,8 +114,9 @@ class Browser:
             self._event(msg)
 
     def evaluate(self, expression: str) -> object:
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True,
-                           awaitPromise=True)
+        result = self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"JS error in {expression!r}: {result['exceptionDetails']}")
         return result["result"].get("value")

@@ -68,11 +68,17 @@ def _function(name: str, inputs: list[ir.Value], outputs: list[ir.Value], body: 
 
 
 def _attention(d: int, first: str) -> ir.Function:
-    frames = (metadata.Frame(first, 0, f"{PKG}.modeling.Block"),
-              metadata.Frame(f"{first}.attn", 0, f"{PKG}.modeling.Attention"))
+    frames = (
+        metadata.Frame(first, 0, f"{PKG}.modeling.Block"),
+        metadata.Frame(f"{first}.attn", 0, f"{PKG}.modeling.Attention"),
+    )
     b = _Body(frames, "attn/")
-    x, wq, bq, wo = (_val("x", ["B", "S", d]), _val("wq", [d, d]), _val("bq", [d]),
-                     _val("wo", [d, d]))
+    x, wq, bq, wo = (
+        _val("x", ["B", "S", d]),
+        _val("wq", [d, d]),
+        _val("bq", [d]),
+        _val("wo", [d, d]),
+    )
     q = b.op("MatMul", [x, wq], ["B", "S", d])
     q = b.op("Add", [q, bq], ["B", "S", d])
     s = b.op("Softmax", [q], ["B", "S", d], attrs={"axis": -1})
@@ -81,11 +87,18 @@ def _attention(d: int, first: str) -> ir.Function:
 
 
 def _mlp(d: int, first: str, extra_ops: int) -> ir.Function:
-    frames = (metadata.Frame(first, 0, f"{PKG}.modeling.Block"),
-              metadata.Frame(f"{first}.mlp", 0, f"{PKG}.modeling.MLP"))
+    frames = (
+        metadata.Frame(first, 0, f"{PKG}.modeling.Block"),
+        metadata.Frame(f"{first}.mlp", 0, f"{PKG}.modeling.MLP"),
+    )
     b = _Body(frames, "mlp/")
-    x, w1, b1, w2, b2 = (_val("x", ["B", "S", d]), _val("w1", [d, 4 * d]), _val("b1", [4 * d]),
-                         _val("w2", [4 * d, d]), _val("b2", [d]))
+    x, w1, b1, w2, b2 = (
+        _val("x", ["B", "S", d]),
+        _val("w1", [d, 4 * d]),
+        _val("b1", [4 * d]),
+        _val("w2", [4 * d, d]),
+        _val("b2", [d]),
+    )
     h = b.op("MatMul", [x, w1], ["B", "S", 4 * d], name="mlp/fc1")
     h = b.op("Add", [h, b1], ["B", "S", 4 * d], name="mlp/fc1_bias")
     h = b.op("Relu", [h], ["B", "S", 4 * d])
@@ -100,13 +113,25 @@ def _block(d: int, first: str) -> ir.Function:
     b = _Body((metadata.Frame(first, 0, f"{PKG}.modeling.Block"),), "block/")
     names = ["x", "wq", "bq", "wo", "w1", "b1", "w2", "b2"]
     shapes = [["B", "S", d], [d, d], [d], [d, d], [d, 4 * d], [4 * d], [4 * d, d], [d]]
-    ins = [_val(n, s) for n, s in zip(names, shapes)]
+    ins = [_val(n, s) for n, s in zip(names, shapes, strict=True)]
     x = ins[0]
-    a = b.op("Attention", ins[:4], ["B", "S", d], domain=PKG, name=f"{first}.attn",
-             call=metadata.Frame(f"{first}.attn", 0, f"{PKG}.modeling.Attention"))
+    a = b.op(
+        "Attention",
+        ins[:4],
+        ["B", "S", d],
+        domain=PKG,
+        name=f"{first}.attn",
+        call=metadata.Frame(f"{first}.attn", 0, f"{PKG}.modeling.Attention"),
+    )
     h = b.op("Add", [x, a], ["B", "S", d])
-    m = b.op("MLP", [h, *ins[4:]], ["B", "S", d], domain=PKG, name=f"{first}.mlp",
-             call=metadata.Frame(f"{first}.mlp", 0, f"{PKG}.modeling.MLP"))
+    m = b.op(
+        "MLP",
+        [h, *ins[4:]],
+        ["B", "S", d],
+        domain=PKG,
+        name=f"{first}.mlp",
+        call=metadata.Frame(f"{first}.mlp", 0, f"{PKG}.modeling.MLP"),
+    )
     y = b.op("Add", [h, m], ["B", "S", d])
     return _function("Block", ins, [y], b, {"": OPSET, PKG: 1})
 
@@ -132,24 +157,43 @@ def stack(n_layers: int = 3, d: int = 8, *, extra_ops: int = 0) -> ir.Model:
     for i in range(n_layers):
         path = f"layers.{i}"
         weights = []
-        for wname, shape in [("attn.wq", [d, d]), ("attn.bq", [d]), ("attn.wo", [d, d]),
-                             ("mlp.w1", [d, 4 * d]), ("mlp.b1", [4 * d]),
-                             ("mlp.w2", [4 * d, d]), ("mlp.b2", [d])]:
+        for wname, shape in [
+            ("attn.wq", [d, d]),
+            ("attn.bq", [d]),
+            ("attn.wo", [d, d]),
+            ("mlp.w1", [d, 4 * d]),
+            ("mlp.b1", [4 * d]),
+            ("mlp.w2", [4 * d, d]),
+            ("mlp.b2", [d]),
+        ]:
             weights.append(_init(f"{path}.{wname}", shape, rng))
         inits.extend(weights)
-        h = main.op("Block", [h, *weights], ["B", "S", d], domain=PKG, name=path,
-                    call=metadata.Frame(path, 0, f"{PKG}.modeling.Block"))
+        h = main.op(
+            "Block",
+            [h, *weights],
+            ["B", "S", d],
+            domain=PKG,
+            name=path,
+            call=metadata.Frame(path, 0, f"{PKG}.modeling.Block"),
+        )
     head = _init("lm_head.weight", [d, 11], rng)
     inits.append(head)
     main.scope = (metadata.Frame("lm_head", 0, "torch.nn.modules.linear.Linear"),)
     logits = main.op("MatMul", [h, head], ["B", "S", 11], name="lm_head/MatMul")
     logits.name = "logits"
-    graph = ir.Graph([x], [logits], nodes=main.nodes, initializers=inits,
-                     opset_imports={"": OPSET, PKG: 1}, name="ToyStack")
+    graph = ir.Graph(
+        [x],
+        [logits],
+        nodes=main.nodes,
+        initializers=inits,
+        opset_imports={"": OPSET, PKG: 1},
+        name="ToyStack",
+    )
     first = "layers.0"
     functions = [_attention(d, first), _mlp(d, first, extra_ops), _block(d, first)]
-    return ir.Model(graph, ir_version=10, producer_name=metadata.MODEL_PRODUCER,
-                    functions=functions)
+    return ir.Model(
+        graph, ir_version=10, producer_name=metadata.MODEL_PRODUCER, functions=functions
+    )
 
 
 def fuse_mlp_gemm(model: ir.Model) -> ir.Model:
