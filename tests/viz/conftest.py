@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -33,6 +34,27 @@ def toy(model_dir) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def toy_fused(model_dir) -> pathlib.Path:
     return model_dir / "toy_fused.onnx"
+
+
+def _require_program(path: str | None, what: str) -> str:
+    """Skip when a system program is missing on a developer machine; fail under CI."""
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} is missing under CI: .ci/setup must install it")
+        pytest.skip(f"{what} not installed (run .ci/setup)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def graphviz_dot() -> str:
+    return _require_program(shutil.which("dot"), "Graphviz `dot`")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    from tests.viz.cdp import find_chromium
+
+    return _require_program(find_chromium(), "chromium")
 
 
 def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None, cwd=None):
