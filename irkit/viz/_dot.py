@@ -74,7 +74,8 @@ def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
 def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     calls = f"  ×{callee.calls}" if callee.calls > 1 else ""
     assert callee.identifier is not None
-    return f"{callee.identifier[1]}{calls}\n{node.name or ''}\n{callee.node_count} nodes"
+    name = summary.call_names.get(node, node.name or "")
+    return f"{callee.identifier[1]}{calls}\n{name}\n{callee.node_count} nodes"
 
 
 def body_dot(

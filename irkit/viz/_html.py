@@ -62,19 +62,28 @@ def page(title: str, meta: str, body: str, data: object, js: str) -> str:
     )
 
 
-def _value_rows(values, params: set[ir.Value]) -> list[list[str]]:
+def _value_rows(values, params: set[ir.Value], known: Mapping[ir.Value, TensorInfo]):
     rows = []
     for v in values:
         if v is None:
             rows.append(["", "(none)"])
             continue
-        info = TensorInfo.of(v)
+        info = known.get(v) or TensorInfo.of(v)
         rows.append([info.name, info.type_text() + ("  (parameter)" if v in params else "")])
     return rows
 
 
-def node_info(summary: ModelSummary, node: ir.Node, params: set[ir.Value]) -> dict[str, object]:
-    """The card shown for one node: title, fields, inputs, outputs, attributes, metadata."""
+def node_info(
+    summary: ModelSummary,
+    node: ir.Node,
+    params: set[ir.Value],
+    known: Mapping[ir.Value, TensorInfo],
+) -> dict[str, object]:
+    """The card shown for one node: title, fields, inputs, outputs, attributes, metadata.
+
+    ``params`` are the values to mark as parameters; ``known`` overrides value types (function
+    inputs, whose types come from call sites).
+    """
     function = summary.model.functions.get((node.domain, node.op_type, node.overload))
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
     props = node.metadata_props
@@ -100,8 +109,8 @@ def node_info(summary: ModelSummary, node: ir.Node, params: set[ir.Value]) -> di
         "name": node.name or "",
         "title": f"{op}  {node.name or ''}",
         "fields": fields,
-        "inputs": _value_rows(node.inputs, params),
-        "outputs": _value_rows(node.outputs, set()),
+        "inputs": _value_rows(node.inputs, params, known),
+        "outputs": _value_rows(node.outputs, set(), known),
         "attrs": [_attr_text(a).split("=", 1) for a in node.attributes.values()],
         "meta": [[k, v] for k, v in sorted(props.items())],
     }
@@ -196,7 +205,10 @@ def graph_entries(
     graphs: dict[str, dict[str, object]] = {}
     for body, dot, svg in zip(bodies, dots, svgs, strict=True):
         params = _body_params(summary, body)
-        nodes = {ident: node_info(summary, node, params) for node, ident in dot.node_ids.items()}
+        known = dict(zip(body.graph.inputs, body.input_infos, strict=True))
+        nodes = {
+            ident: node_info(summary, node, params, known) for node, ident in dot.node_ids.items()
+        }
         short = "main" if body.identifier is None else body.identifier[1]
         graphs[body.key] = {
             "title": f"{summary.name} (main graph)" if body.identifier is None else body.key,
