@@ -54,10 +54,12 @@
   }
 
   // A call's instance path: its name relative to the module path of the body it is called from.
-  function openCall(info) {
+  function instanceLabel(info) {
     const here = trail[trail.length - 1];
-    const label = trail.length > 1 ? here[1] + "." + info.label : info.label;
-    show(trail.concat([[info.callee, label]]));
+    return trail.length > 1 ? here[1] + "." + info.label : info.label;
+  }
+  function openCall(info) {
+    show(trail.concat([[info.callee, instanceLabel(info)]]));
   }
 
   let pinned = false;
@@ -106,8 +108,10 @@
       side.appendChild(el("p", "hint", "Click a function box to open its body (shift-click: details). Hover or click a node for its card."));
       return;
     }
-    side.appendChild(el("h2", null, info.title));
+    const module = info.callee ? instanceLabel(info) : null;
+    side.appendChild(el("h2", null, module ? info.op + "  " + module : info.title));
     const t = el("table");
+    if (module) row(t, "module", module);
     info.fields.forEach((kv) => row(t, kv[0], kv[1]));
     side.appendChild(t);
     const sections = [["inputs", info.inputs], ["outputs", info.outputs], ["attributes", info.attrs], ["metadata", info.meta]];
