@@ -40,8 +40,12 @@ def best_of(fn, repeat: int) -> float:
 def cli_seconds(*args: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "viz.py"), *args], check=True,
-                   env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "viz.py"), *args],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
@@ -67,9 +71,11 @@ def main() -> None:
     cli_text = best_of(lambda: cli_seconds(str(path)), 3)
     cli_html = best_of(lambda: cli_seconds(str(path), "-o", str(tmp / "s.html")), 1)
 
-    print(f"model: {args.layers} layers, {summary.root.body.node_count} nodes executed, "
-          f"{sum(b.stored_nodes for b in summary.bodies.values())} stored, "
-          f"{path.stat().st_size / 2**20:.1f} MiB")
+    print(
+        f"model: {args.layers} layers, {summary.root.body.node_count} nodes executed, "
+        f"{sum(b.stored_nodes for b in summary.bodies.values())} stored, "
+        f"{path.stat().st_size / 2**20:.1f} MiB"
+    )
     rows = [
         ("onnx.load (anchor)", anchor),
         ("viz load (irkit.load, no external data)", load),

@@ -35,9 +35,7 @@ LARGE_BODY = 600
 """Bodies with more nodes are laid out with cheaper settings and without edge labels: ``dot``
 takes ~40 s on a 3,300-node chain with labels and default effort, ~2 s like this."""
 
-_FAST = (
-    '  graph [splines=line, nslimit=0.2, nslimit1=0.2, mclimit=0.01, remincross=false];\n'
-)
+_FAST = "  graph [splines=line, nslimit=0.2, nslimit1=0.2, mclimit=0.01, remincross=false];\n"
 
 _COLORS = {"added": "#d4f7d4", "removed": "#ffd6d6", "changed": "#fff0b3"}
 

@@ -11,7 +11,15 @@ from irkit.viz._flops import format_count
 from irkit.viz._summary import Call
 from irkit.viz._summary import relative_name as relative_path
 
-__all__ = ["Style", "CallGroup", "group_calls", "format_bytes", "format_count", "relative_path"]
+__all__ = [
+    "Style",
+    "CallGroup",
+    "group_calls",
+    "format_bytes",
+    "format_count",
+    "relative_path",
+    "plural",
+]
 
 _CODES = {
     "bold": "1",
@@ -36,6 +44,11 @@ class Style:
             return text
         codes = ";".join(_CODES[s] for s in styles)
         return f"\x1b[{codes}m{text}\x1b[0m"
+
+
+def plural(n: int, word: str) -> str:
+    """``plural(1, "node") → "1 node"``, ``plural(3, "node") → "3 nodes"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def format_bytes(n: int) -> str:

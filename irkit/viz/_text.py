@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.viz._style import CallGroup, Style, format_bytes, format_count, group_calls
+from irkit.viz import _scopes
+from irkit.viz._style import CallGroup, Style, format_bytes, format_count, group_calls, plural
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, call_sites
 
 __all__ = ["TextOptions", "render_text", "render_function_text"]
@@ -61,7 +62,7 @@ class _TreeWriter:
         if count > 1:
             parts[-1] += s(f" ×{count}", "green", "bold")
         each = " each" if count > 1 else ""
-        detail = [f"{call.body.node_count} nodes"]
+        detail = [plural(call.body.node_count, "node")]
         if call.params:
             detail.append(_params_text(call.params, call.param_bytes))
         line = "  ".join(parts) + "  " + s(" · ".join(detail) + each, "dim")
@@ -143,15 +144,15 @@ def render_text(summary: ModelSummary, options: TextOptions = TextOptions()) -> 
         >>> from irkit.viz import summarize
         >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
         >>> print(render_text(summarize(m)).splitlines()[0])
-        g  1 nodes (1 stored in 1 graph)
+        g  1 node (1 stored in 1 graph)
     """
     s = Style(options.color)
     root = summary.root
     stored = sum(b.stored_nodes for b in summary.bodies.values())
     graphs = len(summary.bodies)
-    head = f"{root.body.node_count} nodes ({stored} stored in {graphs} graph{'s' * (graphs > 1)})"
+    head = f"{plural(root.body.node_count, 'node')} ({stored} stored in {plural(graphs, 'graph')})"
     if summary.function_bodies():
-        head += f", {len(summary.function_bodies())} functions"
+        head += ", " + plural(len(summary.function_bodies()), "function")
     if summary.params:
         head += ", " + _params_text(summary.params, summary.param_bytes)
     writer = _TreeWriter(options)
@@ -160,6 +161,11 @@ def render_text(summary: ModelSummary, options: TextOptions = TextOptions()) -> 
         writer.lines.append("   " + writer.stats_line(root))
     writer.write_children(root, "", 1)
     lines = writer.lines
+    if not root.children:
+        scopes = _scopes.scope_tree(summary.model.graph)
+        if scopes is not None:
+            lines.append(s("modules (from irkit.scope; not outlined into functions):", "dim"))
+            lines += _scopes.scope_lines(scopes, s, options.depth, options.expand)
     lines += ["", s("ops:", "bold"), *_histogram_lines(root.body.ops, s), ""]
     if options.stats and summary.function_bodies():
         lines += [*_function_table(summary, s), ""]

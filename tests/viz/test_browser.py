@@ -85,7 +85,10 @@ def test_html_page_in_chromium(page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     b.screenshot(ARTIFACTS / "viz_html.png")
     card = b.evaluate("document.getElementById('side').innerText")
-    assert card.startswith("tests.viz.toy::MLP layers.1.mlp\nmodule\tlayers.1.mlp") and "1024·B·S" in card
+    assert (
+        card.startswith("tests.viz.toy::MLP layers.1.mlp\nmodule\tlayers.1.mlp")
+        and "1024·B·S" in card
+    )
     if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
         shutil.copy(ARTIFACTS / "viz_html.png", ROOT / "docs" / "viz_html.png")
     assert b.errors == []
