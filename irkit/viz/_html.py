@@ -29,7 +29,7 @@ _PAGE = """<!DOCTYPE html>
 <style>{css}</style></head>
 <body>
 <header><h1>{title}</h1><span class="meta">{meta}</span>
-<input id="search" type="search" placeholder="search node, op, module…" autocomplete="off"></header>
+{search}</header>
 <div id="results"></div>
 {body}
 <script id="irkit-data" type="application/json">{data}</script>
@@ -49,10 +49,15 @@ def asset(name: str) -> str:
     return resources.files("irkit.viz").joinpath("assets", name).read_text(encoding="utf-8")
 
 
+_SEARCH = '<input id="search" type="search" placeholder="search node, op, module…" autocomplete="off">'
+
+
 def page(title: str, meta: str, body: str, data: object, js: str) -> str:
-    """Assemble the page; ``data`` becomes the inline JSON blob ``#irkit-data``."""
+    """Assemble the page; ``data`` becomes the inline JSON blob ``#irkit-data``; the search box
+    is shown when there is a script to drive it."""
     blob = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     return _PAGE.format(
+        search=_SEARCH if js else "",
         title=html.escape(title),
         meta=html.escape(meta),
         body=body,
