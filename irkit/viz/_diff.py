@@ -190,16 +190,16 @@ def diff_summaries(a: ModelSummary, b: ModelSummary) -> ModelDiff:
     return ModelDiff(a, b, modules, Counter({k: v for k, v in delta.items() if v}))
 
 
-def _delta_text(delta: Counter[str]) -> str:
+def delta_text(delta: Counter[str]) -> str:
     return ", ".join(f"{k} {v:+d}" for k, v in sorted(delta.items(), key=lambda kv: (kv[1], kv[0])))
 
 
-def _node_text(node: ir.Node) -> str:
+def node_text(node: ir.Node) -> str:
     rule = node.metadata_props.get(metadata.REWRITE_RULE)
     return f"{_op(node)}  {node.name or '(unnamed)'}" + (f"  [rule {rule}]" if rule else "")
 
 
-def _group_label(group: Sequence[ModuleDiff]) -> str:
+def group_label(group: Sequence[ModuleDiff]) -> str:
     first = group[0].path or "(main graph)"
     return first if len(group) == 1 else f"{first} … {group[-1].path}"
 
@@ -219,22 +219,22 @@ def render_diff_text(diff: ModelDiff, color: bool = False) -> str:
         f"functions {len(a.function_bodies())} → {len(b.function_bodies())}"
     )
     if diff.ops_delta:
-        lines.append("ops: " + _delta_text(diff.ops_delta))
+        lines.append("ops: " + delta_text(diff.ops_delta))
     lines.append(s("modules:", "bold"))
     for group in diff.grouped():
         m = group[0]
         mult = s(f" ×{len(group)}", "green") if len(group) > 1 else ""
-        head = f"  {s(_group_label(group), 'bold')}  {s(m.cls, 'yellow')}{mult}  "
+        head = f"  {s(group_label(group), 'bold')}  {s(m.cls, 'yellow')}{mult}  "
         if m.status != "changed":
             lines.append(
                 head + s(f"module {m.status}", "red" if m.status == "removed" else "green")
             )
             continue
-        lines.append(head + _delta_text(m.body.ops_delta) + (" each" if len(group) > 1 else ""))
-        lines.extend(s(f"    - {_node_text(n)}", "red") for n in m.body.removed)
-        lines.extend(s(f"    + {_node_text(n)}", "green") for n in m.body.added)
+        lines.append(head + delta_text(m.body.ops_delta) + (" each" if len(group) > 1 else ""))
+        lines.extend(s(f"    - {node_text(n)}", "red") for n in m.body.removed)
+        lines.extend(s(f"    + {node_text(n)}", "green") for n in m.body.added)
         for old, new in m.body.changed:
-            lines.append(s(f"    ~ {_node_text(old)} → {_op(new)}", "yellow"))
+            lines.append(s(f"    ~ {node_text(old)} → {_op(new)}", "yellow"))
     return "\n".join(lines) + "\n"
 
 

@@ -18,7 +18,7 @@ from irkit import metadata
 from irkit.viz import _diff, _dot
 from irkit.viz._style import CallGroup, format_bytes, format_count, group_calls
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
-from irkit.viz._text import _attr_text
+from irkit.viz._text import attr_text
 
 __all__ = ["render_html", "render_diff_html", "page", "node_info", "body_about"]
 
@@ -49,7 +49,9 @@ def asset(name: str) -> str:
     return resources.files("irkit.viz").joinpath("assets", name).read_text(encoding="utf-8")
 
 
-_SEARCH = '<input id="search" type="search" placeholder="search node, op, module…" autocomplete="off">'
+_SEARCH = (
+    '<input id="search" type="search" placeholder="search node, op, module…" autocomplete="off">'
+)
 
 
 def page(title: str, meta: str, body: str, data: object, js: str) -> str:
@@ -116,7 +118,7 @@ def node_info(
         "fields": fields,
         "inputs": _value_rows(node.inputs, params, known),
         "outputs": _value_rows(node.outputs, set(), known),
-        "attrs": [_attr_text(a).split("=", 1) for a in node.attributes.values()],
+        "attrs": [attr_text(a).split("=", 1) for a in node.attributes.values()],
         "meta": [[k, v] for k, v in sorted(props.items())],
     }
     if function is not None:
@@ -265,20 +267,20 @@ def render_diff_html(diff: _diff.ModelDiff) -> str:
     rows = []
     for group in diff.grouped():
         m = group[0]
-        label = html.escape(_diff._group_label(group))
+        label = html.escape(_diff.group_label(group))
         mult = f" ×{len(group)}" if len(group) > 1 else ""
         nodes = "".join(
-            f'<div class="del">− {html.escape(_diff._node_text(n))}</div>' for n in m.body.removed
+            f'<div class="del">− {html.escape(_diff.node_text(n))}</div>' for n in m.body.removed
         )
         nodes += "".join(
-            f'<div class="add">+ {html.escape(_diff._node_text(n))}</div>' for n in m.body.added
+            f'<div class="add">+ {html.escape(_diff.node_text(n))}</div>' for n in m.body.added
         )
         nodes += "".join(
-            f"<div>~ {html.escape(_diff._node_text(x))} → {html.escape(y.op_type)}</div>"
+            f"<div>~ {html.escape(_diff.node_text(x))} → {html.escape(y.op_type)}</div>"
             for x, y in m.body.changed
         )
         delta = (
-            html.escape(_diff._delta_text(m.body.ops_delta)) if m.status == "changed" else m.status
+            html.escape(_diff.delta_text(m.body.ops_delta)) if m.status == "changed" else m.status
         )
         rows.append(
             f"<tr><td class=mono>{label}</td><td>{html.escape(m.cls)}{mult}</td>"
@@ -301,7 +303,7 @@ def render_diff_html(diff: _diff.ModelDiff) -> str:
         f"<div><h3>{html.escape(b.name)}</h3>{svgs[2 * i + 1]}</div></div>"
         for i in range(len(pairs))
     )
-    ops = html.escape(_diff._delta_text(diff.ops_delta)) or "none"
+    ops = html.escape(_diff.delta_text(diff.ops_delta)) or "none"
     summary_text = "no differences" if not diff else f"{_diff.format_totals(diff)} · ops: {ops}"
     body = (
         '<div style="overflow:auto;flex:1">'

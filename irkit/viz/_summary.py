@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 import onnx_ir as ir
 
 from irkit import metadata
+from irkit.errors import IrkitError
 from irkit.viz import _flops
 
 logger = logging.getLogger(__name__)
@@ -235,10 +236,13 @@ class _Builder:
 
     def body(self, graph: ir.Graph | ir.Function, identifier: FunctionId | None) -> Body:
         key = "main" if identifier is None else function_key(identifier)
+        if identifier is not None and identifier in self._stack:
+            raise IrkitError(
+                f"function {key!r} calls itself (directly or through other functions); "
+                "recursion is not valid ONNX. Fix the model's functions."
+            )
         if key in self.bodies:
             return self.bodies[key]
-        if identifier is not None and identifier in self._stack:
-            raise ValueError(f"function {key!r} calls itself (recursion is not valid ONNX)")
         body = Body(key, graph, identifier)
         body.input_infos = [TensorInfo.of(v) for v in graph.inputs]
         self.bodies[key] = body
@@ -349,7 +353,7 @@ def summarize(model: ir.Model, *, name: str | None = None) -> ModelSummary:
         The :class:`ModelSummary`.
 
     Raises:
-        ValueError: A function calls itself (directly or through others).
+        IrkitError: A function calls itself (directly or through others).
 
     Example:
         >>> import onnx_ir as ir

@@ -174,7 +174,7 @@ def render_text(summary: ModelSummary, options: TextOptions = TextOptions()) -> 
     return "\n".join(lines) + "\n"
 
 
-def _attr_text(attr: ir.Attr) -> str:
+def attr_text(attr: ir.Attr) -> str:
     value = attr.value
     if isinstance(value, ir.TensorProtocol):
         text = f"tensor {value.dtype.short_name()}{list(value.shape)}"
@@ -194,7 +194,7 @@ def node_line(node: ir.Node, s: Style, summary: ModelSummary) -> str:
     op = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
     text = f"{outs} = {s(op, 'yellow' if is_call else 'cyan')}({ins})"
     if node.attributes:
-        text += " <" + ", ".join(_attr_text(a) for a in node.attributes.values()) + ">"
+        text += " <" + ", ".join(attr_text(a) for a in node.attributes.values()) + ">"
     notes = [_outputs_text([TensorInfo.of(v) for v in node.outputs])]
     if source := node.metadata_props.get(metadata.SOURCE):
         notes.append(f"@ {source}")

@@ -12,6 +12,10 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["main", "build_parser", "load_model"]
 
@@ -75,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_model(path: str, *, allow_missing_data: bool = False):  # -> ir.Model
+def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
     """Load ``path`` without reading external weights; check that they are present.
 
     Raises:
@@ -206,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             text = _render(args, fmt, color)
-        except (IrkitError, ValueError) as exc:
+        except IrkitError as exc:
             if args.debug:
                 raise
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

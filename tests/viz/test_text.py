@@ -7,6 +7,7 @@ import json
 import onnx_ir as ir
 import pytest
 
+import irkit
 from irkit import viz
 from tests.viz import models
 from tests.viz.conftest import check_golden, run_cli
@@ -108,3 +109,16 @@ def test_model_without_irkit_metadata_falls_back_to_names():
     text = viz.render_text(s)
     assert "first  Twice  2 nodes" in text
     assert "ops:\n  Add 2    Relu 2\n" in text
+
+
+def test_recursive_function_is_a_user_error():
+    model = ir.from_onnx_text(
+        """
+        <ir_version: 10, opset_import: ["" : 21, "local" : 1]>
+        g (float[2] x) => (float[2] y) { y = local.Loop (x) }
+        <domain: "local", opset_import: ["" : 21, "local" : 1]>
+        Loop (a) => (b) { b = local.Loop (a) }
+        """
+    )
+    with pytest.raises(irkit.errors.IrkitError, match="'local::Loop' calls itself"):
+        viz.summarize(model)
