@@ -85,6 +85,33 @@ def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     return f"{callee.identifier[1]}{calls}\n{name}\n{callee.node_count} nodes"
 
 
+def _node_stmt(summary: ModelSummary, node: ir.Node, ident: str, mark: str | None) -> str:
+    """The DOT statement of one node: a call box or an op box, optionally diff-coloured."""
+    callee_fn = summary.model.functions.get((node.domain, node.op_type, node.overload))
+    extra: dict[str, str] = {"id": ident, "tooltip": node.name or node.op_type}
+    if callee_fn is not None:
+        callee = summary.bodies[function_key(callee_fn.identifier())]
+        extra.update(
+            label=_call_label(summary, node, callee),
+            style="filled,bold",
+            fillcolor="#fff4d6",
+            color="#b07d00",
+            peripheries="2",
+            shape="box",
+        )
+        extra["class"] = "call"
+    else:
+        plain = node.domain in ("", "ai.onnx")
+        extra["label"] = node.op_type if plain else f"{node.domain}::{node.op_type}"
+        extra["class"] = "op"
+        if node.op_type == "Constant":
+            extra.update(fontsize="8", fillcolor="#f2f2f2", color="#aaaaaa")
+    if mark is not None:
+        extra["fillcolor"] = _COLORS[mark]
+        extra["class"] += " " + mark
+    return f"  {ident} {_attrs(**extra)};"
+
+
 def body_dot(
     summary: ModelSummary,
     body: Body,
@@ -103,7 +130,6 @@ def body_dot(
     Returns:
         The :class:`DotGraph`.
     """
-    functions = summary.model.functions
     highlight = highlight or {}
     initializers = set(summary.model.graph.initializers) if body.identifier is None else set()
     large = body.stored_nodes > LARGE_BODY
@@ -123,31 +149,7 @@ def body_dot(
     for k, node in enumerate(body.graph):
         ident = f"n{k}"
         node_ids[node] = ident
-        callee_fn = functions.get((node.domain, node.op_type, node.overload))
-        extra: dict[str, str] = {"id": ident, "tooltip": node.name or node.op_type}
-        if callee_fn is not None:
-            callee = summary.bodies[function_key(callee_fn.identifier())]
-            extra.update(
-                label=_call_label(summary, node, callee),
-                style="filled,bold",
-                fillcolor="#fff4d6",
-                color="#b07d00",
-                peripheries="2",
-                shape="box",
-            )
-            extra["class"] = "call"
-        else:
-            op = (
-                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-            )
-            extra["label"] = op
-            extra["class"] = "op"
-            if node.op_type == "Constant":
-                extra.update(fontsize="8", fillcolor="#f2f2f2", color="#aaaaaa")
-        if node in highlight:
-            extra["fillcolor"] = _COLORS[highlight[node]]
-            extra["class"] += " " + highlight[node]
-        lines.append(f"  {ident} {_attrs(**extra)};")
+        lines.append(_node_stmt(summary, node, ident, highlight.get(node)))
         for value in node.outputs:
             producer[value] = ident
     input_index = {v: i for i, v in enumerate(body.graph.inputs)}
