@@ -194,9 +194,14 @@ def delta_text(delta: Counter[str]) -> str:
     return ", ".join(f"{k} {v:+d}" for k, v in sorted(delta.items(), key=lambda kv: (kv[1], kv[0])))
 
 
-def node_text(node: ir.Node) -> str:
+def node_text(node: ir.Node, with_scope: bool = False) -> str:
+    """``Op  name  [rule r]``; ``with_scope`` adds the node's module from ``irkit.scope`` (used in
+    the main graph, where a flat model's nodes keep their own module)."""
+    text = f"{_op(node)}  {node.name or '(unnamed)'}"
+    if with_scope and (scope := metadata.node_scope(node.metadata_props)):
+        text += f"  (in {scope[-1].call_id})"
     rule = node.metadata_props.get(metadata.REWRITE_RULE)
-    return f"{_op(node)}  {node.name or '(unnamed)'}" + (f"  [rule {rule}]" if rule else "")
+    return text + (f"  [rule {rule}]" if rule else "")
 
 
 def group_label(group: Sequence[ModuleDiff]) -> str:
@@ -231,10 +236,11 @@ def render_diff_text(diff: ModelDiff, color: bool = False) -> str:
             )
             continue
         lines.append(head + delta_text(m.body.ops_delta) + (" each" if len(group) > 1 else ""))
-        lines.extend(s(f"    - {node_text(n)}", "red") for n in m.body.removed)
-        lines.extend(s(f"    + {node_text(n)}", "green") for n in m.body.added)
+        main = m.path == ""
+        lines.extend(s(f"    - {node_text(n, main)}", "red") for n in m.body.removed)
+        lines.extend(s(f"    + {node_text(n, main)}", "green") for n in m.body.added)
         for old, new in m.body.changed:
-            lines.append(s(f"    ~ {node_text(old)} → {_op(new)}", "yellow"))
+            lines.append(s(f"    ~ {node_text(old, main)} → {_op(new)}", "yellow"))
     return "\n".join(lines) + "\n"
 
 

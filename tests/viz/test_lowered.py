@@ -61,3 +61,15 @@ def test_lowered_model_diff_with_itself_is_empty(lowered):
     _, path = lowered
     result = run_cli(path, "--diff", path)
     assert result.stdout.splitlines()[1] == "no differences"
+
+
+def test_diff_of_flat_models_names_modules_from_scopes(lowered, tmp_path):
+    model, path = lowered
+    other = irkit.load(path)
+    softmax = next(n for n in other.graph if n.op_type == "Softmax")
+    softmax.op_type = "LogSoftmax"
+    module = metadata.node_scope(softmax.metadata_props)[-1].call_id
+    irkit.save(other, tmp_path / "changed.onnx")
+    text = run_cli(path, "--diff", tmp_path / "changed.onnx").stdout
+    assert "  (main graph)  " in text
+    assert f"    ~ Softmax  {softmax.name}  (in {module}) → LogSoftmax" in text
