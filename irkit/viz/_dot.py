@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
+from irkit import metadata
 from irkit.errors import IrkitError
 from irkit.viz._summary import Body, ModelSummary, TensorInfo, function_key
 
@@ -85,6 +86,54 @@ def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     return f"{callee.identifier[1]}{calls}\n{name}\n{callee.node_count} nodes"
 
 
+CLUSTER_DEPTH = 2
+"""Main-graph nodes are boxed by their ``irkit.scope`` module calls down to this depth."""
+
+
+def _scope(node: ir.Node) -> tuple[metadata.Frame, ...]:
+    if metadata.SCOPE not in node.metadata_props:
+        return ()
+    try:
+        return metadata.node_scope(node.metadata_props)[:CLUSTER_DEPTH]
+    except (ValueError, TypeError):
+        return ()
+
+
+@dataclasses.dataclass
+class _Cluster:
+    """Nested Graphviz clusters, one per module call (``id="c:<call id>"``)."""
+
+    frame: metadata.Frame | None = None
+    statements: list[str] = dataclasses.field(default_factory=list)
+    children: dict[str, _Cluster] = dataclasses.field(default_factory=dict)
+
+    def at(self, frames: tuple[metadata.Frame, ...]) -> _Cluster:
+        cluster = self
+        for frame in frames:
+            cluster = cluster.children.setdefault(frame.call_id, _Cluster(frame))
+        return cluster
+
+    def emit(self, indent: str) -> list[str]:
+        lines = [indent + s.strip() for s in self.statements]
+        for call_id, child in self.children.items():
+            assert child.frame is not None
+            label = f"{call_id}  {child.frame.class_name}"
+            attrs = _attrs(
+                id=f"c:{call_id}",
+                label=label,
+                style="rounded,dashed",
+                color="#9aa7b8",
+                fontcolor="#55606e",
+                fontsize="9",
+                labeljust="l",
+            )
+            lines.append(f"{indent}subgraph {quote('cluster_' + call_id)} {{")
+            lines.append(f"{indent}  graph {attrs};")
+            lines.extend(child.emit(indent + "  "))
+            lines.append(f"{indent}}}")
+        return lines
+
+
 def _node_stmt(summary: ModelSummary, node: ir.Node, ident: str, mark: str | None) -> str:
     """The DOT statement of one node: a call box or an op box, optionally diff-coloured."""
     callee_fn = summary.model.functions.get((node.domain, node.op_type, node.overload))
@@ -146,12 +195,16 @@ def body_dot(
         info = body.input_infos[k]
         lines.append(_io_node(ident, info, "input"))
     node_ids: dict[ir.Node, str] = {}
+    clusters = _Cluster()
     for k, node in enumerate(body.graph):
         ident = f"n{k}"
         node_ids[node] = ident
-        lines.append(_node_stmt(summary, node, ident, highlight.get(node)))
+        statement = _node_stmt(summary, node, ident, highlight.get(node))
+        frames = () if large or body.identifier is not None else _scope(node)
+        clusters.at(frames).statements.append(statement)
         for value in node.outputs:
             producer[value] = ident
+    lines.extend(clusters.emit("  "))
     input_index = {v: i for i, v in enumerate(body.graph.inputs)}
     for node, ident in node_ids.items():
         for value in node.inputs:

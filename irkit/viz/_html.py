@@ -15,8 +15,8 @@ from importlib import resources
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.viz import _diff, _dot
-from irkit.viz._style import CallGroup, format_bytes, format_count, group_calls
+from irkit.viz import _diff, _dot, _scopes
+from irkit.viz._style import CallGroup, format_bytes, format_count, group_calls, relative_path
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
 from irkit.viz._text import attr_text
 
@@ -194,6 +194,32 @@ def _tree(
     }
 
 
+def _scope_tree(
+    node: _scopes.ScopeNode, label: str, count: int, depth: int, focus: str | None = None
+) -> dict[str, object]:
+    """The hierarchy panel of a flat model: module calls from ``irkit.scope``; a click scrolls
+    to the call's cluster (clusters exist down to :data:`_dot.CLUSTER_DEPTH`)."""
+    if node.frame is not None and depth <= _dot.CLUSTER_DEPTH:
+        focus = f"c:{node.path}"  # deeper calls scroll to their innermost drawn cluster
+    children = []
+    for group in _scopes.scope_groups(list(node.children.values())):
+        first = group[0]
+        child_label = relative_path(first.path, node.path)
+        if len(group) > 1:
+            child_label += f" … {relative_path(group[-1].path, node.path)}"
+        children.append(_scope_tree(first, child_label, count * len(group), depth + 1, focus))
+
+    return {
+        "label": label,
+        "cls": node.frame.class_name if node.frame else "",
+        "count": count,
+        "trail": [["main", "main"]],
+        "focus": focus,
+        "children": children,
+        "open": depth < 1,
+    }
+
+
 def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
     if body.identifier is None:
         return set(summary.model.graph.initializers.values())
@@ -243,6 +269,9 @@ def render_html(summary: ModelSummary, *, title: str | None = None) -> str:
     title = title or summary.name
     trails: dict[str, list[list[str]]] = {}
     tree = _tree(summary, summary.root, [["main", "main"]], summary.name, 1, trails)
+    scopes = None if summary.root.children else _scopes.scope_tree(summary.model.graph)
+    if scopes is not None:
+        tree = _scope_tree(scopes, summary.name, 1, 0)
     bodies = list(summary.bodies.values())
     for body in bodies:  # functions never called from main: reachable by search only
         trails.setdefault(body.key, [["main", "main"], [body.key, body.key]])

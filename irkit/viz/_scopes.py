@@ -7,6 +7,7 @@ knows its module call chain; this tree shows that hierarchy in the text dump.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from collections import Counter
 from collections.abc import Iterable
 
@@ -15,7 +16,7 @@ import onnx_ir as ir
 from irkit import metadata
 from irkit.viz._style import Style, indexed_successor, plural, relative_path
 
-__all__ = ["ScopeNode", "scope_tree", "scope_lines"]
+__all__ = ["ScopeNode", "scope_tree", "scope_lines", "scope_groups"]
 
 
 @dataclasses.dataclass
@@ -49,8 +50,8 @@ def scope_tree(nodes: Iterable[ir.Node]) -> ScopeNode | None:
     return root if found and root.children else None
 
 
-def _groups(children: list[ScopeNode], expand: tuple[str, ...]) -> list[list[ScopeNode]]:
-    import fnmatch
+def scope_groups(children: list[ScopeNode], expand: tuple[str, ...] = ()) -> list[list[ScopeNode]]:
+    """Runs of sibling calls of one class and size with indexed paths (``h.0 … h.11``)."""
 
     groups: list[list[ScopeNode]] = []
     for child in children:
@@ -80,7 +81,7 @@ def scope_lines(
     def walk(node: ScopeNode, prefix: str, level: int, mult: int) -> None:
         if depth is not None and level >= depth:
             return
-        groups = _groups(list(node.children.values()), expand)
+        groups = scope_groups(list(node.children.values()), expand)
         for i, group in enumerate(groups):
             last = i == len(groups) - 1
             first = group[0]

@@ -73,3 +73,23 @@ def test_diff_of_flat_models_names_modules_from_scopes(lowered, tmp_path):
     text = run_cli(path, "--diff", tmp_path / "changed.onnx").stdout
     assert "  (main graph)  " in text
     assert f"    ~ Softmax  {softmax.name}  (in {module}) → LogSoftmax" in text
+
+
+@pytest.mark.browser
+def test_flat_model_page_boxes_modules(lowered, tmp_path, chromium, graphviz_dot):
+    from tests.viz.cdp import Browser
+
+    _, path = lowered
+    out = tmp_path / "flat.html"
+    assert run_cli(path, "-o", out).returncode == 0
+    with Browser(out.as_uri()) as b:
+        clusters = b.evaluate("[...document.querySelectorAll('#canvas g.cluster')].map(g => g.id)")
+        assert {"c:layers.0", "c:layers.1", "c:layers.0.attn", "c:layers.1.mlp"} <= set(clusters)
+        tree = b.evaluate("document.getElementById('tree').textContent")
+        assert "layers.0 … layers.1 PreLNBlock ×2" in tree
+        b.evaluate(
+            "[...document.querySelectorAll('#tree .leaf')].find(e => e.textContent.startsWith"
+            "('ln_f')).dispatchEvent(new MouseEvent('click', {bubbles: true}))"
+        )
+        assert b.evaluate("document.querySelector('#canvas g.hl').id") == "c:ln_f"
+        assert b.errors == []

@@ -71,7 +71,7 @@
   function focus(id, key) {
     const gnode = document.getElementById(id);
     mark(gnode);
-    if (gnode) gnode.scrollIntoView({ block: "center", inline: "center" });
+    if (gnode) gnode.scrollIntoView({ block: gnode.classList.contains("cluster") ? "start" : "center", inline: "center" });
     card(DATA.graphs[key].nodes[id] || null, key, true);
   }
 
@@ -163,7 +163,7 @@
       if (node.count > 1) s.appendChild(el("span", "mult", " ×" + node.count));
       return s;
     };
-    const open = () => show(node.trail);
+    const open = () => show(node.trail, node.focus);
     if (node.children && node.children.length) {
       const d = el("details");
       if (node.open) d.open = true;
