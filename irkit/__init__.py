@@ -25,6 +25,18 @@ from irkit.errors import (
     UnsupportedOpError,
 )
 from irkit.lowering import lower
+from irkit.rewriting import (
+    ModuleRule,
+    NodeRule,
+    RewriteReport,
+    Rule,
+    RuleSet,
+    fail,
+    node_rule,
+    optimize,
+    rewrite,
+)
+from irkit.rewriting import op as pattern_op
 
 __version__ = "0.1.0"
 
@@ -33,6 +45,16 @@ __all__ = [
     "save",
     "load",
     "check",
+    "rewrite",
+    "optimize",
+    "Rule",
+    "RuleSet",
+    "NodeRule",
+    "node_rule",
+    "ModuleRule",
+    "RewriteReport",
+    "pattern_op",
+    "fail",
     "errors",
     "metadata",
     "IrkitError",
