@@ -314,7 +314,12 @@ def commit(
             raise RewriteError(f"rule {rule_name!r} returned None for output {old.name!r}")
         _merge_type(old, new, rule_name)
         if old.is_graph_output():
-            if new.producer() not in new_set or new.is_graph_output():
+            producer = new.producer()
+            fresh = producer in new_set
+            renamable = producer is not None and producer.graph is anchor.graph
+            if new.is_graph_output() or not (fresh or renamable):
+                # A graph input, initializer, outer-scope value or another output: keep the
+                # output's name with an Identity (ONNX forbids one value under two names).
                 ident = ir.Node("", "Identity", [new], metadata_props=dict(meta))
                 extra.append(ident)
                 out = ident.outputs[0]
@@ -324,9 +329,26 @@ def commit(
         old.replace_all_uses_with(new, replace_graph_outputs=True)
     if new_nodes or extra:
         graph.insert_before(anchor, [*new_nodes, *extra])
+    inputs = [v for n in match.nodes for v in n.inputs if v is not None]
     graph.remove(match.nodes, safe=True)
     for value, name in renames:
         value.name = name
+    _remove_dead_producers(graph, inputs)
+
+
+def _remove_dead_producers(graph: GraphLike, values: list[ir.Value]) -> None:
+    """Local dead-code removal: producers of ``values`` left without any use (transitively)."""
+    owner = graph.graph if isinstance(graph, ir.Function) else graph
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        node = v.producer()
+        if node is None or node.graph is not owner:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        stack.extend(i for i in node.inputs if i is not None)
+        graph.remove(node, safe=True)
 
 
 def _merge_type(old: ir.Value, new: ir.Value, rule_name: str) -> None:
@@ -343,11 +365,11 @@ def _merge_type(old: ir.Value, new: ir.Value, rule_name: str) -> None:
             f"rule {rule_name!r} replaced {old.name!r} (shape {old.shape}) by a value of shape "
             f"{new.shape}; a rewrite must preserve shapes. Fix the rule's pattern or check."
         )
-    if new.producer() is not None and new.producer().graph is None:  # a fresh value: annotate
-        if new.type is None:
-            new.type = old.type
-        if new.shape is None and old.shape is not None:
-            new.shape = old.shape
+    # Same tensor: fill in what the replacement does not know (never keep conflicting info).
+    if new.type is None:
+        new.type = old.type
+    if new.shape is None and old.shape is not None:
+        new.shape = old.shape
 
 
 def _static(shape: ir.Shape) -> bool:

@@ -141,7 +141,7 @@ class _State:
         self.opset = opset
 
     def fail(self, reason: str, value: ir.Value | None = None, node: ir.Node | None = None):
-        if self.failure is None or self.depth >= self.failure.depth:
+        if self.failure is None or self.depth > self.failure.depth:
             self.failure = MatchFailure(reason, value, node, self.depth)
 
 
