@@ -102,6 +102,9 @@ class RewriteBuilder:
                     f"input {i} of {op_type} is {type(value).__name__}, not an ir.Value; "
                     "make constants with op.const(numpy_array)"
                 )
+        inputs = list(inputs)
+        while inputs and inputs[-1] is None:  # trailing absent optional inputs are omitted
+            inputs.pop()
         attrs = ir.convenience.convert_attributes(
             {k: v for k, v in (attributes or {}).items() if v is not None}
         )
