@@ -10,7 +10,8 @@ Each is matched in the association orders exporters and hand-written code produc
 ``x/√2`` or ``x·(1/√2)``; ``x³`` as ``Pow(x, 3)``, ``x·x·x`` in either grouping.
 Constants are compared with a relative tolerance of 1e-5 (float16-rounded constants too).
 
-Preconditions: graph opset ≥ 20; ``x`` has a floating-point dtype.
+Preconditions: graph opset ≥ 20; ``x`` has a floating-point dtype (implied by Erf / Tanh when
+unknown, as in untyped function bodies).
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ _TANH_TERM = op.Add(op.Tanh(_TANH_ARG), _c(1.0))
 
 
 def _float(x: ir.Value):
-    return True if is_float(x) else fail(f"Gelu needs a float input, got {x.dtype}", x)
+    # Erf and Tanh accept only float types, so an unknown dtype (function bodies) is float too.
+    if x.dtype is None or is_float(x):
+        return True
+    return fail(f"Gelu needs a float input, got {x.dtype}", x)
 
 
 rules = RuleSet(

@@ -24,6 +24,12 @@ def clone(m: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(ir.serde.serialize_model(m))
 
 
+def infer_shapes(m: ir.Model) -> ir.Model:
+    """A copy of ``m`` with ONNX shape inference applied (intermediate values get shapes)."""
+    proto = onnx.shape_inference.infer_shapes(ir.serde.serialize_model(m), data_prop=True)
+    return ir.serde.deserialize_model(proto)
+
+
 def ops(m: ir.Model | ir.Function | ir.Graph) -> dict[str, int]:
     """Exact op histogram of a graph-like (or a model's main graph)."""
     g = m.graph if isinstance(m, ir.Model) else m
