@@ -202,6 +202,8 @@ class _Worklist:
             if node.graph is not self.owner:
                 continue  # removed by an earlier rewrite
             for rule in self.index.get(node):
+                if rule.anchors is None and not rule.applies_to(node, self.ctx):
+                    continue
                 s = stats[rule.name]
                 t0 = perf()
                 result = rule.find(node, self.ctx)

@@ -116,6 +116,10 @@ class ModuleRule(BaseRule):
         if function is not None and not any(_glob(p) for p in function):
             self.anchors = frozenset({(function[0], function[1])})
 
+    def applies_to(self, node: ir.Node, ctx: RewriteContext) -> bool:
+        """Only calls of local functions are candidates."""
+        return node.domain != "" and node.op_identifier() in ctx.model.functions
+
     def _select(self, node: ir.Node, ctx: RewriteContext) -> ModuleCall | MatchFailure:
         if node.domain == "":
             return MatchFailure("not a function call")

@@ -90,6 +90,10 @@ class BaseRule:
         """Try the rule anchored at ``node``; never mutates the graph."""
         raise NotImplementedError
 
+    def applies_to(self, node: ir.Node, ctx: RewriteContext) -> bool:
+        """Cheap pre-filter for rules without anchors (not counted as an attempt)."""
+        return True
+
     def opset_failure(self, ctx: RewriteContext) -> MatchFailure | None:
         """A failure if the graph's opset (or the target cap) excludes this rule."""
         if self.min_opset is not None:
