@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,21 +13,22 @@ import onnxruntime as ort
 FP32_ATOL = 1e-4
 
 
-def ort_session(model: ir.Model) -> ort.InferenceSession:
+def ort_session(model: ir.Model | str | os.PathLike) -> ort.InferenceSession:
     """An onnxruntime CPU session with graph optimizations disabled.
 
-    ORT's own fusions must not hide a wrong graph, so nothing is optimized.
+    ORT's own fusions must not hide a wrong graph, so nothing is optimized. A path is loaded by
+    ORT itself (external data next to it is found).
     """
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
-    proto = ir.serde.serialize_model(model)
-    return ort.InferenceSession(
-        proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    source = str(model) if isinstance(model, (str, os.PathLike)) else (
+        ir.serde.serialize_model(model).SerializeToString()
     )
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
-def run_ort(model: ir.Model, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
+def run_ort(model: ir.Model | str | os.PathLike, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
     """Run ``model`` on ``inputs`` (positional, in graph-input order, or by name)."""
     sess = ort_session(model)
     names = [i.name for i in sess.get_inputs()]
@@ -35,7 +37,7 @@ def run_ort(model: ir.Model, inputs: Sequence[Any] | Mapping[str, Any]) -> list[
     else:
         if len(inputs) != len(names):
             raise ValueError(f"model takes {len(names)} inputs {names}, got {len(inputs)}")
-        feeds = {n: _to_numpy(v) for n, v in zip(names, inputs)}
+        feeds = {n: _to_numpy(v) for n, v in zip(names, inputs, strict=False)}
     return sess.run(None, feeds)
 
 
@@ -58,10 +60,45 @@ def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], a
     """Assert elementwise closeness of two output lists; returns the max abs difference."""
     assert len(actual) == len(expected), f"{len(actual)} outputs vs {len(expected)} expected"
     worst = 0.0
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
         assert a.shape == e.shape, f"output {i}: shape {a.shape} vs expected {e.shape}"
         if a.size:
             diff = float(np.max(np.abs(a.astype(np.float64) - e.astype(np.float64))))
             assert diff <= atol, f"output {i}: max abs diff {diff:.3g} > {atol:g}"
             worst = max(worst, diff)
     return worst
+
+
+GOLDEN_DIR = __import__("pathlib").Path(__file__).parent / "golden"
+
+
+def assert_golden(text: str, relpath: str) -> None:
+    """Compare ``text`` with ``tests/golden/<relpath>``; ``IRKIT_REGEN_GOLDEN=1`` rewrites it."""
+    import os
+
+    path = GOLDEN_DIR / relpath
+    if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"golden file {path} missing; run with IRKIT_REGEN_GOLDEN=1 to create it"
+    expected = path.read_text()
+    if text != expected:
+        import difflib
+
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), "golden", "actual", n=2
+            )
+        )
+        raise AssertionError(f"{relpath} differs from the golden text:\n{diff[:6000]}")
+
+
+def op_histogram(graph) -> dict[str, int]:
+    """``{op_type: count}`` over the nodes of a graph or function body, sorted by op type."""
+    import collections
+
+    counts = collections.Counter(
+        (f"{n.domain}::{n.op_type}" if n.domain else n.op_type) for n in graph
+    )
+    return dict(sorted(counts.items()))

@@ -228,6 +228,64 @@ def gpt2_dynamic() -> ZooModel:
     return zm
 
 
+@_seeded
+def t5() -> ZooModel:
+    """Encoder-decoder with in-place ops (``add_``) and decomposed ``aten.min.other``."""
+    from transformers import T5Config, T5Model
+
+    cfg = T5Config(
+        d_model=_TINY["hidden"], d_ff=2 * _TINY["hidden"], num_layers=_TINY["layers"],
+        num_heads=_TINY["heads"], d_kv=16, vocab_size=_TINY["vocab"], decoder_start_token_id=0,
+        use_cache=False,
+    )
+    return ZooModel("t5", T5Model(cfg), (), {"input_ids": _ids(), "decoder_input_ids": _ids(2, 5)})
+
+
+@_seeded
+def vit() -> ZooModel:
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(
+        hidden_size=_TINY["hidden"], num_hidden_layers=_TINY["layers"],
+        num_attention_heads=_TINY["heads"], intermediate_size=2 * _TINY["hidden"],
+        image_size=32, patch_size=8,
+    )
+    return ZooModel("vit", ViTModel(cfg), (torch.randn(2, 3, 32, 32),))
+
+
+@_seeded
+def whisper() -> ZooModel:
+    from transformers import WhisperConfig, WhisperModel
+
+    cfg = WhisperConfig(
+        d_model=_TINY["hidden"], encoder_layers=_TINY["layers"], decoder_layers=_TINY["layers"],
+        encoder_attention_heads=_TINY["heads"], decoder_attention_heads=_TINY["heads"],
+        encoder_ffn_dim=2 * _TINY["hidden"], decoder_ffn_dim=2 * _TINY["hidden"],
+        num_mel_bins=16, max_source_positions=16, max_target_positions=32,
+        vocab_size=_TINY["vocab"], use_cache=False, pad_token_id=0, bos_token_id=0,
+        eos_token_id=0, decoder_start_token_id=0,
+    )
+    return ZooModel(
+        "whisper", WhisperModel(cfg), (torch.randn(1, 16, 32),), {"decoder_input_ids": _ids(1, 4)}
+    )
+
+
+@_seeded
+def mistral() -> ZooModel:
+    from transformers import MistralConfig, MistralModel
+
+    cfg = MistralConfig(
+        hidden_size=_TINY["hidden"], intermediate_size=2 * _TINY["hidden"],
+        num_hidden_layers=_TINY["layers"], num_attention_heads=_TINY["heads"],
+        num_key_value_heads=2, vocab_size=_TINY["vocab"], use_cache=False,
+    )
+    return ZooModel("mistral", MistralModel(cfg), (_ids(),))
+
+
+MORE: dict[str, Callable[[], ZooModel]] = {
+    "t5": t5, "vit": vit, "whisper": whisper, "mistral": mistral,
+}
+
 ZOO: dict[str, Callable[[], ZooModel]] = {
     "mlp": mlp,
     "cnn": cnn,
@@ -237,17 +295,17 @@ ZOO: dict[str, Callable[[], ZooModel]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str) -> ZooModel:
     """The zoo model ``name`` (``"stackN"`` for a pre-LN stack of N layers), built once."""
     if name.startswith("stack"):
         return prenorm_stack(int(name[len("stack"):]))
     if name == "gpt2_dynamic":
         return gpt2_dynamic()
-    return ZOO[name]()
+    return ZOO[name]() if name in ZOO else MORE[name]()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def export(name: str) -> torch.export.ExportedProgram:
     """``torch.export.export`` of zoo model ``name``, cached per process. Do not mutate it."""
     zm = load(name)

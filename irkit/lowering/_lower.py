@@ -1,0 +1,157 @@
+"""``irkit.lower``: plan, emit, assemble the model."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnx_ir.passes.common import InlinePass
+from onnxscript import values as osv
+from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
+
+from irkit import metadata
+from irkit.errors import IrkitError
+from irkit.lowering._emit import Emitter
+from irkit.lowering._plan import describe, make_plan, needs_functionalization
+from irkit.lowering._recorder import Recorder
+from irkit.lowering._registry import LoweringTable
+
+__all__ = ["lower_program", "DEFAULT_OPSET", "TORCHLIB_OPSET", "IR_VERSION"]
+
+logger = logging.getLogger(__name__)
+
+TORCHLIB_OPSET = 18
+"""The default-domain opset torchlib's functions are written against."""
+
+DEFAULT_OPSET = 23
+"""Default opset of lowered models: recent, run by onnxruntime, and what the fusions target."""
+
+IR_VERSION = 10
+"""ONNX IR version of lowered models (10 is the first with node ``metadata_props``)."""
+
+_MIN_OPSET = 7
+
+
+def lower_program(
+    exported_program: torch.export.ExportedProgram,
+    *,
+    opset: int | None,
+    custom_lowerings: Mapping[Any, Callable[..., Any]] | None,
+    input_names: Sequence[str] | None,
+    output_names: Sequence[str] | None,
+    verbose: bool,
+) -> ir.Model:
+    """See :func:`irkit.lower`."""
+    if not isinstance(exported_program, torch.export.ExportedProgram):
+        raise IrkitError(
+            f"irkit.lower expects a torch.export.ExportedProgram, got "
+            f"{type(exported_program).__name__}. Fix: call torch.export.export(model, args) first."
+        )
+    opset = DEFAULT_OPSET if opset is None else opset
+    if opset < _MIN_OPSET:
+        raise IrkitError(f"opset {opset} is too old; irkit supports opset >= {_MIN_OPSET}.")
+    start = time.perf_counter()
+    table = LoweringTable(custom_lowerings)
+    ep = exported_program
+    plan = make_plan(ep.graph, table)
+    inplace = needs_functionalization(ep.graph, plan)
+    if inplace:
+        logger.info(
+            "irkit.lower: %d in-place op(s) mutate inputs or aliased tensors (first: %s); "
+            "functionalizing the program.", len(inplace), inplace[0].name,
+        )
+        t0 = time.perf_counter()
+        ep = ep.run_decompositions({})  # returns a new program; the input is not modified
+        logger.info("irkit.lower: functionalization took %.2fs", time.perf_counter() - t0)
+        plan = make_plan(ep.graph, table)
+    logger.info("irkit.lower: plan %s", describe(plan))
+
+    recorder = Recorder(osv.Opset("", TORCHLIB_OPSET))
+    with _progress(len(ep.graph.nodes), verbose) as tick:
+        emitter = Emitter(ep, recorder, input_names=input_names, output_names=output_names,
+                          progress=tick)
+        graph = emitter.run(plan)
+    model = _assemble(graph, recorder)
+    if opset != TORCHLIB_OPSET:
+        _convert_opset(model, opset)
+    logger.info(
+        "irkit.lower: %d FX nodes -> %d ONNX nodes in %.2fs",
+        len(ep.graph.nodes), len(model.graph), time.perf_counter() - start,
+    )
+    return model
+
+
+def _assemble(graph: ir.Graph, recorder: Recorder) -> ir.Model:
+    graph.opset_imports[""] = TORCHLIB_OPSET
+    model = ir.Model(
+        graph, ir_version=IR_VERSION, producer_name=metadata.MODEL_PRODUCER,
+        producer_version=_version(),
+    )
+    if recorder.functions:
+        # The few torchlib functions written as onnxscript scripts were emitted as calls;
+        # inline exactly those (the call node's metadata is copied onto the inlined nodes).
+        domain = torchlib_constants.DOMAIN
+        for identifier, function in recorder.functions.items():
+            model.functions[identifier] = function
+        graph.opset_imports[domain] = 1
+        InlinePass(criteria=lambda f: f.domain == domain)(model)
+        for identifier in [i for i in model.functions if i[0] == domain]:
+            del model.functions[identifier]
+        graph.opset_imports.pop(domain, None)
+    return model
+
+
+def _convert_opset(model: ir.Model, opset: int) -> None:
+    from onnxscript.version_converter import convert_version
+
+    try:
+        convert_version(model, opset, fallback=True)
+    except Exception as exc:
+        raise IrkitError(
+            f"could not convert the model from opset {TORCHLIB_OPSET} to opset {opset}: {exc}. "
+            f"Fix: use opset >= {TORCHLIB_OPSET}."
+        ) from exc
+    model.graph.opset_imports[""] = opset
+
+
+def _version() -> str:
+    from irkit import __version__
+
+    return __version__
+
+
+class _progress:
+    """A tqdm bar on a terminal, periodic log lines otherwise; nothing unless ``verbose``."""
+
+    def __init__(self, total: int, verbose: bool):
+        self.total, self.verbose, self.done, self._bar, self._next_log = total, verbose, 0, None, 0.25
+
+    def __enter__(self) -> Callable[[int], None] | None:
+        if not self.verbose:
+            return None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=self.total, desc="irkit.lower", unit="node", leave=False)
+            except ImportError:
+                pass
+        return self._tick
+
+    def _tick(self, n: int) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.done >= self._next_log * self.total:
+            # Explicitly requested progress output (verbose=True) on a non-terminal.
+            sys.stderr.write(f"irkit.lower: {self.done}/{self.total} FX nodes lowered\n")
+            self._next_log += 0.25
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,152 @@
+"""irkit's own lowerings: only for aten overloads torchlib has no entry for.
+
+Each is small and, where it can, delegates to the torchlib function that does the real work
+(``__and__`` *is* ``bitwise_and``). Ops with a generic fallback (CompositeImplicit
+decompositions such as ``aten.diff``, in-place ops) are handled by the planner, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+__all__ = ["OwnLowering", "own_lowerings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnLowering:
+    """A lowering plus an optional plan-time test of whether it applies to an FX node.
+
+    When ``applies(node)`` is false the planner falls back to decomposing the node.
+    """
+
+    fn: Callable[..., Any]
+    applies: Callable[[torch.fx.Node], bool] | None = None
+
+
+def _no_output(*args: Any, **kwargs: Any) -> None:
+    """``_assert_tensor_metadata`` and friends check at trace time and compute nothing."""
+    return None
+
+
+def _cast_to(x: ir.Value, dtype: Any = None) -> ir.Value:
+    if dtype is None or dtype == -1 or dtype == x.dtype:
+        return x  # a no-op conversion emits nothing
+    return op.Cast(x, to=int(dtype))
+
+
+def _to_dtype(self, dtype=None, non_blocking=False, copy=False, memory_format=None):
+    return _cast_to(self, dtype)
+
+
+def _to_dtype_layout(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+                     non_blocking=False, copy=False, memory_format=None):
+    return _cast_to(self, dtype)
+
+
+def _to_device(self, device=None, dtype=None, non_blocking=False, copy=False, memory_format=None):
+    return _cast_to(self, dtype)
+
+
+def _to_other(self, other, non_blocking=False, copy=False, memory_format=None):
+    return _cast_to(self, other.dtype)
+
+
+def _batch_norm(native_no_training: Callable[..., Any]) -> Callable[..., Any]:
+    def lower(input, weight, bias, running_mean, running_var, training, momentum, eps,
+              cudnn_enabled=True):
+        return native_no_training(input, weight, bias, running_mean, running_var, momentum, eps)[0]
+
+    return lower
+
+
+def _batch_norm_applies(node: torch.fx.Node) -> bool:
+    training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training", False)
+    return training is False and node.args[3] is not None
+
+
+def _adaptive_avg_pool2d(x: ir.Value, output_size):
+    out_h, out_w = output_size
+    if (out_h, out_w) == (1, 1):
+        return op.GlobalAveragePool(x)
+    in_h, in_w = x.shape[-2], x.shape[-1]
+    kernel = [in_h // out_h, in_w // out_w]
+    return op.AveragePool(x, kernel_shape=kernel, strides=kernel)
+
+
+def _adaptive_avg_pool2d_applies(node: torch.fx.Node) -> bool:
+    """Global pooling, or static input sizes divisible by the output size."""
+    out = tuple(node.args[1])
+    if out == (1, 1):
+        return True
+    shape = node.args[0].meta["val"].shape
+    return all(
+        isinstance(i, int) and isinstance(o, int) and o > 0 and i % o == 0
+        for i, o in zip(shape[-2:], out, strict=False)
+    )
+
+
+def _split_sizes(x: ir.Value, split_size: int, dim: int) -> list[int]:
+    total = x.shape[dim]
+    return [min(split_size, total - start) for start in range(0, total, split_size)]
+
+
+def _split(x: ir.Value, sizes: list[int], dim: int):
+    if len(sizes) == 1:
+        return (op.Identity(x),)
+    if len(set(sizes)) == 1:
+        return op.Split(x, axis=dim, num_outputs=len(sizes))
+    return op.Split(x, op.Constant(value=ir.tensor(sizes, dtype=ir.DataType.INT64)), axis=dim)
+
+
+def _split_tensor(self, split_size, dim=0):
+    return _split(self, _split_sizes(self, split_size, dim), dim)
+
+
+def _split_with_sizes(self, split_sizes, dim=0):
+    return _split(self, list(split_sizes), dim)
+
+
+def _split_tensor_applies(node: torch.fx.Node) -> bool:
+    """torchlib emits SplitToSequence; a static size lets us emit a plain multi-output Split."""
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    size = node.args[0].meta["val"].shape[dim]
+    return isinstance(size, int) and isinstance(node.args[1], int) and node.args[1] > 0
+
+
+def _split_with_sizes_applies(node: torch.fx.Node) -> bool:
+    return all(isinstance(s, int) for s in node.args[1])
+
+
+def own_lowerings(
+    torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
+) -> dict[torch._ops.OpOverload, OwnLowering]:
+    """The table of irkit's own lowerings, delegating to ``torchlib``'s functions where it can."""
+    aten = torch.ops.aten
+    table = {
+        aten._assert_tensor_metadata.default: OwnLowering(_no_output),
+        aten._assert_scalar.default: OwnLowering(_no_output),
+        aten.to.dtype: OwnLowering(_to_dtype),
+        aten.to.dtype_layout: OwnLowering(_to_dtype_layout),
+        aten.to.device: OwnLowering(_to_device),
+        aten.to.other: OwnLowering(_to_other),
+        # Python's & | ^ on tensors are the bitwise ops (logical on bool).
+        aten.__and__.Tensor: OwnLowering(torchlib[aten.bitwise_and.Tensor]),
+        aten.__or__.Tensor: OwnLowering(torchlib[aten.bitwise_or.Tensor]),
+        aten.__xor__.Tensor: OwnLowering(torchlib[aten.bitwise_xor.Tensor]),
+        aten.split.Tensor: OwnLowering(_split_tensor, _split_tensor_applies),
+        aten.split_with_sizes.default: OwnLowering(_split_with_sizes, _split_with_sizes_applies),
+        aten.batch_norm.default: OwnLowering(
+            _batch_norm(torchlib[aten._native_batch_norm_legit_no_training.default]),
+            _batch_norm_applies,
+        ),
+        aten.adaptive_avg_pool2d.default: OwnLowering(
+            _adaptive_avg_pool2d, _adaptive_avg_pool2d_applies
+        ),
+    }
+    return table

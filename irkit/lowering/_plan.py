@@ -1,0 +1,170 @@
+"""Planning: decide every node's lowering before emitting anything.
+
+The plan finds *all* unsupported ops at once (one :class:`UnsupportedOpError` listing each op,
+its count and first occurrence), decomposes exactly the nodes that have no direct lowering
+(tracing the decomposition on the node's fake inputs, recursively planned), and tells whether
+the program's in-place ops can be handled by renaming or need functionalization.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from irkit.errors import LoweringError, UnsupportedOpError
+from irkit.lowering._registry import Choice, LoweringTable, Via
+from irkit.lowering._source import node_location
+
+__all__ = ["Plan", "make_plan", "needs_functionalization", "Decomposition"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_DECOMPOSITION_DEPTH = 4
+
+
+@dataclasses.dataclass
+class Decomposition:
+    """A node's decomposition traced into a small FX graph, with that graph's own plan."""
+
+    graph_module: torch.fx.GraphModule
+    plan: Plan
+
+
+@dataclasses.dataclass
+class Plan:
+    """Node → how it is lowered; decomposed nodes also carry their traced sub-graph."""
+
+    choices: dict[torch.fx.Node, Choice] = dataclasses.field(default_factory=dict)
+    decompositions: dict[torch.fx.Node, Decomposition] = dataclasses.field(default_factory=dict)
+
+    def histogram(self) -> collections.Counter[Via]:
+        counts: collections.Counter[Via] = collections.Counter(c.via for c in self.choices.values())
+        for sub in self.decompositions.values():
+            counts.update(sub.plan.histogram())
+        return counts
+
+
+def make_plan(graph: torch.fx.Graph, table: LoweringTable) -> Plan:
+    """Plan every ``call_function`` node of ``graph``.
+
+    Raises:
+        UnsupportedOpError: Listing every op without a lowering, in order of first occurrence.
+    """
+    missing: dict[str, list[torch.fx.Node]] = {}
+    plan = _plan_graph(graph, table, missing, depth=0)
+    if missing:
+        raise UnsupportedOpError(
+            [(name, len(nodes), nodes[0].name, node_location(nodes[0])) for name, nodes in missing.items()]
+        )
+    return plan
+
+
+def _plan_graph(
+    graph: torch.fx.Graph,
+    table: LoweringTable,
+    missing: dict[str, list[torch.fx.Node]],
+    depth: int,
+) -> Plan:
+    plan = Plan()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        choice = table.choose(node)
+        if choice is None:
+            missing.setdefault(_op_name(node.target), []).append(node)
+            continue
+        if choice.via is Via.INPLACE:
+            assert choice.functional is not None
+            functional = table.choose(node, target=choice.functional)
+            if functional is None or functional.via in (Via.INPLACE, Via.DECOMPOSE):
+                missing.setdefault(_op_name(node.target), []).append(node)
+                continue
+            choice = dataclasses.replace(functional, via=Via.INPLACE, functional=choice.functional)
+        plan.choices[node] = choice
+        if choice.via is Via.DECOMPOSE:
+            if depth >= _MAX_DECOMPOSITION_DEPTH:
+                missing.setdefault(_op_name(node.target), []).append(node)
+                continue
+            assert choice.fn is not None
+            gm = trace_decomposition(node, choice.fn)
+            sub_missing: dict[str, list[torch.fx.Node]] = {}
+            sub_plan = _plan_graph(gm.graph, table, sub_missing, depth + 1)
+            if sub_missing:
+                # Report the op the user wrote, not the internals of its decomposition.
+                missing.setdefault(_op_name(node.target), []).append(node)
+                continue
+            plan.decompositions[node] = Decomposition(gm, sub_plan)
+    return plan
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target._schema.name}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx.GraphModule:
+    """Trace ``fn`` (a decomposition of ``node.target``) on the node's fake inputs.
+
+    Raises:
+        LoweringError: The decomposition could not be traced.
+    """
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    is_node = [isinstance(a, torch.fx.Node) for a in flat]
+    fakes = [a.meta["val"] for a, n in zip(flat, is_node, strict=False) if n]
+
+    def call(*values: Any) -> Any:
+        it = iter(values)
+        full = [next(it) if n else a for a, n in zip(flat, is_node, strict=False)]
+        args, kwargs = pytree.tree_unflatten(full, spec)
+        return fn(*args, **kwargs)
+
+    fake_mode = detect_fake_mode(fakes)
+    try:
+        if fake_mode is None:
+            return make_fx(call, tracing_mode="fake")(*fakes)
+        with fake_mode:
+            return make_fx(call, tracing_mode="real")(*fakes)
+    except Exception as exc:
+        raise LoweringError(
+            f"could not trace the decomposition of {_op_name(node.target)}: {exc}. "
+            "Fix: pass a custom_lowerings entry for this op.",
+            fx_node=node.name, target=_op_name(node.target), source=node_location(node),
+        ) from exc
+
+
+def _is_view(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and bool(getattr(target, "is_view", False))
+
+
+def needs_functionalization(graph: torch.fx.Graph, plan: Plan) -> list[torch.fx.Node]:
+    """In-place nodes that renaming cannot handle (they mutate an input or an aliased tensor).
+
+    Renaming — later uses of the mutated tensor read the in-place op's result — is exact when
+    the mutated tensor is a fresh intermediate that no view shares. Otherwise the program must be
+    functionalized first.
+    """
+    bad = []
+    for node, choice in plan.choices.items():
+        if choice.via is not Via.INPLACE:
+            continue
+        mutated = node.args[0]
+        if not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or _is_view(mutated.target) or any(
+            _is_view(user.target) for user in mutated.users if user is not node
+        ):
+            bad.append(node)
+    return bad
+
+
+def describe(plan: Plan) -> str:
+    counts = plan.histogram()
+    return ", ".join(f"{via.value}: {n}" for via, n in sorted(counts.items(), key=lambda kv: kv[0].name))

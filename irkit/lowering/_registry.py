@@ -1,0 +1,168 @@
+"""Which lowering serves an FX node: custom table > irkit's own > torchlib > decomposition.
+
+Dispatch is on the node's target *object* (``torch.ops.aten.add.Tensor``), never its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from onnxscript.function_libs.torch_lib import registration
+
+from irkit.lowering._own import own_lowerings
+
+__all__ = ["Via", "Choice", "LoweringTable", "torchlib_table"]
+
+
+class Via(enum.Enum):
+    """How a node is lowered."""
+
+    CUSTOM = "custom lowering"
+    IRKIT = "irkit lowering"
+    TORCHLIB = "torchlib"
+    INPLACE = "functional counterpart of an in-place op"
+    DECOMPOSE = "decomposition"
+    GETITEM = "tuple element"
+    SKIP = "no computation"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The planner's decision for one node."""
+
+    via: Via
+    fn: Callable[..., Any] | None = None
+    functional: torch._ops.OpOverload | None = None  # for Via.INPLACE
+
+
+@dataclasses.dataclass(frozen=True)
+class _TorchlibEntry:
+    real: Callable[..., Any] | None
+    complex: Callable[..., Any] | None
+
+
+def _resolve(qualified_name: str) -> Any:
+    """``"aten::add.Tensor"`` → ``torch.ops.aten.add.Tensor``; ``_operator::mul`` → ``operator.mul``."""
+    namespace, _, rest = qualified_name.partition("::")
+    name, _, overload = rest.partition(".")
+    if namespace == "_operator":
+        return getattr(operator, name, None)
+    if namespace == "math":
+        return getattr(math, name, None)
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@functools.cache
+def _torchlib_entries() -> Mapping[Any, _TorchlibEntry]:
+    # Importing the ops module registers every torchlib function in the default registry.
+    from onnxscript.function_libs.torch_lib import ops  # noqa: F401
+
+    entries: dict[Any, _TorchlibEntry] = {}
+    for qualified_name, overloaded in registration.default_registry.items():
+        target = _resolve(qualified_name)
+        if target is None:
+            continue
+        real = overloaded.overloads[0] if overloaded.overloads else None
+        cplx = overloaded.complex[0] if overloaded.complex else None
+        entries[target] = _TorchlibEntry(real, cplx)
+    return entries
+
+
+def torchlib_table() -> Mapping[Any, Callable[..., Any]]:
+    """Target → torchlib's real-valued lowering (what irkit's own lowerings delegate to)."""
+    return {t: e.real for t, e in _torchlib_entries().items() if e.real is not None}
+
+
+def _has_complex_input(node: torch.fx.Node) -> bool:
+    for arg in node.all_input_nodes:
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype.is_complex:
+            return True
+    return False
+
+
+def _functional_counterpart(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``aten.add_.Tensor`` → ``aten.add.Tensor`` (in-place ops only)."""
+    schema = target._schema
+    name = schema.name.split("::")[-1]
+    if not (schema.is_mutable and name.endswith("_") and not name.endswith("__")):
+        return None
+    try:
+        packet = getattr(torch.ops.aten, name[:-1])
+        return getattr(packet, schema.overload_name or "default")
+    except AttributeError:
+        return None
+
+
+def _decomposition(target: torch._ops.OpOverload) -> Callable[..., Any] | None:
+    from torch._decomp import decomposition_table
+
+    fn = decomposition_table.get(target)
+    if fn is not None:
+        return fn
+    if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return target.decompose
+    return None
+
+
+class LoweringTable:
+    """Answers "how is this FX node lowered?" for one :func:`irkit.lower` call."""
+
+    def __init__(self, custom: Mapping[Any, Callable[..., Any]] | None):
+        self._custom = _expand_packets(custom or {})
+        entries = _torchlib_entries()
+        self._torchlib = entries
+        self._own = own_lowerings(torchlib_table())
+
+    def choose(self, node: torch.fx.Node, target: Any = None) -> Choice | None:
+        """The lowering of ``node`` (or of ``target`` applied to its arguments), or None.
+
+        None means no lowering at all, not even a decomposition.
+        """
+        target = node.target if target is None else target
+        if target is operator.getitem:
+            # A tuple element, or (when the producer returned an ONNX sequence) SequenceAt.
+            entry = self._torchlib.get(operator.getitem)
+            return Choice(Via.GETITEM, entry.real if entry else None)
+        fn = self._custom.get(target)
+        if fn is not None:
+            return Choice(Via.CUSTOM, fn)
+        own = self._own.get(target)
+        if own is not None and (own.applies is None or own.applies(node)):
+            return Choice(Via.IRKIT, own.fn)
+        entry = self._torchlib.get(target)
+        if entry is not None:
+            fn = entry.complex if _has_complex_input(node) else entry.real
+            if fn is not None:
+                return Choice(Via.TORCHLIB, fn)
+        if isinstance(target, torch._ops.OpOverload):
+            functional = _functional_counterpart(target)
+            if functional is not None:
+                return Choice(Via.INPLACE, functional=functional)
+            decomposition = _decomposition(target)
+            if decomposition is not None:
+                return Choice(Via.DECOMPOSE, decomposition)
+        return None
+
+
+def _expand_packets(custom: Mapping[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:
+    """Allow ``torch.ops.ns.op`` (a packet) as a key: it means every overload of it."""
+    table: dict[Any, Callable[..., Any]] = {}
+    for key, fn in custom.items():
+        if isinstance(key, torch._ops.OpOverloadPacket):
+            for overload in key.overloads():
+                table[getattr(key, overload)] = fn
+        else:
+            table[key] = fn
+    return table

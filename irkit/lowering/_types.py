@@ -1,0 +1,120 @@
+"""torch ↔ onnx-ir types: dtypes, (symbolic) shapes, and zero-copy tensor wrapping."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+import sympy
+import torch
+
+__all__ = ["DTYPES", "onnx_dtype", "SymbolNames", "torch_tensor_to_ir"]
+
+DTYPES: Mapping[torch.dtype, ir.DataType] = {
+    torch.float32: ir.DataType.FLOAT,
+    torch.float64: ir.DataType.DOUBLE,
+    torch.float16: ir.DataType.FLOAT16,
+    torch.bfloat16: ir.DataType.BFLOAT16,
+    torch.int8: ir.DataType.INT8,
+    torch.int16: ir.DataType.INT16,
+    torch.int32: ir.DataType.INT32,
+    torch.int64: ir.DataType.INT64,
+    torch.uint8: ir.DataType.UINT8,
+    torch.uint16: ir.DataType.UINT16,
+    torch.uint32: ir.DataType.UINT32,
+    torch.uint64: ir.DataType.UINT64,
+    torch.bool: ir.DataType.BOOL,
+    torch.complex64: ir.DataType.COMPLEX64,
+    torch.complex128: ir.DataType.COMPLEX128,
+    torch.float8_e4m3fn: ir.DataType.FLOAT8E4M3FN,
+    torch.float8_e4m3fnuz: ir.DataType.FLOAT8E4M3FNUZ,
+    torch.float8_e5m2: ir.DataType.FLOAT8E5M2,
+    torch.float8_e5m2fnuz: ir.DataType.FLOAT8E5M2FNUZ,
+}
+
+# dtypes numpy cannot hold natively: reinterpret the storage as an unsigned int of equal width.
+_BITCAST: Mapping[torch.dtype, torch.dtype] = {
+    torch.bfloat16: torch.uint16,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e4m3fnuz: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+    torch.float8_e5m2fnuz: torch.uint8,
+}
+
+
+def onnx_dtype(dtype: torch.dtype) -> ir.DataType:
+    """The ONNX dtype of a torch dtype; raises ``KeyError`` for unsupported ones."""
+    return DTYPES[dtype]
+
+
+class SymbolNames:
+    """Names symbolic dims after the user's ``torch.export.Dim`` names.
+
+    torch names shape symbols ``s77``; the user wrote ``Dim("batch")``. The shape environment
+    remembers which input dim each symbol came from and the Dim's name; this class maps the
+    former to the latter and renders derived expressions (``2*s77``) with them (``2*batch``).
+    """
+
+    def __init__(self, exported_program: torch.export.ExportedProgram):
+        self._names: dict[sympy.Symbol, sympy.Symbol] = {}
+        self._cache: dict[str, str] = {}
+        shape_env = _find_shape_env(exported_program)
+        if shape_env is None:
+            return
+        debug_names: Mapping[str, str] = getattr(shape_env, "source_name_to_debug_name", {})
+        for source, symbol in getattr(shape_env, "source_to_var", {}).items():
+            name = debug_names.get(source)
+            if name and isinstance(symbol, sympy.Symbol):
+                self._names[symbol] = sympy.Symbol(name, integer=True, positive=True)
+
+    def dim(self, size: int | torch.SymInt) -> int | str:
+        """An ONNX dim: an int for static sizes, a dim_param name for symbolic ones."""
+        if isinstance(size, int):
+            return size
+        expr = size.node.expr
+        if isinstance(expr, sympy.Integer):
+            return int(expr)
+        key = str(expr)
+        name = self._cache.get(key)
+        if name is None:
+            name = str(expr.xreplace(self._names)) if self._names else key
+            self._cache[key] = name
+        return name
+
+    def shape(self, sizes: torch.Size | tuple[int | torch.SymInt, ...]) -> ir.Shape:
+        return ir.Shape([self.dim(s) for s in sizes])
+
+
+def _find_shape_env(ep: torch.export.ExportedProgram):
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for size in val.shape:
+                if isinstance(size, torch.SymInt):
+                    return size.node.shape_env
+    return None
+
+
+def torch_tensor_to_ir(tensor: torch.Tensor, name: str) -> ir.Tensor:
+    """Wrap a real torch tensor as an ``ir.Tensor`` *without copying* its data.
+
+    The numpy array shares the tensor's storage (contiguous CPU tensors); dtypes numpy lacks are
+    reinterpreted bitwise through an unsigned view of the same storage.
+    """
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.dtype.is_complex:
+        tensor = torch.view_as_real(tensor)  # torchlib's representation of complex tensors
+    dtype = onnx_dtype(tensor.dtype)
+    bitcast = _BITCAST.get(tensor.dtype)
+    if bitcast is not None:
+        array = tensor.view(bitcast).numpy().view(dtype.numpy())
+    else:
+        array = tensor.numpy()
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return ir.Tensor(array, dtype=dtype, name=name)

@@ -1,0 +1,132 @@
+"""Custom lowerings, irkit's own lowerings, decompositions and in-place ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from onnxscript import opset18 as op
+
+import irkit
+from tests import helpers
+from tests.lowering.test_errors import TwoUnsupported
+
+
+def _check(module, args, model, atol=1e-5):
+    with torch.no_grad():
+        expected = helpers.flatten_outputs(module(*args))
+    helpers.assert_close(helpers.run_ort(model, args), expected, atol)
+
+
+def test_custom_lowering_of_torch_library_ops_end_to_end():
+    def frob(x):
+        return op.Add(op.Mul(x, op.CastLike(2.0, x)), op.CastLike(1.0, x))
+
+    def twiddle(x, k):
+        return op.Add(x, op.CastLike(float(k), x))
+
+    module, args = TwoUnsupported(), (torch.randn(2, 3),)
+    ep = torch.export.export(module, args)
+    model = irkit.lower(
+        ep,
+        custom_lowerings={
+            torch.ops.irkit_test.frob.default: frob,
+            torch.ops.irkit_test.twiddle: twiddle,  # a packet means every overload
+        },
+    )
+    _check(module, args, model)
+    assert helpers.op_histogram(model.graph) == {"Add": 3, "CastLike": 5, "Constant": 5, "Mul": 2, "Relu": 1}
+
+
+def test_custom_lowering_wins_over_torchlib():
+    module, args = torch.nn.ReLU(), (torch.randn(3, 4),)
+    model = irkit.lower(
+        torch.export.export(module, args),
+        custom_lowerings={torch.ops.aten.relu.default: lambda x: op.Max(x, op.CastLike(0.0, x))},
+    )
+    assert helpers.op_histogram(model.graph) == {"CastLike": 1, "Constant": 1, "Max": 1}
+    _check(module, args, model)
+
+
+class InPlace(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        y.add_(1)          # mutates a fresh intermediate: lowered by renaming
+        y.mul_(y)
+        return y + x
+
+
+def test_inplace_ops_on_intermediates_are_renamed_not_functionalized(caplog):
+    module, args = InPlace(), (torch.randn(4),)
+    ep = torch.export.export(module, args)
+    assert any(n.target == torch.ops.aten.add_.Tensor for n in ep.graph.nodes)
+    with caplog.at_level("INFO", logger="irkit"):
+        model = irkit.lower(ep)
+    assert "functionalizing" not in caplog.text
+    _check(module, args, model)
+
+
+class InPlaceOnView(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y[0].add_(10)      # mutates a view: y changes too
+        return y * 1
+
+
+def test_inplace_op_on_a_view_falls_back_to_functionalization(caplog):
+    module, args = InPlaceOnView(), (torch.randn(3, 2),)
+    ep = torch.export.export(module, args)
+    with caplog.at_level("INFO", logger="irkit"):
+        model = irkit.lower(ep)
+    assert "functionalizing" in caplog.text
+    _check(module, args, model)
+
+
+def test_decomposition_is_per_node_and_only_where_needed(caplog):
+    class Diff(torch.nn.Module):
+        def forward(self, x):
+            return torch.diff(x, dim=-1).relu()
+
+    module, args = Diff(), (torch.randn(2, 5),)
+    ep = torch.export.export(module, args)
+    with caplog.at_level("INFO", logger="irkit"):
+        model = irkit.lower(ep)
+    assert "decomposition: 1" in caplog.text
+    _check(module, args, model)
+    # The decomposition's nodes carry the FX node they came from.
+    from irkit import metadata
+
+    assert {n.metadata_props[metadata.FX_NODE] for n in model.graph if n.op_type != "Relu"} == {"diff"}
+
+
+def test_batch_norm_and_adaptive_pool_own_lowerings():
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.AdaptiveAvgPool2d((2, 3))
+    ).eval()
+    module[1].running_mean.uniform_(-1, 1)
+    args = (torch.randn(2, 3, 6, 8),)
+    model = irkit.lower(torch.export.export(module, args))
+    hist = helpers.op_histogram(model.graph)
+    assert hist["BatchNormalization"] == 1 and hist["AveragePool"] == 1
+    _check(module, args, model)
+
+
+def test_bool_cumsum_promotes_like_torch():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x > 0, dim=-1)
+
+    module, args = M(), (torch.randn(2, 6),)
+    model = irkit.lower(torch.export.export(module, args))
+    out = helpers.run_ort(model, args)[0]
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, module(*args).numpy())
+
+
+def test_opset_selection_and_downconversion():
+    module, args = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()), (torch.randn(2, 4),)
+    ep = torch.export.export(module, args)
+    for opset in (17, 18, 21):
+        model = irkit.lower(ep, opset=opset)
+        assert model.opset_imports[""] == opset
+        _check(module, args, model)
+    assert irkit.lower(ep).opset_imports[""] == 23
