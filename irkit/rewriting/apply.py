@@ -130,10 +130,7 @@ def rewrite(
 
 def count_nodes(model: ir.Model) -> int:
     """Nodes of the main graph plus all function bodies (subgraphs included)."""
-    total = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
-    for f in model.functions.values():
-        total += sum(1 for _ in ir.traversal.RecursiveGraphIterator(f))
-    return total
+    return sum(len(g) for g, _ in _graph_likes(model))
 
 
 def _subgraphs(graph_like: GraphLike) -> Iterator[ir.Graph]:

@@ -158,6 +158,23 @@ class Matcher:
             raise ValueError("a pattern's first output must be produced by an op")
         anchor = self.outputs[0].node if isinstance(self.outputs[0], NodeOutput) else None
         self.roots = [r for r in root_nodes(self.outputs[1:]) if r is not anchor]
+        # Variables of each Either / OptionalInput, computed once (not per attempt).
+        self._vars: dict[int, tuple[str, ...]] = {}
+        for o in self.outputs:
+            self._collect_vars(o)
+
+    def _collect_vars(self, p: Pattern | None) -> None:
+        if isinstance(p, (Either, OptionalInput)) and id(p) not in self._vars:
+            self._vars[id(p)] = tuple(dict.fromkeys(p.variables()))
+        children: tuple[Pattern | None, ...] = ()
+        if isinstance(p, NodeOutput):
+            children = p.node.inputs
+        elif isinstance(p, Either):
+            children = p.alternatives
+        elif isinstance(p, OptionalInput):
+            children = (p.inner,)
+        for c in children:
+            self._collect_vars(c)
 
     def solutions(self, node: ir.Node, opset: int) -> Iterator[Match | MatchFailure]:
         """Yield each complete structural match anchored at ``node`` (then the last failure)."""
@@ -241,7 +258,7 @@ class Matcher:
                 st.fail(f"expected constant {p}", v)
         elif kind is Either:
             for alt in p.alternatives:  # type: ignore[union-attr]
-                added = [n for n in set(p.variables()) if n not in st.bindings]
+                added = [n for n in self._vars[id(p)] if n not in st.bindings]
                 for _ in self._match_value(alt, v, st):
                     missing = [n for n in added if n not in st.bindings]
                     for n in missing:
@@ -251,7 +268,7 @@ class Matcher:
                         del st.bindings[n]
         elif kind is OptionalInput:
             if v is None:
-                new = [n for n in set(p.variables()) if n not in st.bindings]
+                new = [n for n in self._vars[id(p)] if n not in st.bindings]
                 for n in new:
                     st.bindings[n] = None
                 yield

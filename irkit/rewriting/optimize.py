@@ -113,14 +113,12 @@ def optimize(
         from onnxscript.optimizer import fold_constants as fold
 
         timed("fold_constants", lambda: fold(model))
-    timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     t0 = time.perf_counter()
     report = rewrite(model, rule_set, max_opset=opset, explain=explain)
     timings["rewrite"] = time.perf_counter() - t0
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     timed("cse", lambda: _cse(model))
     timed("dedupe_initializers", lambda: common_passes.DeduplicateInitializersPass()(model))
-    timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
     report.passes = timings
     report.nodes_before = nodes_before
