@@ -69,8 +69,9 @@ def optimize(
 
     Steps: constant folding (``onnxscript.optimizer`` ``FoldConstantsPass``, which never inlines),
     :func:`irkit.rewrite` with the target's default rules (or ``rules``), unused-node removal,
-    common-subexpression elimination (main graph and every function body), initializer
-    deduplication, unused-function removal. Local functions are kept: the hierarchy survives.
+    common-subexpression elimination (main graph and every function body), lifting the main
+    graph's ``Constant`` nodes to initializers, initializer deduplication, unused-function
+    removal. Local functions are kept: the hierarchy survives.
 
     Args:
         model: The model; modified in place.
@@ -118,6 +119,9 @@ def optimize(
     timings["rewrite"] = time.perf_counter() - t0
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     timed("cse", lambda: _cse(model))
+    # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
+    timed("lift_constants", lambda: common_passes.LiftConstantsToInitializersPass(
+        lift_all_constants=True, size_limit=0)(model))
     timed("dedupe_initializers", lambda: common_passes.DeduplicateInitializersPass()(model))
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
     report.passes = timings
