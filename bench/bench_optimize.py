@@ -78,7 +78,7 @@ def _slope(points: list[tuple[int, float]]) -> float:
     xs = [math.log(n) for n, _ in points]
     ys = [math.log(t) for _, t in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 def main() -> None:

@@ -31,12 +31,16 @@ from irkit.rewriting import (
     RewriteReport,
     Rule,
     RuleSet,
+    attr,
+    either,
     fail,
     node_rule,
+    op,
     optimize,
+    optional,
     rewrite,
+    var,
 )
-from irkit.rewriting import op as pattern_op
 
 __version__ = "0.1.0"
 
@@ -53,7 +57,11 @@ __all__ = [
     "node_rule",
     "ModuleRule",
     "RewriteReport",
-    "pattern_op",
+    "op",
+    "var",
+    "attr",
+    "either",
+    "optional",
     "fail",
     "errors",
     "metadata",

@@ -72,7 +72,7 @@ def _expand_is_noop(x: ir.Value, shape: ir.Value):
         return fail("input shape unknown", x)
     if len(target) > len(xd):
         return fail("expand adds dimensions", shape)
-    for t, d in zip(reversed(target), reversed(xd)):
+    for t, d in zip(reversed(target), reversed(xd), strict=False):
         if t != 1 and t != d:
             return fail(f"expand changes a dim {d} to {t}", shape)
     return True

@@ -40,7 +40,7 @@ def _check(a: ir.Value, b: ir.Value, c: ir.Value):
     if a.dtype not in _GEMM_TYPES:
         return fail(f"dtype {a.dtype} not supported by Gemm", a)
     m, n = da[0], db[1]
-    for d, want in zip(reversed(dc), (n, m)):
+    for d, want in zip(reversed(dc), (n, m), strict=False):
         if d != 1 and (d is None or d != want):
             return fail(f"bias dim {d} does not broadcast to the {m}x{n} product", c)
     return True

@@ -15,7 +15,15 @@ from irkit.rewriting.module_rule import ModuleCall, ModuleRule
 from irkit.rewriting.optimize import optimize
 from irkit.rewriting.pattern import Const, attr, either, op, optional, var
 from irkit.rewriting.report import NearMiss, RewriteReport, RuleStats
-from irkit.rewriting.rule import BaseRule, NodeRule, Rewrite, RewriteContext, Rule, RuleSet, node_rule
+from irkit.rewriting.rule import (
+    BaseRule,
+    NodeRule,
+    Rewrite,
+    RewriteContext,
+    Rule,
+    RuleSet,
+    node_rule,
+)
 
 __all__ = [
     "rewrite",

@@ -306,7 +306,7 @@ def commit(
     extra: list[ir.Node] = []
     new_set = set(new_nodes)
     renames: list[tuple[ir.Value, str]] = []
-    for old, new in zip(match.outputs, result.outputs):
+    for old, new in zip(match.outputs, result.outputs, strict=True):
         if new is old:
             continue
         if new is None:

@@ -69,4 +69,4 @@ def const_ints(value: ir.Value | None) -> list[int] | None:
 
 def same_dims(a: Sequence[int | str | None], b: Sequence[int | str | None]) -> bool:
     """Equal dims, where symbolic dims are equal only by name and None equals nothing."""
-    return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b))
+    return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b, strict=True))

@@ -185,3 +185,15 @@ g (float[4,8] x, float[8,8] wm, float[8] bias, float[8] w, float[8] b) => (float
 def test_call_metadata_is_json_frame():
     frame = metadata.Frame("layers.0", 0, "m.Block")
     assert metadata.Frame.from_json(json.loads(json.dumps(frame.to_json()))) == frame
+
+
+def test_rewriting_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, irkit, irkit.rewriting, rewrites, onnx_ir as ir\n"
+            "m = ir.from_onnx_text('<ir_version: 10, opset_import: [\"\" : 20]>\\n"
+            "g (float[2] x) => (float[2] y) { t = Identity(x)  y = Relu(t) }')\n"
+            "irkit.optimize(m)\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(util.GOLDEN.parents[2]))

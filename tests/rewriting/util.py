@@ -61,7 +61,7 @@ def assert_same_numbers(before: ir.Model, after: ir.Model, atol: float = 1e-5, s
     expected = run_ort(before, inputs)
     actual = run_ort(after, inputs)
     assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
         assert a.shape == e.shape and a.dtype == e.dtype
         np.testing.assert_allclose(a, e, atol=atol, rtol=1e-4)
 
