@@ -32,14 +32,23 @@ def _keeps_graph_io(match, x: ir.Value):  # noqa: ANN001 - Match
     return True
 
 
-def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
-    """The resolved target dims of Reshape(x, shape), or a failure."""
+def _target_and_dims(x: ir.Value, shape: ir.Value):
+    """(constant target shape, dims of x), or a failure."""
     target = const_ints(shape)
     if target is None:
         return fail("shape is not a constant", shape)
     xd = dims(x)
     if xd is None:
         return fail("input shape unknown", x)
+    return target, xd
+
+
+def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
+    """The resolved target dims of Reshape(x, shape), or a failure."""
+    known = _target_and_dims(x, shape)
+    if not known:
+        return known
+    target, xd = known
     if len(target) != len(xd):
         return fail("reshape changes the rank", shape)
     resolved: list[object] = []
@@ -64,12 +73,10 @@ def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None):
 
 
 def _expand_is_noop(x: ir.Value, shape: ir.Value):
-    target = const_ints(shape)
-    if target is None:
-        return fail("shape is not a constant", shape)
-    xd = dims(x)
-    if xd is None:
-        return fail("input shape unknown", x)
+    known = _target_and_dims(x, shape)
+    if not known:
+        return known
+    target, xd = known
     if len(target) > len(xd):
         return fail("expand adds dimensions", shape)
     for t, d in zip(reversed(target), reversed(xd), strict=False):
