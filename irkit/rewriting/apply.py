@@ -11,6 +11,7 @@ consumers of their outputs — is re-enqueued. Work is proportional to the graph
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -158,8 +159,12 @@ def _graph_likes(model: ir.Model) -> Iterator[tuple[GraphLike, str | None]]:
 
 
 def _where(node: ir.Node, fallback: str | None) -> str:
+    """Where a node is, for reports: its function, else the module call it is or belongs to."""
     if fallback is not None:
         return fallback
+    call = node.metadata_props.get(metadata.CALL_MODULE)
+    if call:
+        return metadata.Frame.from_json(json.loads(call)).call_id
     scope = metadata.node_scope(node.metadata_props)
     return scope[-1].call_id if scope else ""
 

@@ -51,7 +51,9 @@ def test_replace_every_call_by_a_kernel():
     )
     report = irkit.rewrite(m, rule)
     assert report.fired == {"RMSNormKernel": 3}
-    assert report.rules["RMSNormKernel"].where == {"layers.0": 1, "layers.1": 1, "layers.2": 1}
+    assert report.rules["RMSNormKernel"].where == {
+        "layers.0.input_layernorm": 1, "layers.1.input_layernorm": 1, "layers.2.input_layernorm": 1
+    }
     assert util.ops(m) == {"SimplifiedLayerNormalization": 3}
     node = m.graph.node(1)
     assert json.loads(node.metadata_props[metadata.CALL_MODULE])[0] == "layers.1.input_layernorm"

@@ -58,3 +58,23 @@ def test_unknown_target():
     with pytest.raises(irkit.RewriteError) as info:
         irkit.optimize(model, target="tpu")
     assert str(info.value) == "unknown optimize target 'tpu'; known targets: ['onnx']"
+
+
+def test_llama_after_outlining_fuses_inside_the_shared_body():
+    """lower → outline → optimize: the norm is fused once in the LlamaRMSNorm function body."""
+    if not hasattr(irkit, "outline"):
+        pytest.skip("irkit.outline is not on this branch yet")
+    zm = zoo.load("llama")
+    model = irkit.lower(zoo.export("llama"))
+    irkit.outline(model)
+    functions_before = set(model.functions)
+    report = irkit.optimize(model)
+    assert report.fired["RMSNormalization"] == 1
+    assert report.rules["RMSNormalization"].where == {
+        "transformers.models.llama::LlamaRMSNorm": 1
+    }
+    assert set(model.functions) == functions_before  # the hierarchy survives
+    body = model.functions[("transformers.models.llama", "LlamaRMSNorm", "")]
+    assert [n.op_type for n in body if n.op_type != "Constant"] == ["RMSNormalization"]
+    out = run_ort(model, [a.numpy() for a in zm.args])
+    assert_close(out, flatten_outputs(zm.eager()), FP32_ATOL)
