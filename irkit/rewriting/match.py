@@ -37,6 +37,8 @@ __all__ = ["MatchFailure", "Match", "Matcher", "fail", "const_value"]
 _UNBOUND = object()
 MAX_SOLUTIONS = 16
 """Structural matches tried per anchor before giving up (bounds pathological backtracking)."""
+MAX_STEPS = 4096
+"""Node comparisons per anchor before giving up (bounds backtracking over commutative chains)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +133,7 @@ def const_value(value: ir.Value | None) -> np.ndarray | None:
 
 
 class _State:
-    __slots__ = ("bindings", "nodes", "depth", "failure", "opset")
+    __slots__ = ("bindings", "nodes", "depth", "failure", "opset", "steps")
 
     def __init__(self, opset: int):
         self.bindings: dict[str, Any] = {}
@@ -139,6 +141,7 @@ class _State:
         self.depth = 0
         self.failure: MatchFailure | None = None
         self.opset = opset
+        self.steps = 0
 
     def fail(self, reason: str, value: ir.Value | None = None, node: ir.Node | None = None):
         if self.failure is None or self.depth > self.failure.depth:
@@ -302,6 +305,10 @@ class Matcher:
 
     # --- nodes -----------------------------------------------------------------------------
     def _match_node(self, p: NodePattern, node: ir.Node, st: _State) -> Iterator[None]:
+        st.steps += 1
+        if st.steps > MAX_STEPS:
+            st.fail(f"match abandoned after {MAX_STEPS} steps", None, node)
+            return
         seen = st.nodes.get(p)
         if seen is not None:
             if seen is node:

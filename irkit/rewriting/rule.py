@@ -32,7 +32,6 @@ from irkit.errors import RuleDefinitionError
 from irkit.rewriting.builder import RewriteBuilder
 from irkit.rewriting.match import Match, Matcher, MatchFailure
 from irkit.rewriting.pattern import (
-    NodeOutput,
     Pattern,
     PatternBuilder,
     Var,
@@ -154,7 +153,6 @@ class Rule(BaseRule):
             pattern is malformed.
 
     Example:
-        >>> from irkit.rewriting import op as P
         >>> r = Rule("SiLU", lambda op, x: op.Mul(x, op.Sigmoid(x)), lambda op, x: op.Swish(x))
         >>> print(r)
         SiLU: Mul(x, Sigmoid(x)) ⇒ Swish(x)
@@ -205,9 +203,7 @@ class Rule(BaseRule):
                 raise RuleDefinitionError(
                     f"rule {self.name!r}: the pattern must be built with op.X(...), got {o!r}"
                 )
-        if not isinstance(outputs[0], Pattern) or anchor_ops(outputs[0]) is None and not isinstance(
-            outputs[0], NodeOutput
-        ):
+        if anchor_ops(outputs[0]) is None:
             raise RuleDefinitionError(
                 f"rule {self.name!r}: the pattern's (first) output must be an op, got {outputs[0]}"
             )
@@ -240,7 +236,7 @@ class Rule(BaseRule):
             if self._check is not None:
                 verdict = _call(self._check, *self._check_params, env)  # type: ignore[misc]
                 if verdict is False or verdict is None:
-                    verdict = MatchFailure("check returned False", None, node)
+                    verdict = MatchFailure(f"check returned {verdict}", None, node)
                 if isinstance(verdict, MatchFailure):
                     last = dataclasses.replace(verdict, depth=len(result.nodes) + 1)
                     continue

@@ -179,3 +179,21 @@ def test_explain_unknown_rule():
     m = _m("g (float[4] x) => (float[4] z) { z = Relu(x) }")
     with pytest.raises(irkit.RewriteError, match="explain='Nope' names no rule"):
         irkit.rewrite(m, SILU, explain="Nope")
+
+
+def test_commutative_chain_backtracking_is_local():
+    """Add(Add(Add(Add(a, b), c), d), e) matched against the mirrored graph order."""
+    names = "abcde"
+    pat = var("a")
+    for v in names[1:]:
+        pat = op.Add(pat, var(v))
+    rule = Rule("Sum5", pat, lambda op, a, b, c, d, e: op.Sum(a, b, c, d, e))
+    body, prev = [], "a"
+    for i, v in enumerate(names[1:]):
+        body.append(f"s{i} = Add({v}, {prev})")
+        prev = f"s{i}"
+    m = _m(f"g ({', '.join(f'float[4] {v}' for v in names)}) => (float[4] {prev}) "
+           f"{{ {'  '.join(body)} }}")
+    before = util.clone(m)
+    assert irkit.rewrite(m, rule).fired == {"Sum5": 1}
+    util.assert_same_numbers(before, m)
