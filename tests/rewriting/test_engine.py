@@ -197,3 +197,14 @@ def test_rewriting_does_not_import_torch():
             "irkit.optimize(m)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(util.GOLDEN.parents[2]))
+
+
+def test_validity_check_catches_a_stale_shape():
+    """The helper every rule test runs would reject a value whose recorded shape is stale."""
+    m = util.model('<ir_version: 10, opset_import: ["" : 18]>\n'
+                   "g (float[2,3] x) => (float[3,2] y) { t = Relu(x)  y = Transpose<perm=[1,0]>(t) }")
+    util.assert_valid(m)
+    t = m.graph.node(0).outputs[0]
+    t.type, t.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([3, 2])  # stale: Relu keeps [2, 3]
+    with pytest.raises(Exception, match="(?i)inferred shape and existing shape differ"):
+        util.assert_valid(m)
