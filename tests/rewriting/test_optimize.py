@@ -78,3 +78,27 @@ def test_llama_after_outlining_fuses_inside_the_shared_body():
     assert [n.op_type for n in body if n.op_type != "Constant"] == ["RMSNormalization"]
     out = run_ort(model, [a.numpy() for a in zm.args])
     assert_close(out, flatten_outputs(zm.eager()), FP32_ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "fired"),
+    [
+        ("cnn", {}),
+        ("t5", {"RMSNormalization": 12}),
+        ("whisper", {"GeluErf": 6}),
+        ("gpt2_dynamic", {"GeluTanh": 2}),
+    ],
+)
+def test_zoo_models_stay_correct(name, fired):
+    """Valid, same numbers as eager PyTorch, and the expected fusions fired (dynamic dims too)."""
+    zm = zoo.load(name)
+    model = irkit.lower(zoo.export(name))
+    report = irkit.optimize(model)
+    util.assert_valid(model)
+    for rule, count in fired.items():
+        assert report.fired[rule] == count
+    assert report.nodes_after < report.nodes_before
+    values = [*zm.args, *zm.kwargs.values()]
+    feeds = {i.name: v.numpy() for i, v in zip(model.graph.inputs, values, strict=True)}
+    assert_close(run_ort(model, feeds), flatten_outputs(zm.eager()), 2e-4)
