@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -72,8 +73,8 @@ def main() -> None:
         ep = zoo.export(name)
         fx_nodes = len(ep.graph.nodes)
         onnx_nodes = len(irkit.lower(ep).graph)
-        t_irkit = _best(lambda: _irkit(ep, tmp / f"{name}_i.onnx"), repeat)
-        t_anchor = _best(lambda: _anchor(ep, tmp / f"{name}_a.onnx"), 1)
+        t_irkit = _best(functools.partial(_irkit, ep, tmp / f"{name}_i.onnx"), repeat)
+        t_anchor = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), 1)
         print(
             f"{name:10} {fx_nodes:8d} {onnx_nodes:6d} {t_irkit:9.3f} {t_anchor:9.3f} "
             f"{t_anchor / t_irkit:6.1f}x {fx_nodes / t_irkit:14.0f}"

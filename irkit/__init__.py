@@ -25,6 +25,22 @@ from irkit.errors import (
     UnsupportedOpError,
 )
 from irkit.lowering import lower
+from irkit.rewriting import (
+    ModuleRule,
+    NodeRule,
+    RewriteReport,
+    Rule,
+    RuleSet,
+    attr,
+    either,
+    fail,
+    node_rule,
+    op,
+    optimize,
+    optional,
+    rewrite,
+    var,
+)
 
 __version__ = "0.1.0"
 
@@ -33,6 +49,20 @@ __all__ = [
     "save",
     "load",
     "check",
+    "rewrite",
+    "optimize",
+    "Rule",
+    "RuleSet",
+    "NodeRule",
+    "node_rule",
+    "ModuleRule",
+    "RewriteReport",
+    "op",
+    "var",
+    "attr",
+    "either",
+    "optional",
+    "fail",
     "errors",
     "metadata",
     "IrkitError",
