@@ -29,6 +29,10 @@ __all__ = [
 ]
 
 
+MAX_NODE_LINES = 12
+"""Node lines shown per module in the text diff."""
+
+
 def _signature(node: ir.Node) -> tuple[object, ...]:
     attrs = tuple(sorted((a.name, repr(a.value)) for a in node.attributes.values()))
     return (node.domain, node.op_type, node.overload, attrs, len(node.inputs), len(node.outputs))
@@ -183,23 +187,50 @@ def diff_summaries(a: ModelSummary, b: ModelSummary) -> ModelDiff:
         pair = (ca.body.key, cb.body.key)
         if pair not in cache:
             cache[pair] = diff_bodies(ca.body.graph, cb.body.graph)
-        if cache[pair]:
-            modules.append(ModuleDiff(path, cb.class_name, "changed", cache[pair], ca, cb))
+        if not cache[pair]:
+            continue
+        module = ModuleDiff(path, cb.class_name, "changed", cache[pair], ca, cb)
+        modules.extend(_split_by_scope(module) if ca.node is None else [module])
     delta = Counter(b.root.body.ops)
     delta.subtract(a.root.body.ops)
     return ModelDiff(a, b, modules, Counter({k: v for k, v in delta.items() if v}))
+
+
+def _scope_key(node: ir.Node) -> tuple[str, str]:
+    try:
+        scope = metadata.node_scope(node.metadata_props)
+    except (ValueError, TypeError):
+        scope = ()
+    return (scope[-1].call_id, scope[-1].class_name) if scope else ("", "")
+
+
+def _split_by_scope(main: ModuleDiff) -> list[ModuleDiff]:
+    """Attribute main-graph changes to the modules named by the nodes' ``irkit.scope`` (a flat
+    model, or nodes left inline); nodes without scope stay with the main graph."""
+    parts: dict[str, ModuleDiff] = {}
+
+    def part(node: ir.Node) -> BodyDiff:
+        path, cls = _scope_key(node)
+        if path not in parts:
+            parts[path] = ModuleDiff(path, cls or main.cls, "changed", BodyDiff(), main.a, main.b)
+        return parts[path].body
+
+    for node in main.body.removed:
+        part(node).removed.append(node)
+    for node in main.body.added:
+        part(node).added.append(node)
+    for old, new in main.body.changed:
+        part(new).changed.append((old, new))
+    return list(parts.values())
 
 
 def delta_text(delta: Counter[str]) -> str:
     return ", ".join(f"{k} {v:+d}" for k, v in sorted(delta.items(), key=lambda kv: (kv[1], kv[0])))
 
 
-def node_text(node: ir.Node, with_scope: bool = False) -> str:
-    """``Op  name  [rule r]``; ``with_scope`` adds the node's module from ``irkit.scope`` (used in
-    the main graph, where a flat model's nodes keep their own module)."""
+def node_text(node: ir.Node) -> str:
+    """``Op  name  [rule r]``."""
     text = f"{_op(node)}  {node.name or '(unnamed)'}"
-    if with_scope and (scope := metadata.node_scope(node.metadata_props)):
-        text += f"  (in {scope[-1].call_id})"
     rule = node.metadata_props.get(metadata.REWRITE_RULE)
     return text + (f"  [rule {rule}]" if rule else "")
 
@@ -236,11 +267,14 @@ def render_diff_text(diff: ModelDiff, color: bool = False) -> str:
             )
             continue
         lines.append(head + delta_text(m.body.ops_delta) + (" each" if len(group) > 1 else ""))
-        main = m.path == ""
-        lines.extend(s(f"    - {node_text(n, main)}", "red") for n in m.body.removed)
-        lines.extend(s(f"    + {node_text(n, main)}", "green") for n in m.body.added)
-        for old, new in m.body.changed:
-            lines.append(s(f"    ~ {node_text(old, main)} → {_op(new)}", "yellow"))
+        items = [s(f"    - {node_text(n)}", "red") for n in m.body.removed]
+        items += [s(f"    + {node_text(n)}", "green") for n in m.body.added]
+        items += [s(f"    ~ {node_text(x)} → {_op(y)}", "yellow") for x, y in m.body.changed]
+        lines.extend(items[:MAX_NODE_LINES])
+        if len(items) > MAX_NODE_LINES:
+            lines.append(
+                s(f"    … {len(items) - MAX_NODE_LINES} more (--format json lists all)", "dim")
+            )
     return "\n".join(lines) + "\n"
 
 

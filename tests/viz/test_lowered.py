@@ -71,8 +71,35 @@ def test_diff_of_flat_models_names_modules_from_scopes(lowered, tmp_path):
     module = metadata.node_scope(softmax.metadata_props)[-1].call_id
     irkit.save(other, tmp_path / "changed.onnx")
     text = run_cli(path, "--diff", tmp_path / "changed.onnx").stdout
-    assert "  (main graph)  " in text
-    assert f"    ~ Softmax  {softmax.name}  (in {module}) → LogSoftmax" in text
+    cls = metadata.node_scope(softmax.metadata_props)[-1].class_name
+    assert text.splitlines()[3:] == [
+        "modules:",
+        f"  {module}  {cls}  Softmax -1, LogSoftmax +1",
+        f"    ~ Softmax  {softmax.name} → LogSoftmax",
+    ]
+
+
+def test_diff_after_irkit_optimize_names_the_fused_modules(tmp_path):
+    model = irkit.lower(zoo.export("llama"))
+    before = irkit.save(model, tmp_path / "llama.onnx")
+    report = irkit.optimize(model)
+    assert report.fired["RMSNormalization"] == 5
+    after = irkit.save(model, tmp_path / "llama_opt.onnx")
+    data = json.loads(run_cli(before, "--diff", after, "--format", "json").stdout)
+    fused = {
+        m["path"]: m["class"] for m in data["modules"] if m["ops_delta"].get("RMSNormalization")
+    }
+    assert fused == {
+        "layers.0.input_layernorm": "LlamaRMSNorm",
+        "layers.0.post_attention_layernorm": "LlamaRMSNorm",
+        "layers.1.input_layernorm": "LlamaRMSNorm",
+        "layers.1.post_attention_layernorm": "LlamaRMSNorm",
+        "norm": "LlamaRMSNorm",
+    }
+    assert data["ops_delta"]["RMSNormalization"] == 5
+    text = run_cli(before, "--diff", after).stdout
+    assert "  layers.0.input_layernorm  LlamaRMSNorm  " in text
+    assert "more (--format json lists all)" in text  # long lists are cut
 
 
 @pytest.mark.browser
