@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -56,22 +57,24 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     repeat = 1 if args.quick else args.repeat
-    names = ([] if args.quick else ["mlp", "cnn", "gpt2", "bert", "llama", "t5", "vit", "whisper"]) + [
-        "stack4", "stack16", "stack64"
-    ]
+    names = (
+        [] if args.quick else ["mlp", "cnn", "gpt2", "bert", "llama", "t5", "vit", "whisper"]
+    ) + ["stack4", "stack16", "stack64"]
     tmp = pathlib.Path(tempfile.mkdtemp())
     warm = zoo.export("mlp")
     _irkit(warm, tmp / "warm_i.onnx")
     _anchor(warm, tmp / "warm_a.onnx")
 
-    print(f"{'model':10} {'FX nodes':>8} {'ONNX':>6} {'irkit s':>9} {'anchor s':>9} {'ratio':>7} {'irkit nodes/s':>14}")
+    print(
+        f"{'model':10} {'FX nodes':>8} {'ONNX':>6} {'irkit s':>9} {'anchor s':>9} {'ratio':>7} {'irkit nodes/s':>14}"
+    )
     stack_points = []
     for name in names:
         ep = zoo.export(name)
         fx_nodes = len(ep.graph.nodes)
         onnx_nodes = len(irkit.lower(ep).graph)
-        t_irkit = _best(lambda: _irkit(ep, tmp / f"{name}_i.onnx"), repeat)
-        t_anchor = _best(lambda: _anchor(ep, tmp / f"{name}_a.onnx"), 1)
+        t_irkit = _best(functools.partial(_irkit, ep, tmp / f"{name}_i.onnx"), repeat)
+        t_anchor = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), 1)
         print(
             f"{name:10} {fx_nodes:8d} {onnx_nodes:6d} {t_irkit:9.3f} {t_anchor:9.3f} "
             f"{t_anchor / t_irkit:6.1f}x {fx_nodes / t_irkit:14.0f}"
@@ -83,9 +86,13 @@ def main() -> None:
     slope_i = math.log(i1 / i0) / math.log(n1 / n0)
     slope_a = math.log(a1 / a0) / math.log(n1 / n0)
     print()
-    print("irkit time per FX node (µs) at 4/16/64 layers:",
-          " / ".join(f"{1e6 * t / n:.0f}" for n, t, _ in stack_points))
-    print(f"scaling slope (log time / log nodes), stack4→stack64: irkit {slope_i:.2f}, anchor {slope_a:.2f}")
+    print(
+        "irkit time per FX node (µs) at 4/16/64 layers:",
+        " / ".join(f"{1e6 * t / n:.0f}" for n, t, _ in stack_points),
+    )
+    print(
+        f"scaling slope (log time / log nodes), stack4→stack64: irkit {slope_i:.2f}, anchor {slope_a:.2f}"
+    )
     print(f"speed-up at 64 layers: {a1 / i1:.1f}x (target ≥ 5x)")
 
 

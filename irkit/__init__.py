@@ -34,6 +34,22 @@ from irkit.hierarchy import (
     outline,
 )
 from irkit.lowering import lower
+from irkit.rewriting import (
+    ModuleRule,
+    NodeRule,
+    RewriteReport,
+    Rule,
+    RuleSet,
+    attr,
+    either,
+    fail,
+    node_rule,
+    op,
+    optimize,
+    optional,
+    rewrite,
+    var,
+)
 
 __version__ = "0.1.0"
 
@@ -49,6 +65,20 @@ __all__ = [
     "save",
     "load",
     "check",
+    "rewrite",
+    "optimize",
+    "Rule",
+    "RuleSet",
+    "NodeRule",
+    "node_rule",
+    "ModuleRule",
+    "RewriteReport",
+    "op",
+    "var",
+    "attr",
+    "either",
+    "optional",
+    "fail",
     "errors",
     "metadata",
     "IrkitError",

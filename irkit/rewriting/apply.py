@@ -1,0 +1,389 @@
+"""The rewrite engine: rules indexed by anchor op, a worklist, a fixed point.
+
+Every graph-like (the main graph, each local function body once, each If/Loop/Scan body) is
+rewritten by one worklist pass: nodes are visited in graph order; each node tries only the rules
+whose pattern root has its ``(domain, op_type)`` (plus the few rules that may anchor anywhere);
+after a rewrite the neighbourhood — the new nodes, the producers of their inputs and the
+consumers of their outputs — is re-enqueued. Work is proportional to the graph size times the
+(bounded) pattern size, so time per node stays flat as models grow.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+
+import onnx_ir as ir
+
+from irkit import metadata
+from irkit.errors import FixedPointError, RewriteError
+from irkit.rewriting.match import MatchFailure
+from irkit.rewriting.report import NearMiss, RewriteReport, RuleStats
+from irkit.rewriting.rule import BaseRule, Rewrite, RewriteContext, RuleSet
+
+__all__ = ["rewrite", "DEFAULT_MAX_REWRITES_PER_NODE"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_REWRITES_PER_NODE = 4
+"""Iteration cap: at most this many rewrites per node of a graph (plus a constant) before
+:class:`~irkit.errors.FixedPointError`."""
+
+GraphLike = ir.Graph | ir.Function
+
+
+def _as_rules(rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet]) -> RuleSet:
+    if isinstance(rules, RuleSet):
+        return rules
+    if isinstance(rules, BaseRule):
+        return RuleSet(rules.name, [rules])
+    return RuleSet("rules", list(rules))
+
+
+class _RuleIndex:
+    """Rules by the ``(domain, op_type)`` of their anchor; wildcard rules apply everywhere."""
+
+    def __init__(self, rules: RuleSet):
+        self._by_op: dict[tuple[str, str], list[BaseRule]] = collections.defaultdict(list)
+        self._any: list[BaseRule] = []
+        order = {r.name: i for i, r in enumerate(rules)}
+        for r in rules:
+            if r.anchors is None:
+                self._any.append(r)
+            else:
+                for key in r.anchors:
+                    self._by_op[key].append(r)
+        if self._any:  # keep rule-set order when merging wildcard rules in
+            for key, lst in self._by_op.items():
+                self._by_op[key] = sorted(lst + self._any, key=lambda r: order[r.name])
+        self._by_op = dict(self._by_op)
+
+    def get(self, node: ir.Node) -> list[BaseRule]:
+        return self._by_op.get((node.domain, node.op_type), self._any)
+
+
+def rewrite(
+    model: ir.Model,
+    rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet],
+    *,
+    explain: str | None = None,
+    max_opset: int | None = None,
+    max_rewrites_per_node: int = DEFAULT_MAX_REWRITES_PER_NODE,
+) -> RewriteReport:
+    """Apply ``rules`` to ``model`` **in place** until no rule fires.
+
+    The main graph, every local function body (once, however many calls it has) and every
+    If/Loop/Scan body are rewritten. Functions are never inlined. Replacement nodes get
+    provenance metadata (:data:`~irkit.metadata.REWRITE_RULE`,
+    :data:`~irkit.metadata.REWRITE_SOURCES`, and the matched nodes' common
+    :data:`~irkit.metadata.SCOPE`).
+
+    Args:
+        model: The model; modified in place.
+        rules: A :class:`RuleSet`, a rule, or an iterable of them (earlier rules win).
+        explain: Name of a rule whose failed attempts are recorded in
+            ``report.near_misses`` (see :meth:`RewriteReport.explain`).
+        max_opset: Rules needing a newer ONNX opset than this do not fire.
+        max_rewrites_per_node: Iteration cap per graph: ``max_rewrites_per_node × nodes + 64``.
+
+    Returns:
+        A :class:`RewriteReport` with per-rule statistics.
+
+    Raises:
+        FixedPointError: The cap was hit (rules keep undoing/redoing each other); it names them.
+        RewriteError: A rule produced an invalid replacement (e.g. a different output type).
+
+    Example:
+        >>> import onnx_ir as ir, irkit
+        >>> from rewrites import cleanup
+        >>> m = ir.from_onnx_text('''
+        ...   <ir_version: 10, opset_import: ["" : 18]>
+        ...   g (float[2] x) => (float[2] y) { t = Identity(x)  y = Relu(t) }''')
+        >>> irkit.rewrite(m, cleanup.rules).fired
+        {'IdentityElimination': 1}
+        >>> [n.op_type for n in m.graph]
+        ['Relu']
+    """
+    rule_set = _as_rules(rules)
+    if explain is not None and explain not in rule_set.names():
+        raise RewriteError(
+            f"explain={explain!r} names no rule of {rule_set.name!r}; rules: {rule_set.names()}"
+        )
+    start = time.perf_counter()
+    report = RewriteReport(rules={r.name: RuleStats(r.name) for r in rule_set})
+    report.nodes_before = count_nodes(model)
+    index = _RuleIndex(rule_set)
+    main_opset = model.opset_imports.get("", 1)
+    for graph_like, where in _graph_likes(model):
+        opset = graph_like.opset_imports.get("", main_opset) if isinstance(
+            graph_like, ir.Function) else main_opset
+        ctx = RewriteContext(model, graph_like, opset, max_opset)
+        _Worklist(ctx, index, report, explain, where, max_rewrites_per_node).run()
+        report.graphs += 1
+    report.nodes_after = count_nodes(model)
+    report.seconds = time.perf_counter() - start
+    logger.info("%s", report)
+    return report
+
+
+def count_nodes(model: ir.Model) -> int:
+    """Nodes of the main graph plus all function bodies (subgraphs included)."""
+    return sum(len(g) for g, _ in _graph_likes(model))
+
+
+def _subgraphs(graph_like: GraphLike) -> Iterator[ir.Graph]:
+    for node in graph_like:
+        for a in node.attributes.values():
+            if a.type == ir.AttributeType.GRAPH:
+                yield from _subgraphs(a.value)
+                yield a.value
+            elif a.type == ir.AttributeType.GRAPHS:
+                for g in a.value:
+                    yield from _subgraphs(g)
+                    yield g
+
+
+def _graph_likes(model: ir.Model) -> Iterator[tuple[GraphLike, str | None]]:
+    """Subgraphs first (inner before outer), then the main graph, then each function once."""
+    for g in _subgraphs(model.graph):
+        yield g, None
+    yield model.graph, None
+    for f in list(model.functions.values()):
+        where = f"{f.domain}::{f.name}"
+        for g in _subgraphs(f):
+            yield g, where
+        yield f, where
+
+
+def _where(node: ir.Node, fallback: str | None) -> str:
+    """Where a node is, for reports: its function, else the module call it is or belongs to."""
+    if fallback is not None:
+        return fallback
+    call = node.metadata_props.get(metadata.CALL_MODULE)
+    if call:
+        return metadata.Frame.from_json(json.loads(call)).call_id
+    scope = metadata.node_scope(node.metadata_props)
+    return scope[-1].call_id if scope else ""
+
+
+class _Worklist:
+    def __init__(
+        self,
+        ctx: RewriteContext,
+        index: _RuleIndex,
+        report: RewriteReport,
+        explain: str | None,
+        where: str | None,
+        per_node: int,
+    ):
+        self.ctx = ctx
+        self.index = index
+        self.report = report
+        self.explain = explain
+        self.where = where
+        self.per_node = per_node
+        graph = ctx.graph
+        self.owner = graph.graph if isinstance(graph, ir.Function) else graph
+        # Consumers first: patterns are anchored at their root (output), so visiting in reverse
+        # order lets the largest pattern (LayerNorm with bias) win over its sub-patterns.
+        self.queue: collections.deque[ir.Node] = collections.deque(reversed(graph))
+        self.queued = set(self.queue)
+        self.needs_sort = False
+
+    def run(self) -> None:
+        budget = self.per_node * len(self.queue) + 64
+        recent: collections.deque[str] = collections.deque(maxlen=64)
+        stats = self.report.rules
+        perf = time.perf_counter
+        while self.queue:
+            node = self.queue.popleft()
+            self.queued.discard(node)
+            if node.graph is not self.owner:
+                continue  # removed by an earlier rewrite
+            for rule in self.index.get(node):
+                if rule.anchors is None and not rule.applies_to(node, self.ctx):
+                    continue
+                s = stats[rule.name]
+                t0 = perf()
+                result = rule.find(node, self.ctx)
+                s.tried += 1
+                if isinstance(result, MatchFailure):
+                    s.seconds += perf() - t0
+                    s.failures[result.reason] += 1
+                    if rule.name == self.explain:
+                        self._near_miss(node, result)
+                    continue
+                where = _where(node, self.where)
+                commit(self.ctx.graph, node, result, rule.name, self.ctx.model)
+                s.seconds += perf() - t0
+                s.fired += 1
+                s.where[where] += 1
+                # A multi-root match inserts before its anchor; later roots may need reordering.
+                self.needs_sort |= len({v.producer() for v in result.match.outputs}) > 1
+                self._enqueue_neighbourhood(result)
+                recent.append(rule.name)
+                budget -= 1
+                if budget < 0:
+                    self._raise_fixed_point(recent)
+                break
+        if self.needs_sort:
+            self.ctx.graph.sort()
+
+    def _near_miss(self, node: ir.Node, failure: MatchFailure) -> None:
+        self.report.near_misses.append(
+            NearMiss(node.name or "", _where(node, self.where), failure.describe(), failure.depth)
+        )
+
+    def _enqueue_neighbourhood(self, result: Rewrite) -> None:
+        push = []
+        for n in result.nodes:
+            push.append(n)
+            for v in n.inputs:
+                if v is not None and (p := v.producer()) is not None:
+                    push.append(p)
+        for v in result.outputs:
+            if v is None:
+                continue
+            if (p := v.producer()) is not None:
+                push.append(p)
+            for use in v.uses():
+                push.append(use.node)
+        for n in push:
+            if n not in self.queued:
+                self.queued.add(n)
+                self.queue.append(n)
+
+    def _raise_fixed_point(self, recent: Iterable[str]) -> None:
+        counts = collections.Counter(recent)
+        names = [n for n, _ in counts.most_common()]
+        graph = self.where or (self.ctx.graph.name or "main graph")
+        raise FixedPointError(
+            f"rewriting {graph!r} did not reach a fixed point after "
+            f"{self.per_node}×nodes+64 rewrites; rules still firing: "
+            + ", ".join(f"{n} (×{c} of the last {sum(counts.values())})"
+                        for n, c in counts.most_common())
+            + ". Fix: a rule's replacement matches its own pattern, or two rules undo each "
+            "other; make the check reject its own output or drop one of the rules.",
+            names,
+        )
+
+
+def provenance(nodes: Iterable[ir.Node], rule_name: str) -> dict[str, str]:
+    """Metadata for replacement nodes: rule, union of sources, deepest common scope."""
+    sources: set[str] = set()
+    common: tuple[metadata.Frame, ...] | None = None
+    for n in nodes:
+        props = n.metadata_props
+        if src := props.get(metadata.SOURCE):
+            sources.add(src)
+        sources.update(metadata.decode_list(props.get(metadata.REWRITE_SOURCES)))
+        if metadata.SCOPE in props:
+            scope = metadata.node_scope(props)
+            if common is None:
+                common = scope
+            else:
+                k = 0
+                while k < min(len(common), len(scope)) and common[k] == scope[k]:
+                    k += 1
+                common = common[:k]
+    meta = {metadata.REWRITE_RULE: rule_name}
+    if sources:
+        meta[metadata.REWRITE_SOURCES] = metadata.encode_list(sorted(sources))
+    if common is not None:
+        meta[metadata.SCOPE] = metadata.encode_scope(common)
+    return meta
+
+
+def commit(
+    graph: GraphLike, anchor: ir.Node, result: Rewrite, rule_name: str, model: ir.Model
+) -> None:
+    """Insert the replacement before ``anchor``, reroute uses, remove the matched nodes."""
+    match = result.match
+    new_nodes = result.nodes
+    meta = provenance(match.nodes, rule_name)
+    for n in new_nodes:
+        for k, v in meta.items():
+            n.metadata_props.setdefault(k, v)
+    _import_domains(graph, model, {n.domain for n in new_nodes})
+    extra: list[ir.Node] = []
+    new_set = set(new_nodes)
+    renames: list[tuple[ir.Value, str]] = []
+    for old, new in zip(match.outputs, result.outputs, strict=True):
+        if new is old:
+            continue
+        if new is None:
+            raise RewriteError(f"rule {rule_name!r} returned None for output {old.name!r}")
+        _merge_type(old, new, rule_name)
+        if old.is_graph_output():
+            producer = new.producer()
+            fresh = producer in new_set
+            renamable = producer is not None and producer.graph is anchor.graph
+            if new.is_graph_output() or not (fresh or renamable):
+                # A graph input, initializer, outer-scope value or another output: keep the
+                # output's name with an Identity (ONNX forbids one value under two names).
+                ident = ir.Node("", "Identity", [new], metadata_props=dict(meta))
+                extra.append(ident)
+                out = ident.outputs[0]
+                out.type, out.shape = old.type, old.shape
+                new = out
+            renames.append((new, old.name or ""))
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if new_nodes or extra:
+        graph.insert_before(anchor, [*new_nodes, *extra])
+    inputs = [v for n in match.nodes for v in n.inputs if v is not None]
+    graph.remove(match.nodes, safe=True)
+    for value, name in renames:
+        value.name = name
+    _remove_dead_producers(graph, inputs)
+
+
+def _remove_dead_producers(graph: GraphLike, values: list[ir.Value]) -> None:
+    """Local dead-code removal: producers of ``values`` left without any use (transitively)."""
+    owner = graph.graph if isinstance(graph, ir.Function) else graph
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        node = v.producer()
+        if node is None or node.graph is not owner:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        stack.extend(i for i in node.inputs if i is not None)
+        graph.remove(node, safe=True)
+
+
+def _merge_type(old: ir.Value, new: ir.Value, rule_name: str) -> None:
+    """The replacement computes the same tensor: same dtype, same shape. Never leave stale info."""
+    if old.type is not None and new.type is not None and old.type != new.type:
+        raise RewriteError(
+            f"rule {rule_name!r} replaced {old.name!r} ({old.type}) by a value of type {new.type}; "
+            "a rewrite must preserve types. Fix the rule's rewrite."
+        )
+    if old.shape is not None and new.shape is not None and _static(old.shape) and _static(
+        new.shape
+    ) and tuple(old.shape) != tuple(new.shape):
+        raise RewriteError(
+            f"rule {rule_name!r} replaced {old.name!r} (shape {old.shape}) by a value of shape "
+            f"{new.shape}; a rewrite must preserve shapes. Fix the rule's pattern or check."
+        )
+    # Same tensor: fill in what the replacement does not know (never keep conflicting info).
+    if new.type is None:
+        new.type = old.type
+    if new.shape is None and old.shape is not None:
+        new.shape = old.shape
+
+
+def _static(shape: ir.Shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _import_domains(graph: GraphLike, model: ir.Model, domains: set[str]) -> None:
+    for d in domains:
+        if d == "" or d in graph.opset_imports:
+            continue
+        version = model.opset_imports.get(d, 1)
+        graph.opset_imports[d] = version
+        model.opset_imports.setdefault(d, version)

@@ -1,0 +1,72 @@
+"""Small helpers for rule checks: ranks, shapes, dtypes, constants. All return plain values.
+
+>>> import onnx_ir as ir
+>>> v = ir.val("v", ir.DataType.FLOAT, [2, "n"])
+>>> rank(v), static_shape(v), is_float(v)
+(2, None, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from irkit.rewriting.match import const_value
+
+__all__ = [
+    "rank", "static_shape", "dims", "is_float", "FLOAT_TYPES", "scalar", "const_ints", "same_dims",
+]
+
+FLOAT_TYPES = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+
+
+def rank(value: ir.Value | None) -> int | None:
+    """The rank of ``value`` if its shape is known."""
+    if value is None or value.shape is None:
+        return None
+    return len(value.shape)
+
+
+def dims(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
+    """The dims of ``value`` (ints, symbolic names or None) if its shape is known."""
+    if value is None or value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """The shape if fully static."""
+    d = dims(value)
+    if d is None or not all(isinstance(x, int) for x in d):
+        return None
+    return d  # type: ignore[return-value]
+
+
+def is_float(value: ir.Value | None) -> bool:
+    """Whether ``value`` has a known floating-point dtype."""
+    return value is not None and value.dtype in FLOAT_TYPES
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """The value of a constant with exactly one element, as a Python float."""
+    arr = const_value(value)
+    if arr is None or arr.size != 1 or arr.dtype.kind not in "biuf":
+        return None
+    return float(arr.reshape(()))
+
+
+def const_ints(value: ir.Value | None) -> list[int] | None:
+    """A constant integer tensor (an ``axes`` / ``shape`` input) as a list of ints."""
+    arr = const_value(value)
+    if arr is None or arr.dtype.kind not in "iu" or arr.ndim > 1:
+        return None
+    return [int(x) for x in np.atleast_1d(arr)]
+
+
+def same_dims(a: Sequence[int | str | None], b: Sequence[int | str | None]) -> bool:
+    """Equal dims, where symbolic dims are equal only by name and None equals nothing."""
+    return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b, strict=True))

@@ -1,0 +1,344 @@
+"""One self-contained HTML page: every body laid out by Graphviz at generation time, inlined.
+
+No server, no network: the CSS and JS (``irkit/viz/assets``) and the data (one JSON blob with
+one pre-rendered SVG per body — a deduplicated body is drawn once however often it is called)
+are inlined. The page inserts a body's SVG into the DOM only when it is opened.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping
+from importlib import resources
+
+import onnx_ir as ir
+
+from irkit import metadata
+from irkit.viz import _diff, _dot, _scopes
+from irkit.viz._style import CallGroup, format_bytes, format_count, group_calls, relative_path
+from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
+from irkit.viz._text import attr_text
+
+__all__ = ["render_html", "render_diff_html", "page", "node_info", "body_about"]
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{css}</style></head>
+<body>
+<header><h1>{title}</h1><span class="meta">{meta}</span>
+{search}</header>
+<div id="results"></div>
+{body}
+<script id="irkit-data" type="application/json">{data}</script>
+<script>{js}</script>
+</body></html>
+"""
+
+_MAIN = """<main><nav id="tree"></nav>
+<section id="center"><div id="crumbs"><span id="crumbs-path"></span><span class="tools">
+<button id="zoom-out" title="zoom out">−</button><button id="zoom-fit" title="fit">fit</button>
+<button id="zoom-in" title="zoom in">+</button></span></div>
+<div id="canvas"></div></section>
+<aside id="side"></aside></main>"""
+
+
+def asset(name: str) -> str:
+    return resources.files("irkit.viz").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+_SEARCH = (
+    '<input id="search" type="search" placeholder="search node, op, module…" autocomplete="off">'
+)
+
+
+def page(title: str, meta: str, body: str, data: object, js: str) -> str:
+    """Assemble the page; ``data`` becomes the inline JSON blob ``#irkit-data``; the search box
+    is shown when there is a script to drive it."""
+    blob = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
+    return _PAGE.format(
+        search=_SEARCH if js else "",
+        title=html.escape(title),
+        meta=html.escape(meta),
+        body=body,
+        css=asset("viewer.css"),
+        data=blob,
+        js=js,
+    )
+
+
+def _value_rows(values, params: set[ir.Value], known: Mapping[ir.Value, TensorInfo]):
+    rows = []
+    for v in values:
+        if v is None:
+            rows.append(["", "(none)"])
+            continue
+        info = known.get(v) or TensorInfo.of(v)
+        rows.append([info.name, info.type_text() + ("  (parameter)" if v in params else "")])
+    return rows
+
+
+def node_info(
+    summary: ModelSummary,
+    node: ir.Node,
+    params: set[ir.Value],
+    known: Mapping[ir.Value, TensorInfo],
+) -> dict[str, object]:
+    """The card shown for one node: title, fields, inputs, outputs, attributes, metadata.
+
+    ``params`` are the values to mark as parameters; ``known`` overrides value types (function
+    inputs, whose types come from call sites).
+    """
+    function = summary.model.functions.get((node.domain, node.op_type, node.overload))
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    props = node.metadata_props
+    fields = [["op", op], ["name", node.name or ""]]
+    scope = metadata.node_scope(props) if metadata.SCOPE in props else ()
+    if scope:
+        fields.append(["module", scope[-1].call_id])
+        fields.append(["class", scope[-1].cls])
+    for key, label in (
+        (metadata.SOURCE, "source"),
+        (metadata.FX_NODE, "fx node"),
+        (metadata.FX_TARGET, "fx target"),
+        (metadata.REWRITE_RULE, "rule"),
+    ):
+        if key in props:
+            fields.append([label, props[key]])
+    if metadata.REWRITE_SOURCES in props:
+        fields.append(
+            ["rule sources", ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))]
+        )
+    info: dict[str, object] = {
+        "op": op,
+        "name": node.name or "",
+        "title": f"{op}  {node.name or ''}",
+        "fields": fields,
+        "inputs": _value_rows(node.inputs, params, known),
+        "outputs": _value_rows(node.outputs, set(), known),
+        "attrs": [attr_text(a).split("=", 1) for a in node.attributes.values()],
+        "meta": [[k, v] for k, v in sorted(props.items())],
+    }
+    if function is not None:
+        callee = summary.bodies[function_key(function.identifier())]
+        info["callee"] = callee.key
+        info["label"] = summary.call_names.get(node, node.name or callee.key)
+        info["fields"] = [
+            *fields,
+            ["function", callee.key],
+            ["body calls", str(callee.calls)],
+            ["nodes per call", str(callee.node_count)],
+            ["flops per call", callee.flops.text()],
+        ]
+    text = " ".join([op, node.name or "", *(v for _, v in fields)])
+    info["search"] = text.lower()
+    return info
+
+
+def body_about(summary: ModelSummary, body: Body) -> list[list[str]]:
+    rows = [
+        ["graph", body.key],
+        ["stored nodes", str(body.stored_nodes)],
+        ["nodes per call", str(body.node_count)],
+        ["flops per call", body.flops.text()],
+    ]
+    if body.identifier is None:
+        rows += [
+            ["params", f"{format_count(summary.params)} ({format_bytes(summary.param_bytes)})"],
+            ["inputs", ", ".join(f"{i.name}: {i.type_text()}" for i in summary.inputs)],
+            ["outputs", ", ".join(f"{o.name}: {o.type_text()}" for o in summary.outputs)],
+        ]
+    else:
+        rows.append(["calls", str(body.calls)])
+    ops = sorted(body.ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    rows.append(["ops", ", ".join(f"{k} {n}" for k, n in ops)])
+    return rows
+
+
+def _tree(
+    summary: ModelSummary,
+    call: Call,
+    trail: list[list[str]],
+    label: str,
+    count: int,
+    trails: dict[str, list[list[str]]],
+    depth: int = 0,
+) -> dict[str, object]:
+    trails.setdefault(call.body.key, trail)
+    groups: list[CallGroup] = group_calls(call.children)
+    children = []
+    for group in groups:
+        child = group.first
+        child_label = group.label(call.path)
+        children.append(
+            _tree(
+                summary,
+                child,
+                [*trail, [child.body.key, child.path]],
+                child_label,
+                count * len(group.calls),
+                trails,
+                depth + 1,
+            )
+        )
+    cls = call.class_name if call.node is not None else ""
+    return {
+        "label": label,
+        "cls": cls,
+        "count": count,
+        "trail": trail,
+        "children": children,
+        "open": depth < 2,
+    }
+
+
+def _scope_tree(
+    node: _scopes.ScopeNode, label: str, count: int, depth: int, focus: str | None = None
+) -> dict[str, object]:
+    """The hierarchy panel of a flat model: module calls from ``irkit.scope``; a click scrolls
+    to the call's cluster (clusters exist down to :data:`_dot.CLUSTER_DEPTH`)."""
+    if node.frame is not None and depth <= _dot.CLUSTER_DEPTH:
+        focus = f"c:{node.path}"  # deeper calls scroll to their innermost drawn cluster
+    children = []
+    for group in _scopes.scope_groups(list(node.children.values())):
+        first = group[0]
+        child_label = relative_path(first.path, node.path)
+        if len(group) > 1:
+            child_label += f" … {relative_path(group[-1].path, node.path)}"
+        children.append(_scope_tree(first, child_label, count * len(group), depth + 1, focus))
+
+    return {
+        "label": label,
+        "cls": node.frame.class_name if node.frame else "",
+        "count": count,
+        "trail": [["main", "main"]],
+        "focus": focus,
+        "children": children,
+        "open": depth < 1,
+    }
+
+
+def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
+    if body.identifier is None:
+        return set(summary.model.graph.initializers.values())
+    return set()
+
+
+def graph_entries(
+    summary: ModelSummary,
+    bodies: list[Body],
+    highlight: Mapping[str, Mapping[ir.Node, str]] | None = None,
+) -> dict[str, dict[str, object]]:
+    """Lay out ``bodies`` (one ``dot`` process) and describe their nodes for the page."""
+    highlight = highlight or {}
+    dots = [_dot.body_dot(summary, b, highlight=highlight.get(b.key)) for b in bodies]
+    svgs = _dot.layout_svg([d.source for d in dots])
+    graphs: dict[str, dict[str, object]] = {}
+    for body, dot, svg in zip(bodies, dots, svgs, strict=True):
+        params = _body_params(summary, body)
+        known = dict(zip(body.graph.inputs, body.input_infos, strict=True))
+        nodes = {
+            ident: node_info(summary, node, params, known) for node, ident in dot.node_ids.items()
+        }
+        short = "main" if body.identifier is None else body.identifier[1]
+        graphs[body.key] = {
+            "title": f"{summary.name} (main graph)" if body.identifier is None else body.key,
+            "short": short,
+            "svg": _dot.strip_xml_header(svg),
+            "nodes": nodes,
+            "about": body_about(summary, body),
+        }
+    return graphs
+
+
+def render_html(summary: ModelSummary, *, title: str | None = None) -> str:
+    """The interactive page for ``summary`` as one self-contained HTML string.
+
+    Args:
+        summary: From :func:`irkit.viz.summarize`.
+        title: Page title (default: the summary's name).
+
+    Returns:
+        The HTML text (no external resources).
+
+    Raises:
+        IrkitError: Graphviz is not installed (see :data:`irkit.viz._dot.GRAPHVIZ_INSTALL_HINT`).
+    """
+    title = title or summary.name
+    trails: dict[str, list[list[str]]] = {}
+    tree = _tree(summary, summary.root, [["main", "main"]], summary.name, 1, trails)
+    scopes = None if summary.root.children else _scopes.scope_tree(summary.model.graph)
+    if scopes is not None:
+        tree = _scope_tree(scopes, summary.name, 1, 0)
+    bodies = list(summary.bodies.values())
+    for body in bodies:  # functions never called from main: reachable by search only
+        trails.setdefault(body.key, [["main", "main"], [body.key, body.key]])
+    data = {
+        "title": title,
+        "root": "main",
+        "tree": tree,
+        "trails": trails,
+        "graphs": graph_entries(summary, bodies),
+    }
+    meta = (
+        f"{summary.root.body.node_count} nodes · {len(summary.function_bodies())} functions · "
+        f"{format_count(summary.params)} params ({format_bytes(summary.param_bytes)})"
+    )
+    return page(title, meta, _MAIN, data, asset("viewer.js"))
+
+
+def render_diff_html(diff: _diff.ModelDiff) -> str:
+    """The diff as one page: per-module table, then each changed body before | after, laid
+    out by Graphviz with removed nodes red, added green, changed yellow."""
+    a, b = diff.a, diff.b
+    rows = []
+    for group in diff.grouped():
+        m = group[0]
+        label = html.escape(_diff.group_label(group))
+        mult = f" ×{len(group)}" if len(group) > 1 else ""
+        nodes = "".join(
+            f'<div class="del">− {html.escape(_diff.node_text(n))}</div>' for n in m.body.removed
+        )
+        nodes += "".join(
+            f'<div class="add">+ {html.escape(_diff.node_text(n))}</div>' for n in m.body.added
+        )
+        nodes += "".join(
+            f"<div>~ {html.escape(_diff.node_text(x))} → {html.escape(y.op_type)}</div>"
+            for x, y in m.body.changed
+        )
+        delta = (
+            html.escape(_diff.delta_text(m.body.ops_delta)) if m.status == "changed" else m.status
+        )
+        rows.append(
+            f"<tr><td class=mono>{label}</td><td>{html.escape(m.cls)}{mult}</td>"
+            f"<td>{delta}</td><td class=mono>{nodes}</td></tr>"
+        )
+    pairs = _diff.changed_bodies(diff)
+    sources = []
+    for body_a, body_b, d in pairs:
+        hl_a = {n: "removed" for n in d.removed} | {x: "changed" for x, _ in d.changed}
+        hl_b = {n: "added" for n in d.added} | {y: "changed" for _, y in d.changed}
+        sources.append(
+            _dot.body_dot(a, body_a, highlight=hl_a, title=f"before: {body_a.key}").source
+        )
+        sources.append(
+            _dot.body_dot(b, body_b, highlight=hl_b, title=f"after: {body_b.key}").source
+        )
+    svgs = [_dot.strip_xml_header(s) for s in _dot.layout_svg(sources)]
+    sides = "".join(
+        f'<div class="pair"><div><h3>{html.escape(a.name)}</h3>{svgs[2 * i]}</div>'
+        f"<div><h3>{html.escape(b.name)}</h3>{svgs[2 * i + 1]}</div></div>"
+        for i in range(len(pairs))
+    )
+    ops = html.escape(_diff.delta_text(diff.ops_delta)) or "none"
+    summary_text = "no differences" if not diff else f"{_diff.format_totals(diff)} · ops: {ops}"
+    body = (
+        '<div style="overflow:auto;flex:1">'
+        f"<p style='margin:10px'>{html.escape(summary_text)}</p>"
+        "<table class=diff-table><tr><th>module</th><th>class</th><th>op delta</th>"
+        f"<th>nodes</th></tr>{''.join(rows)}</table>{sides}</div>"
+    )
+    title = f"diff {a.name} → {b.name}"
+    return page(title, summary_text, body, {}, "")

@@ -1,0 +1,97 @@
+"""The stable machine-readable form (schema ``irkit.viz/1``, documented in docs/viz.md)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from irkit.viz._summary import Call, ModelSummary, TensorInfo
+
+__all__ = ["SCHEMA", "to_json_data", "render_json"]
+
+SCHEMA = "irkit.viz/1"
+
+
+def _tensor(info: TensorInfo) -> dict[str, object]:
+    return {
+        "name": info.name,
+        "dtype": info.dtype,
+        "shape": None if info.shape is None else list(info.shape),
+    }
+
+
+def _histogram(ops: Counter[str]) -> dict[str, int]:
+    return {k: ops[k] for k in sorted(ops)}
+
+
+def _call(call: Call) -> dict[str, object]:
+    return {
+        "path": call.path,
+        "class": call.cls,
+        "function": None if call.node is None else call.body.key,
+        "node_name": None if call.node is None else call.node.name,
+        "nodes": call.body.node_count,
+        "params": call.params,
+        "param_bytes": call.param_bytes,
+        "flops": call.body.flops.to_json(),
+        "outputs": [_tensor(o) for o in call.outputs],
+        "children": [_call(c) for c in call.children],
+    }
+
+
+def to_json_data(summary: ModelSummary) -> dict[str, object]:
+    """The summary as plain JSON-able data (keys sorted where order is not meaningful)."""
+    model = summary.model
+    functions = []
+    for body in sorted(summary.function_bodies(), key=lambda b: b.key):
+        assert body.identifier is not None
+        domain, name, overload = body.identifier
+        functions.append(
+            {
+                "id": body.key,
+                "domain": domain,
+                "name": name,
+                "overload": overload,
+                "calls": body.calls,
+                "stored_nodes": body.stored_nodes,
+                "nodes": body.node_count,
+                "op_histogram": _histogram(body.ops),
+                "flops": body.flops.to_json(),
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "model": {
+            "name": summary.name,
+            "graph_name": model.graph.name,
+            "ir_version": model.ir_version,
+            "producer": model.producer_name,
+            "opset_imports": dict(sorted(model.opset_imports.items())),
+        },
+        "inputs": [_tensor(i) for i in summary.inputs],
+        "outputs": [_tensor(o) for o in summary.outputs],
+        "totals": {
+            "nodes": summary.root.body.node_count,
+            "stored_nodes": sum(b.stored_nodes for b in summary.bodies.values()),
+            "functions": len(functions),
+            "params": summary.params,
+            "param_bytes": summary.param_bytes,
+            "flops": summary.root.body.flops.to_json(),
+        },
+        "op_histogram": _histogram(summary.root.body.ops),
+        "functions": functions,
+        "tree": _call(summary.root),
+    }
+
+
+def render_json(summary: ModelSummary) -> str:
+    """:func:`to_json_data` as indented JSON text (deterministic).
+
+    Example:
+        >>> import json, onnx_ir as ir
+        >>> from irkit.viz import summarize
+        >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+        >>> json.loads(render_json(summarize(m)))["op_histogram"]
+        {'Relu': 1}
+    """
+    return json.dumps(to_json_data(summary), indent=1, ensure_ascii=False) + "\n"

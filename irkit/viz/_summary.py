@@ -1,0 +1,405 @@
+"""The model's call hierarchy as a tree of :class:`Call` instances, with counts and shapes.
+
+A call node is a node whose ``(domain, op_type, overload)`` names an entry of
+``model.functions``. A function body shared by many call nodes (a deduplicated layer) is
+analysed once; every call *instance* gets its own :class:`Call` (its module path, parameter
+count, outputs) in the tree. Models not made by irkit (no ``irkit.call`` metadata) fall back to
+function names and node names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import onnx_ir as ir
+
+from irkit import metadata
+from irkit.errors import IrkitError
+from irkit.viz import _flops
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Body", "Call", "ModelSummary", "TensorInfo", "summarize", "function_key"]
+
+FunctionId = tuple[str, str, str]
+
+
+def function_key(identifier: FunctionId) -> str:
+    """``"domain::name"`` (plus ``":overload"``) — how functions are named in every output."""
+    domain, name, overload = identifier
+    key = f"{domain}::{name}" if domain else name
+    return f"{key}:{overload}" if overload else key
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """Name, element type and shape of a value; ``shape`` is ``None`` when unknown."""
+
+    name: str
+    dtype: str | None
+    shape: tuple[int | str | None, ...] | None
+
+    @classmethod
+    def of(cls, value: ir.Value | None) -> TensorInfo:
+        if value is None:
+            return cls("", None, None)
+        dtype = value.dtype.short_name() if value.dtype is not None else None
+        shape = None
+        if value.shape is not None:
+            shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
+        return cls(value.name or "", dtype, shape)
+
+    def type_text(self) -> str:
+        """``f32[B,S,64]``; ``?`` for what is unknown."""
+        if self.shape is None:
+            dims = "?"
+        else:
+            dims = "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+        if self.dtype is None and self.shape is None:
+            return "?"
+        return f"{self.dtype or '?'}{dims}"
+
+
+@dataclasses.dataclass
+class Body:
+    """What is known about one graph body (the main graph or one function), independent of calls.
+
+    Attributes:
+        key: ``"main"`` or the function key (see :func:`function_key`).
+        graph: The ``ir.Graph`` or ``ir.Function``.
+        identifier: ``(domain, name, overload)`` for functions, ``None`` for the main graph.
+        own_ops: Histogram of the non-call nodes directly in this body.
+        ops: Histogram of all primitive nodes executed by one call (callees expanded).
+        flops: Estimated FLOPs of one call (see :mod:`irkit.viz._flops`).
+        calls: Number of call nodes in the whole model (all instances) that call this body.
+        input_infos: The body's inputs; for a function, types missing from the body (ONNX
+            function inputs carry none) are taken from the first call site that knows them.
+    """
+
+    key: str
+    graph: ir.Graph | ir.Function
+    identifier: FunctionId | None
+    own_ops: Counter[str] = dataclasses.field(default_factory=Counter)
+    ops: Counter[str] = dataclasses.field(default_factory=Counter)
+    flops: _flops.Flops = dataclasses.field(default_factory=_flops.Flops)
+    calls: int = 0
+    input_infos: list[TensorInfo] = dataclasses.field(default_factory=list)
+
+    @property
+    def node_count(self) -> int:
+        """Primitive nodes executed by one call of this body."""
+        return sum(self.ops.values())
+
+    @property
+    def stored_nodes(self) -> int:
+        """Nodes stored in this body (call nodes included)."""
+        return len(self.graph)
+
+
+@dataclasses.dataclass
+class Call:
+    """One call instance in the hierarchy (the root stands for the main graph).
+
+    Attributes:
+        path: Module path of this instance (``"layers.3.attn"``; ``""`` for the root).
+        cls: Qualified class name (``irkit.call``) or the function's ``domain.name``.
+        body: The callee's :class:`Body`.
+        node: The call node in its caller (``None`` for the root).
+        params: Parameter elements flowing into this call (graph initializers, by shape).
+        param_bytes: Their size in bytes.
+        outputs: The call's outputs (for the root: the graph outputs).
+        children: The calls made by this instance's body, in graph order.
+        depth: 0 for the root.
+    """
+
+    path: str
+    cls: str
+    body: Body
+    node: ir.Node | None
+    params: int = 0
+    param_bytes: int = 0
+    outputs: list[TensorInfo] = dataclasses.field(default_factory=list)
+    children: list[Call] = dataclasses.field(default_factory=list)
+    depth: int = 0
+
+    @property
+    def class_name(self) -> str:
+        return self.cls.rsplit(".", 1)[-1]
+
+    def walk(self) -> Iterator[Call]:
+        """This call and all calls below it, depth first, in graph order."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+@dataclasses.dataclass
+class ModelSummary:
+    """Everything the renderers need, computed once from an ``ir.Model``.
+
+    Attributes:
+        model: The model (not modified).
+        root: The call tree; ``root.body.key == "main"``.
+        bodies: ``{key: Body}`` for the main graph and every function (functions never called
+            from the main graph included).
+        inputs: Graph inputs (initializers excluded).
+        outputs: Graph outputs.
+        params: Total parameter elements (all graph initializers, by shape).
+        param_bytes: Their total size.
+        name: A display name (file name or graph name).
+        call_names: For each call node, its instance name relative to the caller's module path
+            (``"attn"`` inside a ``Block`` body; the full path in the main graph).
+    """
+
+    model: ir.Model
+    root: Call
+    bodies: dict[str, Body]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    params: int
+    param_bytes: int
+    name: str
+    call_names: dict[ir.Node, str] = dataclasses.field(default_factory=dict)
+
+    def function_bodies(self) -> list[Body]:
+        return [b for k, b in self.bodies.items() if k != "main"]
+
+    def find_body(self, name: str) -> Body | None:
+        """The body named ``name``: a function key, a bare function name, or a module path."""
+        if name in self.bodies:
+            return self.bodies[name]
+        for body in self.function_bodies():
+            if body.identifier is not None and name in (body.identifier[1], body.key):
+                return body
+        for call in self.root.walk():
+            if call.path == name:
+                return call.body
+        return None
+
+
+def _numel_bytes(value: ir.Value) -> tuple[int, int]:
+    """Element count and bytes of a parameter, from its shape and dtype (data not read)."""
+    shape = value.shape
+    tensor = value.const_value
+    if tensor is not None and shape is None:
+        shape = tensor.shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return 0, 0
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    dtype = value.dtype if value.dtype is not None else (tensor.dtype if tensor else None)
+    if dtype is None:
+        return numel, 0
+    return numel, (numel * dtype.bitwidth + 7) // 8
+
+
+def _call_frame(node: ir.Node) -> metadata.Frame | None:
+    text = node.metadata_props.get(metadata.CALL_MODULE)
+    if not text:
+        return None
+    try:
+        return metadata.Frame.from_json(json.loads(text))
+    except (ValueError, TypeError):
+        logger.debug("ignoring malformed %s on node %r", metadata.CALL_MODULE, node.name)
+        return None
+
+
+def _borrow_input_types(caller: Body, callee: Body, node: ir.Node) -> None:
+    """Fill unknown input types of ``callee`` from the arguments of call node ``node``."""
+    formal = {v: i for i, v in enumerate(caller.graph.inputs)}
+    for i, (info, arg) in enumerate(zip(callee.input_infos, node.inputs, strict=False)):
+        if arg is not None and (info.dtype is None or info.shape is None):
+            known = caller.input_infos[formal[arg]] if arg in formal else TensorInfo.of(arg)
+            callee.input_infos[i] = TensorInfo(
+                info.name, info.dtype or known.dtype, info.shape or known.shape
+            )
+
+
+class _Builder:
+    """Builds the tree; holds per-model state so nothing is global."""
+
+    def __init__(self, model: ir.Model):
+        self.model = model
+        self.functions: dict[FunctionId, ir.Function] = dict(model.functions)
+        self.bodies: dict[str, Body] = {}
+        self.canonical_paths: dict[FunctionId, list[str]] = {}
+        self.call_names: dict[ir.Node, str] = {}
+        self._stack: list[FunctionId] = []
+
+    def callee(self, node: ir.Node) -> ir.Function | None:
+        return self.functions.get((node.domain, node.op_type, node.overload))
+
+    def body(self, graph: ir.Graph | ir.Function, identifier: FunctionId | None) -> Body:
+        key = "main" if identifier is None else function_key(identifier)
+        if identifier is not None and identifier in self._stack:
+            raise IrkitError(
+                f"function {key!r} calls itself (directly or through other functions); "
+                "recursion is not valid ONNX. Fix the model's functions."
+            )
+        if key in self.bodies:
+            return self.bodies[key]
+        body = Body(key, graph, identifier)
+        body.input_infos = [TensorInfo.of(v) for v in graph.inputs]
+        self.bodies[key] = body
+        if identifier is not None:
+            self._stack.append(identifier)
+        for node in graph:
+            function = self.callee(node)
+            if function is None:
+                body.own_ops[_op_name(node)] += 1
+                body.ops[_op_name(node)] += 1
+                continue
+            callee = self.body(function, function.identifier())
+            body.ops.update(callee.ops)
+            frame = _call_frame(node)
+            if frame is not None:
+                self.canonical_paths.setdefault(function.identifier(), []).append(frame.path)
+        if identifier is not None:
+            self._stack.pop()
+        return body
+
+    def flops(self, body: Body, done: set[str]) -> _flops.Flops:
+        """Fill ``body.flops`` (callees first); input shapes come from ``body.input_infos``."""
+        if body.key in done:
+            return body.flops
+        done.add(body.key)
+        formal = {v: info for v, info in zip(body.graph.inputs, body.input_infos, strict=True)}
+
+        def shape_of(value: ir.Value) -> tuple[int | str | None, ...] | None:
+            return (formal[value] if value in formal else TensorInfo.of(value)).shape
+
+        for node in body.graph:
+            function = self.callee(node)
+            if function is None:
+                body.flops += _flops.node_flops(node, shape_of)
+            else:
+                body.flops += self.flops(self.bodies[function_key(function.identifier())], done)
+        return body.flops
+
+    def instance_path(self, node: ir.Node, parent: Call, index: int) -> tuple[str, str]:
+        """(module path, class) of a call node called from ``parent``'s body."""
+        frame = _call_frame(node)
+        function = self.callee(node)
+        assert function is not None
+        cls = f"{function.domain}.{function.name}" if function.domain else function.name
+        if frame is None:
+            name = node.name or f"{node.op_type}_{index}"
+            return (f"{parent.path}.{name}" if parent.path else name), cls
+        path = frame.call_id
+        if parent.node is not None:
+            # Inside a shared body the stored path is that of the instance the body was made
+            # from; re-root it under this instance's own path.
+            parent_id = self.callee(parent.node).identifier()  # type: ignore[union-attr]
+            for owner in self.canonical_paths.get(parent_id, []):
+                if path.startswith(owner + "."):
+                    path = f"{parent.path}.{path[len(owner) + 1 :]}"
+                    break
+        return path, frame.cls
+
+    def expand(self, call: Call, params: dict[ir.Value, tuple[int, int]]) -> None:
+        """Fill ``call.children`` recursively; ``params`` maps body values to parameter sizes."""
+        for index, node in enumerate(call.body.graph):
+            function = self.callee(node)
+            if function is None:
+                continue
+            path, cls = self.instance_path(node, call, index)
+            _borrow_input_types(call.body, self.bodies[function_key(function.identifier())], node)
+            self.call_names.setdefault(node, relative_name(path, call.path))
+            child = Call(
+                path,
+                cls,
+                self.bodies[function_key(function.identifier())],
+                node,
+                depth=call.depth + 1,
+                outputs=[TensorInfo.of(v) for v in node.outputs],
+            )
+            inner: dict[ir.Value, tuple[int, int]] = {}
+            seen: set[ir.Value] = set()
+            for arg, formal in zip(node.inputs, function.inputs, strict=False):
+                if arg is not None and arg in params:
+                    inner[formal] = params[arg]
+                    if arg not in seen:
+                        seen.add(arg)
+                        child.params += params[arg][0]
+                        child.param_bytes += params[arg][1]
+            call.children.append(child)
+            self.expand(child, inner)
+
+
+def relative_name(path: str, parent: str) -> str:
+    """``"layers.0.attn"`` under ``"layers.0"`` → ``"attn"``; unrelated paths stay whole."""
+    if parent and path.startswith(parent + "."):
+        return path[len(parent) + 1 :]
+    return path
+
+
+def _op_name(node: ir.Node) -> str:
+    return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+
+
+def summarize(model: ir.Model, *, name: str | None = None) -> ModelSummary:
+    """Analyse ``model``'s call hierarchy, op counts, parameters and shapes (read only).
+
+    Args:
+        model: Any ONNX model as ``ir.Model`` (with or without irkit metadata).
+        name: Display name (default: the main graph's name).
+
+    Returns:
+        The :class:`ModelSummary`.
+
+    Raises:
+        IrkitError: A function calls itself (directly or through others).
+
+    Example:
+        >>> import onnx_ir as ir
+        >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+        >>> s = summarize(m)
+        >>> s.root.body.node_count, dict(s.root.body.ops)
+        (1, {'Relu': 1})
+    """
+    builder = _Builder(model)
+    main = builder.body(model.graph, None)
+    for function in model.functions.values():
+        builder.body(function, function.identifier())
+    params: dict[ir.Value, tuple[int, int]] = {
+        v: _numel_bytes(v) for v in model.graph.initializers.values()
+    }
+    root = Call(
+        "",
+        model.graph.name or "main",
+        main,
+        None,
+        outputs=[TensorInfo.of(v) for v in model.graph.outputs],
+    )
+    root.params = sum(p[0] for p in params.values())
+    root.param_bytes = sum(p[1] for p in params.values())
+    builder.expand(root, params)
+    done: set[str] = set()
+    for body in builder.bodies.values():
+        builder.flops(body, done)
+    for call in root.walk():
+        if call.node is not None:
+            call.body.calls += 1
+    initializers = set(model.graph.initializers)
+    inputs = [TensorInfo.of(v) for v in model.graph.inputs if v.name not in initializers]
+    return ModelSummary(
+        model=model,
+        root=root,
+        bodies=builder.bodies,
+        inputs=inputs,
+        outputs=list(root.outputs),
+        params=root.params,
+        param_bytes=root.param_bytes,
+        name=name or model.graph.name or "model",
+        call_names=builder.call_names,
+    )
+
+
+def call_sites(summary: ModelSummary, key: str) -> Sequence[Call]:
+    """Every call instance of the body ``key``, in tree order."""
+    return [c for c in summary.root.walk() if c.node is not None and c.body.key == key]

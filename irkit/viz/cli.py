@@ -1,0 +1,236 @@
+"""``irkit-viz`` / ``python tools/viz.py``: read any ONNX file and show it.
+
+Errors a user can cause (missing or broken file, missing external data, no Graphviz) print one
+line ``irkit-viz: error: …`` and exit with status 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+__all__ = ["main", "build_parser", "load_model"]
+
+FORMATS = ("text", "onnx-text", "dot", "svg", "html", "json")
+_SUFFIX_FORMATS = {
+    ".svg": "svg",
+    ".html": "html",
+    ".htm": "html",
+    ".json": "json",
+    ".dot": "dot",
+    ".gv": "dot",
+    ".txt": "text",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="irkit-viz",
+        description="Show an ONNX model: call hierarchy, op histogram, inputs/outputs; "
+        "DOT/SVG pictures, a one-file interactive HTML page, JSON, and diffs.",
+    )
+    p.add_argument("model", help="the .onnx file (from irkit or elsewhere)")
+    p.add_argument(
+        "--format",
+        "-f",
+        choices=FORMATS,
+        help="output format (default: from -o's suffix, else text)",
+    )
+    p.add_argument("-o", "--output", help="write to this file instead of standard output")
+    p.add_argument("--depth", type=int, help="deepest call level in the tree (1: top calls only)")
+    p.add_argument(
+        "--function",
+        metavar="NAME",
+        help="show one body: a function name, domain::name, a module path, or 'main'",
+    )
+    p.add_argument(
+        "--expand",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="list grouped calls whose module path matches GLOB one by one (repeatable)",
+    )
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="add estimated FLOPs and op counts per module, and a function table",
+    )
+    p.add_argument("--diff", metavar="OTHER", help="compare with OTHER.onnx, module by module")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="ANSI colour (auto: only on a terminal and when NO_COLOR is unset)",
+    )
+    p.add_argument(
+        "--allow-missing-data",
+        action="store_true",
+        help="show a model even if its external weight files are missing",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    return p
+
+
+def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
+    """Load ``path`` without reading external weights; check that they are present.
+
+    Raises:
+        ModelLoadError: Missing, not ONNX, truncated, or external data missing/short.
+    """
+    import onnx_ir as ir
+
+    import irkit
+    from irkit.errors import ModelLoadError
+
+    model = irkit.load(path, load_external_data=False)
+    if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
+        raise ModelLoadError(
+            f"{path!r}: not an ONNX model (no ir_version or no graph). "
+            "Is the file empty, truncated or of another format?"
+        )
+    if allow_missing_data:
+        return model
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        location = pathlib.Path(tensor.base_dir) / tensor.location
+        if not location.is_file():
+            raise ModelLoadError(
+                f"{path!r}: external data file {str(location)!r} for initializer {value.name!r} "
+                "is missing. Copy it next to the model, or pass --allow-missing-data."
+            )
+        end = (tensor.offset or 0) + (tensor.length or 0)
+        if location.stat().st_size < end:
+            raise ModelLoadError(
+                f"{path!r}: external data file {str(location)!r} is truncated "
+                f"({location.stat().st_size} bytes, initializer {value.name!r} needs {end})."
+            )
+    return model
+
+
+def _use_color(choice: str, stream) -> bool:
+    if choice != "auto":
+        return choice == "always"
+    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+
+
+def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
+    from irkit.errors import IrkitError
+    from irkit.viz import _dot, _json, _summary, _text
+
+    model = load_model(args.model, allow_missing_data=args.allow_missing_data)
+    name = pathlib.Path(args.model).name
+    if args.diff:
+        return _render_diff(args, fmt, color, model, name)
+    if fmt == "onnx-text":
+        return _onnx_text(model, args.function)
+    summary = _summary.summarize(model, name=name)
+    body = None
+    if args.function:
+        body = summary.find_body(args.function)
+        if body is None:
+            names = ", ".join(sorted(b.key for b in summary.bodies.values()))
+            raise IrkitError(
+                f"{args.model!r} has no function or module {args.function!r}. Functions: {names}"
+            )
+    if fmt == "text":
+        if body is not None:
+            return _text.render_function_text(summary, body, color)
+        options = _text.TextOptions(
+            depth=args.depth, expand=tuple(args.expand), stats=args.stats, color=color
+        )
+        return _text.render_text(summary, options)
+    if fmt == "json":
+        return _json.render_json(summary)
+    if fmt in ("dot", "svg"):
+        dot = _dot.body_dot(summary, body or summary.root.body).source
+        return dot if fmt == "dot" else _dot.layout_svg([dot])[0]
+    from irkit.viz import _html
+
+    return _html.render_html(summary)
+
+
+def _onnx_text(model, function: str | None) -> str:
+    import onnx_ir as ir
+
+    from irkit.errors import IrkitError
+
+    if function is None:
+        return ir.to_onnx_text(model, exclude_initializers=True) + "\n"
+    import onnx.printer
+
+    for f in model.functions.values():
+        if function in (f.name, f"{f.domain}::{f.name}"):
+            return onnx.printer.to_text(ir.to_proto(f)) + "\n"
+    raise IrkitError(f"no function {function!r} (onnx-text takes a function name)")
+
+
+def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
+    from irkit.errors import IrkitError
+    from irkit.viz import _diff, _summary
+
+    other = load_model(args.diff, allow_missing_data=args.allow_missing_data)
+    a = _summary.summarize(model, name=name)
+    b = _summary.summarize(other, name=pathlib.Path(args.diff).name)
+    if a.name == b.name:
+        a.name, b.name = args.model, args.diff
+    diff = _diff.diff_summaries(a, b)
+    if fmt == "text":
+        return _diff.render_diff_text(diff, color)
+    if fmt == "json":
+        return _diff.render_diff_json(diff)
+    if fmt == "html":
+        from irkit.viz import _html
+
+        return _html.render_diff_html(diff)
+    raise IrkitError(f"--diff supports --format text, json or html, not {fmt!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 user error)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="irkit-viz: %(levelname)s: %(message)s",
+    )
+    fmt = args.format or _SUFFIX_FORMATS.get(pathlib.Path(args.output or "").suffix, "text")
+    stream = sys.stdout
+    color = _use_color(args.color, stream) and args.output is None
+    try:
+        from irkit.errors import IrkitError
+
+        try:
+            text = _render(args, fmt, color)
+        except IrkitError as exc:
+            if args.debug:
+                raise
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"irkit-viz: error: {message}", file=sys.stderr)
+            return 2
+        if args.output:
+            pathlib.Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            stream.write(text)
+            stream.flush()
+    except BrokenPipeError:  # `irkit-viz model.onnx | head`
+        sys.stderr.close()
+        return 0
+    except OSError as exc:
+        if args.debug:
+            raise
+        print(f"irkit-viz: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

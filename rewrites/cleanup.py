@@ -1,0 +1,162 @@
+"""Cleanup: ops that do nothing, and pairs that collapse into one.
+
+Identities (each rule's comment states its precondition):
+
+- ``Identity(x) = x``                          (not when it separates a graph input from a graph output)
+- ``Cast(x, to=dtype(x)) = x``                 (x's dtype known)
+- ``Reshape(x, s) = x``                        (s constant and resolves to x's known shape)
+- ``Reshape(Reshape(x, s1), s2) = Reshape(x, s2)``   (s2 constant without 0 entries, or allowzero)
+- ``Transpose(x, perm=[0..n-1]) = x``
+- ``Transpose(Transpose(x, p1), p2) = Transpose(x, p1∘p2)``   (both perms explicit)
+- ``Expand(x, s) = x``                         (s constant and broadcasting it leaves x's shape unchanged)
+
+All rules are valid at every opset and inside function bodies.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from irkit.rewriting import Rule, RuleSet, attr, fail, op, var
+from irkit.rewriting.checks import const_ints, dims
+
+x, shape, s1, s2 = var("x"), var("shape"), var("s1"), var("s2")
+
+
+def _keeps_graph_io(match, x: ir.Value):  # noqa: ANN001 - Match
+    out = match.outputs[0] if match is not None else None
+    if out is not None and out.is_graph_output() and (
+        x.producer() is None or x.is_graph_output()
+    ):
+        return fail("needed: connects a graph input/initializer/output to a graph output", x)
+    return True
+
+
+def _target_and_dims(x: ir.Value, shape: ir.Value):
+    """(constant target shape, dims of x), or a failure."""
+    target = const_ints(shape)
+    if target is None:
+        return fail("shape is not a constant", shape)
+    xd = dims(x)
+    if xd is None:
+        return fail("input shape unknown", x)
+    return target, xd
+
+
+def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
+    """The resolved target dims of Reshape(x, shape), or a failure."""
+    known = _target_and_dims(x, shape)
+    if not known:
+        return known
+    target, xd = known
+    if len(target) != len(xd):
+        return fail("reshape changes the rank", shape)
+    resolved: list[object] = []
+    for i, t in enumerate(target):
+        resolved.append(xd[i] if (t == 0 and not allowzero) else t)
+    if resolved.count(-1) == 1:
+        j = resolved.index(-1)
+        others = [d for k, d in enumerate(resolved) if k != j]
+        if others == [d for k, d in enumerate(xd) if k != j]:
+            resolved[j] = xd[j]
+    return resolved
+
+
+def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None):
+    resolved = _reshape_target(x, shape, allowzero)
+    if not isinstance(resolved, list):
+        return resolved
+    xd = dims(x)
+    if any(d is None for d in xd) or list(xd) != resolved:  # type: ignore[union-attr]
+        return fail(f"target {resolved} differs from input shape {list(xd)}", shape)  # type: ignore[arg-type]
+    return True
+
+
+def _expand_is_noop(x: ir.Value, shape: ir.Value):
+    known = _target_and_dims(x, shape)
+    if not known:
+        return known
+    target, xd = known
+    if len(target) > len(xd):
+        return fail("expand adds dimensions", shape)
+    for t, d in zip(reversed(target), reversed(xd), strict=False):
+        if t != 1 and t != d:
+            return fail(f"expand changes a dim {d} to {t}", shape)
+    return True
+
+
+def _compose(p1, p2):  # noqa: ANN001
+    return [p1[i] for i in p2]
+
+
+def _transpose_pair_ok(p1, p2):  # noqa: ANN001
+    if p1 is None or p2 is None:
+        return fail("a Transpose without explicit perm")
+    if len(p1) != len(p2):
+        return fail("perms of different ranks")
+    return True
+
+
+rules = RuleSet(
+    "cleanup",
+    [
+        Rule(  # Identity(x) = x
+            "IdentityElimination",
+            op.Identity(x),
+            lambda x: x,
+            lambda x, match: _keeps_graph_io(match, x),
+        ),
+        Rule(  # Cast(x, to=dtype(x)) = x
+            "NoOpCast",
+            op.Cast(x, to=attr("to")),
+            lambda x: x,
+            lambda x, to, match: (
+                fail("input dtype unknown", x) if x.dtype is None
+                else fail(f"casts {x.dtype} to {ir.DataType(to)}", x) if x.dtype != to
+                else _keeps_graph_io(match, x)
+            ),
+        ),
+        Rule(  # Reshape(Reshape(x, s1), s2) = Reshape(x, s2)
+            "ReshapeReshape",
+            op.Reshape(op.Reshape(x, s1, allowzero=attr("az1")), s2, allowzero=attr("az2")),
+            lambda op, x, s2, az2: op.Reshape(x, s2, allowzero=az2 or None),
+            lambda s2, az2: (
+                fail("outer shape is not a constant", s2) if const_ints(s2) is None
+                else fail("outer shape copies a dim (0) of the inner result", s2)
+                if not az2 and 0 in const_ints(s2)  # type: ignore[operator]
+                else True
+            ),
+        ),
+        Rule(  # Reshape(x, shape(x)) = x
+            "NoOpReshape",
+            op.Reshape(x, shape, allowzero=attr("allowzero")),
+            lambda x: x,
+            lambda x, shape, allowzero, match: _reshape_is_noop(x, shape, allowzero)
+            and _keeps_graph_io(match, x),
+        ),
+        Rule(  # Transpose(Transpose(x, p1), p2) = Transpose(x, p1∘p2)
+            "TransposeTranspose",
+            op.Transpose(op.Transpose(x, perm=attr("p1")), perm=attr("p2")),
+            lambda op, x, p1, p2: op.Transpose(x, perm=_compose(p1, p2)),
+            _transpose_pair_ok,
+            doc="Transpose(x, perm=[p1[i] for i in p2])",
+        ),
+        Rule(  # Transpose(x, perm=identity) = x
+            "NoOpTranspose",
+            op.Transpose(x, perm=attr("perm")),
+            lambda x: x,
+            lambda x, perm, match: (
+                fail(f"perm {perm} is not the identity", x)
+                if perm is None or list(perm) != list(range(len(perm)))
+                else _keeps_graph_io(match, x)
+            ),
+        ),
+        Rule(  # Expand(x, s) = x when broadcasting to s leaves x unchanged
+            "NoOpExpand",
+            op.Expand(x, shape),
+            lambda x: x,
+            lambda x, shape, match: _expand_is_noop(x, shape) and _keeps_graph_io(match, x),
+        ),
+    ],
+)
+"""The cleanup rules, in priority order."""

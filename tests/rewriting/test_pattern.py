@@ -1,0 +1,199 @@
+"""The pattern language and rule definitions: matching features, printing, definition errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import irkit
+from irkit.errors import RuleDefinitionError
+from irkit.rewriting import (
+    Const,
+    NodeRule,
+    Rule,
+    RuleSet,
+    attr,
+    either,
+    fail,
+    node_rule,
+    op,
+    optional,
+    var,
+)
+from tests.rewriting import util
+
+H = '<ir_version: 10, opset_import: ["" : 18, "com.microsoft" : 1, "pkg" : 1]>'
+x, y = var("x"), var("y")
+
+SILU = Rule("SiLU", lambda op, x: op.Mul(x, op.Sigmoid(x)), lambda op, x: op.Swish(x))
+
+
+def _m(body: str):
+    return util.model(H + body)
+
+
+@pytest.mark.parametrize("product", ["Mul(x, s)", "Mul(s, x)"])
+def test_commutative_either_order(product):
+    m = _m(f"g (float[4] x) => (float[4] z) {{ s = Sigmoid(x)  z = {product} }}")
+    report = irkit.rewrite(m, SILU)
+    assert report.fired == {"SiLU": 1}
+    assert util.ops(m) == {"Swish": 1}
+
+
+def test_commutative_backtracks_into_inner_choice():
+    # Add(Mul(a, b), a): the Mul's operand order must be revisited when the Add's second input fails.
+    rule = Rule("R", op.Add(op.Mul(x, y), x),  # x·y + x = x·(y + 1)
+                lambda op, x, y: op.Mul(x, op.Add(y, op.const(1.0, "float32"))))
+    m = _m("g (float[4] a, float[4] b) => (float[4] z) { t = Mul(b, a)  z = Add(t, a) }")
+    before = util.clone(m)
+    assert irkit.rewrite(m, rule).fired == {"R": 1}
+    (mul,) = [n for n in m.graph if n.op_type == "Mul"]
+    assert mul.inputs[0].name == "a"
+    util.assert_same_numbers(before, m)
+
+
+def test_same_variable_must_bind_same_value():
+    m = _m("g (float[4] a, float[4] b) => (float[4] z) { s = Sigmoid(b)  z = Mul(a, s) }")
+    report = irkit.rewrite(m, SILU)
+    assert report.fired == {}
+    assert report.rules["SiLU"].failures == {"variable 'x' bound to two different values": 1}
+
+
+def test_constant_with_tolerance():
+    rule = Rule("Half", op.Mul(x, Const(0.5, rtol=1e-3)), lambda op, x: op.Div(x, op.const(2.0, "float32")))
+    ok = _m("g (float[4] x) => (float[4] z) { c = Constant<value=float {0.50001}>()  z = Mul(x, c) }")
+    bad = _m("g (float[4] x) => (float[4] z) { c = Constant<value=float {0.51}>()  z = Mul(x, c) }")
+    assert irkit.rewrite(ok, rule).fired == {"Half": 1}
+    assert irkit.rewrite(bad, rule).rules["Half"].failures == {"expected constant 0.5": 1}
+
+
+def test_attribute_literal_capture_and_default():
+    rule = Rule(
+        "SoftmaxLast", op.Softmax(x, axis=attr("axis")),
+        lambda op, x: op.LogSoftmax(x),
+        lambda axis: axis == -1 or fail(f"axis {axis}"),
+    )
+    m = _m("g (float[2,4] x) => (float[2,4] z) { z = Softmax(x) }")  # default axis=-1 (opset 13+)
+    assert irkit.rewrite(m, rule).fired == {"SoftmaxLast": 1}
+    m = _m("g (float[2,4] x) => (float[2,4] z) { z = Softmax<axis=0>(x) }")
+    assert irkit.rewrite(m, rule).rules["SoftmaxLast"].failures == {"axis 0": 1}
+
+
+def test_either_and_optional():
+    rule = Rule(
+        "ClipToRelu",
+        op.Clip(x, either(0.0, Const(0)), optional(var("hi"))),
+        lambda op, x, hi: op.Relu(x) if hi is None else None,
+    )
+    m = _m("g (float[4] x) => (float[4] z) { lo = Constant<value=float {0.0}>()  z = Clip(x, lo) }")
+    assert irkit.rewrite(m, rule).fired == {"ClipToRelu": 1}
+    m = _m("g (float[4] x) => (float[4] z) { lo = Constant<value=float {0.0}>() "
+           "hi = Constant<value=float {6.0}>()  z = Clip(x, lo, hi) }")
+    assert irkit.rewrite(m, rule).rules["ClipToRelu"].failures == {"rewrite declined": 1}
+
+
+def test_other_domain_and_function_call_patterns():
+    rule = Rule(
+        "MsGelu",
+        op.domain("com.microsoft").FastGelu(x),
+        lambda op, x: op.domain("pkg").MyGelu(x),
+    )
+    m = _m("g (float[4] x) => (float[4] z) { z = com.microsoft.FastGelu(x) }")
+    assert irkit.rewrite(m, rule).fired == {"MsGelu": 1}
+    assert (m.graph.node(0).domain, m.graph.node(0).op_type) == ("pkg", "MyGelu")
+
+
+def test_multi_output_pattern_found_through_shared_input():
+    rule = Rule(
+        "ReluAndSigmoid",
+        (op.Relu(x), op.Sigmoid(x)),
+        lambda op, x: op.domain("com.example").ReluSigmoid(x, _outputs=2),
+    )
+    m = _m("g (float[4] x) => (float[4] a, float[4] b) { b = Sigmoid(x)  t = Neg(x)  a = Relu(x) }")
+    assert irkit.rewrite(m, rule).fired == {"ReluAndSigmoid": 1}
+    assert util.ops(m) == {"Neg": 1, "ReluSigmoid": 1}
+    assert [o.name for o in m.graph.outputs] == ["a", "b"]
+    assert m.opset_imports["com.example"] == 1
+
+
+def test_intermediate_used_outside_is_not_matched():
+    m = _m("g (float[4] x) => (float[4] z, float[4] s) { s = Sigmoid(x)  z = Mul(x, s) }")
+    report = irkit.rewrite(m, SILU)
+    assert report.rules["SiLU"].failures == {
+        "an intermediate value of the match is a graph output": 1
+    }
+
+
+def test_rule_prints_as_identity():
+    assert str(SILU) == "SiLU: Mul(x, Sigmoid(x)) ⇒ Swish(x)"
+    rules = RuleSet("act", [SILU]) + NodeRule("Drop", ["Identity"], lambda op, n: n.inputs[0])
+    assert rules.names() == ["SiLU", "Drop"]
+    assert str(rules) == (
+        "RuleSet 'act+Drop' (2 rules)\n  SiLU: Mul(x, Sigmoid(x)) ⇒ Swish(x)\n  Drop"
+    )
+
+
+def test_unknown_rewrite_parameter_is_a_definition_error():
+    with pytest.raises(RuleDefinitionError) as info:
+        Rule("Bad", op.Relu(x), lambda op, z: op.Relu(z))
+    assert str(info.value) == (
+        "rule 'Bad': rewrite parameter 'z' is not a pattern variable (variables: x). "
+        "Fix: rename it to one of the variables, or use it in the pattern."
+    )
+
+
+def test_unknown_check_parameter_is_a_definition_error():
+    with pytest.raises(RuleDefinitionError, match="check parameter 'op' is not a pattern"):
+        Rule("Bad", op.Relu(x), lambda op, x: x, lambda op: True)
+
+
+def test_duplicate_rule_names_rejected():
+    with pytest.raises(RuleDefinitionError, match="two rules are named 'SiLU'"):
+        RuleSet("s", [SILU]) + SILU
+
+
+def test_plain_function_rule():
+    @node_rule("Neg")
+    def double_neg(op, node):
+        inner = node.inputs[0].producer()
+        if inner is None or inner.op_type != "Neg":
+            return fail("not Neg(Neg(x))", node.inputs[0])
+        return op.Identity(inner.inputs[0])
+
+    m = _m("g (float[4] x) => (float[4] z) { t = Neg(x)  u = Neg(t)  v = Neg(u)  z = Relu(v) }")
+    report = irkit.rewrite(m, double_neg)
+    assert report.fired == {"double_neg": 1}  # v = Neg(Neg(t)); then Neg(x) is alone
+    assert report.rules["double_neg"].failures == {"not Neg(Neg(x))": 1}
+    assert util.ops(m) == {"Identity": 1, "Neg": 1, "Relu": 1}
+
+
+def test_explain_lists_near_misses():
+    m = _m("g (float[4] x, float[4] a) => (float[4] z) { s = Sigmoid(a)  z = Mul(x, s) }")
+    report = irkit.rewrite(m, SILU, explain="SiLU")
+    assert [(n.node, n.reason) for n in report.near_misses] == [
+        (m.graph.node(1).name, "variable 'x' bound to two different values [value 'a']")
+    ]
+    assert "depth 2" in report.explain()
+
+
+def test_explain_unknown_rule():
+    m = _m("g (float[4] x) => (float[4] z) { z = Relu(x) }")
+    with pytest.raises(irkit.RewriteError, match="explain='Nope' names no rule"):
+        irkit.rewrite(m, SILU, explain="Nope")
+
+
+def test_commutative_chain_backtracking_is_local():
+    """Add(Add(Add(Add(a, b), c), d), e) matched against the mirrored graph order."""
+    names = "abcde"
+    pat = var("a")
+    for v in names[1:]:
+        pat = op.Add(pat, var(v))
+    rule = Rule("Sum5", pat, lambda op, a, b, c, d, e: op.Sum(a, b, c, d, e))
+    body, prev = [], "a"
+    for i, v in enumerate(names[1:]):
+        body.append(f"s{i} = Add({v}, {prev})")
+        prev = f"s{i}"
+    m = _m(f"g ({', '.join(f'float[4] {v}' for v in names)}) => (float[4] {prev}) "
+           f"{{ {'  '.join(body)} }}")
+    before = util.clone(m)
+    assert irkit.rewrite(m, rule).fired == {"Sum5": 1}
+    util.assert_same_numbers(before, m)

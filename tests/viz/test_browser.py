@@ -1,0 +1,122 @@
+"""The HTML page in a real headless Chromium (Debian's), driven over the DevTools protocol."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import irkit
+from tests.viz import models
+from tests.viz.conftest import ARTIFACTS, ROOT, run_cli
+
+pytestmark = pytest.mark.browser
+
+CLICK = "(el) => el.dispatchEvent(new MouseEvent('click', {bubbles: true}))"
+
+
+def _click_call(b, label: str) -> None:
+    """Click the function box whose text contains ``label`` in the shown graph."""
+    found = b.evaluate(
+        f"""(() => {{
+          const g = [...document.querySelectorAll('#canvas g.node.call')]
+            .find((n) => [...n.querySelectorAll('text')].some((t) => t.textContent === {label!r}));
+          if (!g) return false;
+          ({CLICK})(g);
+          return true;
+        }})()"""
+    )
+    assert found, f"no call box {label!r}"
+
+
+def _trail(b) -> list[str]:
+    return [label for _, label in b.evaluate("window.irkitViz.trail()")]
+
+
+@pytest.fixture
+def page(tmp_path, toy, chromium, graphviz_dot):
+    from tests.viz.cdp import Browser
+
+    out = tmp_path / "toy.html"
+    result = run_cli(toy, "--format", "html", "-o", out)
+    assert result.returncode == 0, result.stderr
+    with Browser(out.as_uri()) as browser:
+        yield browser
+
+
+def test_html_page_in_chromium(page):
+    b = page
+    assert b.evaluate("document.querySelectorAll('#canvas g.node.call').length") == 3
+    assert b.evaluate("document.querySelectorAll('#tree summary, #tree .leaf').length") >= 3
+    # Drill into a Block call, then into its attention call.
+    _click_call(b, "layers.1")
+    assert _trail(b) == ["main", "layers.1"]
+    assert b.evaluate("document.querySelector('#canvas svg .graph > text').textContent") == (
+        "tests.viz.toy::Block"
+    )
+    assert b.evaluate("document.querySelectorAll('#canvas g.node.call').length") == 2
+    _click_call(b, "attn")
+    assert _trail(b) == ["main", "layers.1", "layers.1.attn"]
+    # Click a primitive node: its card shows module path, source and attributes.
+    b.evaluate(
+        f"({CLICK})([...document.querySelectorAll('#canvas g.node.op')]"
+        ".find((n) => n.textContent.includes('Softmax')))"
+    )
+    card = b.evaluate("document.getElementById('side').innerText")
+    assert "Softmax" in card and "toy/modeling.py:13" in card and "layers.0.attn" in card
+    assert "axis" in card
+    # Breadcrumb back to the top.
+    b.evaluate(f"({CLICK})(document.querySelector('#crumbs-path a'))")
+    assert _trail(b) == ["main"]
+    assert b.evaluate("document.querySelectorAll('#canvas g.node.call').length") == 3
+    # Search finds a node inside a function body and opens it.
+    b.evaluate(
+        "(() => { const s = document.getElementById('search'); s.value = 'relu';"
+        " s.dispatchEvent(new Event('input')); })()"
+    )
+    results = b.evaluate("[...document.querySelectorAll('#results > div')].map((d) => d.innerText)")
+    assert len(results) == 1 and "Relu" in results[0] and "MLP" in results[0]
+    b.evaluate(f"({CLICK})(document.querySelector('#results > div'))")
+    assert b.evaluate("window.irkitViz.trail().at(-1)[0]") == "tests.viz.toy::MLP"
+    assert b.evaluate("document.querySelector('#canvas g.node.hl').textContent.trim()") == "Relu"
+    # The picture for the docs: the Block body with a call's card.
+    _click_call_path(b)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    b.screenshot(ARTIFACTS / "viz_html.png")
+    card = b.evaluate("document.getElementById('side').innerText")
+    assert (
+        card.startswith("tests.viz.toy::MLP layers.1.mlp\nmodule\tlayers.1.mlp")
+        and "1024·B·S" in card
+    )
+    if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
+        shutil.copy(ARTIFACTS / "viz_html.png", ROOT / "docs" / "viz_html.png")
+    assert b.errors == []
+
+
+def _click_call_path(b) -> None:
+    b.evaluate("window.irkitViz.search(document.getElementById('search').value = '')")
+    b.evaluate(f"({CLICK})(document.querySelector('#crumbs-path a'))")
+    _click_call(b, "layers.1")
+    b.evaluate(
+        "(() => { const g = [...document.querySelectorAll('#canvas g.node.call')][1];"
+        " g.dispatchEvent(new MouseEvent('click', {bubbles: true, shiftKey: true})); })()"
+    )
+
+
+def test_large_model_page_stays_usable(tmp_path, chromium, graphviz_dot):
+    from tests.viz.cdp import Browser
+
+    path = irkit.save(models.stack(64, d=16, extra_ops=40), tmp_path / "big.onnx")
+    out = tmp_path / "big.html"
+    result = run_cli(path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    with Browser(out.as_uri()) as b:
+        # The 64 Block calls are one group in the hierarchy tree; bodies render on demand.
+        assert b.evaluate("document.querySelectorAll('#canvas svg').length") == 1
+        assert b.evaluate("document.querySelector('#tree').innerText").count("×64") >= 3
+        _click_call(b, "layers.63")
+        _click_call(b, "mlp")
+        assert _trail(b) == ["main", "layers.63", "layers.63.mlp"]
+        assert b.evaluate("document.querySelectorAll('#canvas g.node.op').length") == 45
+        assert b.errors == []

@@ -1,0 +1,128 @@
+"""Bad input: one line naming the file and the problem, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+import irkit
+from tests.viz import models
+from tests.viz.conftest import run_cli
+
+
+def _assert_one_line_error(result, expected: str) -> None:
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert result.stderr == f"irkit-viz: error: {expected}\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_file(tmp_path):
+    result = run_cli("nope.onnx", cwd=tmp_path)
+    _assert_one_line_error(result, "'nope.onnx': no such file")
+
+
+def test_directory(tmp_path):
+    result = run_cli(".", cwd=tmp_path)
+    _assert_one_line_error(result, "'.': is a directory, not an ONNX file")
+
+
+@pytest.mark.parametrize("content", [b"hello, this is not an ONNX file\n", b"\x00\x01\x02"])
+def test_not_onnx(tmp_path, content):
+    (tmp_path / "x.onnx").write_bytes(content)
+    result = run_cli("x.onnx", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("irkit-viz: error: 'x.onnx': not a valid ONNX model (")
+    assert result.stderr.endswith("Is the file truncated or of another format?\n")
+    assert result.stderr.count("\n") == 1
+
+
+def test_empty_file(tmp_path):
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    result = run_cli("empty.onnx", cwd=tmp_path)
+    _assert_one_line_error(
+        result,
+        "'empty.onnx': not an ONNX model (no ir_version or no graph). "
+        "Is the file empty, truncated or of another format?",
+    )
+
+
+@pytest.mark.parametrize("keep", [0.25, 0.5, 0.9])
+def test_truncated(tmp_path, toy, keep):
+    data = toy.read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(data[: int(len(data) * keep)])
+    result = run_cli("cut.onnx", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("irkit-viz: error: 'cut.onnx': not a")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def external_model(tmp_path):
+    irkit.save(models.stack(2), tmp_path / "ext.onnx", external_data=True)
+    assert (tmp_path / "ext.onnx.data").exists()
+    return tmp_path / "ext.onnx"
+
+
+def test_external_data_is_not_needed_when_present(external_model):
+    result = run_cli(external_model.name, cwd=external_model.parent)
+    assert result.returncode == 0, result.stderr
+    assert "layers.0 … layers.1  Block ×2" in result.stdout
+
+
+def test_missing_external_data(external_model):
+    (external_model.parent / "ext.onnx.data").unlink()
+    result = run_cli("ext.onnx", cwd=external_model.parent)
+    _assert_one_line_error(
+        result,
+        "'ext.onnx': external data file 'ext.onnx.data' for initializer 'layers.0.mlp.w1' is "
+        "missing. Copy it next to the model, or pass --allow-missing-data.",
+    )
+    ok = run_cli("ext.onnx", "--allow-missing-data", cwd=external_model.parent)
+    assert ok.returncode == 0 and "Block ×2" in ok.stdout
+
+
+def test_truncated_external_data(external_model):
+    data = external_model.parent / "ext.onnx.data"
+    data.write_bytes(data.read_bytes()[:100])
+    result = run_cli("ext.onnx", cwd=external_model.parent)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "irkit-viz: error: 'ext.onnx': external data file 'ext.onnx.data' is truncated (100 bytes"
+    )
+
+
+def test_unknown_function(toy):
+    result = run_cli(toy.name, "--function", "Nope", cwd=toy.parent)
+    _assert_one_line_error(
+        result,
+        "'toy.onnx' has no function or module 'Nope'. Functions: main, "
+        "tests.viz.toy::Attention, tests.viz.toy::Block, tests.viz.toy::MLP",
+    )
+
+
+def test_debug_shows_traceback(tmp_path):
+    result = run_cli("nope.onnx", "--debug", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "ModelLoadError" in result.stderr
+
+
+def test_svg_without_dot_says_how_to_install(toy, tmp_path):
+    # An empty PATH hides Graphviz's `dot` (the interpreter is started by absolute path).
+    result = run_cli(toy, "--format", "svg", env={"PATH": str(tmp_path)})
+    _assert_one_line_error(
+        result,
+        "Graphviz's `dot` program was not found on PATH. Install Graphviz's layout program `dot` "
+        "(Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz) and the Python "
+        "binding (pip install graphviz).",
+    )
+
+
+def test_writes_output_file(toy, tmp_path):
+    result = run_cli(toy, "-o", tmp_path / "out.json")
+    assert result.returncode == 0 and result.stdout == ""
+    assert (tmp_path / "out.json").read_text().startswith('{\n "schema": "irkit.viz/1"')
+
+
+def test_format_from_suffix(toy, tmp_path, graphviz_dot):
+    assert run_cli(toy, "-o", tmp_path / "m.svg").returncode == 0
+    assert (tmp_path / "m.svg").read_text().startswith("<?xml")
