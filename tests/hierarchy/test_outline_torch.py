@@ -301,3 +301,19 @@ def test_outline_after_cse_still_dedupes_the_stack():
     outline_and_verify(model, zm.args, flatten_outputs(zm.eager()))
     assert "  tests::PreLNBlock  calls=4" in irkit.function_tree(model, sizes=False).splitlines()
     assert [n.op_type for n in model.graph] == ["PreLNBlock"] * 4 + ["LayerNorm"]
+
+
+@pytest.mark.parametrize("order", ["optimize_then_outline", "outline_then_optimize"])
+def test_outline_and_optimize_in_either_order(order):
+    zm = zoo.load("llama")
+    model = irkit.lower(zoo.export("llama"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", irkit.OutlineWarning)
+        steps = [irkit.optimize, irkit.outline]
+        for step in steps if order == "optimize_then_outline" else steps[::-1]:
+            step(model)
+    irkit.check(model)
+    assert_close(run_ort(model, list(zm.args)), flatten_outputs(zm.eager()), atol=1e-4)
+    tree = irkit.function_tree(model, sizes=False).splitlines()
+    assert "  transformers.models.llama::LlamaDecoderLayer  calls=2" in tree
+    assert not any("LlamaDecoderLayer_1" in line for line in tree)
