@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
@@ -53,7 +53,7 @@ def function_domain(frame: md.Frame) -> str:
 @dataclasses.dataclass
 class _Context:
     model: ir.Model
-    selected: object  # Callable[[Frame], bool]
+    selected: Callable[[md.Frame], bool]
     max_depth: int | None
     signatures: CallSignatures
     registry: FunctionRegistry
@@ -86,7 +86,7 @@ def outline(
         model: The model; its main graph is outlined, the result is topologically sorted.
         functions: Which calls: ``True`` (all), ``False`` (none: the model is returned as is),
             classes / class names, a :class:`ModuleSelector` (classes and path globs) or a
-            predicate ``(path, qualified_class) -> bool``. See :mod:`irkit.hierarchy._select`.
+            predicate ``(path, qualified_class) -> bool``. See ``docs/hierarchy.md``.
         max_depth: Only outline calls at most this deep (top-level modules are depth 1).
         call_signatures: Optional input/output order of module calls (:data:`CallSignatures`).
 
@@ -107,7 +107,7 @@ def outline(
     if max_depth is not None and (not isinstance(max_depth, int) or max_depth < 0):
         raise OutlineError(f"max_depth={max_depth!r}: expected a non-negative int or None.")
     selected = make_predicate(functions)
-    if functions is False or max_depth == 0:
+    if functions is False or functions is None or max_depth == 0:
         return model
     if not _is_sorted(model.graph):
         TopologicalSortPass()(model)
