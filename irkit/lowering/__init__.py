@@ -9,6 +9,8 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
 
+    from irkit.hierarchy import FunctionsOption
+
 __all__ = ["lower"]
 
 
@@ -16,6 +18,8 @@ def lower(
     exported_program: torch.export.ExportedProgram,
     *,
     opset: int | None = None,
+    functions: FunctionsOption = True,
+    max_depth: int | None = None,
     custom_lowerings: Mapping[Any, Callable[..., Any]] | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
@@ -29,13 +33,19 @@ def lower(
     still have none are reported together in one :class:`~irkit.errors.UnsupportedOpError`
     before anything is emitted. The ExportedProgram is not modified.
 
+    Module calls then become ONNX local functions (``functions=``), identical bodies shared.
     Every ONNX node carries its module scope, FX node name, target and source location as
     metadata (keys in :mod:`irkit.metadata`).
 
     Args:
         exported_program: The result of ``torch.export.export``.
-        opset: Default-domain opset of the model (default :data:`DEFAULT_OPSET`). Values below
-            torchlib's 18 are reached by converting the model with onnxscript's converter.
+        opset: Default-domain opset of the model (default 23). Values below torchlib's 18 are
+            reached by converting the model with onnxscript's converter.
+        functions: Which module calls become ONNX local functions (see :func:`irkit.outline`):
+            ``True`` (default, every call), ``False`` (a flat graph), module classes or class
+            names, an :class:`irkit.ModuleSelector` (classes and path globs), or a predicate
+            ``(module_path, qualified_class) -> bool``. Identical bodies share one function.
+        max_depth: Only outline module calls at most this deep (top-level modules are 1).
         custom_lowerings: ``{OpOverload: fn}``; ``fn`` receives the ONNX builder ``op`` first,
             then the node's arguments (``ir.Value`` for tensors) and returns the output
             value(s). Wins over every other lowering; works for ``torch.library`` custom ops.
@@ -56,12 +66,23 @@ def lower(
         >>> model = irkit.lower(ep)
         >>> [n.op_type for n in model.graph]
         ['Gemm']
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fc = torch.nn.Linear(4, 4)
+        ...     def forward(self, x):
+        ...         return self.fc(x).relu()
+        >>> model = irkit.lower(torch.export.export(Net(), (torch.randn(3, 4),)))
+        >>> [(n.domain, n.op_type) for n in model.graph]
+        [('torch.nn.modules', 'Linear'), ('', 'Relu')]
     """
     from irkit.lowering._lower import lower_program
 
     return lower_program(
         exported_program,
         opset=opset,
+        functions=functions,
+        max_depth=max_depth,
         custom_lowerings=custom_lowerings,
         input_names=input_names,
         output_names=output_names,

@@ -58,6 +58,7 @@ class Emitter:
         self._input_names = _check_names("input_names", input_names, len(self._user_inputs))
         self._output_names = output_names
         self._tensors_by_storage: dict[tuple[Any, ...], ir.Value] = {}
+        self.env: Env = {}
         self._progress = progress
         self._handlers: Mapping[str, Callable[[_Frame, torch.fx.Node], None]] = {
             "placeholder": self._placeholder,
@@ -67,12 +68,33 @@ class Emitter:
         }
 
     def run(self, plan: Plan) -> ir.Graph:
-        frame = _Frame(plan, {})
+        frame = _Frame(plan, self.env)
         for node in self.ep.graph.nodes:
             self._handlers[node.op](frame, node)
             if self._progress is not None:
                 self._progress(1)
         return self.graph
+
+    def call_signatures(self) -> dict[str, tuple[list[str], list[str]]]:
+        """Module call id → (input, output) ONNX value names, in the module's signature order.
+
+        Only modules listed in ``preserve_module_call_signature`` at export time have one.
+        """
+        by_name = {node.name: value for node, value in self.env.items()}
+
+        def names(specs: Sequence[Any]) -> list[str]:
+            out = []
+            for spec in specs:
+                value = by_name.get(getattr(spec, "name", None))
+                if isinstance(value, ir.Value) and value.name:
+                    out.append(value.name)
+            return out
+
+        return {
+            entry.fqn: (names(entry.signature.inputs), names(entry.signature.outputs))
+            for entry in self.ep.module_call_graph
+            if entry.fqn and entry.signature is not None
+        }
 
     # --- placeholders: user inputs and weights ----------------------------------------------------
     def _placeholder(self, frame: _Frame, node: torch.fx.Node) -> None:

@@ -16,6 +16,7 @@ from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 
 from irkit import metadata
 from irkit.errors import IrkitError
+from irkit.hierarchy import outline
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
@@ -41,6 +42,8 @@ def lower_program(
     exported_program: torch.export.ExportedProgram,
     *,
     opset: int | None,
+    functions: Any,
+    max_depth: int | None,
     custom_lowerings: Mapping[Any, Callable[..., Any]] | None,
     input_names: Sequence[str] | None,
     output_names: Sequence[str] | None,
@@ -79,6 +82,12 @@ def lower_program(
     model = _assemble(graph, recorder)
     if opset != TORCHLIB_OPSET:
         _convert_opset(model, opset)
+    if functions is not False:
+        t0 = time.perf_counter()
+        outline(model, functions, max_depth=max_depth,
+                call_signatures=emitter.call_signatures())
+        logger.info("irkit.lower: outlined %d function(s) in %.2fs", len(model.functions),
+                    time.perf_counter() - t0)
     logger.info(
         "irkit.lower: %d FX nodes -> %d ONNX nodes in %.2fs",
         len(ep.graph.nodes), len(model.graph), time.perf_counter() - start,

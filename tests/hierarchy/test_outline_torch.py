@@ -124,7 +124,7 @@ def lower_case(name: str):
     with torch.no_grad():
         ep = torch.export.export(module, args, dynamic_shapes=dyn)
         eager = flatten_outputs(module(*args))
-    return irkit.lower(ep), args, eager
+    return irkit.lower(ep, functions=False), args, eager
 
 
 def outline_and_verify(model: ir.Model, args, eager, **kwargs) -> ir.Model:
@@ -197,7 +197,7 @@ def test_conflated_calls_are_split_back_into_two_calls():
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "cnn", "gpt2_dynamic"])
 def test_zoo(name):
     zm = zoo.load(name)
-    model = irkit.lower(zoo.export(name))
+    model = irkit.lower(zoo.export(name), functions=False)
     outline_and_verify(model, zm.args, flatten_outputs(zm.eager()))
     check_golden(f"zoo_{name}_tree.txt", irkit.function_tree(model, sizes=False))
 
@@ -234,7 +234,7 @@ def test_n_layers_give_one_decoder_layer_function(kind):
     with torch.no_grad():
         ep = torch.export.export(module, (ids,))
         eager = flatten_outputs(module(ids))
-    model = outline_and_verify(irkit.lower(ep), (ids,), eager)
+    model = outline_and_verify(irkit.lower(ep, functions=False), (ids,), eager)
     assert len(_layer_functions(model, cls)) == 1
     layer = _layer_functions(model, cls)[0]
     tree = irkit.function_tree(model, sizes=False)
@@ -257,7 +257,7 @@ def test_inline_restores_every_scope(name):
 def test_zoo_stack4_is_one_block_function_called_four_times():
     zm = zoo.load("stack4")
     model = outline_and_verify(
-        irkit.lower(zoo.export("stack4")), zm.args, flatten_outputs(zm.eager())
+        irkit.lower(zoo.export("stack4"), functions=False), zm.args, flatten_outputs(zm.eager())
     )
     tree = irkit.function_tree(model, sizes=False).splitlines()
     assert "  tests::PreLNBlock  calls=4" in tree
@@ -283,7 +283,7 @@ def test_call_signatures_from_preserved_module_calls():
         eager = flatten_outputs(module(X))
     sigs = call_signatures(ep)
     assert sigs == {"pair": (["x"], ["add", "mul"]), "dict": (["mul"], ["sigmoid", "tanh", "exp"])}
-    model = outline_and_verify(irkit.lower(ep), (X,), eager, call_signatures=sigs)
+    model = outline_and_verify(irkit.lower(ep, functions=False), (X,), eager, call_signatures=sigs)
     pair = model.functions[("tests.hierarchy", "PairOut", "")]
     dict_fn = model.functions[("tests.hierarchy", "DictOut", "")]
     assert [v.name for v in pair.outputs] == ["add", "mul"]
@@ -295,7 +295,7 @@ def test_outline_after_cse_still_dedupes_the_stack():
     from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
 
     zm = zoo.load("stack4")
-    model = irkit.lower(zoo.export("stack4"))
+    model = irkit.lower(zoo.export("stack4"), functions=False)
     CommonSubexpressionEliminationPass()(model)
     RemoveUnusedNodesPass()(model)
     outline_and_verify(model, zm.args, flatten_outputs(zm.eager()))
@@ -306,7 +306,7 @@ def test_outline_after_cse_still_dedupes_the_stack():
 @pytest.mark.parametrize("order", ["optimize_then_outline", "outline_then_optimize"])
 def test_outline_and_optimize_in_either_order(order):
     zm = zoo.load("llama")
-    model = irkit.lower(zoo.export("llama"))
+    model = irkit.lower(zoo.export("llama"), functions=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", irkit.OutlineWarning)
         steps = [irkit.optimize, irkit.outline]

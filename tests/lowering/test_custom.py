@@ -31,8 +31,7 @@ def test_custom_lowering_of_torch_library_ops_end_to_end():
         custom_lowerings={
             torch.ops.irkit_test.frob.default: frob,
             torch.ops.irkit_test.twiddle: twiddle,  # a packet means every overload
-        },
-    )
+        }, functions=False)
     _check(module, args, model)
     assert helpers.op_histogram(model.graph) == {"Add": 3, "CastLike": 5, "Constant": 5, "Mul": 2, "Relu": 1}
 
@@ -41,8 +40,7 @@ def test_custom_lowering_wins_over_torchlib():
     module, args = torch.nn.ReLU(), (torch.randn(3, 4),)
     model = irkit.lower(
         torch.export.export(module, args),
-        custom_lowerings={torch.ops.aten.relu.default: lambda x: op.Max(x, op.CastLike(0.0, x))},
-    )
+        custom_lowerings={torch.ops.aten.relu.default: lambda x: op.Max(x, op.CastLike(0.0, x))}, functions=False)
     assert helpers.op_histogram(model.graph) == {"CastLike": 1, "Constant": 1, "Max": 1}
     _check(module, args, model)
 
@@ -60,7 +58,7 @@ def test_inplace_ops_on_intermediates_are_renamed_not_functionalized(caplog):
     ep = torch.export.export(module, args)
     assert any(n.target == torch.ops.aten.add_.Tensor for n in ep.graph.nodes)
     with caplog.at_level("INFO", logger="irkit"):
-        model = irkit.lower(ep)
+        model = irkit.lower(ep, functions=False)
     assert "functionalizing" not in caplog.text
     _check(module, args, model)
 
@@ -76,7 +74,7 @@ def test_inplace_op_on_a_view_falls_back_to_functionalization(caplog):
     module, args = InPlaceOnView(), (torch.randn(3, 2),)
     ep = torch.export.export(module, args)
     with caplog.at_level("INFO", logger="irkit"):
-        model = irkit.lower(ep)
+        model = irkit.lower(ep, functions=False)
     assert "functionalizing" in caplog.text
     _check(module, args, model)
 
@@ -89,7 +87,7 @@ def test_decomposition_is_per_node_and_only_where_needed(caplog):
     module, args = Diff(), (torch.randn(2, 5),)
     ep = torch.export.export(module, args)
     with caplog.at_level("INFO", logger="irkit"):
-        model = irkit.lower(ep)
+        model = irkit.lower(ep, functions=False)
     assert "decomposition: 1" in caplog.text
     _check(module, args, model)
     # The decomposition's nodes carry the FX node they came from.
@@ -104,7 +102,7 @@ def test_batch_norm_and_adaptive_pool_own_lowerings():
     ).eval()
     module[1].running_mean.uniform_(-1, 1)
     args = (torch.randn(2, 3, 6, 8),)
-    model = irkit.lower(torch.export.export(module, args))
+    model = irkit.lower(torch.export.export(module, args), functions=False)
     hist = helpers.op_histogram(model.graph)
     assert hist["BatchNormalization"] == 1 and hist["AveragePool"] == 1
     _check(module, args, model)
@@ -116,7 +114,7 @@ def test_bool_cumsum_promotes_like_torch():
             return torch.cumsum(x > 0, dim=-1)
 
     module, args = M(), (torch.randn(2, 6),)
-    model = irkit.lower(torch.export.export(module, args))
+    model = irkit.lower(torch.export.export(module, args), functions=False)
     out = helpers.run_ort(model, args)[0]
     assert out.dtype == np.int64
     np.testing.assert_array_equal(out, module(*args).numpy())
@@ -126,7 +124,7 @@ def test_opset_selection_and_downconversion():
     module, args = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()), (torch.randn(2, 4),)
     ep = torch.export.export(module, args)
     for opset in (17, 18, 21):
-        model = irkit.lower(ep, opset=opset)
+        model = irkit.lower(ep, opset=opset, functions=False)
         assert model.opset_imports[""] == opset
         _check(module, args, model)
-    assert irkit.lower(ep).opset_imports[""] == 23
+    assert irkit.lower(ep, functions=False).opset_imports[""] == 23

@@ -18,15 +18,17 @@ def _text(model: ir.Model) -> str:
     return ir.to_onnx_text(model, exclude_initializers=True)
 
 
-def test_golden_mlp():
-    helpers.assert_golden(_text(irkit.lower(zoo.export("mlp"))), "lowering/mlp.txt")
+def test_golden_mlp_flat_and_hierarchical():
+    ep = zoo.export("mlp")
+    helpers.assert_golden(_text(irkit.lower(ep, functions=False)), "lowering/mlp_flat.txt")
+    helpers.assert_golden(_text(irkit.lower(ep)), "lowering/mlp.txt")
 
 
 def test_golden_attention_block():
     torch.manual_seed(0)
     block = zoo.SelfAttention(16, 2).eval()
     ep = torch.export.export(block, (torch.randn(1, 4, 16),))
-    model = irkit.lower(ep)
+    model = irkit.lower(ep, functions=False)
     helpers.assert_golden(_text(model), "lowering/attention_block.txt")
     helpers.assert_close(
         helpers.run_ort(model, [ep.example_inputs[0][0]]),
@@ -45,7 +47,7 @@ class Repeat(torch.nn.Module):
 
 
 def test_nodes_carry_scope_with_call_index_fx_name_and_source():
-    model = irkit.lower(torch.export.export(Repeat(), (torch.randn(2, 4),)))
+    model = irkit.lower(torch.export.export(Repeat(), (torch.randn(2, 4),)), functions=False)
     by_fx = {n.metadata_props[metadata.FX_NODE]: n for n in model.graph}
     first = metadata.node_scope(by_fx["linear"].metadata_props)
     second = metadata.node_scope(by_fx["linear_2"].metadata_props)

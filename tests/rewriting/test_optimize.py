@@ -15,7 +15,7 @@ from tests.rewriting import util
 
 def _optimized(name: str, **kwargs):
     zm = zoo.load(name)
-    model = irkit.lower(zoo.export(name))
+    model = irkit.lower(zoo.export(name), functions=False)
     report = irkit.optimize(model, **kwargs)
     util.assert_valid(model)
     out = run_ort(model, [a.numpy() for a in zm.args])
@@ -65,7 +65,7 @@ def test_llama_after_outlining_fuses_inside_the_shared_body():
     if not hasattr(irkit, "outline"):
         pytest.skip("irkit.outline is not on this branch yet")
     zm = zoo.load("llama")
-    model = irkit.lower(zoo.export("llama"))
+    model = irkit.lower(zoo.export("llama"), functions=False)
     irkit.outline(model)
     functions_before = set(model.functions)
     report = irkit.optimize(model)
@@ -93,7 +93,7 @@ def test_llama_after_outlining_fuses_inside_the_shared_body():
 def test_zoo_models_stay_correct(name, fired):
     """Valid, same numbers as eager PyTorch, and the expected fusions fired (dynamic dims too)."""
     zm = zoo.load(name)
-    model = irkit.lower(zoo.export(name))
+    model = irkit.lower(zoo.export(name), functions=False)
     report = irkit.optimize(model)
     util.assert_valid(model)
     for rule, count in fired.items():

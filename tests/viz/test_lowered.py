@@ -15,7 +15,7 @@ from tests.viz.conftest import run_cli
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    model = irkit.lower(zoo.export("stack2"))
+    model = irkit.lower(zoo.export("stack2"), functions=False)
     path = irkit.save(model, tmp_path_factory.mktemp("lowered") / "stack2.onnx")
     return model, path
 
@@ -80,7 +80,7 @@ def test_diff_of_flat_models_names_modules_from_scopes(lowered, tmp_path):
 
 
 def test_diff_after_irkit_optimize_names_the_fused_modules(tmp_path):
-    model = irkit.lower(zoo.export("llama"))
+    model = irkit.lower(zoo.export("llama"), functions=False)
     before = irkit.save(model, tmp_path / "llama.onnx")
     report = irkit.optimize(model)
     assert report.fired["RMSNormalization"] == 5
