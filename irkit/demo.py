@@ -8,7 +8,6 @@ from a tiny config with random weights.
 from __future__ import annotations
 
 import argparse
-import collections
 import pathlib
 import sys
 import time
@@ -45,28 +44,15 @@ def _check_numbers(model_path: pathlib.Path, module: torch.nn.Module, args: tupl
     return f"numbers: onnxruntime vs eager PyTorch, max abs diff {np.max(np.abs(logits - expected)):.2e}"
 
 
-def summary(model, seconds: float, fx_nodes: int, path: pathlib.Path) -> str:
-    """A one-screen text summary of a lowered model."""
-    from irkit import metadata
+def summary(model, path: pathlib.Path) -> str:
+    """The viewer's call tree of ``model`` (what ``python tools/viz.py`` prints), two levels deep."""
+    from irkit import viz
 
-    lines = [f"irkit {irkit.__version__}: {fx_nodes} FX nodes -> {len(model.graph)} ONNX nodes "
-             f"in {seconds:.2f}s, saved to {path} ({path.stat().st_size / 1e6:.1f} MB)"]
-    for value in model.graph.inputs:
-        lines.append(f"  input  {value.name}: {value.dtype.name.lower()}{list(value.shape)}")
-    for value in model.graph.outputs:
-        lines.append(f"  output {value.name}: {value.dtype.name.lower()}{list(value.shape)}")
-    modules = collections.Counter()
-    for node in model.graph:
-        scope = metadata.node_scope(node.metadata_props)
-        if scope:
-            modules[scope[0].class_name] += 1
-    lines.append("  nodes per top-level module class: "
-                 + ", ".join(f"{cls} {n}" for cls, n in modules.most_common()))
-    ops = collections.Counter(node.op_type for node in model.graph)
-    lines.append("  ops: " + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
-    params = sum(v.const_value.size for v in model.graph.initializers.values())
-    lines.append(f"  {len(model.graph.initializers)} initializers, {params:,} parameters")
-    return "\n".join(lines)
+    return viz.render_text(viz.summarize(model, name=path.name), viz.TextOptions(depth=2))
+
+
+def _count_nodes(model) -> int:
+    return len(model.graph) + sum(len(f) for f in model.functions.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,11 +66,20 @@ def main(argv: list[str] | None = None) -> int:
         ep = torch.export.export(module, inputs)
     start = time.perf_counter()
     model = irkit.lower(ep)
-    seconds = time.perf_counter() - start
-    path = irkit.save(model, args.out)
-    print(summary(model, seconds, len(ep.graph.nodes), pathlib.Path(path)))
-    print("  " + _check_numbers(pathlib.Path(path), module, inputs))
-    print(f"next: python tools/viz.py {path}")
+    lowered = time.perf_counter() - start
+    flat_nodes = _count_nodes(model)
+    report = irkit.optimize(model)
+    path = pathlib.Path(irkit.save(model, args.out))
+    fired = ", ".join(f"{rule} ×{n}" for rule, n in report.fired.items()) or "none"
+    print(f"irkit {irkit.__version__}: Llama, {args.layers} layers, random weights")
+    print(f"  lower     {len(ep.graph.nodes)} FX nodes -> {len(model.functions)} functions + main "
+          f"graph, {flat_nodes} stored ONNX nodes, {lowered:.2f}s")
+    print(f"  optimize  -> {report.nodes_after} nodes in {report.seconds:.2f}s; rules fired: {fired}")
+    print(f"  saved     {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    print("  " + _check_numbers(path, module, inputs))
+    print()
+    print(summary(model, path), end="")
+    print(f"\nnext: python tools/viz.py {path} --format html -o {path.with_suffix('.html')}")
     return 0
 
 
