@@ -109,6 +109,9 @@ def _schema_default(domain: str, op_type: str, name: str, opset: int) -> Any:
 def _normalize(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode()
+    if isinstance(value, float):
+        # ONNX stores float attributes as float32: compare at that precision (1/6 == 0.16666667).
+        return float(np.float32(value))
     if isinstance(value, (list, tuple)):
         return tuple(_normalize(v) for v in value)
     return value
