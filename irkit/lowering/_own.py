@@ -123,6 +123,41 @@ def _split_with_sizes_applies(node: torch.fx.Node) -> bool:
     return all(isinstance(s, int) for s in node.args[1])
 
 
+def _dropout_eval(input, p=0.5, train=False):
+    return input  # inference: dropout is the identity (torchlib emits a Dropout node)
+
+
+def _dropout_applies(node: torch.fx.Node) -> bool:
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+    return train is False
+
+
+def _conv_no_bias(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """ONNX Conv without its optional bias (torchlib computes an all-zero bias tensor)."""
+    spatial = len(weight.shape) - 2
+
+    def per_dim(v: int | list[int]) -> list[int]:  # torch allows one value for every dim
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        return v if len(v) == spatial else v * spatial
+
+    pads = per_dim(padding)
+    return op.Conv(input, weight, strides=per_dim(stride), pads=pads + pads,
+                   dilations=per_dim(dilation), group=groups)
+
+
+def _conv_no_bias_applies(node: torch.fx.Node) -> bool:
+    """Batched input, no bias, numeric padding (not "same"/"valid")."""
+    args = dict(zip(("input", "weight", "bias", "stride", "padding"), node.args, strict=False))
+    args.update(node.kwargs)
+    weight = args["weight"].meta["val"]
+    padding = args.get("padding", 0)
+    return (
+        args.get("bias") is None
+        and not isinstance(padding, str)
+        and args["input"].meta["val"].dim() == weight.dim()
+    )
+
+
 def own_lowerings(
     torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
 ) -> dict[torch._ops.OpOverload, OwnLowering]:
@@ -141,6 +176,10 @@ def own_lowerings(
         aten.__xor__.Tensor: OwnLowering(torchlib[aten.bitwise_xor.Tensor]),
         aten.split.Tensor: OwnLowering(_split_tensor, _split_tensor_applies),
         aten.split_with_sizes.default: OwnLowering(_split_with_sizes, _split_with_sizes_applies),
+        aten.dropout.default: OwnLowering(_dropout_eval, _dropout_applies),
+        aten.conv1d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
+        aten.conv2d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
+        aten.conv3d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
         aten.batch_norm.default: OwnLowering(
             _batch_norm(torchlib[aten._native_batch_norm_legit_no_training.default]),
             _batch_norm_applies,

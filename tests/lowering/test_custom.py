@@ -128,3 +128,13 @@ def test_opset_selection_and_downconversion():
         assert model.opset_imports[""] == opset
         _check(module, args, model)
     assert irkit.lower(ep, functions=False).opset_imports[""] == 23
+
+
+def test_eval_dropout_emits_nothing_and_biasless_conv_is_one_node():
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False), torch.nn.Dropout(0.3)
+    ).eval()
+    args = (torch.randn(2, 3, 9, 9),)
+    model = irkit.lower(torch.export.export(module, args), functions=False)
+    assert helpers.op_histogram(model.graph) == {"Conv": 1}
+    _check(module, args, model)
