@@ -123,10 +123,32 @@ def _use_color(choice: str, stream) -> bool:
     return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
 
 
+# Which formats each view option shapes; anything else is refused rather than silently ignored.
+_OPTION_FORMATS = {
+    "depth": ("text",),
+    "expand": ("text",),
+    "stats": ("text",),
+    "function": ("text", "onnx-text", "dot", "svg"),
+}
+
+
+def _check_options(args: argparse.Namespace, fmt: str) -> None:
+    from irkit.errors import IrkitError
+
+    for option, formats in _OPTION_FORMATS.items():
+        if getattr(args, option) and (fmt not in formats or args.diff):
+            where = "with --diff" if args.diff else f"with --format {fmt}"
+            raise IrkitError(
+                f"--{option} does not apply {where}; it shapes --format "
+                f"{' / '.join(formats)} (the HTML page has its own tree, drill-down and search)"
+            )
+
+
 def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
     from irkit.errors import IrkitError
     from irkit.viz import _dot, _json, _summary, _text
 
+    _check_options(args, fmt)
     model = load_model(args.model, allow_missing_data=args.allow_missing_data)
     name = pathlib.Path(args.model).name
     if args.diff:

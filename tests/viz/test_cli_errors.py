@@ -126,3 +126,22 @@ def test_writes_output_file(toy, tmp_path):
 def test_format_from_suffix(toy, tmp_path, graphviz_dot):
     assert run_cli(toy, "-o", tmp_path / "m.svg").returncode == 0
     assert (tmp_path / "m.svg").read_text().startswith("<?xml")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--format", "html", "--depth", "2"],
+         "--depth does not apply with --format html; it shapes --format text (the HTML page has "
+         "its own tree, drill-down and search)"),
+        (["--format", "json", "--function", "Block"],
+         "--function does not apply with --format json; it shapes --format text / onnx-text / "
+         "dot / svg (the HTML page has its own tree, drill-down and search)"),
+        (["--format", "svg", "--stats"],
+         "--stats does not apply with --format svg; it shapes --format text (the HTML page has "
+         "its own tree, drill-down and search)"),
+    ],
+)
+def test_view_options_are_refused_where_they_do_not_apply(toy, tmp_path, flags, message):
+    result = run_cli(str(toy), *flags, cwd=tmp_path)
+    _assert_one_line_error(result, message)
