@@ -1,0 +1,59 @@
+"""viz on real *hierarchical* models: ``irkit.lower`` with its default module functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import irkit
+from tests import helpers, zoo
+from tests.viz.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    model = irkit.lower(zoo.export("stack4"))
+    return model, irkit.save(model, tmp_path_factory.mktemp("outlined") / "stack4.onnx")
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("llama")
+    model = irkit.lower(zoo.export("llama"))
+    before = irkit.save(model, tmp / "llama.onnx")
+    irkit.optimize(model)
+    return before, irkit.save(model, tmp / "llama_opt.onnx")
+
+
+def test_golden_text_of_a_real_outlined_model(stack):
+    _, path = stack
+    result = run_cli(path, "--stats")
+    assert result.returncode == 0, result.stderr
+    helpers.assert_golden(result.stdout, "viz/stack4_outlined_stats.txt")
+
+
+def test_repeated_layers_are_one_grouped_line_with_the_shared_body(stack):
+    model, path = stack
+    lines = run_cli(path, "--depth", "1").stdout.splitlines()
+    assert lines[1].startswith("├─ layers.0 … layers.3  PreLNBlock ×4  ")
+    blocks = [f for f in model.functions.values() if f.name == "PreLNBlock"]
+    assert len(blocks) == 1  # one body, four calls
+    data = json.loads(run_cli(path, "--format", "json").stdout)
+    assert data["totals"]["nodes"] == 233  # every call counted with its shared body
+
+
+def test_function_dump_of_a_shared_body(stack):
+    result = run_cli(stack[1], "--function", "PreLNBlock")
+    assert result.returncode == 0, result.stderr
+    assert "SelfAttention" in result.stdout and "FeedForward" in result.stdout
+
+
+def test_diff_after_optimize_reports_the_fusion_in_the_norm_modules(llama_pair):
+    before, after = llama_pair
+    result = run_cli(before, "--diff", after)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "LlamaRMSNorm" in text and "RMSNormalization +1" in text
+    same = run_cli(before, "--diff", before).stdout
+    assert "RMSNormalization" not in same
