@@ -138,3 +138,24 @@ def test_eval_dropout_emits_nothing_and_biasless_conv_is_one_node():
     model = irkit.lower(torch.export.export(module, args), functions=False)
     assert helpers.op_histogram(model.graph) == {"Conv": 1}
     _check(module, args, model)
+
+
+def test_docs_custom_lowering_example_runs():
+    """The example in docs/lowering.md, verbatim apart from the model around it."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "lowering.md").read_text()
+    code = re.search(r"## Custom lowerings.*?```python\n(.*?)```", text, re.S).group(1)
+
+    class Uses(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.mylib.scaled_gelu(x, 3.0)
+
+    namespace: dict = {}
+    prelude, _, last = code.rpartition("model = irkit.lower(")
+    exec(prelude, namespace)  # defines the op and its lowering
+    args = (torch.randn(2, 5),)
+    namespace["ep"] = torch.export.export(Uses(), args)
+    exec("model = irkit.lower(" + last, namespace)
+    _check(Uses(), args, namespace["model"])
