@@ -159,3 +159,12 @@ def test_docs_custom_lowering_example_runs():
     namespace["ep"] = torch.export.export(Uses(), args)
     exec("model = irkit.lower(" + last, namespace)
     _check(Uses(), args, namespace["model"])
+
+
+def test_functionalization_fallback_leaves_the_program_untouched():
+    module, args = InPlaceOnView(), (torch.randn(3, 2),)
+    ep = torch.export.export(module, args)
+    before = str(ep.graph)
+    assert any(n.target == torch.ops.aten.add_.Tensor for n in ep.graph.nodes)
+    irkit.lower(ep)
+    assert str(ep.graph) == before  # run_decompositions made a new program; ours is as it was
