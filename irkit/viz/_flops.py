@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-__all__ = ["Flops", "node_flops", "format_count"]
+__all__ = ["Flops", "node_flops", "format_count", "derived_shape"]
 
 Dim = int | str
 
@@ -136,3 +136,137 @@ def node_flops(node: ir.Node, shape_of: ShapeOf = _value_shape) -> Flops:
         out = [*batch, *m, *n]
     # Each output element costs K = a[-1] multiply-adds.
     return _product([*out, a[-1]], factor=2)
+
+
+_SAME_SHAPE = frozenset(
+    [
+        "Identity",
+        "Cast",
+        "CastLike",
+        "Neg",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Erf",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Reciprocal",
+        "Abs",
+        "Softmax",
+        "LogSoftmax",
+        "Gelu",
+        "Elu",
+        "LeakyRelu",
+        "HardSigmoid",
+        "HardSwish",
+        "Mish",
+        "Softplus",
+        "Not",
+        "Dropout",
+    ]
+)
+
+_BROADCAST = frozenset(
+    [
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Where",
+        "Max",
+        "Min",
+        "And",
+        "Or",
+        "Equal",
+        "Less",
+        "Greater",
+    ]
+)
+
+
+def _broadcast(shapes: list[tuple[int | str | None, ...] | None]) -> tuple[Dim | None, ...] | None:
+    """Numpy broadcasting of known shapes; ``None`` if a shape or a needed dim is unknown."""
+    if not shapes or any(s is None for s in shapes):
+        return None
+    rank = max(len(s) for s in shapes)  # type: ignore[arg-type]
+    result: list[Dim | None] = []
+    for i in range(rank):
+        dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0}  # type: ignore[arg-type]
+        dims.discard(1)
+        result.append(dims.pop() if len(dims) == 1 else (1 if not dims else None))
+    return tuple(result)
+
+
+def _constant_ints(value: ir.Value | None) -> list[int] | None:
+    if value is None:
+        return None
+    tensor = value.const_value
+    producer = value.producer()
+    if tensor is None and producer is not None and producer.op_type == "Constant":
+        attr = producer.attributes.get("value")
+        tensor = attr.as_tensor() if attr is not None else None
+    if tensor is None or len(tensor.shape) != 1:
+        return None
+    return [int(x) for x in tensor.numpy().tolist()]
+
+
+def _reshaped(node: ir.Node, shape: tuple[int | str | None, ...]) -> tuple[Dim, ...] | None:
+    """The output shape of ``Reshape(x, constant)``: ``0`` copies a dim, ``-1`` is inferred."""
+    target = _constant_ints(node.inputs[1])
+    if target is None:
+        return None
+    allowzero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0
+    out: list[Dim | None] = [
+        (shape[i] if i < len(shape) else None) if d == 0 and not allowzero else d
+        for i, d in enumerate(target)
+    ]
+    if -1 in out:
+        known = [d for d in out if d != -1]
+        if not all(isinstance(d, int) for d in (*shape, *known)):
+            return None
+        total = 1
+        for d in shape:
+            total *= d  # type: ignore[operator]
+        rest = 1
+        for d in known:
+            rest *= d  # type: ignore[operator]
+        out[out.index(-1)] = total // rest if rest else None
+    return None if None in out else tuple(out)  # type: ignore[arg-type]
+
+
+def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, ...] | None:
+    """The first output's shape of a shape-preserving op or a ``Transpose``, from its input.
+
+    Values inside ONNX function bodies usually carry no shapes (a ``Linear`` body is
+    ``MatMul(x, Transpose(weight))``); this recovers enough of them to estimate FLOPs.
+
+    Example:
+        >>> import onnx_ir as ir
+        >>> w = ir.val("w", ir.DataType.FLOAT, [32, 64])
+        >>> derived_shape(ir.node("Transpose", [w], {"perm": [1, 0]}), _value_shape)
+        (64, 32)
+    """
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Constant" and "value" in node.attributes:
+        return tuple(node.attributes["value"].as_tensor().shape)
+    if not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type in _BROADCAST:
+        return _broadcast([None if v is None else shape_of(v) for v in node.inputs])
+    shape = shape_of(node.inputs[0])
+    if shape is None:
+        return None
+    if node.op_type in _SAME_SHAPE:
+        return shape
+    if node.op_type == "Reshape" and len(node.inputs) > 1:
+        return _reshaped(node, shape)
+    if node.op_type == "Transpose":
+        perm = node.attributes.get("perm")
+        order = perm.as_ints() if perm is not None else range(len(shape) - 1, -1, -1)
+        if sorted(order) != list(range(len(shape))):
+            return None
+        return tuple(shape[i] for i in order)
+    return None

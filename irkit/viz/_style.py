@@ -72,10 +72,10 @@ class CallGroup:
         return self.calls[0]
 
     def label(self, parent: str) -> str:
-        first = relative_path(self.calls[0].path, parent)
+        first = self.calls[0].label(parent)
         if len(self.calls) == 1:
             return first
-        return f"{first} … {relative_path(self.calls[-1].path, parent)}"
+        return f"{first} … {self.calls[-1].label(parent)}"
 
 
 _INDEXED = re.compile(r"^(.*?)(\d+)$")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -114,6 +115,8 @@ class Call:
         outputs: The call's outputs (for the root: the graph outputs).
         children: The calls made by this instance's body, in graph order.
         depth: 0 for the root.
+        part: ``(k, n)`` when the outliner split this module call into ``n`` convex parts and
+            this call node is part ``k`` (0-based; its node is named ``"<path>/part<k>"``).
     """
 
     path: str
@@ -125,10 +128,23 @@ class Call:
     outputs: list[TensorInfo] = dataclasses.field(default_factory=list)
     children: list[Call] = dataclasses.field(default_factory=list)
     depth: int = 0
+    part: tuple[int, int] | None = None
 
     @property
     def class_name(self) -> str:
         return self.cls.rsplit(".", 1)[-1]
+
+    @property
+    def function_name(self) -> str:
+        """The callee's function name (``"Linear_1"`` for a variant of ``Linear``); ``""`` for
+        the root."""
+        identifier = self.body.identifier
+        return identifier[1] if identifier is not None else ""
+
+    def label(self, parent: str) -> str:
+        """The path relative to ``parent``, with ``[part 1/2]`` for a split call."""
+        text = relative_name(self.path, parent)
+        return text if self.part is None else f"{text} [part {self.part[0] + 1}/{self.part[1]}]"
 
     def walk(self) -> Iterator[Call]:
         """This call and all calls below it, depth first, in graph order."""
@@ -269,13 +285,20 @@ class _Builder:
             return body.flops
         done.add(body.key)
         formal = {v: info for v, info in zip(body.graph.inputs, body.input_infos, strict=True)}
+        derived: dict[ir.Value, tuple[int | str | None, ...]] = {}
 
         def shape_of(value: ir.Value) -> tuple[int | str | None, ...] | None:
+            if value in derived:
+                return derived[value]
             return (formal[value] if value in formal else TensorInfo.of(value)).shape
 
         for node in body.graph:
             function = self.callee(node)
             if function is None:
+                if node.outputs and node.outputs[0].shape is None:
+                    shape = _flops.derived_shape(node, shape_of)
+                    if shape is not None:
+                        derived[node.outputs[0]] = shape
                 body.flops += _flops.node_flops(node, shape_of)
             else:
                 body.flops += self.flops(self.bodies[function_key(function.identifier())], done)
@@ -293,13 +316,25 @@ class _Builder:
         path = frame.call_id
         if parent.node is not None:
             # Inside a shared body the stored path is that of the instance the body was made
-            # from; re-root it under this instance's own path.
-            parent_id = self.callee(parent.node).identifier()  # type: ignore[union-attr]
-            for owner in self.canonical_paths.get(parent_id, []):
+            # from (irkit.outline.origin); re-root it under this instance's own path.
+            parent_fn = self.callee(parent.node)
+            assert parent_fn is not None
+            for owner in self.owners(parent_fn):
                 if path.startswith(owner + "."):
                     path = f"{parent.path}.{path[len(owner) + 1 :]}"
                     break
         return path, frame.cls
+
+    def owners(self, function: ir.Function) -> list[str]:
+        """Module paths the body of ``function`` may have been built from: its recorded origin
+        first, then the paths of its call sites (models outlined by other tools)."""
+        origin = function.metadata_props.get(metadata.OUTLINE_ORIGIN)
+        try:
+            first = [metadata.decode_scope(origin)[-1].call_id] if origin else []
+        except (ValueError, TypeError, IndexError):
+            logger.debug("ignoring malformed %s on %s", metadata.OUTLINE_ORIGIN, function.name)
+            first = []
+        return first + self.canonical_paths.get(function.identifier(), [])
 
     def expand(self, call: Call, params: dict[ir.Value, tuple[int, int]]) -> None:
         """Fill ``call.children`` recursively; ``params`` maps body values to parameter sizes."""
@@ -329,6 +364,25 @@ class _Builder:
                         child.param_bytes += params[arg][1]
             call.children.append(child)
             self.expand(child, inner)
+        _mark_parts(call.children)
+
+
+_PART = re.compile(r"/part(\d+)$")
+
+
+def _mark_parts(children: list[Call]) -> None:
+    """Number the convex parts of split module calls (call nodes named ``"<path>/part<k>"``)."""
+    parts: dict[str, list[Call]] = {}
+    for child in children:
+        name = child.node.name if child.node is not None else ""
+        match = _PART.search(name or "")
+        if match and name[: match.start()] == child.path:
+            parts.setdefault(child.path, []).append(child)
+    for group in parts.values():
+        for child in group:
+            match = _PART.search(child.node.name)  # type: ignore[union-attr,arg-type]
+            assert match is not None
+            child.part = (int(match.group(1)), len(group))
 
 
 def relative_name(path: str, parent: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -68,8 +69,8 @@ class _TreeWriter:
         line = "  ".join(parts) + "  " + s(" · ".join(detail) + each, "dim")
         if call.outputs:
             line += "  → " + s(_outputs_text(call.outputs), "cyan")
-        if call.body.calls > count:
-            line += s(f"  [body shared by {call.body.calls} calls]", "dim")
+        if note := body_note(call, count):
+            line += s(f"  [{note}]", "dim")
         return line
 
     def stats_line(self, call: Call) -> str:
@@ -98,6 +99,27 @@ class _TreeWriter:
             self.write_children(group.first, prefix + cont, mult * len(group.calls))
 
 
+def body_note(call: Call, count: int) -> str:
+    """``"body Linear_1 shared by 4 calls"``: the function's name when it is not the class's
+    (a variant such as ``Linear_1``, for ``--function``), and how many calls share the body
+    when more than the ``count`` a line stands for."""
+    name = call.function_name if call.function_name != call.class_name else ""
+    shared = call.body.calls > count
+    if not name and not shared:
+        return ""
+    text = f"body {name}" if name else "body"
+    return f"{text} shared by {call.body.calls} calls" if shared else text
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def callers_text(sites: Sequence[Call], limit: int = 3) -> str:
+    """The call sites' module paths with indices as ``*``: ``layers.*.attn.k_proj, …``."""
+    patterns = list(dict.fromkeys(_INDEX.sub("*", c.path) for c in sites))
+    return ", ".join(patterns[:limit]) + (", …" if len(patterns) > limit else "")
+
+
 def _io_lines(title: str, values: Sequence[TensorInfo], s: Style) -> list[str]:
     lines = [s(f"{title}:", "bold")]
     width = max((len(v.name) for v in values), default=0)
@@ -122,10 +144,12 @@ def _function_table(summary: ModelSummary, s: Style) -> list[str]:
     bodies = sorted(summary.function_bodies(), key=lambda b: b.key)
     width = max((len(b.key) for b in bodies), default=0)
     for b in bodies:
-        lines.append(
+        flops = f"flops/call {b.flops.text()}"
+        line = (
             f"  {b.key.ljust(width)}  calls {b.calls:<4} nodes {b.node_count:<6} "
-            f"stored {b.stored_nodes:<5} flops/call {b.flops.text()}"
+            f"stored {b.stored_nodes:<5} {flops:<20} {callers_text(call_sites(summary, b.key))}"
         )
+        lines.append(line.rstrip())
     return lines
 
 
@@ -198,6 +222,8 @@ def node_line(node: ir.Node, s: Style, summary: ModelSummary) -> str:
     notes = [_outputs_text([TensorInfo.of(v) for v in node.outputs])]
     if source := node.metadata_props.get(metadata.SOURCE):
         notes.append(f"@ {source}")
+    if is_call and (name := summary.call_names.get(node)):
+        notes.append(f"call {name}")
     if rule := node.metadata_props.get(metadata.REWRITE_RULE):
         notes.append(f"[rule {rule}]")
     return f"  {text}  " + s("# " + "  ".join(notes), "dim")
