@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit.errors import IrkitError
-from irkit.viz._summary import Body, ModelSummary, TensorInfo, function_key
+from irkit.viz._summary import Body, ModelSummary, TensorInfo, call_frame, function_key
 
 __all__ = ["DotGraph", "body_dot", "layout_svg", "GRAPHVIZ_INSTALL_HINT"]
 
@@ -80,10 +80,18 @@ def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
 
 
 def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
-    calls = f"  ×{callee.calls}" if callee.calls > 1 else ""
+    """``q_proj`` / ``Linear`` / ``2 nodes · body ×4``: the instance, its module class (or the
+    function's name without irkit metadata), and how many calls share the drawn body."""
     assert callee.identifier is not None
     name = summary.call_names.get(node, node.name or "")
-    return f"{callee.identifier[1]}{calls}\n{name}\n{callee.node_count} nodes"
+    frame = call_frame(node)
+    cls = frame.class_name if frame is not None else callee.identifier[1]
+    if frame is not None and callee.identifier[1] != cls:
+        cls += f" ({callee.identifier[1]})"
+    if frame is not None and (node.name or "").startswith(frame.call_id + "/part"):
+        name += f" [{node.name[len(frame.call_id) + 1 :]}]"  # a split call: "enc [part0]"
+    shared = f" · body ×{callee.calls}" if callee.calls > 1 else ""
+    return f"{name}\n{cls}\n{callee.node_count} nodes{shared}"
 
 
 CLUSTER_DEPTH = 2

@@ -7,6 +7,7 @@ are inlined. The page inserts a body's SVG into the DOM only when it is opened.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 from collections.abc import Mapping
@@ -15,12 +16,13 @@ from importlib import resources
 import onnx_ir as ir
 
 from irkit import metadata
+from irkit.errors import IrkitError
 from irkit.viz import _diff, _dot, _scopes
-from irkit.viz._style import CallGroup, format_bytes, format_count, group_calls, relative_path
+from irkit.viz._style import format_bytes, format_count, group_calls, relative_path
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
 from irkit.viz._text import attr_text
 
-__all__ = ["render_html", "render_diff_html", "page", "node_info", "body_about"]
+__all__ = ["HtmlOptions", "render_html", "render_diff_html", "page", "node_info", "body_about"]
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -157,29 +159,57 @@ def body_about(summary: ModelSummary, body: Body) -> list[list[str]]:
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class HtmlOptions:
+    """How :func:`render_html` opens the page (the CLI's ``--depth``, ``--expand``, ``--function``).
+
+    Attributes:
+        depth: Levels of the hierarchy panel open at first (default 2); deeper ones are folded.
+        expand: Module-path globs whose grouped calls are listed one by one in the panel.
+        function: The body shown first: a function name, ``domain::name``, a module path or
+            ``main`` (see :meth:`ModelSummary.find_body`); default the main graph.
+    """
+
+    depth: int | None = None
+    expand: tuple[str, ...] = ()
+    function: str | None = None
+
+
+@dataclasses.dataclass
+class _TreeState:
+    """Per-page state of the hierarchy panel: options, and the trail to every body and call."""
+
+    options: HtmlOptions
+    trails: dict[str, list[list[str]]] = dataclasses.field(default_factory=dict)
+    paths: dict[str, list[list[str]]] = dataclasses.field(default_factory=dict)
+
+    def is_open(self, depth: int) -> bool:
+        return depth < (2 if self.options.depth is None else self.options.depth)
+
+
+def _record_paths(state: _TreeState, call: Call, trail: list[list[str]]) -> None:
+    state.paths.setdefault(call.path, trail)
+    for child in call.children:
+        _record_paths(state, child, [*trail, [child.body.key, child.path]])
+
+
 def _tree(
-    summary: ModelSummary,
-    call: Call,
-    trail: list[list[str]],
-    label: str,
-    count: int,
-    trails: dict[str, list[list[str]]],
-    depth: int = 0,
+    state: _TreeState, call: Call, trail: list[list[str]], label: str, count: int, depth: int = 0
 ) -> dict[str, object]:
-    trails.setdefault(call.body.key, trail)
-    groups: list[CallGroup] = group_calls(call.children)
+    state.trails.setdefault(call.body.key, trail)
+    state.paths.setdefault(call.path, trail)
     children = []
-    for group in groups:
+    for group in group_calls(call.children, state.options.expand):
         child = group.first
-        child_label = group.label(call.path)
+        for other in group.calls[1:]:  # every instance of a group can be opened by --function
+            _record_paths(state, other, [*trail, [other.body.key, other.path]])
         children.append(
             _tree(
-                summary,
+                state,
                 child,
                 [*trail, [child.body.key, child.path]],
-                child_label,
+                group.label(call.path),
                 count * len(group.calls),
-                trails,
                 depth + 1,
             )
         )
@@ -190,24 +220,31 @@ def _tree(
         "count": count,
         "trail": trail,
         "children": children,
-        "open": depth < 2,
+        "open": state.is_open(depth),
     }
 
 
 def _scope_tree(
-    node: _scopes.ScopeNode, label: str, count: int, depth: int, focus: str | None = None
+    state: _TreeState,
+    node: _scopes.ScopeNode,
+    label: str,
+    count: int,
+    depth: int,
+    focus: str | None = None,
 ) -> dict[str, object]:
     """The hierarchy panel of a flat model: module calls from ``irkit.scope``; a click scrolls
     to the call's cluster (clusters exist down to :data:`_dot.CLUSTER_DEPTH`)."""
     if node.frame is not None and depth <= _dot.CLUSTER_DEPTH:
         focus = f"c:{node.path}"  # deeper calls scroll to their innermost drawn cluster
     children = []
-    for group in _scopes.scope_groups(list(node.children.values())):
+    for group in _scopes.scope_groups(list(node.children.values()), state.options.expand):
         first = group[0]
         child_label = relative_path(first.path, node.path)
         if len(group) > 1:
             child_label += f" … {relative_path(group[-1].path, node.path)}"
-        children.append(_scope_tree(first, child_label, count * len(group), depth + 1, focus))
+        children.append(
+            _scope_tree(state, first, child_label, count * len(group), depth + 1, focus)
+        )
 
     return {
         "label": label,
@@ -216,7 +253,7 @@ def _scope_tree(
         "trail": [["main", "main"]],
         "focus": focus,
         "children": children,
-        "open": depth < 1,
+        "open": depth < (1 if state.options.depth is None else state.options.depth),
     }
 
 
@@ -253,33 +290,59 @@ def graph_entries(
     return graphs
 
 
-def render_html(summary: ModelSummary, *, title: str | None = None) -> str:
+def _start(summary: ModelSummary, state: _TreeState) -> list[list[str]]:
+    """The trail of the body ``--function`` names (a module path opens that very instance)."""
+    name = state.options.function
+    if name is None or name == "main":
+        return [["main", "main"]]
+    if name in state.paths:
+        return state.paths[name]
+    body = summary.find_body(name)
+    if body is None:
+        names = ", ".join(sorted(summary.bodies))
+        raise IrkitError(f"the model has no function or module {name!r}. Functions: {names}")
+    return state.trails[body.key]
+
+
+def render_html(
+    summary: ModelSummary, *, title: str | None = None, options: HtmlOptions = HtmlOptions()
+) -> str:
     """The interactive page for ``summary`` as one self-contained HTML string.
 
     Args:
         summary: From :func:`irkit.viz.summarize`.
         title: Page title (default: the summary's name).
+        options: Initial panel depth, expanded groups, and the body shown first.
 
     Returns:
         The HTML text (no external resources).
 
     Raises:
-        IrkitError: Graphviz is not installed (see :data:`irkit.viz._dot.GRAPHVIZ_INSTALL_HINT`).
+        IrkitError: Graphviz is not installed (see :data:`irkit.viz._dot.GRAPHVIZ_INSTALL_HINT`),
+            or ``options.function`` names no body.
+
+    Example:
+        >>> import onnx_ir as ir
+        >>> from irkit.viz import summarize
+        >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+        >>> "<svg" in render_html(summarize(m))
+        True
     """
     title = title or summary.name
-    trails: dict[str, list[list[str]]] = {}
-    tree = _tree(summary, summary.root, [["main", "main"]], summary.name, 1, trails)
+    state = _TreeState(options)
+    tree = _tree(state, summary.root, [["main", "main"]], summary.name, 1)
     scopes = None if summary.root.children else _scopes.scope_tree(summary.model.graph)
     if scopes is not None:
-        tree = _scope_tree(scopes, summary.name, 1, 0)
+        tree = _scope_tree(state, scopes, summary.name, 1, 0)
     bodies = list(summary.bodies.values())
     for body in bodies:  # functions never called from main: reachable by search only
-        trails.setdefault(body.key, [["main", "main"], [body.key, body.key]])
+        state.trails.setdefault(body.key, [["main", "main"], [body.key, body.key]])
     data = {
         "title": title,
         "root": "main",
+        "start": _start(summary, state),
         "tree": tree,
-        "trails": trails,
+        "trails": state.trails,
         "graphs": graph_entries(summary, bodies),
     }
     meta = (

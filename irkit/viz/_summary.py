@@ -24,7 +24,7 @@ from irkit.viz import _flops
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Body", "Call", "ModelSummary", "TensorInfo", "summarize", "function_key"]
+__all__ = ["Body", "Call", "ModelSummary", "TensorInfo", "summarize", "function_key", "call_frame"]
 
 FunctionId = tuple[str, str, str]
 
@@ -214,7 +214,7 @@ def _numel_bytes(value: ir.Value) -> tuple[int, int]:
     return numel, (numel * dtype.bitwidth + 7) // 8
 
 
-def _call_frame(node: ir.Node) -> metadata.Frame | None:
+def call_frame(node: ir.Node) -> metadata.Frame | None:
     text = node.metadata_props.get(metadata.CALL_MODULE)
     if not text:
         return None
@@ -272,7 +272,7 @@ class _Builder:
                 continue
             callee = self.body(function, function.identifier())
             body.ops.update(callee.ops)
-            frame = _call_frame(node)
+            frame = call_frame(node)
             if frame is not None:
                 self.canonical_paths.setdefault(function.identifier(), []).append(frame.path)
         if identifier is not None:
@@ -306,7 +306,7 @@ class _Builder:
 
     def instance_path(self, node: ir.Node, parent: Call, index: int) -> tuple[str, str]:
         """(module path, class) of a call node called from ``parent``'s body."""
-        frame = _call_frame(node)
+        frame = call_frame(node)
         function = self.callee(node)
         assert function is not None
         cls = f"{function.domain}.{function.name}" if function.domain else function.name

@@ -125,10 +125,10 @@ def _use_color(choice: str, stream) -> bool:
 
 # Which formats each view option shapes; anything else is refused rather than silently ignored.
 _OPTION_FORMATS = {
-    "depth": ("text",),
-    "expand": ("text",),
+    "depth": ("text", "html"),
+    "expand": ("text", "html"),
     "stats": ("text",),
-    "function": ("text", "onnx-text", "dot", "svg"),
+    "function": ("text", "onnx-text", "dot", "svg", "html"),
 }
 
 
@@ -139,8 +139,7 @@ def _check_options(args: argparse.Namespace, fmt: str) -> None:
         if getattr(args, option) and (fmt not in formats or args.diff):
             where = "with --diff" if args.diff else f"with --format {fmt}"
             raise IrkitError(
-                f"--{option} does not apply {where}; it shapes --format "
-                f"{' / '.join(formats)} (the HTML page has its own tree, drill-down and search)"
+                f"--{option} does not apply {where}; it shapes --format {' / '.join(formats)}"
             )
 
 
@@ -178,7 +177,8 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
         return dot if fmt == "dot" else _dot.layout_svg([dot])[0]
     from irkit.viz import _html
 
-    return _html.render_html(summary)
+    options = _html.HtmlOptions(depth=args.depth, expand=tuple(args.expand), function=args.function)
+    return _html.render_html(summary, options=options)
 
 
 def _onnx_text(model, function: str | None) -> str:

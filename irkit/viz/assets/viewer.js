@@ -103,6 +103,7 @@
     if (!info) {
       side.appendChild(el("h2", null, g.title));
       const t = el("table");
+      if (trail.length > 1) row(t, "module", trail[trail.length - 1][1]);
       g.about.forEach((kv) => row(t, kv[0], kv[1]));
       side.appendChild(t);
       side.appendChild(el("p", "hint", "Click a function box to open its body (shift-click: details). Hover or click a node for its card."));
@@ -196,6 +197,6 @@
   });
   document.addEventListener("click", (ev) => { if (!$("results").contains(ev.target)) $("results").style.display = "none"; });
   buildTree(DATA.tree, $("tree"));
-  show([[DATA.root, DATA.graphs[DATA.root].short]]);
+  show(DATA.start || [[DATA.root, DATA.graphs[DATA.root].short]]);
   window.irkitViz = { show: show, search: search, data: DATA, trail: () => trail };
 })();
