@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-__all__ = ["Flops", "node_flops", "format_count", "derived_shape"]
+__all__ = ["Flops", "node_flops", "format_count", "derived_shape", "ShapeTracker"]
 
 Dim = int | str
 
@@ -270,3 +270,28 @@ def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, .
             return None
         return tuple(shape[i] for i in order)
     return None
+
+
+class ShapeTracker:
+    """Shapes of values in one body, filled in along the way where the model has none.
+
+    Visit nodes in graph order with :meth:`flops`; each node's missing output shape is derived
+    (:func:`derived_shape`) before its FLOPs are counted, so later nodes see it.
+    """
+
+    def __init__(self, base: ShapeOf = _value_shape):
+        self.base = base
+        self.derived: dict[ir.Value, tuple[int | str | None, ...]] = {}
+
+    def shape_of(self, value: ir.Value) -> tuple[int | str | None, ...] | None:
+        if value in self.derived:
+            return self.derived[value]
+        return self.base(value)
+
+    def flops(self, node: ir.Node) -> Flops:
+        """Record ``node``'s derived output shape and return its FLOPs."""
+        if node.outputs and self.shape_of(node.outputs[0]) is None:
+            shape = derived_shape(node, self.shape_of)
+            if shape is not None:
+                self.derived[node.outputs[0]] = shape
+        return node_flops(node, self.shape_of)

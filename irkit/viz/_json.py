@@ -1,15 +1,18 @@
-"""The stable machine-readable form (schema ``irkit.viz/1``, documented in docs/viz.md)."""
+"""The stable machine-readable form (schema ``irkit.viz/2``, documented in docs/viz.md)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 
-from irkit.viz._summary import Call, ModelSummary, TensorInfo
+import onnx_ir as ir
+
+from irkit.viz import _flops, _scopes
+from irkit.viz._summary import Call, ModelSummary, TensorInfo, numel_bytes
 
 __all__ = ["SCHEMA", "to_json_data", "render_json"]
 
-SCHEMA = "irkit.viz/1"
+SCHEMA = "irkit.viz/2"
 
 
 def _tensor(info: TensorInfo) -> dict[str, object]:
@@ -24,12 +27,16 @@ def _histogram(ops: Counter[str]) -> dict[str, int]:
     return {k: ops[k] for k in sorted(ops)}
 
 
-def _call(call: Call) -> dict[str, object]:
-    return {
+def _call(call: Call, scopes: _scopes.ScopeNode | None = None) -> dict[str, object]:
+    """One CALL entry; for a flat root, ``scopes`` gives its children from ``irkit.scope``."""
+    origin = "graph" if call.node is None else "function"
+    data: dict[str, object] = {
         "path": call.path,
         "class": call.cls,
+        "origin": origin,
         "function": None if call.node is None else call.body.key,
         "node_name": None if call.node is None else call.node.name,
+        "part": None if call.part is None else list(call.part),
         "nodes": call.body.node_count,
         "params": call.params,
         "param_bytes": call.param_bytes,
@@ -37,6 +44,46 @@ def _call(call: Call) -> dict[str, object]:
         "outputs": [_tensor(o) for o in call.outputs],
         "children": [_call(c) for c in call.children],
     }
+    if scopes is not None:
+        params = {v: numel_bytes(v) for v in call.body.graph.initializers.values()}  # type: ignore[union-attr]
+        data["children"] = [_scope(s, params) for s in scopes.children.values()]
+    return data
+
+
+def _scope(node: _scopes.ScopeNode, params: dict[ir.Value, tuple[int, int]]) -> dict[str, object]:
+    """A module call of a flat model, from the ``irkit.scope`` of the nodes it ran."""
+    assert node.frame is not None
+    inside = set(node.members)
+    used = {v for n in node.members for v in n.inputs if v is not None and v in params}
+    flops, shapes = _flops.Flops(), _flops.ShapeTracker()
+    outputs = []
+    for n in node.members:
+        flops += shapes.flops(n)
+        outputs += [
+            v
+            for v in n.outputs
+            if v.is_graph_output() or any(use.node not in inside for use in v.uses())
+        ]
+    return {
+        "path": node.path,
+        "class": node.frame.cls,
+        "origin": "scope",
+        "function": None,
+        "node_name": None,
+        "part": None,
+        "nodes": node.nodes,
+        "params": sum(params[v][0] for v in used),
+        "param_bytes": sum(params[v][1] for v in used),
+        "flops": flops.to_json(),
+        "outputs": [_tensor(TensorInfo.of(v)) for v in outputs],
+        "children": [_scope(c, params) for c in node.children.values()],
+    }
+
+
+def _flat_scopes(summary: ModelSummary) -> _scopes.ScopeNode | None:
+    if summary.root.children:
+        return None
+    return _scopes.scope_tree(summary.model.graph)
 
 
 def to_json_data(summary: ModelSummary) -> dict[str, object]:
@@ -80,7 +127,7 @@ def to_json_data(summary: ModelSummary) -> dict[str, object]:
         },
         "op_histogram": _histogram(summary.root.body.ops),
         "functions": functions,
-        "tree": _call(summary.root),
+        "tree": _call(summary.root, _flat_scopes(summary)),
     }
 
 

@@ -27,6 +27,8 @@ class ScopeNode:
     nodes: int = 0
     ops: Counter[str] = dataclasses.field(default_factory=Counter)
     children: dict[str, ScopeNode] = dataclasses.field(default_factory=dict)
+    members: list[ir.Node] = dataclasses.field(default_factory=list)
+    """Every node under this call (sub-calls included), in graph order."""
 
     @property
     def path(self) -> str:
@@ -46,6 +48,7 @@ def scope_tree(nodes: Iterable[ir.Node]) -> ScopeNode | None:
         for frame in metadata.node_scope(node.metadata_props):
             current = current.children.setdefault(frame.call_id, ScopeNode(frame))
             current.nodes += 1
+            current.members.append(node)
         current.ops[node.op_type] += 1
     return root if found and root.children else None
 

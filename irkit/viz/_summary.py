@@ -24,7 +24,16 @@ from irkit.viz import _flops
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Body", "Call", "ModelSummary", "TensorInfo", "summarize", "function_key", "call_frame"]
+__all__ = [
+    "Body",
+    "Call",
+    "ModelSummary",
+    "TensorInfo",
+    "summarize",
+    "function_key",
+    "call_frame",
+    "numel_bytes",
+]
 
 FunctionId = tuple[str, str, str]
 
@@ -197,7 +206,7 @@ class ModelSummary:
         return None
 
 
-def _numel_bytes(value: ir.Value) -> tuple[int, int]:
+def numel_bytes(value: ir.Value) -> tuple[int, int]:
     """Element count and bytes of a parameter, from its shape and dtype (data not read)."""
     shape = value.shape
     tensor = value.const_value
@@ -285,21 +294,15 @@ class _Builder:
             return body.flops
         done.add(body.key)
         formal = {v: info for v, info in zip(body.graph.inputs, body.input_infos, strict=True)}
-        derived: dict[ir.Value, tuple[int | str | None, ...]] = {}
 
         def shape_of(value: ir.Value) -> tuple[int | str | None, ...] | None:
-            if value in derived:
-                return derived[value]
             return (formal[value] if value in formal else TensorInfo.of(value)).shape
 
+        shapes = _flops.ShapeTracker(shape_of)
         for node in body.graph:
             function = self.callee(node)
             if function is None:
-                if node.outputs and node.outputs[0].shape is None:
-                    shape = _flops.derived_shape(node, shape_of)
-                    if shape is not None:
-                        derived[node.outputs[0]] = shape
-                body.flops += _flops.node_flops(node, shape_of)
+                body.flops += shapes.flops(node)
             else:
                 body.flops += self.flops(self.bodies[function_key(function.identifier())], done)
         return body.flops
@@ -421,7 +424,7 @@ def summarize(model: ir.Model, *, name: str | None = None) -> ModelSummary:
     for function in model.functions.values():
         builder.body(function, function.identifier())
     params: dict[ir.Value, tuple[int, int]] = {
-        v: _numel_bytes(v) for v in model.graph.initializers.values()
+        v: numel_bytes(v) for v in model.graph.initializers.values()
     }
     root = Call(
         "",

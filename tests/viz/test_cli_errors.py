@@ -120,7 +120,7 @@ def test_svg_without_dot_says_how_to_install(toy, tmp_path):
 def test_writes_output_file(toy, tmp_path):
     result = run_cli(toy, "-o", tmp_path / "out.json")
     assert result.returncode == 0 and result.stdout == ""
-    assert (tmp_path / "out.json").read_text().startswith('{\n "schema": "irkit.viz/1"')
+    assert (tmp_path / "out.json").read_text().startswith('{\n "schema": "irkit.viz/2"')
 
 
 def test_format_from_suffix(toy, tmp_path, graphviz_dot):

@@ -68,7 +68,7 @@ def test_grouping_fits_one_screen_for_64_layers():
 
 def test_json_schema_fields(toy):
     data = json.loads(run_cli(toy, "--format", "json").stdout)
-    assert data["schema"] == "irkit.viz/1"
+    assert data["schema"] == "irkit.viz/2"
     assert data["totals"]["nodes"] == 34
     assert [f["id"] for f in data["functions"]] == [
         "tests.viz.toy::Attention",
