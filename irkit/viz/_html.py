@@ -87,20 +87,26 @@ def node_info(
     node: ir.Node,
     params: set[ir.Value],
     known: Mapping[ir.Value, TensorInfo],
+    origin: str | None = None,
 ) -> dict[str, object]:
     """The card shown for one node: title, fields, inputs, outputs, attributes, metadata.
 
     ``params`` are the values to mark as parameters; ``known`` overrides value types (function
-    inputs, whose types come from call sites).
+    inputs, whose types come from call sites). ``origin`` is the module path a shared function
+    body was built from: the card then re-roots the node's module under the opened instance.
     """
     function = summary.model.functions.get((node.domain, node.op_type, node.overload))
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
     props = node.metadata_props
     fields = [["op", op], ["name", node.name or ""]]
     scope = metadata.node_scope(props) if metadata.SCOPE in props else ()
+    module_rel = None
     if scope:
         fields.append(["module", scope[-1].call_id])
         fields.append(["class", scope[-1].cls])
+        path = scope[-1].call_id
+        if origin is not None and (path == origin or path.startswith(origin + ".")):
+            module_rel = path[len(origin) + 1 :]
     for key, label in (
         (metadata.SOURCE, "source"),
         (metadata.FX_NODE, "fx node"),
@@ -122,6 +128,7 @@ def node_info(
         "outputs": _value_rows(node.outputs, set(), known),
         "attrs": [attr_text(a).split("=", 1) for a in node.attributes.values()],
         "meta": [[k, v] for k, v in sorted(props.items())],
+        "module_rel": module_rel,
     }
     if function is not None:
         callee = summary.bodies[function_key(function.identifier())]
@@ -263,6 +270,17 @@ def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
     return set()
 
 
+def _origin(body: Body) -> str | None:
+    """The module path a function body was built from (``irkit.outline.origin``)."""
+    if body.identifier is None:
+        return None
+    try:
+        scope = metadata.decode_scope(body.graph.metadata_props.get(metadata.OUTLINE_ORIGIN))
+    except (ValueError, TypeError):
+        return None
+    return scope[-1].call_id if scope else None
+
+
 def graph_entries(
     summary: ModelSummary,
     bodies: list[Body],
@@ -276,8 +294,10 @@ def graph_entries(
     for body, dot, svg in zip(bodies, dots, svgs, strict=True):
         params = _body_params(summary, body)
         known = dict(zip(body.graph.inputs, body.input_infos, strict=True))
+        origin = _origin(body)
         nodes = {
-            ident: node_info(summary, node, params, known) for node, ident in dot.node_ids.items()
+            ident: node_info(summary, node, params, known, origin)
+            for node, ident in dot.node_ids.items()
         }
         short = "main" if body.identifier is None else body.identifier[1]
         graphs[body.key] = {

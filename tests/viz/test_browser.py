@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 import irkit
+from tests import zoo
 from tests.viz import models
 from tests.viz.conftest import ARTIFACTS, ROOT, run_cli
 
@@ -83,14 +84,12 @@ def test_html_page_in_chromium(page):
     # The picture for the docs: the Block body with a call's card.
     _click_call_path(b)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    b.screenshot(ARTIFACTS / "viz_html.png")
+    b.screenshot(ARTIFACTS / "viz_html_toy.png")
     card = b.evaluate("document.getElementById('side').innerText")
     assert (
         card.startswith("tests.viz.toy::MLP layers.1.mlp\nmodule\tlayers.1.mlp")
         and "1024·B·S" in card
     )
-    if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
-        shutil.copy(ARTIFACTS / "viz_html.png", ROOT / "docs" / "viz_html.png")
     assert b.errors == []
 
 
@@ -119,4 +118,75 @@ def test_large_model_page_stays_usable(tmp_path, chromium, graphviz_dot):
         _click_call(b, "mlp")
         assert _trail(b) == ["main", "layers.63", "layers.63.mlp"]
         assert b.evaluate("document.querySelectorAll('#canvas g.node.op').length") == 45
+        assert b.errors == []
+
+
+def _card(b) -> str:
+    return b.evaluate("document.getElementById('side').innerText")
+
+
+def test_real_outlined_llama_page(tmp_path, chromium, graphviz_dot):
+    """irkit.lower's llama (module functions): drill into a decoder layer and its attention,
+    search into a shared body, and start the page on a module with --function/--depth."""
+    from tests.viz.cdp import Browser
+
+    path = irkit.save(irkit.lower(zoo.export("llama")), tmp_path / "llama.onnx")
+    out = tmp_path / "llama.html"
+    result = run_cli(path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    with Browser(out.as_uri()) as b:
+        _click_call(b, "layers.1")
+        assert _trail(b) == ["main", "layers.1"]
+        labels = b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.call')].map((n) => n.textContent.trim())"
+        )
+        assert any("LlamaRMSNorm" in t and "body ×5" in t for t in labels), labels
+        _click_call(b, "self_attn")
+        assert _trail(b) == ["main", "layers.1", "layers.1.self_attn"]
+        # The k_proj box names the deduplicated variant it runs.
+        labels = b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.call')]"
+            ".map((n) => [...n.querySelectorAll('text')].map((t) => t.textContent).join('|'))"
+        )
+        assert "k_proj|Linear (Linear_1)|2 nodes · body ×4" in labels, labels
+        b.evaluate(
+            f"({CLICK})([...document.querySelectorAll('#canvas g.node.op')]"
+            ".find((n) => n.textContent.trim() === 'Softmax'))"
+        )
+        card = _card(b)
+        assert card.startswith("Softmax") and "llama/modeling_llama.py:257" in card
+        assert "module\tlayers.1.self_attn\n" in card  # re-rooted: the body is layers.0's
+        assert "class\ttransformers.models.llama.modeling_llama.LlamaAttention" in card
+        # The page for the docs: a decoder layer with the card of its attention call.
+        b.evaluate(f"({CLICK})(document.querySelectorAll('#crumbs-path a')[1])")
+        b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.call')].find((n) =>"
+            " n.textContent.includes('self_attn')).dispatchEvent("
+            "new MouseEvent('click', {bubbles: true, shiftKey: true}))"
+        )
+        assert _card(b).startswith("transformers.models.llama::LlamaAttention layers.1.self_attn")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        b.screenshot(ARTIFACTS / "viz_html.png")
+        if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
+            shutil.copy(ARTIFACTS / "viz_html.png", ROOT / "docs" / "viz_html.png")
+        # Search finds a node inside a shared function body and opens that body.
+        b.evaluate("window.irkitViz.search('reducemean')")
+        results = b.evaluate(
+            "[...document.querySelectorAll('#results > div')].map((d) => d.innerText)"
+        )
+        assert len(results) == 1 and "LlamaRMSNorm" in results[0], results
+        b.evaluate(f"({CLICK})(document.querySelector('#results > div'))")
+        assert b.evaluate("window.irkitViz.trail().at(-1)[0]") == (
+            "transformers.models.llama::LlamaRMSNorm"
+        )
+        assert b.evaluate("document.querySelector('#canvas g.node.hl').textContent.trim()") == (
+            "ReduceMean"
+        )
+        assert b.errors == []
+    # --function opens that very instance; --depth folds the panel below it.
+    result = run_cli(path, "-o", out, "--function", "layers.1.mlp", "--depth", "1")
+    assert result.returncode == 0, result.stderr
+    with Browser(out.as_uri()) as b:
+        assert _trail(b) == ["main", "layers.1", "layers.1.mlp"]
+        assert b.evaluate("document.querySelectorAll('#tree details[open]').length") == 1
         assert b.errors == []

@@ -131,17 +131,27 @@ def test_format_from_suffix(toy, tmp_path, graphviz_dot):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--format", "json", "--depth", "2"],
-         "--depth does not apply with --format json; it shapes --format text / html"),
-        (["--format", "json", "--function", "Block"],
-         "--function does not apply with --format json; it shapes --format text / onnx-text / "
-         "dot / svg / html"),
-        (["--format", "html", "--stats"],
-         "--stats does not apply with --format html; it shapes --format text"),
-        (["--format", "dot", "--expand", "layers.1"],
-         "--expand does not apply with --format dot; it shapes --format text / html"),
-        (["--diff", "OTHER", "--depth", "1"],
-         "--depth does not apply with --diff; it shapes --format text / html"),
+        (
+            ["--format", "json", "--depth", "2"],
+            "--depth does not apply with --format json; it shapes --format text / html",
+        ),
+        (
+            ["--format", "json", "--function", "Block"],
+            "--function does not apply with --format json; it shapes --format text / onnx-text / "
+            "dot / svg / html",
+        ),
+        (
+            ["--format", "html", "--stats"],
+            "--stats does not apply with --format html; it shapes --format text",
+        ),
+        (
+            ["--format", "dot", "--expand", "layers.1"],
+            "--expand does not apply with --format dot; it shapes --format text / html",
+        ),
+        (
+            ["--diff", "OTHER", "--depth", "1"],
+            "--depth does not apply with --diff; it shapes --format text / html",
+        ),
     ],
 )
 def test_view_options_are_refused_where_they_do_not_apply(toy, tmp_path, flags, message):

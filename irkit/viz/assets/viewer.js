@@ -113,7 +113,15 @@
     side.appendChild(el("h2", null, module ? info.op + "  " + module : info.title));
     const t = el("table");
     if (module) row(t, "module", module);
-    info.fields.forEach((kv) => row(t, kv[0], kv[1]));
+    info.fields.forEach((kv) => {
+      // A shared body was built from one instance: name the module of the opened instance.
+      if (kv[0] === "module" && info.module_rel !== null && info.module_rel !== undefined && trail.length > 1) {
+        const here = trail[trail.length - 1][1];
+        row(t, "module", info.module_rel ? here + "." + info.module_rel : here);
+      } else {
+        row(t, kv[0], kv[1]);
+      }
+    });
     side.appendChild(t);
     const sections = [["inputs", info.inputs], ["outputs", info.outputs], ["attributes", info.attrs], ["metadata", info.meta]];
     sections.forEach(([name, items]) => {
