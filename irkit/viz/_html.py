@@ -101,9 +101,9 @@ def node_info(
     fields = [["op", op], ["name", node.name or ""]]
     scope = metadata.node_scope(props) if metadata.SCOPE in props else ()
     module_rel = None
-    if scope:
-        fields.append(["module", scope[-1].call_id])
-        fields.append(["class", scope[-1].cls])
+    if scope:  # a call node's scope is its caller's module (its own is shown by the page)
+        fields.append(["module" if function is None else "in module", scope[-1].call_id])
+        fields.append(["class" if function is None else "in class", scope[-1].cls])
         path = scope[-1].call_id
         if origin is not None and (path == origin or path.startswith(origin + ".")):
             module_rel = path[len(origin) + 1 :]

@@ -115,9 +115,9 @@
     if (module) row(t, "module", module);
     info.fields.forEach((kv) => {
       // A shared body was built from one instance: name the module of the opened instance.
-      if (kv[0] === "module" && info.module_rel !== null && info.module_rel !== undefined && trail.length > 1) {
+      if ((kv[0] === "module" || kv[0] === "in module") && info.module_rel !== null && info.module_rel !== undefined && trail.length > 1) {
         const here = trail[trail.length - 1][1];
-        row(t, "module", info.module_rel ? here + "." + info.module_rel : here);
+        row(t, kv[0], info.module_rel ? here + "." + info.module_rel : here);
       } else {
         row(t, kv[0], kv[1]);
       }
