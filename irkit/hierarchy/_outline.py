@@ -183,7 +183,8 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
         return items
     if not ctx.selected(frame):
         return items
-    if any(n.attributes and _has_subgraph(n) for n in items):
+    control_flow = ctx.dataflow.control_flow
+    if control_flow and any(n in control_flow for n in items):
         return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
     plan = ctx.dataflow.plan(items)
     if isinstance(plan, ContractionPlan):
@@ -193,13 +194,6 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
 
 
 _NO_OUTPUT = "none of its outputs is used"
-
-
-_SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-
-
-def _has_subgraph(node: ir.Node) -> bool:
-    return any(a.type in _SUBGRAPH for a in node.attributes.values())
 
 
 def _split(
