@@ -16,7 +16,7 @@ from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
 from irkit.hierarchy._constants import localize_constants
-from irkit.hierarchy._dedupe import FunctionRegistry, body_graph, canonical_text
+from irkit.hierarchy._dedupe import CanonicalKey, FunctionRegistry, body_graph, canonical_key
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
 if TYPE_CHECKING:
@@ -314,8 +314,8 @@ def _build_call(
     if not outputs:
         return None
     domain, cls_name = _function_key(ctx, frame)
-    text = canonical_text(outer_inputs, body, outputs, ctx.registry.type_texts)
-    function = ctx.registry.find(domain, cls_name, text)
+    key = canonical_key(outer_inputs, body, outputs, ctx.registry.type_texts)
+    function = ctx.registry.find(domain, cls_name, key)
     shape_graph = None
     order_in, order_out = range(len(outer_inputs)), range(len(outputs))
     if function is None:  # same body in another node order?
@@ -345,7 +345,7 @@ def _build_call(
     graph.remove(body)
     if function is None:
         params = _rewire_to_params(frame, bound)
-        function = _new_function(ctx, scope, params, body, outputs, (text, shape_graph))
+        function = _new_function(ctx, scope, params, body, outputs, (key, shape_graph))
     else:  # the body is dropped: it must no longer count as a user of the outer values
         for node, i in bound.input_uses:
             node.replace_input_with(i, None)
@@ -380,13 +380,13 @@ def _new_function(
     params: list[ir.Value],
     body: list[ir.Node],
     outputs: list[ir.Value],
-    key: tuple[str, nx.DiGraph | None],
+    key: tuple[CanonicalKey, nx.DiGraph | None],
 ) -> ir.Function:
     frame, model = scope[-1], ctx.model
     domain, cls_name = function_domain(frame), frame.class_name
     name = ctx.registry.next_name(domain, cls_name)
     while (domain, name, "") in model.functions:  # e.g. outlining a model twice
-        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], "", None)
+        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], None, None)
         name = ctx.registry.next_name(domain, cls_name)
     opsets = {"": model.opset_imports.get("", 18)}
     for node in body:
