@@ -21,6 +21,7 @@ about O(nodes x depth) with a small constant.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -57,25 +58,39 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
     tree.add_node((), frame=None, depth=0)
     members: dict[Scope, list[ir.Node]] = {(): []}
     by_text: dict[str, list[ir.Node]] = {}  # many nodes share one scope string: decode it once
+    frames: dict[tuple[object, ...], md.Frame] = {}  # and many strings share their outer frames
     for node in nodes:
         text = node.metadata_props.get(md.SCOPE, "")
         bucket = by_text.get(text)
         if bucket is None:
-            scope = _decode(node, text)
-            for depth in range(1, len(scope) + 1):
-                prefix = scope[:depth]
-                if prefix not in tree:
-                    tree.add_node(prefix, frame=prefix[-1], depth=depth)
-                    tree.add_edge(prefix[:-1], prefix)
-                    members.setdefault(prefix, [])
-            bucket = by_text[text] = members[scope]
+            scope = _decode(node, text, frames)
+            bucket = members.get(scope)
+            if bucket is None:
+                for depth in range(1, len(scope) + 1):
+                    prefix = scope[:depth]
+                    if prefix not in members:
+                        tree.add_node(prefix, frame=prefix[-1], depth=depth)
+                        tree.add_edge(prefix[:-1], prefix)
+                        members[prefix] = []
+                bucket = members[scope]
+            by_text[text] = bucket
         bucket.append(node)
     return tree, members
 
 
-def _decode(node: ir.Node, text: str) -> Scope:
+def _decode(node: ir.Node, text: str, frames: dict[tuple[object, ...], md.Frame]) -> Scope:
+    """:func:`irkit.metadata.decode_scope`, sharing one :class:`Frame` per distinct triple."""
+    if not text:
+        return ()
     try:
-        return md.decode_scope(text)
+        scope = []
+        for item in json.loads(text):
+            key = tuple(item)
+            frame = frames.get(key)
+            if frame is None:
+                frame = frames[key] = md.Frame.from_json(item)
+            scope.append(frame)
+        return tuple(scope)
     except (ValueError, TypeError) as exc:
         raise OutlineError(
             f"Node {node.name!r} ({node.op_type}) has malformed {md.SCOPE} metadata {text!r} "
@@ -85,7 +100,7 @@ def _decode(node: ir.Node, text: str) -> Scope:
 
 
 def _has_subgraph(node: ir.Node) -> bool:
-    attributes = node.attributes
+    attributes = node.attributes.data  # (UserDict: the plain dict is much faster)
     return bool(attributes) and any(a.type in _SUBGRAPH for a in attributes.values())
 
 

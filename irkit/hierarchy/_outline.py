@@ -115,15 +115,16 @@ def outline(
     copied = localize_constants(model.graph)
     if copied:  # copies sit before *a* consumer of their scope, not necessarily the first
         model.graph.sort()
-    tree, members = build_scope_tree(model.graph)
+    nodes = list(model.graph)
+    tree, members = build_scope_tree(nodes)
     ctx = _Context(
         model,
         selected,
         max_depth,
         call_signatures or {},
         FunctionRegistry(),
-        Dataflow(list(model.graph)),
-        {n.name for n in model.graph if n.name},
+        Dataflow(nodes),
+        {n.name for n in nodes if n.name},
     )
     for scope in _bottom_up(tree, ctx.dataflow, members):
         items = members.pop(scope)
@@ -154,13 +155,11 @@ def _bottom_up(
     tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
 ) -> list[Scope]:
     """Calls children-first; siblings in order of their first node (deterministic)."""
-    import networkx as nx
-
-    first: dict[Scope, int] = {}
-    for scope in nx.dfs_postorder_nodes(tree, ()):
-        own = [flow.pos[n] for n in members[scope]]
-        own += [first[c] for c in tree.successors(scope)]
-        first[scope] = min(own, default=len(flow.order))
+    pos, end = flow.pos, len(flow.order)
+    first = {scope: min([pos[n] for n in own], default=end) for scope, own in members.items()}
+    for scope in sorted(first, key=len, reverse=True):  # children before their parents
+        if scope and first[scope] < first[scope[:-1]]:
+            first[scope[:-1]] = first[scope]
 
     def children(scope: Scope) -> list[Scope]:
         return sorted(tree.successors(scope), key=lambda c: (first[c], c))
