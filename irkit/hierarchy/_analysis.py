@@ -1,12 +1,12 @@
 """Nesting analysis: the scope tree of module calls and the dataflow DAG of the ONNX nodes.
 
-Both are :class:`networkx.DiGraph` objects.
-
 * The **scope tree** has one node per module *call*, keyed by its full scope (a tuple of
   :class:`~irkit.metadata.Frame`, outermost first; ``()`` is the root). ``a`` and ``a@1`` are two
   calls of one module and therefore two tree nodes. Each ONNX node is a *direct member* of its
   innermost call; a call *owns* its direct members and everything its descendants own.
-* The **dataflow DAG** has one node per ONNX node (``ir.Node``), an edge producer → consumer.
+* The **dataflow DAG** has one node per ONNX node, an edge producer → consumer. It is the graph
+  itself (values know their producer and uses); only the span of a non-contiguous region is
+  copied into a small :class:`networkx.DiGraph` for the cycle and reachability checks.
 
 Outlining contracts regions of the DAG bottom-up (:meth:`Dataflow.plan` / :meth:`Dataflow.contract`).
 Contracting a set of nodes keeps a DAG acyclic exactly when the set is *convex*: no path leaves
@@ -15,12 +15,13 @@ positions in any topological order lie between the first and last node of R, so 
 looks at that *span*: the span's outside nodes plus R contracted to one node must be acyclic.
 For the usual contiguous region the span holds no outside node and the check is O(|R|); the
 positions are kept as a valid topological order after each contraction, so the total cost stays
-about O(nodes x depth).
+about O(nodes x depth) with a small constant.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -57,25 +58,39 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
     tree.add_node((), frame=None, depth=0)
     members: dict[Scope, list[ir.Node]] = {(): []}
     by_text: dict[str, list[ir.Node]] = {}  # many nodes share one scope string: decode it once
+    frames: dict[tuple[object, ...], md.Frame] = {}  # and many strings share their outer frames
     for node in nodes:
         text = node.metadata_props.get(md.SCOPE, "")
         bucket = by_text.get(text)
         if bucket is None:
-            scope = _decode(node, text)
-            for depth in range(1, len(scope) + 1):
-                prefix = scope[:depth]
-                if prefix not in tree:
-                    tree.add_node(prefix, frame=prefix[-1], depth=depth)
-                    tree.add_edge(prefix[:-1], prefix)
-                    members.setdefault(prefix, [])
-            bucket = by_text[text] = members[scope]
+            scope = _decode(node, text, frames)
+            bucket = members.get(scope)
+            if bucket is None:
+                for depth in range(1, len(scope) + 1):
+                    prefix = scope[:depth]
+                    if prefix not in members:
+                        tree.add_node(prefix, frame=prefix[-1], depth=depth)
+                        tree.add_edge(prefix[:-1], prefix)
+                        members[prefix] = []
+                bucket = members[scope]
+            by_text[text] = bucket
         bucket.append(node)
     return tree, members
 
 
-def _decode(node: ir.Node, text: str) -> Scope:
+def _decode(node: ir.Node, text: str, frames: dict[tuple[object, ...], md.Frame]) -> Scope:
+    """:func:`irkit.metadata.decode_scope`, sharing one :class:`Frame` per distinct triple."""
+    if not text:
+        return ()
     try:
-        return md.decode_scope(text)
+        scope = []
+        for item in json.loads(text):
+            key = tuple(item)
+            frame = frames.get(key)
+            if frame is None:
+                frame = frames[key] = md.Frame.from_json(item)
+            scope.append(frame)
+        return tuple(scope)
     except (ValueError, TypeError) as exc:
         raise OutlineError(
             f"Node {node.name!r} ({node.op_type}) has malformed {md.SCOPE} metadata {text!r} "
@@ -84,22 +99,22 @@ def _decode(node: ir.Node, text: str) -> Scope:
         ) from exc
 
 
-def _used_values(node: ir.Node) -> Sequence[ir.Value | None]:
-    """The node's inputs plus the outer values its subgraphs (If/Loop/Scan bodies) capture."""
-    if not node.attributes:
-        return node.inputs
-    values = list(node.inputs)
+def _has_subgraph(node: ir.Node) -> bool:
+    attributes = node.attributes.data  # (UserDict: the plain dict is much faster)
+    return bool(attributes) and any(a.type in _SUBGRAPH for a in attributes.values())
+
+
+_SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
+def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+    graphs: list[ir.Graph] = []
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
-            graphs = [attr.value]
+            graphs.append(attr.value)
         elif attr.type == ir.AttributeType.GRAPHS:
-            graphs = list(attr.value)
-        else:
-            continue
-        for graph in graphs:
-            for inner in ir.traversal.RecursiveGraphIterator(graph):
-                values.extend(inner.inputs)  # inner producers are not in the DAG: ignored
-    return values
+            graphs.extend(attr.value)
+    return graphs
 
 
 @dataclasses.dataclass
@@ -116,24 +131,53 @@ class ContractionPlan:
 class Dataflow:
     """The dataflow DAG of a graph's nodes, contracted region by region.
 
+    The DAG is the graph itself: an edge producer → consumer per use of a value (``ir.Value``
+    tracks its uses), where a use inside an If/Loop/Scan body counts as a use by the node that
+    owns the body. Outlining rewires the graph as it contracts regions, so the edges stay
+    current for free; this class keeps the positions of a topological order and, for the rare
+    non-contiguous region, builds a small :class:`networkx.DiGraph` of the span.
+
     Args:
         nodes: The graph's nodes in a topological order.
     """
 
     def __init__(self, nodes: Sequence[ir.Node]):
-        import networkx as nx
-
-        self.dag = nx.DiGraph()
         self.order: list[ir.Node | None] = list(nodes)
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
-        self.dag.add_nodes_from(self.order)
-        pos = self.pos
-        self.dag.add_edges_from(
-            (producer, node)
-            for node in self.order
-            for value in _used_values(node)
-            if value is not None and (producer := value.producer()) is not None and producer in pos
-        )
+        self.control_flow: set[ir.Node] = {n for n in self.order if _has_subgraph(n)}
+        self._owner: dict[ir.Node, ir.Node] = {}  # node inside a subgraph → its top-level node
+        for node in self.control_flow:
+            for graph in _subgraphs(node):
+                for inner in ir.traversal.RecursiveGraphIterator(graph):
+                    self._owner[inner] = node
+
+    def successors(self, node: ir.Node) -> set[ir.Node]:
+        """The current nodes that use an output of ``node``."""
+        owner, pos = self._owner, self.pos
+        result = set()
+        for value in node.outputs:
+            for use in value.uses():
+                user = owner.get(use.node, use.node) if owner else use.node
+                if user in pos:
+                    result.add(user)
+        return result
+
+    def _span_graph(self, span: Sequence[ir.Node], merged: set[ir.Node]) -> nx.DiGraph:
+        """The DAG restricted to ``span``, with the nodes of ``merged`` contracted to one node."""
+        import networkx as nx  # (imported on use: keeps `import irkit` fast)
+
+        inside = set(span)
+        graph = nx.DiGraph()
+        graph.add_node(_REGION)
+        graph.add_nodes_from(n for n in span if n not in merged)
+        for node in span:
+            src = _REGION if node in merged else node
+            for succ in self.successors(node):
+                if succ in inside:
+                    dst = _REGION if succ in merged else succ
+                    if dst != src:
+                        graph.add_edge(src, dst)
+        return graph
 
     def plan(self, region: Iterable[ir.Node]) -> ContractionPlan | list[ir.Node]:
         """Check that ``region`` is convex.
@@ -150,16 +194,7 @@ class Dataflow:
         outside = [n for n in self.order[lo : hi + 1] if n is not None and n not in region]
         if not outside:
             return ContractionPlan(region, lo, hi, [], [])
-        span = set(outside)
-        small = nx.DiGraph()
-        small.add_node(_REGION)
-        small.add_nodes_from(outside)
-        for node in (*outside, *region):
-            src = _REGION if node in region else node
-            for succ in self.dag.successors(node):
-                dst = _REGION if succ in region else (succ if succ in span else None)
-                if dst is not None and dst != src:
-                    small.add_edge(src, dst)
+        small = self._span_graph([*outside, *region], region)
         if not nx.is_directed_acyclic_graph(small):
             cycle = nx.find_cycle(small, _REGION)
             return [u for u, _ in cycle if u != _REGION]
@@ -170,14 +205,7 @@ class Dataflow:
 
     def contract(self, plan: ContractionPlan, new_node: ir.Node) -> None:
         """Replace the planned region by ``new_node``, keeping ``order`` topological."""
-        region = plan.region
-        preds = {p for n in region for p in self.dag.predecessors(n) if p not in region}
-        succs = {s for n in region for s in self.dag.successors(n) if s not in region}
-        self.dag.remove_nodes_from(region)
-        self.dag.add_node(new_node)
-        self.dag.add_edges_from((p, new_node) for p in preds)
-        self.dag.add_edges_from((new_node, s) for s in succs)
-        for n in region:
+        for n in plan.region:
             del self.pos[n]
         new_span = [*plan.before, new_node, *plan.after]
         self.order[plan.lo : plan.hi + 1] = new_span + [None] * (
@@ -208,10 +236,8 @@ class Dataflow:
         positions = [self.pos[n] for n in region]
         lo, hi = min(positions), max(positions)
         span = [n for n in self.order[lo : hi + 1] if n is not None]
-        reach = nx.DiGraph(self.dag.subgraph(span))
-        escapes = {
-            s for n in region for s in self.dag.successors(n) if s in reach and s not in region
-        }
+        reach = self._span_graph(span, set())
+        escapes = {s for n in region for s in reach.successors(n) if s not in region}
         reach.add_edges_from((_REGION, s) for s in escapes)
         late = nx.descendants(reach, _REGION) if escapes else set()
         return {n for n in region if n not in late}

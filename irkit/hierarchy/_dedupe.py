@@ -2,10 +2,11 @@
 
 Two bodies are identical when they have the same ops (domain, type, overload), attributes
 (tensor attributes by content), wiring, and input/output/intermediate types and shapes, in the
-same node order. Names and metadata are ignored. The canonical form renumbers every value by
-where it is defined (function input ``i3``, output 1 of body node 7 ``7.1``), so it is exact and
-linear in the body size; bodies are bucketed by a hash of it and confirmed by comparing the
-full canonical text. That catches the common case (identical layers emitted in one order).
+same node order. Names and metadata are ignored. The canonical form (:func:`canonical_key`, a
+nested tuple of strings and ints) renumbers every value by where it is defined (function inputs
+first, then each node's outputs in order), so it is exact and linear in the body size; it is
+the key of a dict (hashed once, confirmed by tuple equality). That catches the common case
+(identical layers emitted in one order).
 
 When the exact text misses, bodies emitted in a *different node order* (after rewrites, say)
 are found through networkx: the body as a labelled DiGraph, bucketed by its
@@ -26,11 +27,18 @@ if TYPE_CHECKING:
 
 import onnx_ir as ir
 
-__all__ = ["canonical_text", "body_graph", "FunctionRegistry", "Match"]
+__all__ = ["canonical_key", "CanonicalKey", "body_graph", "FunctionRegistry", "Match"]
 
 
 _TENSOR = ir.AttributeType.TENSOR
 _TENSORS = ir.AttributeType.TENSORS
+_BY_VALUE = frozenset(  # value is hashable and compares like its text (not floats: -0.0, nan)
+    {ir.AttributeType.INT, ir.AttributeType.INTS, ir.AttributeType.STRING, ir.AttributeType.STRINGS}
+)
+_KIND = {k: f":{k.value}=" for k in ir.AttributeType}
+
+CanonicalKey = tuple[object, ...]
+"""The hashable, name-free form of a body (see :func:`canonical_key`)."""
 
 
 def _attr_text(attr: ir.Attr) -> str:
@@ -44,19 +52,31 @@ def _attr_text(attr: ir.Attr) -> str:
     if kind is _TENSORS:
         parts = [hashlib.sha1(t.tobytes()).hexdigest() for t in attr.value]
         return f"{attr.name}=Ts({parts})"
-    return f"{attr.name}:{kind.value}={attr.value!r}"
+    return f"{attr.name}{_KIND[kind]}{attr.value!r}"
 
 
-def canonical_text(
+def _attr_key(attr: ir.Attr) -> tuple[object, ...]:
+    """``(name, kind, value)`` for ints and strings, else ``(name, text)``; sorts by name."""
+    kind = attr.type
+    if kind in _BY_VALUE and attr.ref_attr_name is None:
+        return (attr.name, kind, attr.value)
+    return (attr.name, _attr_text(attr))
+
+
+def canonical_key(
     inputs: Sequence[ir.Value],
     nodes: Sequence[ir.Node],
     outputs: Sequence[ir.Value],
     type_texts: dict[object, str] | None = None,
-) -> str:
-    """A name-free serialization of a function body (see the module docstring).
+) -> CanonicalKey:
+    """A name-free, hashable form of a function body (see the module docstring).
+
+    Values are numbered where they are defined: input ``i`` is ``i``, then each node's outputs
+    get the next numbers; a missing optional input is ``-1``. Each node contributes
+    ``(domain, op_type, overload, input numbers, attributes, output types)``.
 
     Args:
-        inputs: The body's inputs (``i0``, ``i1`` … in this order).
+        inputs: The body's inputs (numbered ``0, 1, …`` in this order).
         nodes: The body's nodes, in order.
         outputs: The body's outputs.
         type_texts: A cache of type texts, shared across calls for speed.
@@ -64,35 +84,46 @@ def canonical_text(
     Example:
         >>> x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
         >>> n = ir.Node("", "Relu", [x])
-        >>> canonical_text([x], [n], n.outputs).splitlines()[1]
-        ':Relu:(i0)>None?'
+        >>> canonical_key([x], [n], n.outputs)
+        (('FLOAT[2]',), ('', 'Relu', '', (0,), (), ('None?',)), (1,))
     """
     cache = {} if type_texts is None else type_texts
+    get = cache.get
 
     def type_text(v: ir.Value) -> str:
         shape, vtype = v.shape, v.type  # (TensorType hashes via repr: key on class + dtype)
         key = (
-            v.dtype if vtype.__class__ is ir.TensorType else vtype,
+            vtype.dtype if vtype.__class__ is ir.TensorType else vtype,
             None if shape is None else shape.dims,
         )
-        text = cache.get(key)
+        text = get(key)
         if text is None:
-            text = cache[key] = f"{v.type}{'?' if shape is None else shape}"
+            text = cache[key] = f"{vtype}{'?' if shape is None else shape}"
         return text
 
-    ids: dict[ir.Value, str] = {v: f"i{i}" for i, v in enumerate(inputs)}
-    lines = [" ".join([type_text(v) for v in inputs])]
-    for k, node in enumerate(nodes):
+    ids: dict[ir.Value | None, int] = {v: i for i, v in enumerate(inputs)}
+    ids[None] = -1
+    idget = ids.get
+    parts: list[object] = [tuple([type_text(v) for v in inputs])]
+    append, count = parts.append, len(inputs)
+    for node in nodes:
         outs = node.outputs
-        refs = ",".join(["" if v is None else ids.get(v, "?") for v in node.inputs])
-        attributes = node.attributes
-        attrs = sorted([_attr_text(a) for a in attributes.values()]) if attributes else ""
-        types = " ".join([type_text(v) for v in outs])
-        lines.append(f"{node.domain}:{node.op_type}:{node.overload}({refs}){attrs}>{types}")
-        for j, out in enumerate(outs):
-            ids[out] = f"{k}.{j}"
-    lines.append("out " + ",".join([ids.get(v, "?") for v in outputs]))
-    return "\n".join(lines)
+        attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
+        append(
+            (
+                node.domain,
+                node.op_type,
+                node.overload,
+                tuple([idget(v, -2) for v in node.inputs]),
+                tuple(sorted([_attr_key(a) for a in attributes.values()])) if attributes else (),
+                tuple([type_text(v) for v in outs]),
+            )
+        )
+        for out in outs:
+            ids[out] = count
+            count += 1
+    append(tuple([idget(v, -2) for v in outputs]))
+    return tuple(parts)
 
 
 def body_graph(
@@ -183,18 +214,14 @@ class FunctionRegistry:
     """
 
     def __init__(self) -> None:
-        self.type_texts: dict[object, str] = {}  # cache for canonical_text
-        self._buckets: dict[tuple[str, str, str], list[tuple[str, ir.Function]]] = {}
+        self.type_texts: dict[object, str] = {}  # cache for canonical_key
+        self._by_key: dict[tuple[str, str, CanonicalKey], ir.Function] = {}
         self._count: dict[tuple[str, str], int] = {}
         self._graphs: dict[tuple[str, str], list[tuple[str, nx.DiGraph, ir.Function]]] = {}
 
-    def find(self, domain: str, name: str, text: str) -> ir.Function | None:
-        """An existing function whose canonical text is exactly ``text``."""
-        key = (domain, name, hashlib.sha256(text.encode()).hexdigest())
-        for candidate_text, function in self._buckets.get(key, ()):
-            if candidate_text == text:
-                return function
-        return None
+    def find(self, domain: str, name: str, key: CanonicalKey) -> ir.Function | None:
+        """An existing function of the class whose body's canonical key is ``key``."""
+        return self._by_key.get((domain, name, key))
 
     def find_isomorphic(self, domain: str, name: str, graph: nx.DiGraph) -> Match | None:
         """An existing function of the class whose body is ``graph`` up to node order.
@@ -221,11 +248,16 @@ class FunctionRegistry:
         return name if n == 0 else f"{name}_{n}"
 
     def add(
-        self, domain: str, name: str, function: ir.Function, text: str, graph: nx.DiGraph | None
+        self,
+        domain: str,
+        name: str,
+        function: ir.Function,
+        key: CanonicalKey | None,
+        graph: nx.DiGraph | None,
     ) -> None:
-        """Register ``function`` as the body ``text`` (and ``graph``) of class ``name``."""
-        key = (domain, name, hashlib.sha256(text.encode()).hexdigest())
-        self._buckets.setdefault(key, []).append((text, function))
+        """Register ``function`` as the body ``key`` (and ``graph``) of class ``name``."""
+        if key is not None:
+            self._by_key.setdefault((domain, name, key), function)
         if graph is not None:
             wl = _wl_hash(graph)
             self._graphs.setdefault((domain, name), []).append((wl, graph, function))

@@ -16,7 +16,7 @@ from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
 from irkit.hierarchy._constants import localize_constants
-from irkit.hierarchy._dedupe import FunctionRegistry, body_graph, canonical_text
+from irkit.hierarchy._dedupe import CanonicalKey, FunctionRegistry, body_graph, canonical_key
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class _Context:
     used_call_names: set[str]
     notes: list[str] = dataclasses.field(default_factory=list)
     scope_texts: dict[Scope, str] = dataclasses.field(default_factory=dict)
+    function_keys: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def outline(
@@ -114,15 +115,16 @@ def outline(
     copied = localize_constants(model.graph)
     if copied:  # copies sit before *a* consumer of their scope, not necessarily the first
         model.graph.sort()
-    tree, members = build_scope_tree(model.graph)
+    nodes = list(model.graph)
+    tree, members = build_scope_tree(nodes)
     ctx = _Context(
         model,
         selected,
         max_depth,
         call_signatures or {},
         FunctionRegistry(),
-        Dataflow(list(model.graph)),
-        {n.name for n in model.graph if n.name},
+        Dataflow(nodes),
+        {n.name for n in nodes if n.name},
     )
     for scope in _bottom_up(tree, ctx.dataflow, members):
         items = members.pop(scope)
@@ -153,13 +155,11 @@ def _bottom_up(
     tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
 ) -> list[Scope]:
     """Calls children-first; siblings in order of their first node (deterministic)."""
-    import networkx as nx
-
-    first: dict[Scope, int] = {}
-    for scope in nx.dfs_postorder_nodes(tree, ()):
-        own = [flow.pos[n] for n in members[scope]]
-        own += [first[c] for c in tree.successors(scope)]
-        first[scope] = min(own, default=len(flow.order))
+    pos, end = flow.pos, len(flow.order)
+    first = {scope: min([pos[n] for n in own], default=end) for scope, own in members.items()}
+    for scope in sorted(first, key=len, reverse=True):  # children before their parents
+        if scope and first[scope] < first[scope[:-1]]:
+            first[scope[:-1]] = first[scope]
 
     def children(scope: Scope) -> list[Scope]:
         return sorted(tree.successors(scope), key=lambda c: (first[c], c))
@@ -183,7 +183,8 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
         return items
     if not ctx.selected(frame):
         return items
-    if any(n.attributes and _has_subgraph(n) for n in items):
+    control_flow = ctx.dataflow.control_flow
+    if control_flow and any(n in control_flow for n in items):
         return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
     plan = ctx.dataflow.plan(items)
     if isinstance(plan, ContractionPlan):
@@ -193,13 +194,6 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
 
 
 _NO_OUTPUT = "none of its outputs is used"
-
-
-_SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-
-
-def _has_subgraph(node: ir.Node) -> bool:
-    return any(a.type in _SUBGRAPH for a in node.attributes.values())
 
 
 def _split(
@@ -227,7 +221,8 @@ def _split(
 
 
 def _contract(ctx: _Context, scope: Scope, plan: ContractionPlan, name: str) -> ir.Node | None:
-    call = _build_call(ctx, scope, sorted(plan.region, key=ctx.dataflow.pos.__getitem__), name)
+    body = sorted(plan.region, key=ctx.dataflow.pos.__getitem__)
+    call = _build_call(ctx, scope, body, plan.region, name)
     if call is not None:
         ctx.dataflow.contract(plan, call)
     return call
@@ -250,26 +245,45 @@ def _note(ctx: _Context, frame: md.Frame, items: list[ir.Node], what: str) -> No
 
 def _ordered(values: list[ir.Value], names: Sequence[str]) -> list[ir.Value]:
     """``values`` with those named in ``names`` first, in that order; the rest keep their order."""
+    if not names:
+        return values
     rank = {name: i for i, name in enumerate(names)}
     first = sorted((v for v in values if v.name in rank), key=lambda v: rank[v.name])
     return first + [v for v in values if v.name not in rank]
 
 
+@dataclasses.dataclass
+class _Boundary:
+    inputs: list[ir.Value]  # values the body uses from outside, in call-signature order
+    outputs: list[ir.Value]  # body values used outside (or graph outputs), in signature order
+    input_uses: list[tuple[ir.Node, int]]  # the body's inputs that are outside values
+
+
 def _boundary(
-    ctx: _Context, frame: md.Frame, body: list[ir.Node]
-) -> tuple[list[ir.Value], list[ir.Value]]:
-    region = set(body)
+    ctx: _Context, frame: md.Frame, body: list[ir.Node], region: set[ir.Node]
+) -> _Boundary:
     inputs: dict[ir.Value, None] = {}
+    input_uses: list[tuple[ir.Node, int]] = []
     outputs: list[ir.Value] = []
     for node in body:
-        for value in node.inputs:
+        for i, value in enumerate(node.inputs):
             if value is not None and value.producer() not in region:
-                inputs.setdefault(value)
+                inputs[value] = None
+                input_uses.append((node, i))
         for value in node.outputs:
-            if value.is_graph_output() or any(u.node not in region for u in value.uses()):
+            if value.is_graph_output():
                 outputs.append(value)
-    sig_in, sig_out = ctx.signatures.get(frame.call_id, ctx.signatures.get(frame.path, ((), ())))
-    return _ordered(list(inputs), sig_in), _ordered(outputs, sig_out)
+                continue
+            for use in value.uses():
+                if use.node not in region:
+                    outputs.append(value)
+                    break
+    signature = ctx.signatures.get(frame.call_id) or ctx.signatures.get(frame.path)
+    if signature is None:
+        return _Boundary(list(inputs), outputs, input_uses)
+    return _Boundary(
+        _ordered(list(inputs), signature[0]), _ordered(outputs, signature[1]), input_uses
+    )
 
 
 def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:
@@ -284,31 +298,27 @@ def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:
     return result
 
 
-def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> ir.Node | None:
-    """Move ``body`` into a (possibly shared) function; return the call node now standing for it."""
+def _build_call(
+    ctx: _Context, scope: Scope, body: list[ir.Node], region: set[ir.Node], name: str
+) -> ir.Node | None:
+    """Move ``body`` into a (possibly shared) function; return the call node now standing for it.
+
+    The body is compared with the existing functions while it still reads the outer values;
+    only a new function's body is rewired to fresh parameters, a duplicate's is detached.
+    """
     frame = scope[-1]
     graph = ctx.model.graph
-    outer_inputs, outputs = _boundary(ctx, frame, body)
-    body_set = set(body)
+    bound = _boundary(ctx, frame, body, region)
+    outer_inputs, outputs = bound.inputs, bound.outputs
     if not outputs:
         return None
-    taken: set[str] = set()
-    params = [
-        ir.Value(name=_local_name(v.name, frame, taken), type=v.type, shape=v.shape)
-        for v in outer_inputs
-    ]
-    param_of = dict(zip(outer_inputs, params, strict=True))
-    for node in body:
-        for i, value in enumerate(node.inputs):
-            if value in param_of:
-                node.replace_input_with(i, param_of[value])
-    domain, cls_name = function_domain(frame), frame.class_name
-    text = canonical_text(params, body, outputs, ctx.registry.type_texts)
-    function = ctx.registry.find(domain, cls_name, text)
+    domain, cls_name = _function_key(ctx, frame)
+    key = canonical_key(outer_inputs, body, outputs, ctx.registry.type_texts)
+    function = ctx.registry.find(domain, cls_name, key)
     shape_graph = None
-    order_in, order_out = list(range(len(params))), list(range(len(outputs)))
+    order_in, order_out = range(len(outer_inputs)), range(len(outputs))
     if function is None:  # same body in another node order?
-        shape_graph = body_graph(params, body, outputs)
+        shape_graph = body_graph(outer_inputs, body, outputs)
         match = ctx.registry.find_isomorphic(domain, cls_name, shape_graph)
         if match is not None:
             function, order_in, order_out = match.function, match.inputs, match.outputs
@@ -325,17 +335,42 @@ def _build_call(ctx: _Context, scope: Scope, body: list[ir.Node], name: str) -> 
     )
     for new, old in zip(call.outputs, [outputs[m] for m in order_out], strict=True):
         new.name, new.type, new.shape = old.name, old.type, old.shape
-        for use in list(old.uses()):
-            if use.node not in body_set:
+        for use in old.uses():
+            if use.node not in region:
                 use.node.replace_input_with(use.idx, new)
         if old.is_graph_output():
             graph.outputs[:] = [new if v is old else v for v in graph.outputs]
     graph.insert_before(body[0], call)
     graph.remove(body)
     if function is None:
-        function = _new_function(ctx, scope, params, body, outputs, (text, shape_graph))
+        params = _rewire_to_params(frame, bound)
+        function = _new_function(ctx, scope, params, body, outputs, (key, shape_graph))
+    else:  # the body is dropped: it must no longer count as a user of the outer values
+        for node, i in bound.input_uses:
+            node.replace_input_with(i, None)
     call.op_type = function.name
     return call
+
+
+def _rewire_to_params(frame: md.Frame, bound: _Boundary) -> list[ir.Value]:
+    """Fresh function inputs for the body's outer values; the body reads them instead."""
+    taken: set[str] = set()
+    params = [
+        ir.Value(name=_local_name(v.name, frame, taken), type=v.type, shape=v.shape)
+        for v in bound.inputs
+    ]
+    param_of = dict(zip(bound.inputs, params, strict=True))
+    for node, i in bound.input_uses:
+        node.replace_input_with(i, param_of[node.inputs[i]])
+    return params
+
+
+def _function_key(ctx: _Context, frame: md.Frame) -> tuple[str, str]:
+    """(domain, name) of the class's functions, computed once per class."""
+    key = ctx.function_keys.get(frame.cls)
+    if key is None:
+        key = ctx.function_keys[frame.cls] = (function_domain(frame), frame.class_name)
+    return key
 
 
 def _new_function(
@@ -344,13 +379,13 @@ def _new_function(
     params: list[ir.Value],
     body: list[ir.Node],
     outputs: list[ir.Value],
-    key: tuple[str, nx.DiGraph | None],
+    key: tuple[CanonicalKey, nx.DiGraph | None],
 ) -> ir.Function:
     frame, model = scope[-1], ctx.model
     domain, cls_name = function_domain(frame), frame.class_name
     name = ctx.registry.next_name(domain, cls_name)
     while (domain, name, "") in model.functions:  # e.g. outlining a model twice
-        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], "", None)
+        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], None, None)
         name = ctx.registry.next_name(domain, cls_name)
     opsets = {"": model.opset_imports.get("", 18)}
     for node in body:
