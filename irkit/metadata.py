@@ -104,6 +104,13 @@ class Frame:
     call_index: int
     cls: str
 
+    def __post_init__(self) -> None:
+        # Scopes (tuples of frames) key many dicts during outlining: hash each frame once.
+        object.__setattr__(self, "_hash", hash((self.path, self.call_index, self.cls)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
     @property
     def call_id(self) -> str:
         """The call's identity as torch spells it: ``path`` or ``path@N`` for N > 0."""

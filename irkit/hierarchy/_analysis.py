@@ -44,8 +44,8 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
 
     Returns:
         ``(tree, members)``: ``tree`` has the root ``()`` and an edge parent → child per call
-        (node attributes ``frame`` and ``depth``); ``members[scope]`` lists the nodes whose
-        innermost call is ``scope``, in the given order.
+        (a call's frame is ``scope[-1]``, its depth ``len(scope)``); ``members[scope]`` lists
+        the nodes whose innermost call is ``scope``, in the given order.
 
     Example:
         >>> tree, members = build_scope_tree([])
@@ -54,13 +54,12 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
     """
     import networkx as nx  # (imported on use: keeps `import irkit` fast)
 
-    tree = nx.DiGraph()
-    tree.add_node((), frame=None, depth=0)
     members: dict[Scope, list[ir.Node]] = {(): []}
     by_text: dict[str, list[ir.Node]] = {}  # many nodes share one scope string: decode it once
     frames: dict[tuple[object, ...], md.Frame] = {}  # and many strings share their outer frames
+    key = md.SCOPE
     for node in nodes:
-        text = node.metadata_props.get(md.SCOPE, "")
+        text = node.metadata_props.get(key, "")
         bucket = by_text.get(text)
         if bucket is None:
             scope = _decode(node, text, frames)
@@ -69,12 +68,13 @@ def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, 
                 for depth in range(1, len(scope) + 1):
                     prefix = scope[:depth]
                     if prefix not in members:
-                        tree.add_node(prefix, frame=prefix[-1], depth=depth)
-                        tree.add_edge(prefix[:-1], prefix)
                         members[prefix] = []
                 bucket = members[scope]
             by_text[text] = bucket
         bucket.append(node)
+    tree = nx.DiGraph()
+    tree.add_node(())
+    tree.add_edges_from((s[:-1], s) for s in list(members)[1:])  # (parents come first)
     return tree, members
 
 

@@ -10,11 +10,14 @@ function bodies self-contained (backends see the constant) and identical layers 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 
 from irkit import metadata as md
+from irkit.errors import OutlineError
 
-__all__ = ["localize_constants", "MAX_CONSTANT_ELEMENTS", "MAX_CONE_NODES"]
+__all__ = ["localize_constants", "constant_cones", "MAX_CONSTANT_ELEMENTS", "MAX_CONE_NODES"]
 
 MAX_CONSTANT_ELEMENTS = 4096
 """``Constant`` nodes with larger tensors are never copied (they stay shared function inputs)."""
@@ -42,26 +45,38 @@ def _small_constant(node: ir.Node) -> bool:
     return value.type != ir.AttributeType.TENSOR or value.value.size <= MAX_CONSTANT_ELEMENTS
 
 
-def _constant_cones(graph: ir.Graph) -> dict[ir.Node, int]:
-    """Node → size of its constant cone, for nodes computed from small constants only."""
+def constant_cones(nodes: Sequence[ir.Node]) -> dict[ir.Node, int] | None:
+    """Node → size of its constant cone, for nodes computed from small constants only.
+
+    One pass that also checks the order: ``None`` if ``nodes`` are not topologically sorted
+    (a node reads a value produced by a node that comes later).
+    """
     cone: dict[ir.Node, int] = {}
-    for node in graph:  # topological order
-        if node.domain:
+    seen: set[ir.Node] = set()
+    add = seen.add
+    for node in nodes:
+        inputs = node.inputs
+        candidate = not node.domain and node.op_type not in _NO_COPY
+        producers: set[ir.Node] = set()
+        for value in inputs:
+            producer = value.producer() if value is not None else None
+            if producer is None:
+                candidate = candidate and value is None
+                continue
+            if producer not in seen:
+                return None
+            if candidate:
+                if producer in cone:
+                    producers.add(producer)
+                else:
+                    candidate = False
+        add(node)
+        if not candidate:
             continue
         if node.op_type == "Constant":
             if _small_constant(node):
                 cone[node] = 1
-            continue
-        if not node.inputs or node.op_type in _NO_COPY:
-            continue
-        producers: set[ir.Node] = set()
-        for value in node.inputs:
-            producer = value.producer() if value is not None else None
-            if value is not None and producer not in cone:
-                break
-            if producer is not None:
-                producers.add(producer)
-        else:
+        elif inputs:
             size = 1 + sum(cone[p] for p in producers)
             if size <= MAX_CONE_NODES and not any(
                 a.type in _SUBGRAPH for a in node.attributes.values()
@@ -70,7 +85,7 @@ def _constant_cones(graph: ir.Graph) -> dict[ir.Node, int]:
     return cone
 
 
-def localize_constants(graph: ir.Graph) -> int:
+def localize_constants(graph: ir.Graph, cones: dict[ir.Node, int] | None = None) -> int:
     """Give each scope that uses a shared constant cone its own copy. In place.
 
     Copies are inserted before *a* consumer in their scope; sort the graph afterwards if any
@@ -78,6 +93,7 @@ def localize_constants(graph: ir.Graph) -> int:
 
     Args:
         graph: A topologically sorted graph whose nodes carry ``irkit.scope``.
+        cones: Its :func:`constant_cones`, if already computed.
 
     Returns:
         The number of nodes copied.
@@ -89,7 +105,9 @@ def localize_constants(graph: ir.Graph) -> int:
         >>> localize_constants(g), [n.op_type for n in g]
         (1, ['Constant', 'Mul'])
     """
-    cone = _constant_cones(graph)
+    cone = constant_cones(list(graph)) if cones is None else cones
+    if cone is None:
+        raise OutlineError("localize_constants needs a topologically sorted graph; sort it first.")
     copies: dict[tuple[ir.Node, str], ir.Node] = {}
     used_names: set[str] = set()
     count = 0

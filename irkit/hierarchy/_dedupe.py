@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -63,65 +64,69 @@ def _attr_key(attr: ir.Attr) -> tuple[object, ...]:
     return (attr.name, _attr_text(attr))
 
 
+def _type_key(value: ir.Value) -> tuple[object, object]:
+    """``(dtype, dims)`` of a tensor value (TensorType hashes via its repr: key on the dtype)."""
+    vtype, shape = value.type, value.shape
+    return (
+        vtype.dtype if vtype.__class__ is ir.TensorType else vtype,
+        None if shape is None else shape.dims,
+    )
+
+
 def canonical_key(
     inputs: Sequence[ir.Value],
     nodes: Sequence[ir.Node],
     outputs: Sequence[ir.Value],
-    type_texts: dict[object, str] | None = None,
+    labels: Sequence[object] | None = None,
 ) -> CanonicalKey:
     """A name-free, hashable form of a function body (see the module docstring).
 
     Values are numbered where they are defined: input ``i`` is ``i``, then each node's outputs
     get the next numbers; a missing optional input is ``-1``. Each node contributes
-    ``(domain, op_type, overload, input numbers, attributes, output types)``.
+    ``(domain, op_type, overload, input numbers, attributes, output (dtype, dims))``.
 
     Args:
         inputs: The body's inputs (numbered ``0, 1, …`` in this order).
         nodes: The body's nodes, in order.
         outputs: The body's outputs.
-        type_texts: A cache of type texts, shared across calls for speed.
+        labels: Optional hashable labels, one per node, added to each node's entry (outlining
+            labels each node of a call's whole subtree with its relative module scope).
 
     Example:
         >>> x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
         >>> n = ir.Node("", "Relu", [x])
         >>> canonical_key([x], [n], n.outputs)
-        (('FLOAT[2]',), ('', 'Relu', '', (0,), (), ('None?',)), (1,))
+        (((FLOAT, (2,)),), ('', 'Relu', '', (0,), (), ((None, None),)), (1,))
     """
-    cache = {} if type_texts is None else type_texts
-    get = cache.get
-
-    def type_text(v: ir.Value) -> str:
-        shape, vtype = v.shape, v.type  # (TensorType hashes via repr: key on class + dtype)
-        key = (
-            vtype.dtype if vtype.__class__ is ir.TensorType else vtype,
-            None if shape is None else shape.dims,
-        )
-        text = get(key)
-        if text is None:
-            text = cache[key] = f"{vtype}{'?' if shape is None else shape}"
-        return text
-
+    tensor_type = ir.TensorType
     ids: dict[ir.Value | None, int] = {v: i for i, v in enumerate(inputs)}
     ids[None] = -1
     idget = ids.get
-    parts: list[object] = [tuple([type_text(v) for v in inputs])]
+    parts: list[object] = [tuple([_type_key(v) for v in inputs])]
     append, count = parts.append, len(inputs)
-    for node in nodes:
+    for k, node in enumerate(nodes):
         outs = node.outputs
         attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
-        append(
-            (
-                node.domain,
-                node.op_type,
-                node.overload,
-                tuple([idget(v, -2) for v in node.inputs]),
-                tuple(sorted([_attr_key(a) for a in attributes.values()])) if attributes else (),
-                tuple([type_text(v) for v in outs]),
-            )
-        )
+        types = []
         for out in outs:
             ids[out] = count
             count += 1
+            vtype, shape = out.type, out.shape
+            types.append(
+                (
+                    vtype.dtype if vtype.__class__ is tensor_type else vtype,
+                    None if shape is None else shape.dims,
+                )
+            )
+        entry = (
+            node.domain,
+            node.op_type,
+            node.overload,
+            tuple([idget(v, -2) for v in node.inputs]),
+            tuple(sorted([_attr_key(a) for a in attributes.values()])) if attributes else (),
+            tuple(types),
+        )
+        append(entry if labels is None else (*entry, labels[k]))
     append(tuple([idget(v, -2) for v in outputs]))
     return tuple(parts)
 
@@ -203,62 +208,89 @@ class Match:
     outputs: list[int]
 
 
-class FunctionRegistry:
-    """Functions created so far, bucketed by ``(domain, name)`` and body hash.
+def _bag(key: CanonicalKey) -> Counter[object]:
+    """What a canonical key says regardless of node order: input types, node entries without
+    their wiring, and the number of outputs."""
+    *entries, outputs = key[1:]
+    bag: Counter[object] = Counter(e[:3] + e[4:] for e in entries)  # type: ignore[index]
+    bag[("inputs", *sorted(map(repr, key[0])))] += 1  # type: ignore[arg-type]
+    bag[("outputs", len(outputs))] += 1  # type: ignore[arg-type]
+    return bag
 
-    :meth:`find` returns an existing structurally identical function; :meth:`next_name` gives
-    the function name for a new, different body of the same class: the class name for the first,
-    then ``<class>_1``, ``<class>_2`` … in creation order (deterministic). A name suffix, not the
-    ONNX ``overload`` field: onnxruntime 1.31 resolves calls *inside function bodies* by
-    ``domain:name`` only and binds the wrong overload (checked in tests/hierarchy).
+
+class FunctionRegistry:
+    """Functions created so far, by ``(domain, name)`` of their class and by canonical key.
+
+    :meth:`find` returns an existing structurally identical function; :meth:`find_isomorphic`
+    one whose body differs only in node order; :meth:`next_name` gives the function name for a
+    new, different body of the same class: the class name for the first, then ``<class>_1``,
+    ``<class>_2`` … in creation order (deterministic). A name suffix, not the ONNX ``overload``
+    field: onnxruntime 1.31 resolves calls *inside function bodies* by ``domain:name`` only and
+    binds the wrong overload (checked in tests/hierarchy).
+
+    The labelled graphs for the isomorphism test are built lazily, only for classes that get a
+    body that misses the exact key while a function of that class exists.
     """
 
     def __init__(self) -> None:
-        self.type_texts: dict[object, str] = {}  # cache for canonical_key
         self._by_key: dict[tuple[str, str, CanonicalKey], ir.Function] = {}
         self._count: dict[tuple[str, str], int] = {}
-        self._graphs: dict[tuple[str, str], list[tuple[str, nx.DiGraph, ir.Function]]] = {}
+        self._functions: dict[tuple[str, str], list[tuple[Counter[object], ir.Function]]] = {}
+        self._graphs: dict[ir.Function, tuple[str, nx.DiGraph]] = {}
 
     def find(self, domain: str, name: str, key: CanonicalKey) -> ir.Function | None:
         """An existing function of the class whose body's canonical key is ``key``."""
         return self._by_key.get((domain, name, key))
 
-    def find_isomorphic(self, domain: str, name: str, graph: nx.DiGraph) -> Match | None:
-        """An existing function of the class whose body is ``graph`` up to node order.
+    def find_isomorphic(
+        self,
+        domain: str,
+        name: str,
+        key: CanonicalKey,
+        inputs: Sequence[ir.Value],
+        nodes: Sequence[ir.Node],
+        outputs: Sequence[ir.Value],
+    ) -> Match | None:
+        """An existing function of the class whose body is this one (canonical ``key``) up to
+        node order.
 
-        Candidates share the Weisfeiler-Lehman hash of ``graph``; an isomorphism confirms them.
+        Candidates have the same multiset of input types and node entries (:func:`_bag`) and
+        share the Weisfeiler-Lehman hash of :func:`body_graph`; an isomorphism confirms them.
         """
+        bag = _bag(key)
+        candidates = [f for b, f in self._functions.get((domain, name), ()) if b == bag]
+        if not candidates:
+            return None
+        graph = body_graph(inputs, nodes, outputs)
         wl = _wl_hash(graph)
-        for candidate_wl, candidate, function in self._graphs.get((domain, name), ()):
+        for function in candidates:
+            candidate_wl, candidate = self._graph(function)
             if candidate_wl != wl:
                 continue
             mapping = _match(candidate, graph)
             if mapping is not None:
-                n_in = sum(1 for kind, _ in candidate if kind == "in")
-                n_out = sum(1 for kind, _ in candidate if kind == "out")
                 return Match(
                     function,
-                    [mapping[("in", i)][1] for i in range(n_in)],
-                    [mapping[("out", m)][1] for m in range(n_out)],
+                    [mapping[("in", i)][1] for i in range(len(function.inputs))],
+                    [mapping[("out", m)][1] for m in range(len(function.outputs))],
                 )
         return None
+
+    def _graph(self, function: ir.Function) -> tuple[str, nx.DiGraph]:
+        found = self._graphs.get(function)
+        if found is None:
+            graph = body_graph(function.inputs, list(function), function.outputs)
+            found = self._graphs[function] = (_wl_hash(graph), graph)
+        return found
 
     def next_name(self, domain: str, name: str) -> str:
         n = self._count.get((domain, name), 0)
         return name if n == 0 else f"{name}_{n}"
 
-    def add(
-        self,
-        domain: str,
-        name: str,
-        function: ir.Function,
-        key: CanonicalKey | None,
-        graph: nx.DiGraph | None,
-    ) -> None:
-        """Register ``function`` as the body ``key`` (and ``graph``) of class ``name``."""
+    def add(self, domain: str, name: str, function: ir.Function, key: CanonicalKey | None) -> None:
+        """Register ``function`` as a body of class ``name``; ``key`` ``None``: only take its name
+        (a function that was there before, which is never reused)."""
+        self._count[(domain, name)] = self._count.get((domain, name), 0) + 1
         if key is not None:
             self._by_key.setdefault((domain, name, key), function)
-        if graph is not None:
-            wl = _wl_hash(graph)
-            self._graphs.setdefault((domain, name), []).append((wl, graph, function))
-        self._count[(domain, name)] = self._count.get((domain, name), 0) + 1
+            self._functions.setdefault((domain, name), []).append((_bag(key), function))

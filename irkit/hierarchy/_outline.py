@@ -15,8 +15,9 @@ from onnx_ir.passes.common import TopologicalSortPass
 from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
-from irkit.hierarchy._constants import localize_constants
-from irkit.hierarchy._dedupe import CanonicalKey, FunctionRegistry, body_graph, canonical_key
+from irkit.hierarchy._constants import constant_cones, localize_constants
+from irkit.hierarchy._dedupe import CanonicalKey, FunctionRegistry, canonical_key
+from irkit.hierarchy._replay import Pending, Template, make_template, relative_labels
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class _Context:
     notes: list[str] = dataclasses.field(default_factory=list)
     scope_texts: dict[Scope, str] = dataclasses.field(default_factory=dict)
     function_keys: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    templates: dict[tuple[str, CanonicalKey], Template] = dataclasses.field(default_factory=dict)
+    pending: dict[Scope, Pending] = dataclasses.field(default_factory=dict)
 
 
 def outline(
@@ -110,12 +113,17 @@ def outline(
     selected = make_predicate(functions)
     if functions is False or functions is None or max_depth == 0:
         return model
-    if not _is_sorted(model.graph):
+    nodes = list(model.graph)
+    cones = constant_cones(nodes)  # (also checks the order)
+    if cones is None:
         TopologicalSortPass()(model)
-    copied = localize_constants(model.graph)
+        nodes = list(model.graph)
+        cones = constant_cones(nodes)
+    copied = localize_constants(model.graph, cones)
     if copied:  # copies sit before *a* consumer of their scope, not necessarily the first
         model.graph.sort()
-    nodes = list(model.graph)
+    if copied or len(model.graph) != len(nodes):  # (unused constants are dropped)
+        nodes = list(model.graph)
     tree, members = build_scope_tree(nodes)
     ctx = _Context(
         model,
@@ -126,9 +134,22 @@ def outline(
         Dataflow(nodes),
         {n.name for n in nodes if n.name},
     )
-    for scope in _bottom_up(tree, ctx.dataflow, members):
+    repeated = _repeated_classes(tree)
+    events = _walk(tree, ctx.dataflow, members)
+    exit_at = {scope: i for i, (scope, entering) in enumerate(events) if not entering}
+    i = 0
+    while i < len(events):
+        scope, entering = events[i]
+        i += 1
+        if entering:  # on the way down: a repeat of an outlined call is replayed as a whole
+            if scope[-1].cls in repeated and _replay(ctx, tree, scope, members):
+                i = exit_at[scope] + 1
+            continue
         items = members.pop(scope)
-        members[scope[:-1]].extend(_maybe_outline(ctx, scope, items) if items else ())
+        result = _maybe_outline(ctx, scope, items) if items else []
+        members[scope[:-1]].extend(result)
+        if scope in ctx.pending:
+            _record(ctx, scope, result)
     model.graph.sort()  # function bodies were built in topological order already
     logger.info(
         "outlined %d module calls into %d functions (%d notes, %d constants copied)",
@@ -140,21 +161,11 @@ def outline(
     return model
 
 
-def _is_sorted(graph: ir.Graph) -> bool:
-    seen: set[ir.Node] = set()
-    for node in graph:
-        for value in node.inputs:
-            producer = value.producer() if value is not None else None
-            if producer is not None and producer not in seen and producer.graph is graph:
-                return False
-        seen.add(node)
-    return True
-
-
-def _bottom_up(
+def _walk(
     tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
-) -> list[Scope]:
-    """Calls children-first; siblings in order of their first node (deterministic)."""
+) -> list[tuple[Scope, bool]]:
+    """Depth-first ``(call, entering?)`` events, root excluded; siblings in order of their
+    first node (deterministic). Leaving a call comes after leaving all its children."""
     pos, end = flow.pos, len(flow.order)
     first = {scope: min([pos[n] for n in own], default=end) for scope, own in members.items()}
     for scope in sorted(first, key=len, reverse=True):  # children before their parents
@@ -164,24 +175,108 @@ def _bottom_up(
     def children(scope: Scope) -> list[Scope]:
         return sorted(tree.successors(scope), key=lambda c: (first[c], c))
 
-    order: list[Scope] = []
+    events: list[tuple[Scope, bool]] = []
     stack: list[tuple[Scope, bool]] = [((), False)]
-    while stack:  # iterative post-order with sorted children (dfs_postorder cannot sort)
+    while stack:  # iterative DFS with sorted children (networkx's dfs cannot sort them)
         scope, expanded = stack.pop()
-        if expanded:
-            order.append(scope)
-            continue
-        stack.append((scope, True))
-        stack.extend((c, False) for c in reversed(children(scope)))
-    return order[:-1]  # without the root
+        events.append((scope, not expanded))
+        if not expanded:
+            stack.append((scope, True))
+            stack.extend((c, False) for c in reversed(children(scope)))
+    return events[1:-1]  # without the root
+
+
+def _repeated_classes(tree: nx.DiGraph) -> set[str]:
+    """Classes of calls that have child calls and occur more than once: replay candidates."""
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for scope in tree:
+        if scope and tree.out_degree(scope):
+            cls = scope[-1].cls
+            (repeated if cls in seen else seen).add(cls)
+    return repeated
+
+
+def _outlined(ctx: _Context, scope: Scope) -> bool:
+    """Whether outlining is asked for this call (``functions`` and ``max_depth``)."""
+    if ctx.max_depth is not None and len(scope) > ctx.max_depth:
+        return False
+    return ctx.selected(scope[-1])
+
+
+def _replay(
+    ctx: _Context, tree: nx.DiGraph, scope: Scope, members: dict[Scope, list[ir.Node]]
+) -> bool:
+    """Outline the whole subtree of ``scope`` as one call of a recorded template, if one fits.
+
+    On a miss the flat key is kept (:attr:`_Context.pending`) so that the call's own result
+    becomes a template once it is outlined. See :mod:`irkit.hierarchy._replay`.
+    """
+    import networkx as nx
+
+    if not _outlined(ctx, scope):
+        return False
+    descendants = nx.descendants(tree, scope)
+    labels = relative_labels(scope, descendants, lambda s: _outlined(ctx, s))
+    pos, control_flow = ctx.dataflow.pos, ctx.dataflow.control_flow
+    labelled = [(pos[n], n, label) for s, label in labels.items() for n in members[s]]
+    if not labelled or (control_flow and any(n in control_flow for _, n, _ in labelled)):
+        return False
+    labelled.sort(key=lambda t: t[0])
+    if labelled[-1][0] - labelled[0][0] >= len(labelled):  # not contiguous: children may differ
+        return False
+    body = [n for _, n, _ in labelled]
+    region = set(body)
+    frame = scope[-1]
+    bound = _boundary(ctx, frame, body, region)
+    if not bound.outputs:
+        return False
+    key = canonical_key(bound.inputs, body, bound.outputs, [t[2] for t in labelled])
+    template = ctx.templates.get((frame.cls, key))
+    if template is None:
+        ctx.pending[scope] = Pending(
+            key, bound.inputs, [v.name for v in bound.outputs], len(ctx.notes)
+        )
+        return False
+    plan = ctx.dataflow.plan(region)
+    if not isinstance(plan, ContractionPlan):
+        return False
+    call = _install(
+        ctx,
+        scope,
+        body,
+        region,
+        bound,
+        frame.call_id,
+        template.function,
+        template.inputs,
+        template.outputs,
+    )
+    ctx.dataflow.contract(plan, call)
+    for s in labels:
+        del members[s]
+    members[scope[:-1]].append(call)
+    return True
+
+
+def _record(ctx: _Context, scope: Scope, result: list[ir.Node]) -> None:
+    """Keep the first call's outlined result as the template of its flat key, if it is clean."""
+    pending = ctx.pending.pop(scope)
+    if len(result) != 1 or len(ctx.notes) != pending.notes:
+        return
+    call = result[0]
+    function = ctx.model.functions.get((call.domain, call.op_type, ""))
+    if function is None or call.metadata_props.get(md.CALL_MODULE) is None:
+        return
+    template = make_template(pending, call, function)
+    if template is not None:
+        ctx.templates.setdefault((scope[-1].cls, pending.key), template)
 
 
 def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir.Node]:
     """Outline one module call; return what now stands for it in its parent's region."""
     frame = scope[-1]
-    if ctx.max_depth is not None and len(scope) > ctx.max_depth:
-        return items
-    if not ctx.selected(frame):
+    if not _outlined(ctx, scope):
         return items
     control_flow = ctx.dataflow.control_flow
     if control_flow and any(n in control_flow for n in items):
@@ -307,24 +402,43 @@ def _build_call(
     only a new function's body is rewired to fresh parameters, a duplicate's is detached.
     """
     frame = scope[-1]
-    graph = ctx.model.graph
     bound = _boundary(ctx, frame, body, region)
     outer_inputs, outputs = bound.inputs, bound.outputs
     if not outputs:
         return None
     domain, cls_name = _function_key(ctx, frame)
-    key = canonical_key(outer_inputs, body, outputs, ctx.registry.type_texts)
+    key = canonical_key(outer_inputs, body, outputs)
     function = ctx.registry.find(domain, cls_name, key)
-    shape_graph = None
     order_in, order_out = range(len(outer_inputs)), range(len(outputs))
     if function is None:  # same body in another node order?
-        shape_graph = body_graph(outer_inputs, body, outputs)
-        match = ctx.registry.find_isomorphic(domain, cls_name, shape_graph)
+        match = ctx.registry.find_isomorphic(domain, cls_name, key, outer_inputs, body, outputs)
         if match is not None:
             function, order_in, order_out = match.function, match.inputs, match.outputs
+    return _install(ctx, scope, body, region, bound, name, function, order_in, order_out, key)
+
+
+def _install(
+    ctx: _Context,
+    scope: Scope,
+    body: list[ir.Node],
+    region: set[ir.Node],
+    bound: _Boundary,
+    name: str,
+    function: ir.Function | None,
+    order_in: Sequence[int],
+    order_out: Sequence[int],
+    new_key: CanonicalKey | None = None,
+) -> ir.Node:
+    """Put a call node in the place of ``body`` and take ``body`` out of the graph.
+
+    The call passes ``bound.inputs[order_in[j]]`` as input ``j``; its output ``j`` replaces
+    ``bound.outputs[order_out[j]]``. Without a ``function`` the body becomes a new one
+    (registered under ``new_key``); otherwise the body is dropped.
+    """
+    frame, graph = scope[-1], ctx.model.graph
+    outer_inputs, outputs = bound.inputs, bound.outputs
     call = ir.Node(
-        domain,
-        cls_name,
+        *_function_key(ctx, frame),
         [outer_inputs[i] for i in order_in],
         num_outputs=len(outputs),
         name=_call_name(ctx, name),
@@ -344,7 +458,7 @@ def _build_call(
     graph.remove(body)
     if function is None:
         params = _rewire_to_params(frame, bound)
-        function = _new_function(ctx, scope, params, body, outputs, (key, shape_graph))
+        function = _new_function(ctx, scope, params, body, outputs, new_key)
     else:  # the body is dropped: it must no longer count as a user of the outer values
         for node, i in bound.input_uses:
             node.replace_input_with(i, None)
@@ -379,13 +493,13 @@ def _new_function(
     params: list[ir.Value],
     body: list[ir.Node],
     outputs: list[ir.Value],
-    key: tuple[CanonicalKey, nx.DiGraph | None],
+    key: CanonicalKey | None,
 ) -> ir.Function:
     frame, model = scope[-1], ctx.model
     domain, cls_name = function_domain(frame), frame.class_name
     name = ctx.registry.next_name(domain, cls_name)
     while (domain, name, "") in model.functions:  # e.g. outlining a model twice
-        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], None, None)
+        ctx.registry.add(domain, cls_name, model.functions[(domain, name, "")], None)
         name = ctx.registry.next_name(domain, cls_name)
     opsets = {"": model.opset_imports.get("", 18)}
     for node in body:
@@ -397,7 +511,7 @@ def _new_function(
     function.metadata_props[md.OUTLINE_ORIGIN] = md.encode_scope(scope)
     model.functions[function.identifier()] = function
     model.opset_imports.setdefault(domain, FUNCTION_OPSET_VERSION)
-    ctx.registry.add(domain, cls_name, function, *key)
+    ctx.registry.add(domain, cls_name, function, key)
     return function
 
 
