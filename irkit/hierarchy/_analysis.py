@@ -99,11 +99,6 @@ def _decode(node: ir.Node, text: str, frames: dict[tuple[object, ...], md.Frame]
         ) from exc
 
 
-def _has_subgraph(node: ir.Node) -> bool:
-    attributes = node.attributes.data  # (UserDict: the plain dict is much faster)
-    return bool(attributes) and any(a.type in _SUBGRAPH for a in attributes.values())
-
-
 _SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
@@ -144,7 +139,13 @@ class Dataflow:
     def __init__(self, nodes: Sequence[ir.Node]):
         self.order: list[ir.Node | None] = list(nodes)
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
-        self.control_flow: set[ir.Node] = {n for n in self.order if _has_subgraph(n)}
+        self.reordered = False
+        self.control_flow: set[ir.Node] = {
+            n
+            for n in self.order
+            if (attributes := n.attributes.data)  # (the plain dict: much faster than UserDict)
+            and any(a.type in _SUBGRAPH for a in attributes.values())
+        }
         self._owner: dict[ir.Node, ir.Node] = {}  # node inside a subgraph → its top-level node
         for node in self.control_flow:
             for graph in _subgraphs(node):
@@ -204,7 +205,13 @@ class Dataflow:
         return ContractionPlan(region, lo, hi, before, after)
 
     def contract(self, plan: ContractionPlan, new_node: ir.Node) -> None:
-        """Replace the planned region by ``new_node``, keeping ``order`` topological."""
+        """Replace the planned region by ``new_node``, keeping ``order`` topological.
+
+        A region whose span held outside nodes sets :attr:`reordered`: the graph's own node
+        list (where the new node took the region's first place) needs a sort afterwards.
+        """
+        if plan.before or plan.after:
+            self.reordered = True
         for n in plan.region:
             del self.pos[n]
         new_span = [*plan.before, new_node, *plan.after]

@@ -111,10 +111,14 @@ def localize_constants(graph: ir.Graph, cones: dict[ir.Node, int] | None = None)
     copies: dict[tuple[ir.Node, str], ir.Node] = {}
     used_names: set[str] = set()
     count = 0
+    dead = False  # a cone node nobody uses (before copying)
     for producer in list(cone):  # topological order; only uses of cone nodes are visited
         own_scope = producer.metadata_props.get(md.SCOPE, "")
         for value in producer.outputs:
-            for use in list(value.uses()):
+            uses = value.uses()
+            if not uses and not value.is_graph_output():
+                dead = True
+            for use in uses:
                 node = use.node
                 scope = node.metadata_props.get(md.SCOPE, "")
                 if scope == own_scope or node.graph is not graph:
@@ -125,6 +129,8 @@ def localize_constants(graph: ir.Graph, cones: dict[ir.Node, int] | None = None)
                 copy, made = _copy(graph, producer, scope, copies, used_names, before=node)
                 node.replace_input_with(use.idx, copy.outputs[value.index()])
                 count += made
+    if not count and not dead:
+        return 0
     for node in reversed(list(cone)):  # drop originals nobody uses any more
         if not any(v.uses() or v.is_graph_output() for v in node.outputs):
             graph.remove(node, safe=True)

@@ -56,12 +56,17 @@ def _attr_text(attr: ir.Attr) -> str:
     return f"{attr.name}{_KIND[kind]}{attr.value!r}"
 
 
-def _attr_key(attr: ir.Attr) -> tuple[object, ...]:
-    """``(name, kind, value)`` for ints and strings, else ``(name, text)``; sorts by name."""
-    kind = attr.type
-    if kind in _BY_VALUE and attr.ref_attr_name is None:
-        return (attr.name, kind, attr.value)
-    return (attr.name, _attr_text(attr))
+def _attributes_key(attributes: dict[str, ir.Attr]) -> tuple[object, ...]:
+    """Per attribute ``(name, kind, value)`` for ints and strings, else ``(name, text)``;
+    sorted by name."""
+    keys = []
+    for attr in attributes.values():
+        kind = attr.type
+        if kind in _BY_VALUE and attr.ref_attr_name is None:
+            keys.append((attr.name, kind, attr.value))
+        else:
+            keys.append((attr.name, _attr_text(attr)))
+    return tuple(keys) if len(keys) == 1 else tuple(sorted(keys))
 
 
 def _type_key(value: ir.Value) -> tuple[object, object]:
@@ -83,7 +88,7 @@ def canonical_key(
 
     Values are numbered where they are defined: input ``i`` is ``i``, then each node's outputs
     get the next numbers; a missing optional input is ``-1``. Each node contributes
-    ``(domain, op_type, overload, input numbers, attributes, output (dtype, dims))``.
+    ``(domain, op_type, overload, input numbers, attributes, output (dtype, dims), label)``.
 
     Args:
         inputs: The body's inputs (numbered ``0, 1, …`` in this order).
@@ -96,7 +101,7 @@ def canonical_key(
         >>> x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
         >>> n = ir.Node("", "Relu", [x])
         >>> canonical_key([x], [n], n.outputs)
-        (((FLOAT, (2,)),), ('', 'Relu', '', (0,), (), ((None, None),)), (1,))
+        (((FLOAT, (2,)),), ('', 'Relu', '', (0,), (), ((None, None),), None), (1,))
     """
     tensor_type = ir.TensorType
     ids: dict[ir.Value | None, int] = {v: i for i, v in enumerate(inputs)}
@@ -118,15 +123,17 @@ def canonical_key(
                     None if shape is None else shape.dims,
                 )
             )
-        entry = (
-            node.domain,
-            node.op_type,
-            node.overload,
-            tuple([idget(v, -2) for v in node.inputs]),
-            tuple(sorted([_attr_key(a) for a in attributes.values()])) if attributes else (),
-            tuple(types),
+        append(
+            (
+                node.domain,
+                node.op_type,
+                node.overload,
+                tuple([idget(v, -2) for v in node.inputs]),
+                _attributes_key(attributes) if attributes else (),
+                tuple(types),
+                None if labels is None else labels[k],
+            )
         )
-        append(entry if labels is None else (*entry, labels[k]))
     append(tuple([idget(v, -2) for v in outputs]))
     return tuple(parts)
 
@@ -235,7 +242,8 @@ class FunctionRegistry:
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, str, CanonicalKey], ir.Function] = {}
         self._count: dict[tuple[str, str], int] = {}
-        self._functions: dict[tuple[str, str], list[tuple[Counter[object], ir.Function]]] = {}
+        self._functions: dict[tuple[str, str], list[tuple[CanonicalKey, ir.Function]]] = {}
+        self._bags: dict[ir.Function, Counter[object]] = {}
         self._graphs: dict[ir.Function, tuple[str, nx.DiGraph]] = {}
 
     def find(self, domain: str, name: str, key: CanonicalKey) -> ir.Function | None:
@@ -257,8 +265,11 @@ class FunctionRegistry:
         Candidates have the same multiset of input types and node entries (:func:`_bag`) and
         share the Weisfeiler-Lehman hash of :func:`body_graph`; an isomorphism confirms them.
         """
+        registered = self._functions.get((domain, name))
+        if not registered:
+            return None
         bag = _bag(key)
-        candidates = [f for b, f in self._functions.get((domain, name), ()) if b == bag]
+        candidates = [f for k, f in registered if self._bag(f, k) == bag]
         if not candidates:
             return None
         graph = body_graph(inputs, nodes, outputs)
@@ -275,6 +286,12 @@ class FunctionRegistry:
                     [mapping[("out", m)][1] for m in range(len(function.outputs))],
                 )
         return None
+
+    def _bag(self, function: ir.Function, key: CanonicalKey) -> Counter[object]:
+        found = self._bags.get(function)
+        if found is None:
+            found = self._bags[function] = _bag(key)
+        return found
 
     def _graph(self, function: ir.Function) -> tuple[str, nx.DiGraph]:
         found = self._graphs.get(function)
@@ -293,4 +310,4 @@ class FunctionRegistry:
         self._count[(domain, name)] = self._count.get((domain, name), 0) + 1
         if key is not None:
             self._by_key.setdefault((domain, name, key), function)
-            self._functions.setdefault((domain, name), []).append((_bag(key), function))
+            self._functions.setdefault((domain, name), []).append((key, function))

@@ -65,6 +65,7 @@ class _Context:
     function_keys: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     templates: dict[tuple[str, CanonicalKey], Template] = dataclasses.field(default_factory=dict)
     pending: dict[Scope, Pending] = dataclasses.field(default_factory=dict)
+    replayed: int = 0
 
 
 def outline(
@@ -142,19 +143,23 @@ def outline(
         scope, entering = events[i]
         i += 1
         if entering:  # on the way down: a repeat of an outlined call is replayed as a whole
-            if scope[-1].cls in repeated and _replay(ctx, tree, scope, members):
-                i = exit_at[scope] + 1
+            if scope[-1].cls in repeated:
+                subtree = [s for s, down in events[i : exit_at[scope]] if down]  # (DFS order)
+                if _replay(ctx, scope, subtree, members):
+                    i = exit_at[scope] + 1
             continue
         items = members.pop(scope)
         result = _maybe_outline(ctx, scope, items) if items else []
         members[scope[:-1]].extend(result)
         if scope in ctx.pending:
             _record(ctx, scope, result)
-    model.graph.sort()  # function bodies were built in topological order already
+    if ctx.dataflow.reordered:  # (call nodes took their regions' places: else still sorted)
+        model.graph.sort()  # function bodies were built in topological order already
     logger.info(
-        "outlined %d module calls into %d functions (%d notes, %d constants copied)",
+        "outlined %d module calls into %d functions (%d replayed, %d notes, %d constants copied)",
         sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
         len(model.functions),
+        ctx.replayed,
         len(ctx.notes),
         copied,
     )
@@ -167,7 +172,7 @@ def _walk(
     """Depth-first ``(call, entering?)`` events, root excluded; siblings in order of their
     first node (deterministic). Leaving a call comes after leaving all its children."""
     pos, end = flow.pos, len(flow.order)
-    first = {scope: min([pos[n] for n in own], default=end) for scope, own in members.items()}
+    first = {scope: pos[own[0]] if own else end for scope, own in members.items()}  # (in order)
     for scope in sorted(first, key=len, reverse=True):  # children before their parents
         if scope and first[scope] < first[scope[:-1]]:
             first[scope[:-1]] = first[scope]
@@ -205,18 +210,17 @@ def _outlined(ctx: _Context, scope: Scope) -> bool:
 
 
 def _replay(
-    ctx: _Context, tree: nx.DiGraph, scope: Scope, members: dict[Scope, list[ir.Node]]
+    ctx: _Context, scope: Scope, descendants: list[Scope], members: dict[Scope, list[ir.Node]]
 ) -> bool:
     """Outline the whole subtree of ``scope`` as one call of a recorded template, if one fits.
 
     On a miss the flat key is kept (:attr:`_Context.pending`) so that the call's own result
     becomes a template once it is outlined. See :mod:`irkit.hierarchy._replay`.
     """
-    import networkx as nx
-
     if not _outlined(ctx, scope):
         return False
-    descendants = nx.descendants(tree, scope)
+    if any(scope[:k] in ctx.pending for k in range(1, len(scope))):
+        return False  # inside a first call: its repeats replay it whole, not its parts
     labels = relative_labels(scope, descendants, lambda s: _outlined(ctx, s))
     pos, control_flow = ctx.dataflow.pos, ctx.dataflow.control_flow
     labelled = [(pos[n], n, label) for s, label in labels.items() for n in members[s]]
@@ -256,6 +260,7 @@ def _replay(
     for s in labels:
         del members[s]
     members[scope[:-1]].append(call)
+    ctx.replayed += 1
     return True
 
 
