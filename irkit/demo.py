@@ -22,8 +22,14 @@ def build_model(layers: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, use_cache=False,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        use_cache=False,
     )
     model = LlamaForCausalLM(config).eval()
     return model, (torch.randint(0, 256, (2, 16)),)
@@ -72,9 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     path = pathlib.Path(irkit.save(model, args.out))
     fired = ", ".join(f"{rule} ×{n}" for rule, n in report.fired.items()) or "none"
     print(f"irkit {irkit.__version__}: Llama, {args.layers} layers, random weights")
-    print(f"  lower     {len(ep.graph.nodes)} FX nodes -> {len(model.functions)} functions + main "
-          f"graph, {flat_nodes} stored ONNX nodes, {lowered:.2f}s")
-    print(f"  optimize  -> {report.nodes_after} nodes in {report.seconds:.2f}s; rules fired: {fired}")
+    print(
+        f"  lower     {len(ep.graph.nodes)} FX nodes -> {len(model.functions)} functions + main "
+        f"graph, {flat_nodes} stored ONNX nodes, {lowered:.2f}s"
+    )
+    print(
+        f"  optimize  -> {report.nodes_after} nodes in {report.seconds:.2f}s; rules fired: {fired}"
+    )
     print(f"  saved     {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print("  " + _check_numbers(path, module, inputs))
     print()

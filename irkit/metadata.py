@@ -44,6 +44,7 @@ __all__ = [
     "MODEL_PRODUCER",
     "Frame",
     "encode_scope",
+    "encode_call",
     "decode_scope",
     "node_scope",
     "encode_list",
@@ -140,9 +141,18 @@ class Frame:
         return cls(str(path), int(call_index), str(klass))  # type: ignore[arg-type]
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode  # (json.dumps with separators
+# builds a new encoder on every call)
+
+
 def encode_scope(frames: Iterable[Frame]) -> str:
     """Encode a scope (outermost frame first) as the string stored under :data:`SCOPE`."""
-    return json.dumps([f.to_json() for f in frames], separators=(",", ":"))
+    return _COMPACT_JSON([f.to_json() for f in frames])
+
+
+def encode_call(frame: Frame) -> str:
+    """Encode one call as the string stored under :data:`CALL_MODULE` on a call node."""
+    return _COMPACT_JSON(frame.to_json())
 
 
 def decode_scope(text: str | None) -> tuple[Frame, ...]:
@@ -159,7 +169,7 @@ def node_scope(metadata_props: Mapping[str, str]) -> tuple[Frame, ...]:
 
 def encode_list(items: Iterable[str]) -> str:
     """Encode a list of strings (e.g. :data:`REWRITE_SOURCES`) as compact JSON."""
-    return json.dumps(list(items), separators=(",", ":"))
+    return _COMPACT_JSON(list(items))
 
 
 def decode_list(text: str | None) -> list[str]:

@@ -154,7 +154,7 @@ def _instantiate(
         inner = call_frame(node)
         if inner is not None:  # a nested call: it now stands for the call at this site
             moved = reroot_scope((*origin, inner), origin, site)[-1] if origin else inner
-            meta[md.CALL_MODULE] = json.dumps(moved.to_json(), separators=(",", ":"))
+            meta[md.CALL_MODULE] = md.encode_call(moved)
             node_name = moved.call_id
         clone = ir.Node(
             node.domain,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -448,7 +447,7 @@ def _install(
         num_outputs=len(outputs),
         name=_call_name(ctx, name),
         metadata_props={
-            md.CALL_MODULE: json.dumps(frame.to_json(), separators=(",", ":")),
+            md.CALL_MODULE: md.encode_call(frame),
             md.SCOPE: _scope_text(ctx, scope[:-1]),
         },
     )

@@ -54,7 +54,9 @@ class Emitter:
         self.stamper = MetadataStamper()
         self.graph = ir.Graph([], [], nodes=[], name="main_graph")
         self._input_specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
-        self._user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        self._user_inputs = [
+            s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
+        ]
         self._input_names = _check_names("input_names", input_names, len(self._user_inputs))
         self._output_names = output_names
         self._tensors_by_storage: dict[tuple[Any, ...], ir.Value] = {}
@@ -112,7 +114,8 @@ class Emitter:
             raise LoweringError(
                 f"input kind {spec.kind.name} is not supported by irkit.lower. "
                 "Fix: export a model without custom objects or effect tokens.",
-                fx_node=node.name, target="placeholder",
+                fx_node=node.name,
+                target="placeholder",
             )
 
     def _initializer(self, fqn: str, node: torch.fx.Node) -> ir.Value:
@@ -122,17 +125,25 @@ class Emitter:
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(
                 f"no tensor named {fqn!r} in the program's state_dict or constants",
-                fx_node=node.name, target="placeholder",
+                fx_node=node.name,
+                target="placeholder",
             )
         # Tied weights: several FQNs, one storage → one initializer.
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype)
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
         existing = self._tensors_by_storage.get(key)
         if existing is not None and tensor.numel() > 0:
             return existing
         ir_tensor = torch_tensor_to_ir(tensor, fqn)
         value = self.recorder.new_value(
-            name=fqn, shape=ir.Shape(ir_tensor.shape), type=ir.TensorType(ir_tensor.dtype),
+            name=fqn,
+            shape=ir.Shape(ir_tensor.shape),
+            type=ir.TensorType(ir_tensor.dtype),
             const_value=ir_tensor,
         )
         self.graph.register_initializer(value)
@@ -143,19 +154,24 @@ class Emitter:
         raise LoweringError(
             "get_attr nodes (higher-order ops such as torch.cond / while_loop) are not supported "
             "yet. Fix: export without control flow, or lower the op with custom_lowerings.",
-            fx_node=node.name, target=str(node.target), source=node_location(node),
+            fx_node=node.name,
+            target=str(node.target),
+            source=node_location(node),
         )
 
     # --- outputs ------------------------------------------------------------------------------
     def _output(self, frame: _Frame, node: torch.fx.Node) -> None:
         specs = self.ep.graph_signature.output_specs
         results = list(node.args[0])
-        user = [(s, r) for s, r in zip(specs, results, strict=False) if s.kind == OutputKind.USER_OUTPUT]
+        user = [
+            (s, r) for s, r in zip(specs, results, strict=False) if s.kind == OutputKind.USER_OUTPUT
+        ]
         dropped = [s.target or s.arg.name for s in specs if s.kind != OutputKind.USER_OUTPUT]
         if dropped:
             logger.warning(
                 "irkit.lower: the program mutates %s; ONNX inference graphs keep only the user "
-                "outputs, so these updates are not emitted.", ", ".join(map(str, dropped)),
+                "outputs, so these updates are not emitted.",
+                ", ".join(map(str, dropped)),
             )
         names = _check_names("output_names", self._output_names, len(user)) or _output_key_names(
             self.ep, [s.arg.name for s, _ in user]
@@ -164,7 +180,12 @@ class Emitter:
         for index, (_spec, result) in enumerate(user):
             name = names[index]
             value = self._as_output_value(frame, result, name)
-            if id(value) in seen or value.is_graph_input() or value.is_initializer() or value.producer() is None:
+            if (
+                id(value) in seen
+                or value.is_graph_input()
+                or value.is_initializer()
+                or value.producer() is None
+            ):
                 value = self._identity(value, name)
             value.name = name
             seen.add(id(value))
@@ -213,8 +234,10 @@ class Emitter:
             raise LoweringError(
                 f"{type(exc).__name__}: {exc}. Fix: check the op's arguments, or pass "
                 f"custom_lowerings={{{target_name(node.target)}: fn}}.",
-                fx_node=stamp_node.name, target=target_name(node.target),
-                module_path=module_path(stamp_node), source=node_location(stamp_node),
+                fx_node=stamp_node.name,
+                target=target_name(node.target),
+                module_path=module_path(stamp_node),
+                source=node_location(stamp_node),
             ) from exc
         frame.env[node] = outputs
         if choice.via is Via.INPLACE:
@@ -230,14 +253,22 @@ class Emitter:
             return
         val = node.meta.get("val")
         params = list(self.recorder.python_signature(fn.func).parameters)
-        if not isinstance(val, torch.Tensor) or "dtype" not in params or len(node.args) > params.index("dtype"):
+        if (
+            not isinstance(val, torch.Tensor)
+            or "dtype" not in params
+            or len(node.args) > params.index("dtype")
+        ):
             return
-        first = next((a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)), None)
+        first = next(
+            (a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)), None
+        )
         if first is not None and first.meta["val"].dtype == val.dtype:
             return
         kwargs["dtype"] = onnx_dtype(val.dtype)
 
-    def _finish(self, frame: _Frame, node: torch.fx.Node, outputs: Any, props: dict[str, str]) -> None:
+    def _finish(
+        self, frame: _Frame, node: torch.fx.Node, outputs: Any, props: dict[str, str]
+    ) -> None:
         nodes = self.recorder.take_nodes()
         name = frame.prefix + node.name
         produced = {id(o) for n in nodes for o in n.outputs}
@@ -266,8 +297,12 @@ class Emitter:
     def _decomposed(self, frame: _Frame, node: torch.fx.Node) -> Any:
         decomposition = frame.plan.decompositions[node]
         sub_graph = decomposition.graph_module.graph
-        sub = _Frame(decomposition.plan, {}, prefix=f"{frame.prefix}{node.name}/",
-                     stamp_from=frame.stamp_from or node)
+        sub = _Frame(
+            decomposition.plan,
+            {},
+            prefix=f"{frame.prefix}{node.name}/",
+            stamp_from=frame.stamp_from or node,
+        )
         inputs = iter(_fx_inputs_flat(node, frame.env))
         result: Any = None
         for sub_node in sub_graph.nodes:
@@ -277,7 +312,11 @@ class Emitter:
                 self._call_function(sub, sub_node)
             elif sub_node.op == "output":
                 result = _map_fx(sub_node.args[0], sub.env)
-        if isinstance(result, (list, tuple)) and len(result) == 1 and not isinstance(node.meta.get("val"), (list, tuple)):
+        if (
+            isinstance(result, (list, tuple))
+            and len(result) == 1
+            and not isinstance(node.meta.get("val"), (list, tuple))
+        ):
             result = result[0]
         return result
 
@@ -362,5 +401,3 @@ def _map_fx(arg: Any, env: Env) -> Any:
     if isinstance(arg, (list, tuple)):
         return type(arg)(_map_fx(a, env) for a in arg)
     return arg
-
-

@@ -66,7 +66,9 @@ def lower_program(
     if inplace:
         logger.info(
             "irkit.lower: %d in-place op(s) mutate inputs or aliased tensors (first: %s); "
-            "functionalizing the program.", len(inplace), inplace[0].name,
+            "functionalizing the program.",
+            len(inplace),
+            inplace[0].name,
         )
         t0 = time.perf_counter()
         ep = ep.run_decompositions({})  # returns a new program; the input is not modified
@@ -76,21 +78,26 @@ def lower_program(
 
     recorder = Recorder(osv.Opset("", TORCHLIB_OPSET))
     with _progress(len(ep.graph.nodes), verbose) as tick:
-        emitter = Emitter(ep, recorder, input_names=input_names, output_names=output_names,
-                          progress=tick)
+        emitter = Emitter(
+            ep, recorder, input_names=input_names, output_names=output_names, progress=tick
+        )
         graph = emitter.run(plan)
     model = _assemble(graph, recorder)
     if opset != TORCHLIB_OPSET:
         _convert_opset(model, opset)
     if functions is not False:
         t0 = time.perf_counter()
-        outline(model, functions, max_depth=max_depth,
-                call_signatures=emitter.call_signatures())
-        logger.info("irkit.lower: outlined %d function(s) in %.2fs", len(model.functions),
-                    time.perf_counter() - t0)
+        outline(model, functions, max_depth=max_depth, call_signatures=emitter.call_signatures())
+        logger.info(
+            "irkit.lower: outlined %d function(s) in %.2fs",
+            len(model.functions),
+            time.perf_counter() - t0,
+        )
     logger.info(
         "irkit.lower: %d FX nodes -> %d ONNX nodes in %.2fs",
-        len(ep.graph.nodes), len(model.graph), time.perf_counter() - start,
+        len(ep.graph.nodes),
+        len(model.graph),
+        time.perf_counter() - start,
     )
     return model
 
@@ -98,7 +105,9 @@ def lower_program(
 def _assemble(graph: ir.Graph, recorder: Recorder) -> ir.Model:
     graph.opset_imports[""] = TORCHLIB_OPSET
     model = ir.Model(
-        graph, ir_version=IR_VERSION, producer_name=metadata.MODEL_PRODUCER,
+        graph,
+        ir_version=IR_VERSION,
+        producer_name=metadata.MODEL_PRODUCER,
         producer_version=_version(),
     )
     if recorder.functions:
@@ -138,7 +147,13 @@ class _progress:
     """A tqdm bar on a terminal, periodic log lines otherwise; nothing unless ``verbose``."""
 
     def __init__(self, total: int, verbose: bool):
-        self.total, self.verbose, self.done, self._bar, self._next_log = total, verbose, 0, None, 0.25
+        self.total, self.verbose, self.done, self._bar, self._next_log = (
+            total,
+            verbose,
+            0,
+            None,
+            0.25,
+        )
 
     def __enter__(self) -> Callable[[int], None] | None:
         if not self.verbose:

@@ -44,8 +44,17 @@ def _to_dtype(self, dtype=None, non_blocking=False, copy=False, memory_format=No
     return _cast_to(self, dtype)
 
 
-def _to_dtype_layout(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-                     non_blocking=False, copy=False, memory_format=None):
+def _to_dtype_layout(
+    self,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    copy=False,
+    memory_format=None,
+):
     return _cast_to(self, dtype)
 
 
@@ -58,8 +67,9 @@ def _to_other(self, other, non_blocking=False, copy=False, memory_format=None):
 
 
 def _batch_norm(native_no_training: Callable[..., Any]) -> Callable[..., Any]:
-    def lower(input, weight, bias, running_mean, running_var, training, momentum, eps,
-              cudnn_enabled=True):
+    def lower(
+        input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True
+    ):
         return native_no_training(input, weight, bias, running_mean, running_var, momentum, eps)[0]
 
     return lower
@@ -141,8 +151,14 @@ def _conv_no_bias(input, weight, bias=None, stride=1, padding=0, dilation=1, gro
         return v if len(v) == spatial else v * spatial
 
     pads = per_dim(padding)
-    return op.Conv(input, weight, strides=per_dim(stride), pads=pads + pads,
-                   dilations=per_dim(dilation), group=groups)
+    return op.Conv(
+        input,
+        weight,
+        strides=per_dim(stride),
+        pads=pads + pads,
+        dilations=per_dim(dilation),
+        group=groups,
+    )
 
 
 def _conv_no_bias_applies(node: torch.fx.Node) -> bool:

@@ -60,7 +60,10 @@ def make_plan(graph: torch.fx.Graph, table: LoweringTable) -> Plan:
     plan = _plan_graph(graph, table, missing, depth=0)
     if missing:
         raise UnsupportedOpError(
-            [(name, len(nodes), nodes[0].name, node_location(nodes[0])) for name, nodes in missing.items()]
+            [
+                (name, len(nodes), nodes[0].name, node_location(nodes[0]))
+                for name, nodes in missing.items()
+            ]
         )
     return plan
 
@@ -138,7 +141,9 @@ def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx
         raise LoweringError(
             f"could not trace the decomposition of {_op_name(node.target)}: {exc}. "
             "Fix: pass a custom_lowerings entry for this op.",
-            fx_node=node.name, target=_op_name(node.target), source=node_location(node),
+            fx_node=node.name,
+            target=_op_name(node.target),
+            source=node_location(node),
         ) from exc
 
 
@@ -158,8 +163,11 @@ def needs_functionalization(graph: torch.fx.Graph, plan: Plan) -> list[torch.fx.
         if choice.via is not Via.INPLACE:
             continue
         mutated = node.args[0]
-        if not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or _is_view(mutated.target) or any(
-            _is_view(user.target) for user in mutated.users if user is not node
+        if (
+            not isinstance(mutated, torch.fx.Node)
+            or mutated.op != "call_function"
+            or _is_view(mutated.target)
+            or any(_is_view(user.target) for user in mutated.users if user is not node)
         ):
             bad.append(node)
     return bad
@@ -167,4 +175,6 @@ def needs_functionalization(graph: torch.fx.Graph, plan: Plan) -> list[torch.fx.
 
 def describe(plan: Plan) -> str:
     counts = plan.histogram()
-    return ", ".join(f"{via.value}: {n}" for via, n in sorted(counts.items(), key=lambda kv: kv[0].name))
+    return ", ".join(
+        f"{via.value}: {n}" for via, n in sorted(counts.items(), key=lambda kv: kv[0].name)
+    )

@@ -46,20 +46,47 @@ class Tensor(ir.Value):
     def _op(self, name: str, *args: Any) -> Any:
         return getattr(self._recorder.opset, name)(*args)
 
-    def __add__(self, other): return self._op("Add", self, other)  # noqa: E704
-    def __radd__(self, other): return self._op("Add", other, self)  # noqa: E704
-    def __sub__(self, other): return self._op("Sub", self, other)  # noqa: E704
-    def __rsub__(self, other): return self._op("Sub", other, self)  # noqa: E704
-    def __mul__(self, other): return self._op("Mul", self, other)  # noqa: E704
-    def __rmul__(self, other): return self._op("Mul", other, self)  # noqa: E704
-    def __truediv__(self, other): return self._op("Div", self, other)  # noqa: E704
-    def __matmul__(self, other): return self._op("MatMul", self, other)  # noqa: E704
-    def __pow__(self, other): return self._op("Pow", self, other)  # noqa: E704
-    def __neg__(self): return self._op("Neg", self)  # noqa: E704
-    def __lt__(self, other): return self._op("Less", self, other)  # noqa: E704
-    def __le__(self, other): return self._op("LessOrEqual", self, other)  # noqa: E704
-    def __gt__(self, other): return self._op("Greater", self, other)  # noqa: E704
-    def __ge__(self, other): return self._op("GreaterOrEqual", self, other)  # noqa: E704
+    def __add__(self, other):
+        return self._op("Add", self, other)  # noqa: E704
+
+    def __radd__(self, other):
+        return self._op("Add", other, self)  # noqa: E704
+
+    def __sub__(self, other):
+        return self._op("Sub", self, other)  # noqa: E704
+
+    def __rsub__(self, other):
+        return self._op("Sub", other, self)  # noqa: E704
+
+    def __mul__(self, other):
+        return self._op("Mul", self, other)  # noqa: E704
+
+    def __rmul__(self, other):
+        return self._op("Mul", other, self)  # noqa: E704
+
+    def __truediv__(self, other):
+        return self._op("Div", self, other)  # noqa: E704
+
+    def __matmul__(self, other):
+        return self._op("MatMul", self, other)  # noqa: E704
+
+    def __pow__(self, other):
+        return self._op("Pow", self, other)  # noqa: E704
+
+    def __neg__(self):
+        return self._op("Neg", self)  # noqa: E704
+
+    def __lt__(self, other):
+        return self._op("Less", self, other)  # noqa: E704
+
+    def __le__(self, other):
+        return self._op("LessOrEqual", self, other)  # noqa: E704
+
+    def __gt__(self, other):
+        return self._op("Greater", self, other)  # noqa: E704
+
+    def __ge__(self, other):
+        return self._op("GreaterOrEqual", self, other)  # noqa: E704
 
     __hash__ = ir.Value.__hash__
 
@@ -109,7 +136,9 @@ class Recorder:
         inputs, attrs = _bind(signature, args, kwargs)
         if num_outputs is None:
             num_outputs = _num_outputs(signature, inputs, attrs)
-        return self._emit(signature, op.domain, op.name, op.opset.version, inputs, attrs, num_outputs)
+        return self._emit(
+            signature, op.domain, op.name, op.opset.version, inputs, attrs, num_outputs
+        )
 
     def eval_function(
         self, function: osv.OnnxFunction, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -119,7 +148,12 @@ class Recorder:
         inputs, attrs = _bind(signature, args, kwargs)
         ir_function = self._ir_function(function)
         return self._emit(
-            signature, ir_function.domain, ir_function.name, None, inputs, attrs,
+            signature,
+            ir_function.domain,
+            ir_function.name,
+            None,
+            inputs,
+            attrs,
             len(signature.outputs),
         )
 
@@ -287,7 +321,9 @@ def _type_binding(
     return bound
 
 
-def _dtype_for(param: schemas.Parameter, arg: Any, bound: Mapping[str, ir.DataType]) -> ir.DataType | None:
+def _dtype_for(
+    param: schemas.Parameter, arg: Any, bound: Mapping[str, ir.DataType]
+) -> ir.DataType | None:
     constraint = param.type_constraint
     if constraint.name in bound:
         return bound[constraint.name]

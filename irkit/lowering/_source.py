@@ -47,7 +47,9 @@ def node_scope(node: torch.fx.Node) -> tuple[metadata.Frame, ...]:
         if not path:
             continue  # the root module itself
         _, at, index = key.rpartition("@")
-        frames.append(metadata.Frame(path, int(index) if at and index.isdigit() else 0, _qualified(cls)))
+        frames.append(
+            metadata.Frame(path, int(index) if at and index.isdigit() else 0, _qualified(cls))
+        )
     return tuple(frames)
 
 
@@ -60,7 +62,11 @@ def module_path(node: torch.fx.Node) -> str:
 def target_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return str(target)
-    return f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(".")
+    return (
+        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(
+            "."
+        )
+    )
 
 
 class MetadataStamper:

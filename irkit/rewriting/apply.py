@@ -118,8 +118,11 @@ def rewrite(
     index = _RuleIndex(rule_set)
     main_opset = model.opset_imports.get("", 1)
     for graph_like, where in _graph_likes(model):
-        opset = graph_like.opset_imports.get("", main_opset) if isinstance(
-            graph_like, ir.Function) else main_opset
+        opset = (
+            graph_like.opset_imports.get("", main_opset)
+            if isinstance(graph_like, ir.Function)
+            else main_opset
+        )
         ctx = RewriteContext(model, graph_like, opset, max_opset)
         _Worklist(ctx, index, report, explain, where, max_rewrites_per_node).run()
         report.graphs += 1
@@ -263,8 +266,9 @@ class _Worklist:
         raise FixedPointError(
             f"rewriting {graph!r} did not reach a fixed point after "
             f"{self.per_node}×nodes+64 rewrites; rules still firing: "
-            + ", ".join(f"{n} (×{c} of the last {sum(counts.values())})"
-                        for n, c in counts.most_common())
+            + ", ".join(
+                f"{n} (×{c} of the last {sum(counts.values())})" for n, c in counts.most_common()
+            )
             + ". Fix: a rule's replacement matches its own pattern, or two rules undo each "
             "other; make the check reject its own output or drop one of the rules.",
             names,
@@ -362,9 +366,13 @@ def _merge_type(old: ir.Value, new: ir.Value, rule_name: str) -> None:
             f"rule {rule_name!r} replaced {old.name!r} ({old.type}) by a value of type {new.type}; "
             "a rewrite must preserve types. Fix the rule's rewrite."
         )
-    if old.shape is not None and new.shape is not None and _static(old.shape) and _static(
-        new.shape
-    ) and tuple(old.shape) != tuple(new.shape):
+    if (
+        old.shape is not None
+        and new.shape is not None
+        and _static(old.shape)
+        and _static(new.shape)
+        and tuple(old.shape) != tuple(new.shape)
+    ):
         raise RewriteError(
             f"rule {rule_name!r} replaced {old.name!r} (shape {old.shape}) by a value of shape "
             f"{new.shape}; a rewrite must preserve shapes. Fix the rule's pattern or check."

@@ -40,8 +40,13 @@ class _OpCall:
         **attributes: Any,
     ) -> Any:
         node = self._builder.node(
-            self._domain, self._op_type, inputs, attributes, num_outputs=_outputs,
-            overload=_overload, version=_version,
+            self._domain,
+            self._op_type,
+            inputs,
+            attributes,
+            num_outputs=_outputs,
+            overload=_overload,
+            version=_version,
         )
         return node.outputs[0] if _outputs == 1 else tuple(node.outputs)
 
@@ -109,7 +114,12 @@ class RewriteBuilder:
             {k: v for k, v in (attributes or {}).items() if v is not None}
         )
         node = ir.Node(
-            domain, op_type, inputs, attrs, num_outputs=num_outputs, overload=overload,
+            domain,
+            op_type,
+            inputs,
+            attrs,
+            num_outputs=num_outputs,
+            overload=overload,
             version=version,
         )
         self.nodes.append(node)

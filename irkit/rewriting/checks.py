@@ -16,7 +16,14 @@ import onnx_ir as ir
 from irkit.rewriting.match import const_value
 
 __all__ = [
-    "rank", "static_shape", "dims", "is_float", "FLOAT_TYPES", "scalar", "const_ints", "same_dims",
+    "rank",
+    "static_shape",
+    "dims",
+    "is_float",
+    "FLOAT_TYPES",
+    "scalar",
+    "const_ints",
+    "same_dims",
 ]
 
 FLOAT_TYPES = frozenset(

@@ -188,8 +188,10 @@ class Matcher:
         count = 0
         anchor = self.outputs[0]
         first = anchor.node if isinstance(anchor, NodeOutput) else None
-        gen = self._match_node(first, node, st) if first else self._match_value(
-            anchor, node.outputs[0], st
+        gen = (
+            self._match_node(first, node, st)
+            if first
+            else self._match_value(anchor, node.outputs[0], st)
         )
         for _ in gen:
             for _ in self._match_roots(0, st):
@@ -253,8 +255,11 @@ class Matcher:
                 if producer.op_type == p.node.op_type:  # type: ignore[union-attr]
                     st.fail(f"expected output {p.index} of {p.node.op_type}", v)  # type: ignore[union-attr]
                 else:
-                    st.fail(f"expected {p.node.qualified_name}, found {_qualified(producer)}",  # type: ignore[union-attr]
-                            None, producer)
+                    st.fail(
+                        f"expected {p.node.qualified_name}, found {_qualified(producer)}",  # type: ignore[union-attr]
+                        None,
+                        producer,
+                    )
                 return
             yield from self._match_node(p.node, producer, st)  # type: ignore[union-attr]
         elif kind is Const:
@@ -323,8 +328,11 @@ class Matcher:
             st.fail(f"expected {p.qualified_name}, found {_qualified(node)}", None, node)
             return
         if len(node.outputs) < p.num_outputs:
-            st.fail(f"{p.op_type} has {len(node.outputs)} outputs, pattern uses {p.num_outputs}",
-                    None, node)
+            st.fail(
+                f"{p.op_type} has {len(node.outputs)} outputs, pattern uses {p.num_outputs}",
+                None,
+                node,
+            )
             return
         added = self._match_attributes(p, node, st)
         if added is None:
@@ -365,7 +373,8 @@ class Matcher:
         for name, expected in p.attributes.items():
             a = node.attributes.get(name)
             actual = (
-                _normalize(a.value) if a is not None
+                _normalize(a.value)
+                if a is not None
                 else _schema_default(node.domain, node.op_type, name, st.opset)
             )
             if isinstance(expected, AttrVar):
@@ -413,7 +422,9 @@ class Matcher:
                     if use.node not in node_set:
                         return MatchFailure(
                             "an intermediate value of the match is used outside it",
-                            out, use.node, st.depth,
+                            out,
+                            use.node,
+                            st.depth,
                         )
         return Match(nodes, outputs, dict(st.bindings), st.opset)
 

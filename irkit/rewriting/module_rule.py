@@ -172,10 +172,14 @@ class ModuleRule(BaseRule):
         return Rewrite(Match([node], list(node.outputs), {}, ctx.opset), builder.nodes, outs)
 
     def __str__(self) -> str:
-        sel = [f"{k}={v!r}" for k, v in (("cls", self.cls), ("path", self.path),
-                                          ("function", self.function)) if v is not None]
+        sel = [
+            f"{k}={v!r}"
+            for k, v in (("cls", self.cls), ("path", self.path), ("function", self.function))
+            if v is not None
+        ]
         target = (
-            "::".join(self.replace_with) if isinstance(self.replace_with, tuple)
+            "::".join(self.replace_with)
+            if isinstance(self.replace_with, tuple)
             else getattr(self.replace_with, "__name__", "rewrite")
         )
         return f"{self.name}: call({', '.join(sel)}) ⇒ {target}(...)"

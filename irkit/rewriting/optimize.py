@@ -120,8 +120,12 @@ def optimize(
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     timed("cse", lambda: _cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
-    timed("lift_constants", lambda: common_passes.LiftConstantsToInitializersPass(
-        lift_all_constants=True, size_limit=0)(model))
+    timed(
+        "lift_constants",
+        lambda: common_passes.LiftConstantsToInitializersPass(
+            lift_all_constants=True, size_limit=0
+        )(model),
+    )
     timed("dedupe_initializers", lambda: common_passes.DeduplicateInitializersPass()(model))
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
     report.passes = timings

@@ -43,8 +43,21 @@ __all__ = [
 ]
 
 COMMUTATIVE_OPS = frozenset(
-    {"Add", "Mul", "Max", "Min", "And", "Or", "Xor", "Equal", "BitwiseAnd", "BitwiseOr",
-     "BitwiseXor", "Sum", "Mean"}
+    {
+        "Add",
+        "Mul",
+        "Max",
+        "Min",
+        "And",
+        "Or",
+        "Xor",
+        "Equal",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "BitwiseXor",
+        "Sum",
+        "Mean",
+    }
 )
 """Default-domain ops whose two inputs the matcher tries in either order."""
 

@@ -106,8 +106,9 @@ class RewriteReport:
         for s in self.rules.values():
             if not s.tried:
                 continue
-            lines.append(f"  {s.name:<28} fired {s.fired:>5} / tried {s.tried:<6} "
-                         f"{s.seconds * 1000:8.1f} ms")
+            lines.append(
+                f"  {s.name:<28} fired {s.fired:>5} / tried {s.tried:<6} {s.seconds * 1000:8.1f} ms"
+            )
             for reason, n in s.failures.most_common(3):
                 lines.append(f"      ✗ {n:>5}  {reason}")
             if s.where:

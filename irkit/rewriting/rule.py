@@ -115,7 +115,9 @@ def _parameters(fn: Callable[..., Any], what: str, rule: str) -> tuple[list[str]
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
-        raise RuleDefinitionError(f"rule {rule!r}: cannot read the signature of its {what}") from exc
+        raise RuleDefinitionError(
+            f"rule {rule!r}: cannot read the signature of its {what}"
+        ) from exc
     names, var_kw = [], False
     for p in sig.parameters.values():
         if p.kind is p.VAR_KEYWORD:
@@ -244,7 +246,9 @@ class Rule(BaseRule):
             env["op"] = builder
             outputs = _call(self._rewrite, *self._rewrite_params, env)
             if outputs is None or isinstance(outputs, MatchFailure):
-                last = outputs if outputs is not None else MatchFailure("rewrite declined", None, node)
+                last = (
+                    outputs if outputs is not None else MatchFailure("rewrite declined", None, node)
+                )
                 continue
             outs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
             if len(outs) != len(result.outputs):
@@ -314,8 +318,10 @@ class _SymBuilder:
             args = ["_" if i is None else str(i) for i in inputs]
             args += [f"{k}={v!r}" for k, v in attrs.items() if not k.startswith("_")]
             text = f"{qual}({', '.join(args)})"
-            return _Sym(text) if _outputs == 1 else tuple(
-                _Sym(f"{text}[{i}]") for i in range(_outputs)
+            return (
+                _Sym(text)
+                if _outputs == 1
+                else tuple(_Sym(f"{text}[{i}]") for i in range(_outputs))
             )
 
         return call
@@ -344,8 +350,10 @@ class NodeRule(BaseRule):
         max_opset: int | None = None,
     ):
         self.name = name
-        self.anchors = None if ops is None else frozenset(
-            (o if isinstance(o, tuple) else ("", o)) for o in ops
+        self.anchors = (
+            None
+            if ops is None
+            else frozenset((o if isinstance(o, tuple) else ("", o)) for o in ops)
         )
         self.fn = fn
         self.min_opset = min_opset
@@ -438,8 +446,9 @@ class RuleSet:
         return RuleSet(self.name, [r for r in self.rules if r.name not in names])
 
     def __str__(self) -> str:
-        return "\n".join([f"RuleSet {self.name!r} ({len(self)} rules)"] +
-                         [f"  {r}" for r in self.rules])
+        return "\n".join(
+            [f"RuleSet {self.name!r} ({len(self)} rules)"] + [f"  {r}" for r in self.rules]
+        )
 
     def __repr__(self) -> str:
         return f"RuleSet({self.name!r}, {self.names()})"
