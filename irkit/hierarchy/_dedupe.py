@@ -78,17 +78,40 @@ def _type_key(value: ir.Value) -> tuple[object, object]:
     )
 
 
+def _node_entry(node: ir.Node) -> tuple[object, ...]:
+    """``(domain, op_type, overload, attributes, output (dtype, dims))`` of a node."""
+    attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
+    tensor_type = ir.TensorType
+    types = []
+    for out in node.outputs:
+        vtype, shape = out.type, out.shape
+        types.append(
+            (
+                vtype.dtype if vtype.__class__ is tensor_type else vtype,
+                None if shape is None else shape.dims,
+            )
+        )
+    return (
+        node.domain,
+        node.op_type,
+        node.overload,
+        _attributes_key(attributes) if attributes else (),
+        tuple(types),
+    )
+
+
 def canonical_key(
     inputs: Sequence[ir.Value],
     nodes: Sequence[ir.Node],
     outputs: Sequence[ir.Value],
     labels: Sequence[object] | None = None,
+    memo: dict[ir.Node, tuple[object, ...]] | None = None,
 ) -> CanonicalKey:
     """A name-free, hashable form of a function body (see the module docstring).
 
     Values are numbered where they are defined: input ``i`` is ``i``, then each node's outputs
     get the next numbers; a missing optional input is ``-1``. Each node contributes
-    ``(domain, op_type, overload, input numbers, attributes, output (dtype, dims), label)``.
+    ``(domain, op_type, overload, attributes, output (dtype, dims), input numbers, label)``.
 
     Args:
         inputs: The body's inputs (numbered ``0, 1, …`` in this order).
@@ -96,41 +119,37 @@ def canonical_key(
         outputs: The body's outputs.
         labels: Optional hashable labels, one per node, added to each node's entry (outlining
             labels each node of a call's whole subtree with its relative module scope).
+        memo: Optional cache of each node's wiring-free part (op, attributes, output types),
+            for nodes keyed more than once (a call's subtree, then its children).
 
     Example:
         >>> x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
         >>> n = ir.Node("", "Relu", [x])
         >>> canonical_key([x], [n], n.outputs)
-        (((FLOAT, (2,)),), ('', 'Relu', '', (0,), (), ((None, None),), None), (1,))
+        (((FLOAT, (2,)),), ('', 'Relu', '', (), ((None, None),), (0,), None), (1,))
     """
-    tensor_type = ir.TensorType
     ids: dict[ir.Value | None, int] = {v: i for i, v in enumerate(inputs)}
     ids[None] = -1
     idget = ids.get
     parts: list[object] = [tuple([_type_key(v) for v in inputs])]
     append, count = parts.append, len(inputs)
+    local = memo is None
+    memo = {} if memo is None else memo
+    memo_get = memo.get
     for k, node in enumerate(nodes):
         outs = node.outputs
-        attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
-        types = []
         for out in outs:
             ids[out] = count
             count += 1
-            vtype, shape = out.type, out.shape
-            types.append(
-                (
-                    vtype.dtype if vtype.__class__ is tensor_type else vtype,
-                    None if shape is None else shape.dims,
-                )
-            )
+        fixed = memo_get(node)
+        if fixed is None:
+            fixed = _node_entry(node)
+            if not local:
+                memo[node] = fixed
         append(
             (
-                node.domain,
-                node.op_type,
-                node.overload,
+                *fixed,
                 tuple([idget(v, -2) for v in node.inputs]),
-                _attributes_key(attributes) if attributes else (),
-                tuple(types),
                 None if labels is None else labels[k],
             )
         )
@@ -219,7 +238,7 @@ def _bag(key: CanonicalKey) -> Counter[object]:
     """What a canonical key says regardless of node order: input types, node entries without
     their wiring, and the number of outputs."""
     *entries, outputs = key[1:]
-    bag: Counter[object] = Counter(e[:3] + e[4:] for e in entries)  # type: ignore[index]
+    bag: Counter[object] = Counter(e[:5] + e[6:] for e in entries)  # type: ignore[index]
     bag[("inputs", *sorted(map(repr, key[0])))] += 1  # type: ignore[arg-type]
     bag[("outputs", len(outputs))] += 1  # type: ignore[arg-type]
     return bag

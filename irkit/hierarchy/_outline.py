@@ -65,6 +65,7 @@ class _Context:
     templates: dict[tuple[str, CanonicalKey], Template] = dataclasses.field(default_factory=dict)
     pending: dict[Scope, Pending] = dataclasses.field(default_factory=dict)
     replayed: int = 0
+    node_keys: dict[ir.Node, tuple[object, ...]] = dataclasses.field(default_factory=dict)
 
 
 def outline(
@@ -234,7 +235,8 @@ def _replay(
     bound = _boundary(ctx, frame, body, region)
     if not bound.outputs:
         return False
-    key = canonical_key(bound.inputs, body, bound.outputs, [t[2] for t in labelled])
+    node_labels = [t[2] for t in labelled]
+    key = canonical_key(bound.inputs, body, bound.outputs, node_labels, ctx.node_keys)
     template = ctx.templates.get((frame.cls, key))
     if template is None:
         ctx.pending[scope] = Pending(
@@ -411,7 +413,7 @@ def _build_call(
     if not outputs:
         return None
     domain, cls_name = _function_key(ctx, frame)
-    key = canonical_key(outer_inputs, body, outputs)
+    key = canonical_key(outer_inputs, body, outputs, memo=ctx.node_keys)
     function = ctx.registry.find(domain, cls_name, key)
     order_in, order_out = range(len(outer_inputs)), range(len(outputs))
     if function is None:  # same body in another node order?
