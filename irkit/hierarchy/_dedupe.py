@@ -81,22 +81,12 @@ def _type_key(value: ir.Value) -> tuple[object, object]:
 def _node_entry(node: ir.Node) -> tuple[object, ...]:
     """``(domain, op_type, overload, attributes, output (dtype, dims))`` of a node."""
     attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
-    tensor_type = ir.TensorType
-    types = []
-    for out in node.outputs:
-        vtype, shape = out.type, out.shape
-        types.append(
-            (
-                vtype.dtype if vtype.__class__ is tensor_type else vtype,
-                None if shape is None else shape.dims,
-            )
-        )
     return (
         node.domain,
         node.op_type,
         node.overload,
         _attributes_key(attributes) if attributes else (),
-        tuple(types),
+        tuple([_type_key(v) for v in node.outputs]),
     )
 
 
@@ -288,7 +278,7 @@ class FunctionRegistry:
         if not registered:
             return None
         bag = _bag(key)
-        candidates = [f for k, f in registered if self._bag(f, k) == bag]
+        candidates = [f for k, f in registered if self._bag_of(f, k) == bag]
         if not candidates:
             return None
         graph = body_graph(inputs, nodes, outputs)
@@ -306,7 +296,7 @@ class FunctionRegistry:
                 )
         return None
 
-    def _bag(self, function: ir.Function, key: CanonicalKey) -> Counter[object]:
+    def _bag_of(self, function: ir.Function, key: CanonicalKey) -> Counter[object]:
         found = self._bags.get(function)
         if found is None:
             found = self._bags[function] = _bag(key)

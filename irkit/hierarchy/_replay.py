@@ -24,11 +24,9 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-from irkit import metadata as md
+from irkit.hierarchy._analysis import Scope
 
 __all__ = ["Template", "Pending", "relative_labels", "make_template"]
-
-Scope = tuple[md.Frame, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +58,7 @@ def relative_labels(
     are not under the call's own path (a module shared between layers) are kept whole.
 
     Example:
-        >>> f = md.Frame
+        >>> from irkit.metadata import Frame as f
         >>> top = (f("layers.3", 0, "m.Block"),)
         >>> child = (*top, f("layers.3.mlp", 0, "m.MLP"))
         >>> relative_labels(top, [child], lambda s: True)[child]
