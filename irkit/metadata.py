@@ -26,9 +26,9 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 __all__ = [
     "PREFIX",
@@ -91,9 +91,11 @@ MODEL_PRODUCER = "irkit"
 """``ModelProto.producer_name`` of models irkit creates."""
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class Frame:
+class Frame(NamedTuple):
     """One level of a node's module scope: one *call* of one module instance.
+
+    A named tuple: scopes (tuples of frames) key many dicts during outlining, and a tuple hashes
+    and compares in C. Frames order by path, then call index, then class.
 
     Attributes:
         path: Module path from the root (``"layers.0.attn"``); ``""`` is the root module.
@@ -104,13 +106,6 @@ class Frame:
     path: str
     call_index: int
     cls: str
-
-    def __post_init__(self) -> None:
-        # Scopes (tuples of frames) key many dicts during outlining: hash each frame once.
-        object.__setattr__(self, "_hash", hash((self.path, self.call_index, self.cls)))
-
-    def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined]
 
     @property
     def call_id(self) -> str:

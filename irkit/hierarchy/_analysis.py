@@ -140,12 +140,12 @@ class Dataflow:
         self.order: list[ir.Node | None] = list(nodes)
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
         self.reordered = False
-        self.control_flow: set[ir.Node] = {
-            n
-            for n in self.order
-            if (attributes := n.attributes.data)  # (the plain dict: much faster than UserDict)
-            and any(a.type in _SUBGRAPH for a in attributes.values())
-        }
+        self.control_flow: set[ir.Node] = set()  # nodes with subgraphs (If, Loop, Scan …)
+        for node in self.order:
+            for attr in node.attributes.data.values():  # (the plain dict: faster than UserDict)
+                if attr.type in _SUBGRAPH:
+                    self.control_flow.add(node)
+                    break
         self._owner: dict[ir.Node, ir.Node] = {}  # node inside a subgraph → its top-level node
         for node in self.control_flow:
             for graph in _subgraphs(node):

@@ -39,7 +39,7 @@ _NO_COPY = frozenset(
 
 
 def _small_constant(node: ir.Node) -> bool:
-    value = node.attributes.get("value")
+    value = node.attributes.data.get("value")  # (the plain dict: Mapping.get is slow)
     if value is None:  # value_float / value_ints / ...: tiny by construction
         return True
     return value.type != ir.AttributeType.TENSOR or value.value.size <= MAX_CONSTANT_ELEMENTS
@@ -57,7 +57,8 @@ def constant_cones(nodes: Sequence[ir.Node]) -> dict[ir.Node, int] | None:
     for node in nodes:
         inputs = node.inputs
         candidate = not node.domain and node.op_type not in _NO_COPY
-        producers: set[ir.Node] = set()
+        size = 1  # of the cone, if a candidate: itself plus its distinct producers' cones
+        producers: set[ir.Node] | None = None
         for value in inputs:
             producer = value.producer() if value is not None else None
             if producer is None:
@@ -66,22 +67,26 @@ def constant_cones(nodes: Sequence[ir.Node]) -> dict[ir.Node, int] | None:
             if producer not in seen:
                 return None
             if candidate:
-                if producer in cone:
-                    producers.add(producer)
-                else:
+                if producer not in cone:
                     candidate = False
+                elif producers is None:
+                    producers = {producer}
+                    size += cone[producer]
+                elif producer not in producers:
+                    producers.add(producer)
+                    size += cone[producer]
         add(node)
         if not candidate:
             continue
         if node.op_type == "Constant":
             if _small_constant(node):
                 cone[node] = 1
-        elif inputs:
-            size = 1 + sum(cone[p] for p in producers)
-            if size <= MAX_CONE_NODES and not any(
-                a.type in _SUBGRAPH for a in node.attributes.values()
-            ):
-                cone[node] = size
+        elif (
+            inputs
+            and size <= MAX_CONE_NODES
+            and not any(a.type in _SUBGRAPH for a in node.attributes.data.values())
+        ):
+            cone[node] = size
     return cone
 
 

@@ -28,7 +28,14 @@ if TYPE_CHECKING:
 
 import onnx_ir as ir
 
-__all__ = ["canonical_key", "CanonicalKey", "body_graph", "FunctionRegistry", "Match"]
+__all__ = [
+    "canonical_key",
+    "remember_entries",
+    "CanonicalKey",
+    "body_graph",
+    "FunctionRegistry",
+    "Match",
+]
 
 
 _TENSOR = ir.AttributeType.TENSOR
@@ -37,6 +44,7 @@ _BY_VALUE = frozenset(  # value is hashable and compares like its text (not floa
     {ir.AttributeType.INT, ir.AttributeType.INTS, ir.AttributeType.STRING, ir.AttributeType.STRINGS}
 )
 _KIND = {k: f":{k.value}=" for k in ir.AttributeType}
+_TENSOR_TYPE = ir.TensorType
 
 CanonicalKey = tuple[object, ...]
 """The hashable, name-free form of a body (see :func:`canonical_key`)."""
@@ -56,16 +64,31 @@ def _attr_text(attr: ir.Attr) -> str:
     return f"{attr.name}{_KIND[kind]}{attr.value!r}"
 
 
+def _tensor_key(tensor: ir.TensorProtocol) -> tuple[object, ...]:
+    """``(dtype, dims, content)`` of a tensor attribute: small contents as they are (no text
+    formatting, no digest: most are reshape targets and scalars), larger ones by their SHA-1."""
+    data = tensor.tobytes()
+    return (
+        tensor.dtype,
+        tensor.shape.dims,
+        data if len(data) <= 256 else hashlib.sha1(data).digest(),
+    )
+
+
 def _attributes_key(attributes: dict[str, ir.Attr]) -> tuple[object, ...]:
-    """Per attribute ``(name, kind, value)`` for ints and strings, else ``(name, text)``;
-    sorted by name."""
+    """Per attribute ``(name, kind, value)`` for ints, strings and tensors (by content), else
+    ``(name, text)``; sorted by name."""
     keys = []
-    for attr in attributes.values():
+    for name, attr in attributes.items():
         kind = attr.type
-        if kind in _BY_VALUE and attr.ref_attr_name is None:
-            keys.append((attr.name, kind, attr.value))
+        if attr.ref_attr_name is not None:
+            keys.append((name, _attr_text(attr)))
+        elif kind in _BY_VALUE:
+            keys.append((name, kind, attr.value))
+        elif kind is _TENSOR:
+            keys.append((name, kind, _tensor_key(attr.value)))
         else:
-            keys.append((attr.name, _attr_text(attr)))
+            keys.append((name, _attr_text(attr)))
     return tuple(keys) if len(keys) == 1 else tuple(sorted(keys))
 
 
@@ -73,7 +96,7 @@ def _type_key(value: ir.Value) -> tuple[object, object]:
     """``(dtype, dims)`` of a tensor value (TensorType hashes via its repr: key on the dtype)."""
     vtype, shape = value.type, value.shape
     return (
-        vtype.dtype if vtype.__class__ is ir.TensorType else vtype,
+        vtype.dtype if vtype.__class__ is _TENSOR_TYPE else vtype,
         None if shape is None else shape.dims,
     )
 
@@ -81,12 +104,21 @@ def _type_key(value: ir.Value) -> tuple[object, object]:
 def _node_entry(node: ir.Node) -> tuple[object, ...]:
     """``(domain, op_type, overload, attributes, output (dtype, dims))`` of a node."""
     attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
+    types = []
+    for value in node.outputs:  # (_type_key inlined: this runs for every node of a model)
+        vtype, shape = value.type, value.shape
+        types.append(
+            (
+                vtype.dtype if vtype.__class__ is _TENSOR_TYPE else vtype,
+                None if shape is None else shape.dims,
+            )
+        )
     return (
         node.domain,
         node.op_type,
         node.overload,
         _attributes_key(attributes) if attributes else (),
-        tuple([_type_key(v) for v in node.outputs]),
+        tuple(types),
     )
 
 
@@ -145,6 +177,16 @@ def canonical_key(
         )
     append(tuple([idget(v, -2) for v in outputs]))
     return tuple(parts)
+
+
+def remember_entries(
+    key: CanonicalKey, nodes: Sequence[ir.Node], memo: dict[ir.Node, tuple[object, ...]]
+) -> None:
+    """Fill ``memo`` (see :func:`canonical_key`) with the wiring-free part of each node's entry
+    in ``key``, a key computed for ``nodes``: their sub-bodies are then keyed without
+    recomputing them."""
+    for node, entry in zip(nodes, key[1:-1], strict=True):
+        memo[node] = entry[:5]  # type: ignore[index]
 
 
 def body_graph(

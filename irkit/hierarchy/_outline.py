@@ -15,7 +15,12 @@ from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
 from irkit.hierarchy._constants import constant_cones, localize_constants
-from irkit.hierarchy._dedupe import CanonicalKey, FunctionRegistry, canonical_key
+from irkit.hierarchy._dedupe import (
+    CanonicalKey,
+    FunctionRegistry,
+    canonical_key,
+    remember_entries,
+)
 from irkit.hierarchy._replay import Pending, Template, make_template, relative_labels
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
@@ -66,6 +71,7 @@ class _Context:
     pending: dict[Scope, Pending] = dataclasses.field(default_factory=dict)
     replayed: int = 0
     node_keys: dict[ir.Node, tuple[object, ...]] = dataclasses.field(default_factory=dict)
+    label_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
 
 
 def outline(
@@ -155,14 +161,16 @@ def outline(
             _record(ctx, scope, result)
     if ctx.dataflow.reordered:  # (call nodes took their regions' places: else still sorted)
         model.graph.sort()  # function bodies were built in topological order already
-    logger.info(
-        "outlined %d module calls into %d functions (%d replayed, %d notes, %d constants copied)",
-        sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
-        len(model.functions),
-        ctx.replayed,
-        len(ctx.notes),
-        copied,
-    )
+    if logger.isEnabledFor(logging.INFO):  # (counting the calls visits every node)
+        logger.info(
+            "outlined %d module calls into %d functions (%d replayed, %d notes, %d constants "
+            "copied)",
+            sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
+            len(model.functions),
+            ctx.replayed,
+            len(ctx.notes),
+            copied,
+        )
     return model
 
 
@@ -223,7 +231,11 @@ def _replay(
         return False  # inside a first call: its repeats replay it whole, not its parts
     labels = relative_labels(scope, descendants, lambda s: _outlined(ctx, s))
     pos, control_flow = ctx.dataflow.pos, ctx.dataflow.control_flow
-    labelled = [(pos[n], n, label) for s, label in labels.items() for n in members[s]]
+    label_ids = ctx.label_ids  # (an int per distinct label: keys hash and compare faster)
+    labelled = []
+    for s, label in labels.items():
+        label_id = label_ids.setdefault(label, len(label_ids))
+        labelled.extend([(pos[n], n, label_id) for n in members[s]])
     if not labelled or (control_flow and any(n in control_flow for _, n, _ in labelled)):
         return False
     labelled.sort(key=lambda t: t[0])
@@ -236,9 +248,10 @@ def _replay(
     if not bound.outputs:
         return False
     node_labels = [t[2] for t in labelled]
-    key = canonical_key(bound.inputs, body, bound.outputs, node_labels, ctx.node_keys)
+    key = canonical_key(bound.inputs, body, bound.outputs, node_labels)
     template = ctx.templates.get((frame.cls, key))
-    if template is None:
+    if template is None:  # the first call: outlined normally, its children keyed from here
+        remember_entries(key, body, ctx.node_keys)
         ctx.pending[scope] = Pending(
             key, bound.inputs, [v.name for v in bound.outputs], len(ctx.notes)
         )
