@@ -80,8 +80,10 @@ def main() -> None:
         try:
             t_anchor = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), 1)
         except Exception as exc:  # the anchor cannot export some models at all
-            print(f"{name:10} {fx_nodes:8d} {onnx_nodes:6d} {t_irkit:9.3f} {'fails':>9} "
-                  f"{'-':>7} {fx_nodes / t_irkit:14.0f}   anchor: {type(exc).__name__}")
+            print(
+                f"{name:10} {fx_nodes:8d} {onnx_nodes:6d} {t_irkit:9.3f} {'fails':>9} "
+                f"{'-':>7} {fx_nodes / t_irkit:14.0f}   anchor: {type(exc).__name__}"
+            )
             continue
         print(
             f"{name:10} {fx_nodes:8d} {onnx_nodes:6d} {t_irkit:9.3f} {t_anchor:9.3f} "

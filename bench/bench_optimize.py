@@ -79,7 +79,9 @@ def _slope(points: list[tuple[int, float]]) -> float:
     xs = [math.log(n) for n, _ in points]
     ys = [math.log(t) for _, t in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
 
 
 def main() -> None:
@@ -89,7 +91,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     repeat = 1 if args.quick else args.repeat
-    names = ["stack4", "stack16"] if args.quick else ["stack4", "stack16", "stack64", "gpt2", "llama"]
+    names = (
+        ["stack4", "stack16"] if args.quick else ["stack4", "stack16", "stack64", "gpt2", "llama"]
+    )
     fronts = {
         "anchor-export": _anchor_export,
         "irkit flat": functools.partial(irkit.lower, functions=False),
@@ -102,8 +106,10 @@ def main() -> None:
     _best(_run_irkit, warm, 1)
     _best(_run_anchor, warm, 1)
 
-    header = (f"{'front end':<14} {'model':<8} {'nodes':>6} | {'irkit s':>8} {'nodes':>6} | "
-              f"{'anchor s':>8} {'nodes':>6} | {'anchor/irkit':>12}")
+    header = (
+        f"{'front end':<14} {'model':<8} {'nodes':>6} | {'irkit s':>8} {'nodes':>6} | "
+        f"{'anchor s':>8} {'nodes':>6} | {'anchor/irkit':>12}"
+    )
     print(header)
     print("-" * len(header))
     scaling: dict[str, dict[str, list[tuple[int, float]]]] = {
@@ -117,8 +123,11 @@ def main() -> None:
             n0 = count_nodes(model)
             t_irkit, n_irkit = _best(_run_irkit, model, repeat)
             t_anchor, n_anchor = _best(_run_anchor, model, repeat)
-            print(f"{front:<14} {name:<8} {n0:>6} | {t_irkit:>8.3f} {n_irkit:>6} | "
-                  f"{t_anchor:>8.3f} {n_anchor:>6} | {t_anchor / t_irkit:>11.1f}×", flush=True)
+            print(
+                f"{front:<14} {name:<8} {n0:>6} | {t_irkit:>8.3f} {n_irkit:>6} | "
+                f"{t_anchor:>8.3f} {n_anchor:>6} | {t_anchor / t_irkit:>11.1f}×",
+                flush=True,
+            )
             if name.startswith("stack"):
                 # Slopes are over the flat size, so stored-vs-inlined sizes do not skew them.
                 scaling[front]["irkit"].append((flat_nodes, t_irkit))
@@ -126,8 +135,10 @@ def main() -> None:
     print()
     for front, series in scaling.items():
         if len(series["irkit"]) >= 2:
-            print(f"scaling slope over stacks ({front}): irkit {_slope(series['irkit']):.2f}, "
-                  f"anchor {_slope(series['anchor']):.2f}  (log-log fit of time vs flat nodes)")
+            print(
+                f"scaling slope over stacks ({front}): irkit {_slope(series['irkit']):.2f}, "
+                f"anchor {_slope(series['anchor']):.2f}  (log-log fit of time vs flat nodes)"
+            )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import hashlib
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ import onnx_ir as ir
 __all__ = [
     "canonical_key",
     "remember_entries",
+    "region_key",
     "CanonicalKey",
     "body_graph",
     "FunctionRegistry",
@@ -179,6 +181,57 @@ def canonical_key(
     return tuple(parts)
 
 
+def region_key(
+    nodes: Sequence[ir.Node], region: AbstractSet[ir.Node], labels: Sequence[object]
+) -> tuple[CanonicalKey, list[ir.Value], list[tuple[ir.Node, int]], list[ir.Value]]:
+    """:func:`canonical_key` of a region, finding its boundary on the way (one pass).
+
+    ``nodes`` (the members of ``region``) must be in a topological order: then a value not
+    numbered yet when a node reads it comes from outside. Such values are the region's inputs,
+    numbered ``-2, -3, …`` in order of first use (their types close the key); outputs are the
+    values used outside or graph outputs, in node order. The key has the layout of
+    :func:`canonical_key` (entries ``key[1:-1]``); keys of both kinds never meet.
+
+    Returns:
+        ``(key, inputs, input_uses, outputs)``; ``input_uses`` lists each ``(node, index)``
+        that reads an input.
+    """
+    ids: dict[ir.Value | None, int] = {None: -1}
+    idget = ids.get
+    inputs: list[ir.Value] = []
+    input_uses: list[tuple[ir.Node, int]] = []
+    outputs: list[ir.Value] = []
+    parts: list[object] = []
+    count = 0
+    for k, node in enumerate(nodes):
+        wiring = []
+        for i, value in enumerate(node.inputs):
+            number = idget(value)
+            if number is None:
+                number = ids[value] = -2 - len(inputs)
+                inputs.append(value)
+            if number < -1:
+                input_uses.append((node, i))
+            wiring.append(number)
+        for value in node.outputs:
+            ids[value] = count
+            count += 1
+            if value.is_graph_output():
+                outputs.append(value)
+                continue
+            for use in value.uses():  # (a loop, not any(): no generator per value)
+                if use.node not in region:
+                    outputs.append(value)
+                    break
+        parts.append((*_node_entry(node), tuple(wiring), labels[k]))
+    key = (
+        tuple([_type_key(v) for v in inputs]),
+        *parts,
+        tuple([ids[v] for v in outputs]),
+    )
+    return key, inputs, input_uses, outputs
+
+
 def remember_entries(
     key: CanonicalKey, nodes: Sequence[ir.Node], memo: dict[ir.Node, tuple[object, ...]]
 ) -> None:
@@ -270,8 +323,8 @@ def _bag(key: CanonicalKey) -> Counter[object]:
     """What a canonical key says regardless of node order: input types, node entries without
     their wiring, and the number of outputs."""
     *entries, outputs = key[1:]
-    bag: Counter[object] = Counter(e[:5] + e[6:] for e in entries)  # type: ignore[index]
-    bag[("inputs", *sorted(map(repr, key[0])))] += 1  # type: ignore[arg-type]
+    bag: Counter[object] = Counter([e[:5] + e[6:] for e in entries])  # type: ignore[index]
+    bag.update([("input", t) for t in key[0]])  # type: ignore[union-attr]
     bag[("outputs", len(outputs))] += 1  # type: ignore[arg-type]
     return bag
 
@@ -319,8 +372,11 @@ class FunctionRegistry:
         registered = self._functions.get((domain, name))
         if not registered:
             return None
+        same_size = [(k, f) for k, f in registered if len(k) == len(key)]  # (node count)
+        if not same_size:
+            return None
         bag = _bag(key)
-        candidates = [f for k, f in registered if self._bag_of(f, k) == bag]
+        candidates = [f for k, f in same_size if self._bag_of(f, k) == bag]
         if not candidates:
             return None
         graph = body_graph(inputs, nodes, outputs)

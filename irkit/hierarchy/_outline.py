@@ -19,6 +19,7 @@ from irkit.hierarchy._dedupe import (
     CanonicalKey,
     FunctionRegistry,
     canonical_key,
+    region_key,
     remember_entries,
 )
 from irkit.hierarchy._replay import Pending, Template, make_template, relative_labels
@@ -244,11 +245,10 @@ def _replay(
     body = [n for _, n, _ in labelled]
     region = set(body)
     frame = scope[-1]
-    bound = _boundary(ctx, frame, body, region)
-    if not bound.outputs:
+    key, inputs, input_uses, outputs = region_key(body, region, [t[2] for t in labelled])
+    if not outputs:
         return False
-    node_labels = [t[2] for t in labelled]
-    key = canonical_key(bound.inputs, body, bound.outputs, node_labels)
+    bound = _Boundary(inputs, outputs, input_uses)
     template = ctx.templates.get((frame.cls, key))
     if template is None:  # the first call: outlined normally, its children keyed from here
         remember_entries(key, body, ctx.node_keys)
