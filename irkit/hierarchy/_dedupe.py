@@ -77,21 +77,24 @@ def _tensor_key(tensor: ir.TensorProtocol) -> tuple[object, ...]:
     )
 
 
+def _attribute_key(name: str, attr: ir.Attr) -> tuple[object, ...]:
+    """``(name, kind, value)`` for ints, strings and tensors (by content), else ``(name, text)``."""
+    kind = attr.type
+    if attr.ref_attr_name is not None:
+        return (name, _attr_text(attr))
+    if kind in _BY_VALUE:
+        return (name, kind, attr.value)
+    if kind is _TENSOR:
+        return (name, kind, _tensor_key(attr.value))
+    return (name, _attr_text(attr))
+
+
 def _attributes_key(attributes: dict[str, ir.Attr]) -> tuple[object, ...]:
-    """Per attribute ``(name, kind, value)`` for ints, strings and tensors (by content), else
-    ``(name, text)``; sorted by name."""
-    keys = []
-    for name, attr in attributes.items():
-        kind = attr.type
-        if attr.ref_attr_name is not None:
-            keys.append((name, _attr_text(attr)))
-        elif kind in _BY_VALUE:
-            keys.append((name, kind, attr.value))
-        elif kind is _TENSOR:
-            keys.append((name, kind, _tensor_key(attr.value)))
-        else:
-            keys.append((name, _attr_text(attr)))
-    return tuple(keys) if len(keys) == 1 else tuple(sorted(keys))
+    """:func:`_attribute_key` of each attribute, sorted by name."""
+    if len(attributes) == 1:  # (most nodes: no list, no sort)
+        [(name, attr)] = attributes.items()
+        return (_attribute_key(name, attr),)
+    return tuple(sorted([_attribute_key(name, attr) for name, attr in attributes.items()]))
 
 
 def _type_key(value: ir.Value) -> tuple[object, object]:
@@ -106,21 +109,13 @@ def _type_key(value: ir.Value) -> tuple[object, object]:
 def _node_entry(node: ir.Node) -> tuple[object, ...]:
     """``(domain, op_type, overload, attributes, output (dtype, dims))`` of a node."""
     attributes = node.attributes.data  # (UserDict: the plain dict iterates much faster)
-    types = []
-    for value in node.outputs:  # (_type_key inlined: this runs for every node of a model)
-        vtype, shape = value.type, value.shape
-        types.append(
-            (
-                vtype.dtype if vtype.__class__ is _TENSOR_TYPE else vtype,
-                None if shape is None else shape.dims,
-            )
-        )
+    outputs = node.outputs
     return (
         node.domain,
         node.op_type,
         node.overload,
         _attributes_key(attributes) if attributes else (),
-        tuple(types),
+        (_type_key(outputs[0]),) if len(outputs) == 1 else tuple(map(_type_key, outputs)),
     )
 
 
