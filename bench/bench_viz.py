@@ -28,7 +28,7 @@ from irkit.viz import cli  # noqa: E402
 from tests.viz import models  # noqa: E402
 
 
-def best_of(fn, repeat: int) -> float:
+def median_of(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -62,14 +62,14 @@ def main() -> None:
     InlinePass()(flat)
     flat_path = irkit.save(flat, tmp / "flat.onnx")
 
-    anchor = best_of(lambda: onnx.load(str(path)), args.repeat)
-    load = best_of(lambda: cli.load_model(str(path)), args.repeat)
+    anchor = median_of(lambda: onnx.load(str(path)), args.repeat)
+    load = median_of(lambda: cli.load_model(str(path)), args.repeat)
     summary = viz.summarize(cli.load_model(str(path)))
-    text = best_of(lambda: viz.render_text(viz.summarize(cli.load_model(str(path)))), args.repeat)
-    html = best_of(lambda: viz.render_html(viz.summarize(cli.load_model(str(path)))), 2)
-    flat_html = best_of(lambda: viz.render_html(viz.summarize(cli.load_model(str(flat_path)))), 1)
-    cli_text = best_of(lambda: cli_seconds(str(path)), 3)
-    cli_html = best_of(lambda: cli_seconds(str(path), "-o", str(tmp / "s.html")), 1)
+    text = median_of(lambda: viz.render_text(viz.summarize(cli.load_model(str(path)))), args.repeat)
+    html = median_of(lambda: viz.render_html(viz.summarize(cli.load_model(str(path)))), 2)
+    flat_html = median_of(lambda: viz.render_html(viz.summarize(cli.load_model(str(flat_path)))), 1)
+    cli_text = median_of(lambda: cli_seconds(str(path)), 3)
+    cli_html = median_of(lambda: cli_seconds(str(path), "-o", str(tmp / "s.html")), 1)
 
     print(
         f"model: {args.layers} layers, {summary.root.body.node_count} nodes executed, "

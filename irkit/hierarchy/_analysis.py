@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
@@ -33,7 +34,14 @@ from irkit.errors import OutlineError
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["Scope", "build_scope_tree", "Dataflow", "ContractionPlan"]
+__all__ = [
+    "Scope",
+    "build_scope_tree",
+    "Dataflow",
+    "ContractionPlan",
+    "has_subgraph",
+    "used_outside",
+]
 
 Scope = tuple[md.Frame, ...]
 _REGION = "<region>"
@@ -102,6 +110,24 @@ def _decode(node: ir.Node, text: str, frames: dict[tuple[object, ...], md.Frame]
 _SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
+def has_subgraph(node: ir.Node) -> bool:
+    """Whether ``node`` owns a subgraph (If, Loop, Scan, or any op with a graph attribute)."""
+    for attr in node.attributes.data.values():  # noqa: SIM110 (no generator: runs per node)
+        if attr.type in _SUBGRAPH:
+            return True
+    return False
+
+
+def used_outside(value: ir.Value, region: AbstractSet[ir.Node]) -> bool:
+    """Whether ``value`` is a graph output or read by a node that is not in ``region``."""
+    if value.is_graph_output():
+        return True
+    for use in value.uses():  # noqa: SIM110 (no generator: runs per value)
+        if use.node not in region:
+            return True
+    return False
+
+
 def _subgraphs(node: ir.Node) -> list[ir.Graph]:
     graphs: list[ir.Graph] = []
     for attr in node.attributes.values():
@@ -140,12 +166,7 @@ class Dataflow:
         self.order: list[ir.Node | None] = list(nodes)
         self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
         self.reordered = False
-        self.control_flow: set[ir.Node] = set()  # nodes with subgraphs (If, Loop, Scan …)
-        for node in self.order:
-            for attr in node.attributes.data.values():  # (the plain dict: faster than UserDict)
-                if attr.type in _SUBGRAPH:
-                    self.control_flow.add(node)
-                    break
+        self.control_flow: set[ir.Node] = {n for n in self.order if has_subgraph(n)}
         self._owner: dict[ir.Node, ir.Node] = {}  # node inside a subgraph → its top-level node
         for node in self.control_flow:
             for graph in _subgraphs(node):

@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from irkit import metadata as md
 from irkit.errors import OutlineError
+from irkit.hierarchy._analysis import has_subgraph
 
 __all__ = ["localize_constants", "constant_cones", "MAX_CONSTANT_ELEMENTS", "MAX_CONE_NODES"]
 
@@ -25,7 +26,6 @@ MAX_CONSTANT_ELEMENTS = 4096
 MAX_CONE_NODES = 8
 """Constant cones (a value computed only from constants) with more nodes are not copied."""
 
-_SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 _NO_COPY = frozenset(
     {
         "RandomNormal",
@@ -81,11 +81,7 @@ def constant_cones(nodes: Sequence[ir.Node]) -> dict[ir.Node, int] | None:
         if node.op_type == "Constant":
             if _small_constant(node):
                 cone[node] = 1
-        elif (
-            inputs
-            and size <= MAX_CONE_NODES
-            and not any(a.type in _SUBGRAPH for a in node.attributes.data.values())
-        ):
+        elif inputs and size <= MAX_CONE_NODES and not has_subgraph(node):
             cone[node] = size
     return cone
 

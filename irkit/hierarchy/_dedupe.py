@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     import networkx as nx
 
 import onnx_ir as ir
+
+from irkit.hierarchy._analysis import used_outside
 
 __all__ = [
     "canonical_key",
@@ -46,7 +48,6 @@ _BY_VALUE = frozenset(  # value is hashable and compares like its text (not floa
     {ir.AttributeType.INT, ir.AttributeType.INTS, ir.AttributeType.STRING, ir.AttributeType.STRINGS}
 )
 _KIND = {k: f":{k.value}=" for k in ir.AttributeType}
-_TENSOR_TYPE = ir.TensorType
 
 CanonicalKey = tuple[object, ...]
 """The hashable, name-free form of a body (see :func:`canonical_key`)."""
@@ -101,7 +102,7 @@ def _type_key(value: ir.Value) -> tuple[object, object]:
     """``(dtype, dims)`` of a tensor value (TensorType hashes via its repr: key on the dtype)."""
     vtype, shape = value.type, value.shape
     return (
-        vtype.dtype if vtype.__class__ is _TENSOR_TYPE else vtype,
+        vtype.dtype if vtype.__class__ is ir.TensorType else vtype,
         None if shape is None else shape.dims,
     )
 
@@ -123,23 +124,21 @@ def canonical_key(
     inputs: Sequence[ir.Value],
     nodes: Sequence[ir.Node],
     outputs: Sequence[ir.Value],
-    labels: Sequence[object] | None = None,
-    memo: dict[ir.Node, tuple[object, ...]] | None = None,
+    memo: Mapping[ir.Node, tuple[object, ...]] | None = None,
 ) -> CanonicalKey:
     """A name-free, hashable form of a function body (see the module docstring).
 
     Values are numbered where they are defined: input ``i`` is ``i``, then each node's outputs
     get the next numbers; a missing optional input is ``-1``. Each node contributes
-    ``(domain, op_type, overload, attributes, output (dtype, dims), input numbers, label)``.
+    ``(domain, op_type, overload, attributes, output (dtype, dims), input numbers, label)``;
+    the label is ``None`` here (:func:`region_key` fills it).
 
     Args:
         inputs: The body's inputs (numbered ``0, 1, …`` in this order).
         nodes: The body's nodes, in order.
         outputs: The body's outputs.
-        labels: Optional hashable labels, one per node, added to each node's entry (outlining
-            labels each node of a call's whole subtree with its relative module scope).
-        memo: Optional cache of each node's wiring-free part (op, attributes, output types),
-            for nodes keyed more than once (a call's subtree, then its children).
+        memo: Wiring-free parts (op, attributes, output types) already computed for some of the
+            nodes (:func:`remember_entries`): a call's children are keyed after its flat key.
 
     Example:
         >>> x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
@@ -151,28 +150,17 @@ def canonical_key(
     ids[None] = -1
     idget = ids.get
     parts: list[object] = [tuple([_type_key(v) for v in inputs])]
-    append, count = parts.append, len(inputs)
-    local = memo is None
-    memo = {} if memo is None else memo
-    memo_get = memo.get
-    for k, node in enumerate(nodes):
-        outs = node.outputs
-        for out in outs:
+    count = len(inputs)
+    known = memo.get if memo else None
+    for node in nodes:
+        for out in node.outputs:
             ids[out] = count
             count += 1
-        fixed = memo_get(node)
+        fixed = known(node) if known else None
         if fixed is None:
             fixed = _node_entry(node)
-            if not local:
-                memo[node] = fixed
-        append(
-            (
-                *fixed,
-                tuple([idget(v, -2) for v in node.inputs]),
-                None if labels is None else labels[k],
-            )
-        )
-    append(tuple([idget(v, -2) for v in outputs]))
+        parts.append((*fixed, tuple([idget(v, -2) for v in node.inputs]), None))
+    parts.append(tuple([idget(v, -2) for v in outputs]))
     return tuple(parts)
 
 
@@ -211,13 +199,8 @@ def region_key(
         for value in node.outputs:
             ids[value] = count
             count += 1
-            if value.is_graph_output():
+            if used_outside(value, region):
                 outputs.append(value)
-                continue
-            for use in value.uses():  # (a loop, not any(): no generator per value)
-                if use.node not in region:
-                    outputs.append(value)
-                    break
         parts.append((*_node_entry(node), tuple(wiring), labels[k]))
     key = (
         tuple([_type_key(v) for v in inputs]),

@@ -13,7 +13,13 @@ from onnx_ir.passes.common import TopologicalSortPass
 
 from irkit import metadata as md
 from irkit.errors import OutlineError
-from irkit.hierarchy._analysis import ContractionPlan, Dataflow, Scope, build_scope_tree
+from irkit.hierarchy._analysis import (
+    ContractionPlan,
+    Dataflow,
+    Scope,
+    build_scope_tree,
+    used_outside,
+)
 from irkit.hierarchy._constants import constant_cones, localize_constants
 from irkit.hierarchy._dedupe import (
     CanonicalKey,
@@ -384,14 +390,7 @@ def _boundary(
             if value is not None and value.producer() not in region:
                 inputs[value] = None
                 input_uses.append((node, i))
-        for value in node.outputs:
-            if value.is_graph_output():
-                outputs.append(value)
-                continue
-            for use in value.uses():
-                if use.node not in region:
-                    outputs.append(value)
-                    break
+        outputs.extend(v for v in node.outputs if used_outside(v, region))
     signature = ctx.signatures.get(frame.call_id) or ctx.signatures.get(frame.path)
     if signature is None:
         return _Boundary(list(inputs), outputs, input_uses)
