@@ -10,11 +10,13 @@ from typing import Any
 import onnx_ir as ir
 import torch
 from onnxscript import evaluator as os_evaluator
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from irkit.errors import IrkitError, LoweringError
-from irkit.lowering._plan import Plan
+from irkit.lowering._plan import Decomposition, Plan
+from irkit.lowering._promotion import input_casts, output_cast
 from irkit.lowering._recorder import Recorder, call_lowering
+from irkit.lowering._regions import region_op, region_operands
 from irkit.lowering._registry import Via
 from irkit.lowering._source import MetadataStamper, module_path, node_location, target_name
 from irkit.lowering._types import SymbolNames, onnx_dtype, torch_tensor_to_ir
@@ -54,8 +56,12 @@ class Emitter:
         self.stamper = MetadataStamper()
         self.graph = ir.Graph([], [], nodes=[], name="main_graph")
         self._input_specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        # torch.export specializes Python constants (``use_cache=True``, ``mask=None``): they are
+        # ConstantArgument user inputs, baked into the graph, and never ONNX inputs.
         self._user_inputs = [
-            s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
+            s.arg.name
+            for s in ep.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT and not isinstance(s.arg, ConstantArgument)
         ]
         self._input_names = _check_names("input_names", input_names, len(self._user_inputs))
         self._output_names = output_names
@@ -101,7 +107,9 @@ class Emitter:
     # --- placeholders: user inputs and weights ----------------------------------------------------
     def _placeholder(self, frame: _Frame, node: torch.fx.Node) -> None:
         spec = self._input_specs[node.name]
-        if spec.kind == InputKind.USER_INPUT:
+        if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument):
+            frame.env[node] = spec.arg.value
+        elif spec.kind == InputKind.USER_INPUT:
             index = self._user_inputs.index(node.name)
             name = self._input_names[index] if self._input_names else node.name
             value = self.recorder.new_value(name=name)
@@ -151,9 +159,21 @@ class Emitter:
         return value
 
     def _get_attr(self, frame: _Frame, node: torch.fx.Node) -> None:
+        """A submodule reference (the body of a higher-order op): nothing to emit.
+
+        The higher-order op that uses it resolves the body from the node itself.
+        """
+        owner = node.graph.owning_module
+        target: Any = owner
+        for part in str(node.target).split("."):
+            target = getattr(target, part, None)
+        if isinstance(target, torch.fx.GraphModule):
+            frame.env[node] = target
+            return
         raise LoweringError(
-            "get_attr nodes (higher-order ops such as torch.cond / while_loop) are not supported "
-            "yet. Fix: export without control flow, or lower the op with custom_lowerings.",
+            f"get_attr {node.target!r} refers to a {type(target).__name__}, not a submodule; "
+            "irkit lowers get_attr only as the body of a higher-order op. Fix: lift the "
+            "attribute into a parameter, buffer or constant of the exported module.",
             fx_node=node.name,
             target=str(node.target),
             source=node_location(node),
@@ -220,12 +240,17 @@ class Emitter:
         try:
             if choice.via is Via.DECOMPOSE:
                 outputs = self._decomposed(frame, node)
+            elif choice.via is Via.REGION:
+                outputs = self._region(frame, node)
             else:
                 args, kwargs = _convert_args(node, frame.env)
                 if choice.via is Via.TORCHLIB:
                     self._pin_result_dtype(choice.fn, node, kwargs)
                 with os_evaluator.default_as(self.recorder):
+                    if choice.via is not Via.CUSTOM:
+                        self._cast_inputs(node, args, kwargs)
                     outputs = call_lowering(self.recorder, choice.fn, args, kwargs)
+                    outputs = self._cast_outputs(node, outputs)
                 self._finish(frame, node, outputs, self.stamper.props(stamp_node))
         except IrkitError:
             raise
@@ -243,6 +268,42 @@ class Emitter:
         if choice.via is Via.INPLACE:
             frame.env[node.args[0]] = outputs  # later reads of the mutated tensor see the result
 
+    def _cast_inputs(self, node: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Cast the inputs torch promotes to the dtype torch computes in (see ``_promotion``)."""
+        places, dtype = input_casts(node)
+        if dtype is None:
+            return
+        to = onnx_dtype(dtype)
+        for where, index in places:
+            holder: Any = args if isinstance(where, int) else kwargs
+            item = holder[where]
+            if index is not None:
+                item = list(item)
+                holder[where] = item
+                holder, where = item, index
+            value = holder[where]
+            if isinstance(value, ir.Value) and value.dtype is not None and value.dtype != to:
+                holder[where] = self._cast(value, to)
+
+    def _cast_outputs(self, node: torch.fx.Node, outputs: Any) -> Any:
+        """Cast results whose ONNX dtype differs from the dtype torch computed."""
+        val = node.meta.get("val")
+        if isinstance(outputs, ir.Value):
+            to = output_cast(outputs, val)
+            return outputs if to is None else self._cast(outputs, to)
+        if isinstance(outputs, (tuple, list)) and isinstance(val, (tuple, list)):
+            cast = []
+            for value, v in zip(outputs, val, strict=False):
+                to = output_cast(value, v)
+                cast.append(value if to is None else self._cast(value, to))
+            return type(outputs)(cast)
+        return outputs
+
+    def _cast(self, value: ir.Value, to: ir.DataType) -> ir.Value:
+        cast = self.recorder.opset.Cast(value, to=int(to))
+        cast.dtype, cast.shape = to, value.shape
+        return cast
+
     def _pin_result_dtype(self, fn: Any, node: torch.fx.Node, kwargs: dict[str, Any]) -> None:
         """Pass the result dtype torch computed as ``dtype=`` when torch would have promoted.
 
@@ -252,7 +313,12 @@ class Emitter:
         if kwargs.get("dtype") is not None:
             return
         val = node.meta.get("val")
-        params = list(self.recorder.python_signature(fn.func).parameters)
+        func = getattr(fn, "func", None)  # script functions (OnnxFunction) have no Python body
+        params = (
+            list(self.recorder.python_signature(func).parameters)
+            if func is not None
+            else [p.name for p in fn.op_signature.params]
+        )
         if (
             not isinstance(val, torch.Tensor)
             or "dtype" not in params
@@ -296,28 +362,54 @@ class Emitter:
 
     def _decomposed(self, frame: _Frame, node: torch.fx.Node) -> Any:
         decomposition = frame.plan.decompositions[node]
-        sub_graph = decomposition.graph_module.graph
-        sub = _Frame(
-            decomposition.plan,
-            {},
-            prefix=f"{frame.prefix}{node.name}/",
+        result = self._inline(
+            frame,
+            node,
+            decomposition,
+            list(_fx_inputs_flat(node, frame.env)),
             stamp_from=frame.stamp_from or node,
         )
-        inputs = iter(_fx_inputs_flat(node, frame.env))
-        result: Any = None
-        for sub_node in sub_graph.nodes:
-            if sub_node.op == "placeholder":
-                sub.env[sub_node] = next(inputs)
-            elif sub_node.op == "call_function":
-                self._call_function(sub, sub_node)
-            elif sub_node.op == "output":
-                result = _map_fx(sub_node.args[0], sub.env)
         if (
             isinstance(result, (list, tuple))
             and len(result) == 1
             and not isinstance(node.meta.get("val"), (list, tuple))
         ):
             result = result[0]
+        return result
+
+    def _region(self, frame: _Frame, node: torch.fx.Node) -> Any:
+        """A context region (no_grad, autocast): its body inline, each node with its own stamp."""
+        region = region_op(node.target)
+        assert region is not None
+        operands = [_map_fx(a, frame.env) for a in region_operands(node, region)]
+        result = self._inline(
+            frame, node, frame.plan.decompositions[node], operands, stamp_from=frame.stamp_from
+        )
+        return tuple(result) if isinstance(result, (list, tuple)) else (result,)
+
+    def _inline(
+        self,
+        frame: _Frame,
+        node: torch.fx.Node,
+        decomposition: Decomposition,
+        inputs: Sequence[Any],
+        stamp_from: torch.fx.Node | None,
+    ) -> Any:
+        """Emit a sub-graph (a traced decomposition or a region body) in place of ``node``."""
+        sub = _Frame(
+            decomposition.plan, {}, prefix=f"{frame.prefix}{node.name}/", stamp_from=stamp_from
+        )
+        feed = iter(inputs)
+        result: Any = None
+        for sub_node in decomposition.graph_module.graph.nodes:
+            if sub_node.op == "placeholder":
+                sub.env[sub_node] = next(feed)
+            elif sub_node.op == "call_function":
+                self._call_function(sub, sub_node)
+            elif sub_node.op == "get_attr":
+                self._get_attr(sub, sub_node)
+            elif sub_node.op == "output":
+                result = _map_fx(sub_node.args[0], sub.env)
         return result
 
     # --- types ----------------------------------------------------------------------------------
@@ -349,24 +441,41 @@ def _check_names(what: str, names: Sequence[str] | None, expected: int) -> Seque
 def _output_key_names(ep: torch.export.ExportedProgram, fx_names: list[str]) -> list[str]:
     """Name outputs after their keys in the returned structure (``last_hidden_state``).
 
-    Outputs reached only through tuple positions keep their FX names.
+    The keys are read off the output ``TreeSpec`` (dict keys, namedtuple fields, the key lists
+    of registered classes such as transformers' ``ModelOutput``) without rebuilding the
+    structure: a user's pytree class is never instantiated on placeholders. Outputs reached
+    only through positions keep their FX names.
     """
-    import torch.utils._pytree as pytree
-
     signature = ep.module_call_graph[0].signature if ep.module_call_graph else None
     if signature is None or signature.out_spec.num_leaves != len(fx_names):
         return fx_names
-    skeleton = pytree.tree_unflatten(list(range(len(fx_names))), signature.out_spec)
     names = list(fx_names)
     taken = set(fx_names)
-    for path, index in pytree.tree_flatten_with_path(skeleton)[0]:
-        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-        keys = [str(k) for k in keys if k is not None]
+    for index, keys in enumerate(_leaf_keys(signature.out_spec, ())):
         candidate = "_".join(keys)
         if candidate.isidentifier() and candidate not in taken:
             names[index] = candidate
             taken.add(candidate)
     return names
+
+
+def _leaf_keys(spec: Any, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """The string keys on the path to every leaf of a pytree ``TreeSpec``, in leaf order."""
+    if spec.is_leaf():
+        yield prefix
+        return
+    children = spec.children()
+    context = spec.context
+    fields = getattr(context, "_fields", context)  # namedtuple: the class is the context
+    keys: Sequence[Any] = (
+        fields
+        if isinstance(fields, (list, tuple)) and len(fields) == len(children)
+        else [None] * len(children)
+    )
+    for i, (key, child) in enumerate(zip(keys, children, strict=True)):
+        if not isinstance(key, str):
+            key = str(i) if prefix else None  # positions only below a named part: cache_0
+        yield from _leaf_keys(child, (*prefix, key) if key is not None else prefix)
 
 
 def _convert(arg: Any, env: Env) -> Any:

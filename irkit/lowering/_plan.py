@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from irkit.errors import LoweringError, UnsupportedOpError
+from irkit.lowering._regions import region_body, region_op
 from irkit.lowering._registry import Choice, LoweringTable, Via
 from irkit.lowering._source import node_location
 
@@ -90,7 +91,11 @@ def _plan_graph(
                 continue
             choice = dataclasses.replace(functional, via=Via.INPLACE, functional=choice.functional)
         plan.choices[node] = choice
-        if choice.via is Via.DECOMPOSE:
+        if choice.via is Via.REGION:
+            body = region_body(node, region_op(node.target))
+            sub_plan = _plan_graph(body.graph, table, missing, depth)
+            plan.decompositions[node] = Decomposition(body, sub_plan)
+        elif choice.via is Via.DECOMPOSE:
             if depth >= _MAX_DECOMPOSITION_DEPTH:
                 missing.setdefault(_op_name(node.target), []).append(node)
                 continue

@@ -136,9 +136,12 @@ class Recorder:
         inputs, attrs = _bind(signature, args, kwargs)
         if num_outputs is None:
             num_outputs = _num_outputs(signature, inputs, attrs)
-        return self._emit(
+        result = self._emit(
             signature, op.domain, op.name, op.opset.version, inputs, attrs, num_outputs
         )
+        if op.domain == "" and op.name == "Constant" and attrs and attrs[0].name == "value":
+            result.const_value = attrs[0].value  # later ops may need it (Split's output count)
+        return result
 
     def eval_function(
         self, function: osv.OnnxFunction, args: Sequence[Any], kwargs: Mapping[str, Any]

@@ -17,6 +17,7 @@ import torch
 from onnxscript.function_libs.torch_lib import registration
 
 from irkit.lowering._own import own_lowerings
+from irkit.lowering._regions import region_op
 
 __all__ = ["Via", "Choice", "LoweringTable", "torchlib_table"]
 
@@ -30,6 +31,7 @@ class Via(enum.Enum):
     INPLACE = "functional counterpart of an in-place op"
     DECOMPOSE = "decomposition"
     GETITEM = "tuple element"
+    REGION = "context region (body inlined)"
     SKIP = "no computation"
 
 
@@ -138,6 +140,8 @@ class LoweringTable:
         fn = self._custom.get(target)
         if fn is not None:
             return Choice(Via.CUSTOM, fn)
+        if region_op(target) is not None:
+            return Choice(Via.REGION)
         own = self._own.get(target)
         if own is not None and (own.applies is None or own.applies(node)):
             return Choice(Via.IRKIT, own.fn)
