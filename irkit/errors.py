@@ -6,7 +6,7 @@ source line, module path, file) and *how to fix it*. Internal invariants use ``a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = [
     "IrkitError",
@@ -31,16 +31,24 @@ class UnsupportedOpError(IrkitError):
 
     Attributes:
         ops: One entry per unsupported op: ``(op name, count, first FX node, source location)``.
+        reasons: Op name → why none of torch's decompositions of it could be lowered.
     """
 
-    def __init__(self, ops: Sequence[tuple[str, int, str, str]]):
+    def __init__(
+        self,
+        ops: Sequence[tuple[str, int, str, str]],
+        reasons: Mapping[str, str] | None = None,
+    ):
         self.ops = list(ops)
+        self.reasons = dict(reasons or {})
         lines = [
             f"{len(self.ops)} op(s) in the ExportedProgram have no lowering to ONNX:",
         ]
         for name, count, fx_node, source in self.ops:
             where = f" at {source}" if source else ""
             lines.append(f"  - {name}  ×{count}  (first: FX node {fx_node!r}{where})")
+            if name in self.reasons:
+                lines.append(f"      torch's decompositions did not help: {self.reasons[name]}")
         lines.append(
             "Fix: pass custom_lowerings={op_overload: function} to irkit.lower "
             "(see docs/lowering.md), or rewrite the model to avoid these ops."

@@ -21,6 +21,7 @@ def lower(
     functions: FunctionsOption = True,
     max_depth: int | None = None,
     custom_lowerings: Mapping[Any, Callable[..., Any]] | None = None,
+    decompose_custom_ops: bool = False,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     verbose: bool = False,
@@ -29,9 +30,12 @@ def lower(
 
     Each ``call_function`` node is lowered by (first match wins) ``custom_lowerings``, irkit's
     own lowerings for the few ops torchlib lacks, or onnxscript's torchlib. Nodes without any
-    lowering are decomposed individually with torch's default decomposition table; nodes that
-    still have none are reported together in one :class:`~irkit.errors.UnsupportedOpError`
-    before anything is emitted. The ExportedProgram is not modified.
+    lowering are decomposed individually, trying every decomposition torch has (its table and
+    Python references, ``CompositeImplicitAutograd`` kernels, primitives' aten
+    implementations), recursively; nodes that still have none are reported together in one
+    :class:`~irkit.errors.UnsupportedOpError` before anything is emitted. Context regions
+    (``torch.no_grad()``, ``torch.autocast``) are lowered inline. Wherever torch promotes dtypes
+    implicitly, the ONNX graph casts explicitly. The ExportedProgram is not modified.
 
     Module calls then become ONNX local functions (``functions=``), identical bodies shared.
     Every ONNX node carries its module scope, FX node name, target and source location as
@@ -39,8 +43,9 @@ def lower(
 
     Args:
         exported_program: The result of ``torch.export.export``.
-        opset: Default-domain opset of the model (default 23). Values below torchlib's 18 are
-            reached by converting the model with onnxscript's converter.
+        opset: Default-domain opset of the model (default 23, or the newest opset at which
+            onnxruntime runs every emitted op, e.g. 21 for random ops). Values below torchlib's
+            18 are reached by converting the model with onnxscript's converter.
         functions: Which module calls become ONNX local functions (see :func:`irkit.outline`):
             ``True`` (default, every call), ``False`` (a flat graph), module classes or class
             names, an :class:`irkit.ModuleSelector` (classes and path globs), or a predicate
@@ -49,7 +54,12 @@ def lower(
         custom_lowerings: ``{OpOverload: fn}``; ``fn`` receives the ONNX builder ``op`` first,
             then the node's arguments (``ir.Value`` for tensors) and returns the output
             value(s). Wins over every other lowering; works for ``torch.library`` custom ops.
-        input_names: Names for the user inputs (default: the names in the program signature).
+        decompose_custom_ops: Lower a ``torch.library.custom_op`` that has no lowering by tracing
+            its Python implementation into aten ops (off by default: a custom op usually stands
+            for a kernel the runtime should provide, so its absence is reported instead).
+        input_names: Names for the tensor user inputs (default: the names in the program
+            signature). Python constants the program was specialized on (``use_cache=True``)
+            are not inputs of the ONNX model.
         output_names: Names for the flattened user outputs (default: the FX output names).
         verbose: Show progress (a bar on a terminal, log lines otherwise).
 
@@ -84,6 +94,7 @@ def lower(
         functions=functions,
         max_depth=max_depth,
         custom_lowerings=custom_lowerings,
+        decompose_custom_ops=decompose_custom_ops,
         input_names=input_names,
         output_names=output_names,
         verbose=verbose,

@@ -78,7 +78,19 @@ class Emitter:
     def run(self, plan: Plan) -> ir.Graph:
         frame = _Frame(plan, self.env)
         for node in self.ep.graph.nodes:
-            self._handlers[node.op](frame, node)
+            try:
+                self._handlers[node.op](frame, node)
+            except IrkitError:
+                raise
+            except Exception as exc:  # a bug or an unforeseen input: say where it happened
+                raise LoweringError(
+                    f"{type(exc).__name__}: {exc}. This is likely a bug in irkit; please report "
+                    "it with this message.",
+                    fx_node=node.name,
+                    target=target_name(node.target) if node.op == "call_function" else node.op,
+                    module_path=module_path(node),
+                    source=node_location(node),
+                ) from exc
             if self._progress is not None:
                 self._progress(1)
         return self.graph
@@ -244,11 +256,13 @@ class Emitter:
                 outputs = self._region(frame, node)
             else:
                 args, kwargs = _convert_args(node, frame.env)
-                if choice.via is Via.TORCHLIB:
-                    self._pin_result_dtype(choice.fn, node, kwargs)
+                if choice.functional is not None:
+                    _fill_defaults(node.target, args, kwargs)
                 with os_evaluator.default_as(self.recorder):
                     if choice.via is not Via.CUSTOM:
                         self._cast_inputs(node, args, kwargs)
+                    if choice.via is Via.TORCHLIB:
+                        self._pin_result_dtype(choice.fn, node, args, kwargs)
                     outputs = call_lowering(self.recorder, choice.fn, args, kwargs)
                     outputs = self._cast_outputs(node, outputs)
                 self._finish(frame, node, outputs, self.stamper.props(stamp_node))
@@ -265,7 +279,7 @@ class Emitter:
                 source=node_location(stamp_node),
             ) from exc
         frame.env[node] = outputs
-        if choice.via is Via.INPLACE:
+        if choice.functional is not None:
             frame.env[node.args[0]] = outputs  # later reads of the mutated tensor see the result
 
     def _cast_inputs(self, node: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -304,11 +318,14 @@ class Emitter:
         cast.dtype, cast.shape = to, value.shape
         return cast
 
-    def _pin_result_dtype(self, fn: Any, node: torch.fx.Node, kwargs: dict[str, Any]) -> None:
+    def _pin_result_dtype(
+        self, fn: Any, node: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
         """Pass the result dtype torch computed as ``dtype=`` when torch would have promoted.
 
         With ``dtype=None`` torch accumulates/creates in a promoted dtype (``cumsum`` of bool is
         int64, ``arange(5.0)`` is float); the FX node's ``val`` knows it, torchlib does not.
+        Nothing is pinned when the (already reconciled) first tensor input has that dtype.
         """
         if kwargs.get("dtype") is not None:
             return
@@ -325,12 +342,11 @@ class Emitter:
             or len(node.args) > params.index("dtype")
         ):
             return
-        first = next(
-            (a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)), None
-        )
-        if first is not None and first.meta["val"].dtype == val.dtype:
+        result = onnx_dtype(val.dtype)
+        first = next((a for a in args if isinstance(a, ir.Value) and a.dtype is not None), None)
+        if first is not None and first.dtype == result:
             return
-        kwargs["dtype"] = onnx_dtype(val.dtype)
+        kwargs["dtype"] = result
 
     def _finish(
         self, frame: _Frame, node: torch.fx.Node, outputs: Any, props: dict[str, str]
@@ -495,6 +511,18 @@ def _convert_args(node: torch.fx.Node, env: Env) -> tuple[list[Any], dict[str, A
     args = [_convert(a, env) for a in node.args]
     kwargs = {k: _convert(v, env) for k, v in node.kwargs.items()}
     return args, kwargs
+
+
+def _fill_defaults(target: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Spell out the in-place op's schema defaults that its node omitted.
+
+    ``bernoulli_.float(x)`` leaves ``p=0.5`` implicit; its functional counterpart
+    ``bernoulli.p`` has no default for ``p``.
+    """
+    for i, arg in enumerate(target._schema.arguments):
+        if i < len(args) or arg.name in kwargs or not arg.has_default_value():
+            continue
+        kwargs[arg.name] = arg.default_value
 
 
 def _fx_inputs_flat(node: torch.fx.Node, env: Env) -> Iterator[Any]:

@@ -15,7 +15,7 @@ from onnxscript import values as osv
 from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 
 from irkit import metadata
-from irkit.errors import IrkitError
+from irkit.errors import IrkitError, LoweringError
 from irkit.hierarchy import outline
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
@@ -45,6 +45,7 @@ def lower_program(
     functions: Any,
     max_depth: int | None,
     custom_lowerings: Mapping[Any, Callable[..., Any]] | None,
+    decompose_custom_ops: bool = False,
     input_names: Sequence[str] | None,
     output_names: Sequence[str] | None,
     verbose: bool,
@@ -55,11 +56,12 @@ def lower_program(
             f"irkit.lower expects a torch.export.ExportedProgram, got "
             f"{type(exported_program).__name__}. Fix: call torch.export.export(model, args) first."
         )
+    opset_arg = opset
     opset = DEFAULT_OPSET if opset is None else opset
     if opset < _MIN_OPSET:
         raise IrkitError(f"opset {opset} is too old; irkit supports opset >= {_MIN_OPSET}.")
     start = time.perf_counter()
-    table = LoweringTable(custom_lowerings)
+    table = LoweringTable(custom_lowerings, decompose_custom_ops=decompose_custom_ops)
     ep = exported_program
     plan = make_plan(ep.graph, table)
     inplace = needs_functionalization(ep.graph, plan)
@@ -83,6 +85,7 @@ def lower_program(
         )
         graph = emitter.run(plan)
     model = _assemble(graph, recorder)
+    opset = _runnable_opset(model, requested=opset_arg)
     if opset != TORCHLIB_OPSET:
         _convert_opset(model, opset)
     if functions is not False:
@@ -122,6 +125,51 @@ def _assemble(graph: ir.Graph, recorder: Recorder) -> ir.Model:
             del model.functions[identifier]
         graph.opset_imports.pop(domain, None)
     return model
+
+
+# Ops whose newer versions onnxruntime's CPU provider has no kernel for: (domain, op) → the
+# first default-domain opset it cannot run them at. A model containing one gets a lower default
+# opset, so that every file irkit writes loads in onnxruntime.
+_ORT_UNSUPPORTED_FROM: Mapping[tuple[str, str], int] = {
+    ("", "RandomNormal"): 22,
+    ("", "RandomNormalLike"): 22,
+    ("", "RandomUniform"): 22,
+    ("", "RandomUniformLike"): 22,
+    ("", "Multinomial"): 22,
+    ("", "Bernoulli"): 22,
+}
+
+
+def _runnable_opset(model: ir.Model, requested: int | None) -> int:
+    """The model's opset: the requested one, or the default lowered to what onnxruntime runs.
+
+    Raises:
+        LoweringError: ``requested`` is an opset at which onnxruntime cannot run an emitted op.
+    """
+    limit, culprit = DEFAULT_OPSET, None
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        first_bad = _ORT_UNSUPPORTED_FROM.get((node.domain, node.op_type))
+        if first_bad is not None and first_bad - 1 < limit:
+            limit, culprit = first_bad - 1, node
+    if requested is None:
+        if culprit is not None:
+            logger.info(
+                "irkit.lower: opset %d (not %d): onnxruntime has no kernel for %s at newer opsets",
+                limit,
+                DEFAULT_OPSET,
+                culprit.op_type,
+            )
+        return limit
+    if culprit is not None and requested > limit:
+        props = culprit.metadata_props
+        raise LoweringError(
+            f"onnxruntime has no kernel for {culprit.op_type} at opset {requested} (its newest "
+            f"runnable opset is {limit}). Fix: pass opset={limit}, or leave opset unset.",
+            fx_node=props.get(metadata.FX_NODE, ""),
+            target=props.get(metadata.FX_TARGET, culprit.op_type),
+            source=props.get(metadata.SOURCE, ""),
+        )
+    return requested
 
 
 def _convert_opset(model: ir.Model, opset: int) -> None:

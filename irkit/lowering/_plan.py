@@ -51,64 +51,106 @@ class Plan:
         return counts
 
 
+@dataclasses.dataclass
+class _Missing:
+    """Ops without a lowering, in order of first occurrence, with why decomposing failed."""
+
+    nodes: dict[str, list[torch.fx.Node]] = dataclasses.field(default_factory=dict)
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def add(self, node: torch.fx.Node, reason: str = "") -> None:
+        name = _op_name(node.target)
+        self.nodes.setdefault(name, []).append(node)
+        if reason:
+            self.reasons.setdefault(name, reason)
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes)
+
+
 def make_plan(graph: torch.fx.Graph, table: LoweringTable) -> Plan:
     """Plan every ``call_function`` node of ``graph``.
 
     Raises:
         UnsupportedOpError: Listing every op without a lowering, in order of first occurrence.
     """
-    missing: dict[str, list[torch.fx.Node]] = {}
+    missing = _Missing()
     plan = _plan_graph(graph, table, missing, depth=0)
     if missing:
         raise UnsupportedOpError(
             [
                 (name, len(nodes), nodes[0].name, node_location(nodes[0]))
-                for name, nodes in missing.items()
-            ]
+                for name, nodes in missing.nodes.items()
+            ],
+            reasons=missing.reasons,
         )
     return plan
 
 
-def _plan_graph(
-    graph: torch.fx.Graph,
-    table: LoweringTable,
-    missing: dict[str, list[torch.fx.Node]],
-    depth: int,
-) -> Plan:
+def _plan_graph(graph: torch.fx.Graph, table: LoweringTable, missing: _Missing, depth: int) -> Plan:
     plan = Plan()
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         choice = table.choose(node)
+        if choice is not None and choice.via is Via.INPLACE:
+            choice = _functional_choice(node, choice, table)
         if choice is None:
-            missing.setdefault(_op_name(node.target), []).append(node)
+            missing.add(node)
             continue
-        if choice.via is Via.INPLACE:
-            assert choice.functional is not None
-            functional = table.choose(node, target=choice.functional)
-            if functional is None or functional.via in (Via.INPLACE, Via.DECOMPOSE):
-                missing.setdefault(_op_name(node.target), []).append(node)
-                continue
-            choice = dataclasses.replace(functional, via=Via.INPLACE, functional=choice.functional)
         plan.choices[node] = choice
         if choice.via is Via.REGION:
             body = region_body(node, region_op(node.target))
-            sub_plan = _plan_graph(body.graph, table, missing, depth)
-            plan.decompositions[node] = Decomposition(body, sub_plan)
+            plan.decompositions[node] = Decomposition(
+                body, _plan_graph(body.graph, table, missing, depth)
+            )
         elif choice.via is Via.DECOMPOSE:
-            if depth >= _MAX_DECOMPOSITION_DEPTH:
-                missing.setdefault(_op_name(node.target), []).append(node)
-                continue
-            assert choice.fn is not None
-            gm = trace_decomposition(node, choice.fn)
-            sub_missing: dict[str, list[torch.fx.Node]] = {}
-            sub_plan = _plan_graph(gm.graph, table, sub_missing, depth + 1)
-            if sub_missing:
-                # Report the op the user wrote, not the internals of its decomposition.
-                missing.setdefault(_op_name(node.target), []).append(node)
-                continue
-            plan.decompositions[node] = Decomposition(gm, sub_plan)
+            found = _plan_decomposition(node, choice, table, depth)
+            if isinstance(found, Decomposition):
+                plan.decompositions[node] = found
+            else:
+                missing.add(node, found)  # the op the user wrote, with what stopped it
     return plan
+
+
+def _functional_choice(node: torch.fx.Node, choice: Choice, table: LoweringTable) -> Choice | None:
+    """An in-place op lowered as its functional counterpart (directly or decomposed)."""
+    assert choice.functional is not None
+    functional = table.choose(node, target=choice.functional)
+    if functional is None or functional.via is Via.INPLACE:
+        return None
+    via = Via.DECOMPOSE if functional.via is Via.DECOMPOSE else Via.INPLACE
+    return dataclasses.replace(functional, via=via, functional=choice.functional)
+
+
+def _plan_decomposition(
+    node: torch.fx.Node, choice: Choice, table: LoweringTable, depth: int
+) -> Decomposition | str:
+    """The first of torch's decompositions of ``node`` that lowers entirely, or why none did."""
+    if depth >= _MAX_DECOMPOSITION_DEPTH:
+        return f"decompositions nest deeper than {_MAX_DECOMPOSITION_DEPTH} levels"
+    reasons = []
+    for fn in choice.candidates or (choice.fn,):
+        try:
+            gm = trace_decomposition(node, fn)
+        except LoweringError as exc:
+            reasons.append(f"tracing a decomposition failed ({_first_line(exc.__cause__ or exc)})")
+            continue
+        sub_missing = _Missing()
+        sub_plan = _plan_graph(gm.graph, table, sub_missing, depth + 1)
+        if not sub_missing:
+            return Decomposition(gm, sub_plan)
+        inner = ", ".join(
+            f"{name} ({sub_missing.reasons[name]})" if name in sub_missing.reasons else name
+            for name in sub_missing.nodes
+        )
+        reasons.append(f"a decomposition needs {inner}")
+    return "; ".join(reasons)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
 
 
 def _op_name(target: Any) -> str:
@@ -134,7 +176,11 @@ def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx
         it = iter(values)
         full = [next(it) if n else a for a, n in zip(flat, is_node, strict=False)]
         args, kwargs = pytree.tree_unflatten(full, spec)
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if result is NotImplemented:
+            raise NotImplementedError("the decomposition does not apply to these arguments")
+        # A named result (torch.return_types.var_mean) is a plain tuple to the lowering.
+        return tuple(result) if isinstance(result, tuple) else result
 
     fake_mode = detect_fake_mode(fakes)
     try:
@@ -165,7 +211,7 @@ def needs_functionalization(graph: torch.fx.Graph, plan: Plan) -> list[torch.fx.
     """
     bad = []
     for node, choice in plan.choices.items():
-        if choice.via is not Via.INPLACE:
+        if choice.functional is None:
             continue
         mutated = node.args[0]
         if (

@@ -11,7 +11,8 @@ agree and many are float-only. For every lowered node, before its lowering runs,
 2. for pointwise ops, every non-bool input that differs from a floating result is cast to the
    result's dtype (``div.Tensor`` on integers is true division); else
 3. for any other op with a floating result, floating inputs of another floating dtype are cast to
-   the result's dtype (autocast regions, mixed-precision norms).
+   the result's dtype (autocast regions, mixed-precision norms); an op with an integer result
+   whose tensor inputs are all bool (``sum`` of a mask) computes in the result's dtype.
 
 After the lowering, :func:`output_cast` tells when the ONNX value's dtype still differs from
 torch's result dtype (``ALWAYS_BOOL`` comparisons of promoted inputs, torchlib functions that
@@ -76,9 +77,7 @@ def _rule(target: torch._ops.OpOverload) -> tuple[tuple[int, ...], Kind] | None:
     params = list(inspect.signature(ref).parameters)
     names = wrapper.type_promoting_arg_names
     positions = tuple(params.index(n) for n in names if n in params)
-    if len(positions) != len(names) or max(positions, default=0) >= len(
-        target._schema.arguments
-    ):
+    if len(positions) != len(names) or max(positions, default=0) >= len(target._schema.arguments):
         return None
     return positions, wrapper.type_promotion_kind
 
@@ -110,7 +109,9 @@ def _result(node: torch.fx.Node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def input_casts(node: torch.fx.Node) -> tuple[list[tuple[str | int, int | None]], torch.dtype | None]:
+def input_casts(
+    node: torch.fx.Node,
+) -> tuple[list[tuple[str | int, int | None]], torch.dtype | None]:
     """Which inputs of ``node`` must be cast, and to which torch dtype.
 
     Returns:
@@ -136,9 +137,9 @@ def input_casts(node: torch.fx.Node) -> tuple[list[tuple[str | int, int | None]]
         else:
             dtype = result.dtype
         return [place for place, a in _flat(args) if _differs(a, dtype)], dtype
-    if not result.dtype.is_floating_point:
-        return [], None
     pointwise = torch.Tag.pointwise in target.tags
+    if not result.dtype.is_floating_point:
+        return _bool_to_integer(node, result.dtype, pointwise)
     places = []
     for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
@@ -147,6 +148,23 @@ def input_casts(node: torch.fx.Node) -> tuple[list[tuple[str | int, int | None]]
         if val.dtype.is_floating_point or (pointwise and val.dtype != torch.bool):
             places.append(place)
     return places, result.dtype if places else None
+
+
+def _bool_to_integer(
+    node: torch.fx.Node, dtype: torch.dtype, pointwise: bool
+) -> tuple[list[tuple[str | int, int | None]], torch.dtype | None]:
+    """A non-pointwise op whose tensor inputs are all bool and whose result is an integer
+    (``sum``, ``cumsum``, ``argmax`` of a mask) computes in the result's dtype."""
+    if pointwise or dtype == torch.bool or dtype.is_complex:
+        return [], None
+    places = []
+    for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            if val.dtype != torch.bool:
+                return [], None
+            places.append(place)
+    return places, dtype if places else None
 
 
 def _flat(args: Sequence[tuple[str | int, Any]]) -> list[tuple[tuple[str | int, int | None], Any]]:

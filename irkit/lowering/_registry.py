@@ -19,7 +19,7 @@ from onnxscript.function_libs.torch_lib import registration
 from irkit.lowering._own import own_lowerings
 from irkit.lowering._regions import region_op
 
-__all__ = ["Via", "Choice", "LoweringTable", "torchlib_table"]
+__all__ = ["Via", "Choice", "LoweringTable", "torchlib_table", "decompositions"]
 
 
 class Via(enum.Enum):
@@ -41,7 +41,10 @@ class Choice:
 
     via: Via
     fn: Callable[..., Any] | None = None
-    functional: torch._ops.OpOverload | None = None  # for Via.INPLACE
+    # An in-place op lowered as its functional counterpart; later reads see the result.
+    functional: torch._ops.OpOverload | None = None
+    # Via.DECOMPOSE: every decomposition torch has for the op, tried in order.
+    candidates: tuple[Callable[..., Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,34 +98,66 @@ def _has_complex_input(node: torch.fx.Node) -> bool:
 
 
 def _functional_counterpart(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
-    """``aten.add_.Tensor`` → ``aten.add.Tensor`` (in-place ops only)."""
+    """``aten.add_.Tensor`` → ``aten.add.Tensor``; ``bernoulli_.float`` → ``bernoulli.p``.
+
+    The functional overload is the one of ``name[:-1]`` whose arguments after ``self`` have the
+    same names and types (overload names do not always correspond).
+    """
     schema = target._schema
-    name = schema.name.split("::")[-1]
+    namespace, _, name = schema.name.partition("::")
     if not (schema.is_mutable and name.endswith("_") and not name.endswith("__")):
         return None
-    try:
-        packet = getattr(torch.ops.aten, name[:-1])
-        return getattr(packet, schema.overload_name or "default")
-    except AttributeError:
+    packet = getattr(getattr(torch.ops, namespace, None), name[:-1], None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
         return None
+    wanted = _signature_key(schema)
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    by_name = getattr(packet, schema.overload_name or "default", None)
+    if by_name is not None and _signature_key(by_name._schema) == wanted:
+        return by_name
+    return next((o for o in overloads if _signature_key(o._schema) == wanted), None)
 
 
-def _decomposition(target: torch._ops.OpOverload) -> Callable[..., Any] | None:
+def _signature_key(schema: Any) -> tuple[tuple[str, str], ...]:
+    return tuple((a.name, str(a.type)) for a in schema.arguments[1:] if not a.kwarg_only) + tuple(
+        sorted((a.name, str(a.type)) for a in schema.arguments[1:] if a.kwarg_only)
+    )
+
+
+def decompositions(target: Any) -> tuple[Callable[..., Any], ...]:
+    """Every decomposition torch has for ``target``, in the order the planner tries them.
+
+    torch's decomposition table (``torch._decomp``, including the Python references), the
+    op's ``CompositeImplicitAutograd`` kernel (aten-level), and a primitive's aten
+    implementation (``prims.*``, which the references decompose into).
+    """
     from torch._decomp import decomposition_table
 
+    if not isinstance(target, torch._ops.OpOverload):
+        return ()
+    found: list[Callable[..., Any]] = []
     fn = decomposition_table.get(target)
     if fn is not None:
-        return fn
+        found.append(fn)
     if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
-        return target.decompose
-    return None
+        found.append(target.decompose)
+    impl_aten = getattr(target, "impl_aten", None)  # torch._prims primitives
+    if callable(impl_aten):
+        found.append(impl_aten)
+    return tuple(found)
 
 
 class LoweringTable:
     """Answers "how is this FX node lowered?" for one :func:`irkit.lower` call."""
 
-    def __init__(self, custom: Mapping[Any, Callable[..., Any]] | None):
+    def __init__(
+        self,
+        custom: Mapping[Any, Callable[..., Any]] | None,
+        *,
+        decompose_custom_ops: bool = False,
+    ):
         self._custom = _expand_packets(custom or {})
+        self._decompose_custom_ops = decompose_custom_ops
         entries = _torchlib_entries()
         self._torchlib = entries
         self._own = own_lowerings(torchlib_table())
@@ -154,10 +189,21 @@ class LoweringTable:
             functional = _functional_counterpart(target)
             if functional is not None:
                 return Choice(Via.INPLACE, functional=functional)
-            decomposition = _decomposition(target)
-            if decomposition is not None:
-                return Choice(Via.DECOMPOSE, decomposition)
+            candidates = decompositions(target)
+            if self._decompose_custom_ops:
+                candidates += _custom_op_implementation(target)
+            if candidates:
+                return Choice(Via.DECOMPOSE, candidates[0], candidates=candidates)
         return None
+
+
+def _custom_op_implementation(target: torch._ops.OpOverload) -> tuple[Callable[..., Any], ...]:
+    """The Python implementation of a ``torch.library.custom_op``, to trace like a decomposition."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    opdef = _maybe_get_opdef(target)
+    fn = getattr(opdef, "_init_fn", None)
+    return (fn,) if callable(fn) else ()
 
 
 def _expand_packets(custom: Mapping[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:

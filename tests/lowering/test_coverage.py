@@ -1,0 +1,339 @@
+"""Coverage mechanisms of irkit.lower: context regions, dtype reconciliation, decompositions.
+
+Each test exports a small module the way a user would, lowers it, runs it in onnxruntime (graph
+optimizations off) and compares with eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+import irkit
+from tests import helpers
+
+F = nn.functional
+
+
+def _check(module: nn.Module, *args: torch.Tensor, atol: float = 1e-5, functions=True):
+    module.eval()
+    ep = torch.export.export(module, args)
+    model = irkit.lower(ep, functions=functions)
+    outputs = helpers.run_ort(model, list(args))
+    with torch.no_grad():
+        expected = helpers.flatten_outputs(module(*args))
+    helpers.assert_close(outputs, expected, atol)
+    return model
+
+
+def _all_ops(model) -> set[str]:
+    ops = {n.op_type for n in model.graph}
+    for function in model.functions.values():
+        ops |= {n.op_type for n in function}
+    return ops
+
+
+# --- context regions -------------------------------------------------------------------------
+
+
+class Rotary(nn.Module):
+    """The transformers pattern: a ``@torch.no_grad()`` forward inside a model."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.arange(0, 8, 2).float() / 8)
+
+    @torch.no_grad()
+    def forward(self, x):
+        freqs = x[..., None] * self.inv_freq
+        return freqs.cos(), freqs.sin()
+
+
+class WithRegions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = Rotary()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        cos, sin = self.rotary(x)
+        with torch.enable_grad():
+            y = self.lin(cos.sum(-1))
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            z = sin.mean(-1) * 3
+        return y + z
+
+
+@pytest.mark.parametrize("functions", [True, False])
+def test_grad_mode_regions_are_inlined_with_their_module_scopes(functions):
+    module = WithRegions()
+    ep = torch.export.export(module.eval(), (torch.randn(3, 4),))
+    hops = [n for n in ep.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
+    assert hops, "the test must exercise wrap_with_set_grad_enabled"
+    model = _check(module, torch.randn(3, 4), functions=functions)
+    if functions:
+        # The rotary module inside the no_grad region is still a module call.
+        assert [n.op_type for n in model.graph if n.domain] == ["Rotary", "Linear"]
+    else:
+        assert not model.functions
+        scopes = {n.metadata_props.get("irkit.scope", "") for n in model.graph}
+        assert any("rotary" in s for s in scopes)
+
+
+class Autocast(nn.Module):
+    def __init__(self, enabled: bool):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.enabled = enabled
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=self.enabled):
+            y = self.lin(x)
+            with torch.autocast("cpu", enabled=False):
+                z = y.float() * 2
+            w = torch.softmax(y, -1)
+        return z + w.float()
+
+
+def test_autocast_casts_are_explicit_and_numbers_match_eager_under_autocast():
+    torch.manual_seed(0)
+    model = _check(Autocast(enabled=True), torch.randn(4, 8), atol=2e-3)
+    flat = irkit.inline(model)
+    gemm = next(n for n in flat.graph if n.op_type in ("Gemm", "MatMul"))
+    assert gemm.inputs[0].dtype == irkit_dtype("FLOAT16")
+    assert "Cast" in _all_ops(flat)
+
+
+def test_autocast_disabled_region_is_a_plain_inline():
+    model = _check(Autocast(enabled=False), torch.randn(4, 8))
+    assert "Cast" not in {n.op_type for n in irkit.inline(model).graph}
+
+
+def irkit_dtype(name: str):
+    import onnx_ir as ir
+
+    return getattr(ir.DataType, name)
+
+
+# --- dtype reconciliation --------------------------------------------------------------------
+
+
+class Promotions(nn.Module):
+    def forward(self, x):
+        n = x.shape[-1]
+        positions = torch.arange(n)
+        a = torch.log(positions / 16 + 1)  # int64 true division → float
+        b = x * positions  # float32 * int64
+        c = torch.sin(positions)  # float-only op on int64
+        d = torch.exp(x > 0)  # on bool
+        e = (x > 0).sum(-1)  # bool → int64 reduction
+        f = x.half() + x  # float16 + float32
+        return a + b + c + d, e, f
+
+
+def test_implicit_promotions_become_casts():
+    model = _check(Promotions(), torch.randn(3, 16))
+    outputs = {v.name: v.dtype for v in model.graph.outputs}
+    assert [str(d) for d in outputs.values()] == ["FLOAT", "INT64", "FLOAT"]
+
+
+def test_promotion_histogram_of_a_minimal_repro():
+    class M(nn.Module):
+        def forward(self, x):
+            return x * torch.arange(x.shape[-1])
+
+    model = _check(M(), torch.randn(2, 5))
+    casts = [n for n in model.graph if n.op_type == "Cast"]
+    mul = next(n for n in model.graph if n.op_type == "Mul")
+    # One cast of the arange's int64 to float feeds the Mul (plus Range's own input casts).
+    assert mul.inputs[1].producer().op_type == "Cast"
+    assert mul.inputs[1].producer().attributes["to"].value == 1
+    assert len(casts) >= 1
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.hardtanh(x, -1.0, 2.0),
+        lambda x: F.relu6(x),
+        lambda x: torch.log1p(x.abs()),
+        lambda x: torch.erf(x) + torch.expm1(x),
+        lambda x: torch.isnan(x),
+        lambda x: torch.addcmul(x, x, x, value=0.5),
+        lambda x: torch.lerp(x, x.flip(0), 0.3),
+        lambda x: F.mish(x) + F.selu(x) + F.logsigmoid(x) + F.hardswish(x),
+        lambda x: torch.round(x, decimals=2),
+        lambda x: torch.amax(x, dim=(0, 1)),
+    ],
+    ids=[
+        "hardtanh",
+        "relu6",
+        "log1p",
+        "erf_expm1",
+        "isnan",
+        "addcmul",
+        "lerp",
+        "activations",
+        "round_decimals",
+        "amax",
+    ],
+)
+def test_ops_that_used_to_crash_in_result_dtype_pinning(fn):
+    _check(_Fn(fn), torch.randn(4, 8))
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def test_mobilenet_block_with_relu6():
+    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6())
+    _check(block, torch.randn(1, 3, 8, 8), atol=1e-4)
+
+
+def test_split_with_unequal_sizes():
+    model = _check(_Fn(lambda x: x.split([4, 12], -1)), torch.randn(3, 16))
+    (split,) = [n for n in model.graph if n.op_type == "Split"]
+    assert len(split.outputs) == 2
+
+
+# --- inputs and outputs ----------------------------------------------------------------------
+
+
+class _Cache:
+    def __init__(self, keys, values):
+        self.keys, self.values = list(keys), list(values)
+
+
+pytree.register_pytree_node(
+    _Cache,
+    lambda c: (c.keys + c.values, len(c.keys)),
+    lambda xs, n: _Cache(list(xs)[:n], list(xs)[n:]),
+    flatten_with_keys_fn=lambda c: (
+        [(pytree.SequenceKey(i), v) for i, v in enumerate(c.keys + c.values)],
+        len(c.keys),
+    ),
+)
+
+
+class ReturnsCache(nn.Module):
+    def forward(self, x, use_cache=True):
+        out = x + 1
+        if not use_cache:
+            return {"out": out}
+        return {"out": out, "cache": _Cache([x * 2, x * 3], [x * 4, x * 5])}
+
+
+def test_custom_pytree_output_is_named_without_rebuilding_the_class():
+    x = torch.randn(2, 3)
+    ep = torch.export.export(ReturnsCache(), (x,), {"use_cache": True})
+    model = irkit.lower(ep)
+    assert [v.name for v in model.graph.outputs] == [
+        "out",
+        "cache_0",
+        "cache_1",
+        "cache_2",
+        "cache_3",
+    ]
+    # The Python constant use_cache=True was specialized away: it is not an ONNX input.
+    assert [v.name for v in model.graph.inputs] == ["x"]
+    expected = helpers.flatten_outputs(ReturnsCache()(x))
+    helpers.assert_close(helpers.run_ort(model, [x]), expected, 1e-6)
+
+
+# --- decompositions --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.var_mean(x, dim=1, correction=0),
+        lambda x: torch.std_mean(x, dim=1, correction=2),
+        lambda x: F.binary_cross_entropy_with_logits(x, x.sigmoid()),
+        lambda x: F.multilabel_margin_loss(x, torch.zeros_like(x, dtype=torch.long)),
+        lambda x: x.clone().zero_() + x,
+        lambda x: torch.fft.rfft(x).abs(),
+        lambda x: torch.view_as_real(torch.fft.fft(x)),
+        lambda x: torch.masked.mean(x, 1, mask=x > 0),
+    ],
+    ids=[
+        "var_mean",
+        "std_mean",
+        "bce_logits",
+        "multilabel_margin",
+        "zero_",
+        "rfft",
+        "fft",
+        "masked_mean",
+    ],
+)
+def test_every_decomposition_torch_has_is_tried(fn):
+    _check(_Fn(fn), torch.randn(4, 8), atol=1e-4)
+
+
+def test_unsupported_op_says_why_decomposing_did_not_help():
+    ep = torch.export.export(
+        _Fn(lambda x: F.adaptive_max_pool3d(x, 2)), (torch.randn(1, 1, 5, 5, 5),)
+    )
+    with pytest.raises(irkit.UnsupportedOpError) as info:
+        irkit.lower(ep)
+    assert [op[0] for op in info.value.ops] == ["aten::adaptive_max_pool3d.default"]
+    assert "decomposition" in info.value.reasons["aten::adaptive_max_pool3d.default"]
+    assert "decompositions did not help" in str(info.value)
+
+
+def test_random_ops_get_an_opset_onnxruntime_runs():
+    module = _Fn(lambda x: torch.randn_like(x) + x.clone().bernoulli_(0.5))
+    ep = torch.export.export(module, (torch.randn(4, 8),))
+    model = irkit.lower(ep)
+    assert model.opset_imports[""] == 21
+    (out,) = helpers.run_ort(model, [torch.randn(4, 8)])
+    assert out.shape == (4, 8) and out.dtype.name == "float32"
+    with pytest.raises(irkit.LoweringError, match=r"opset=21"):
+        irkit.lower(ep, opset=23)
+    assert irkit.lower(_export_plain()).opset_imports[""] == 23
+
+
+def _export_plain():
+    return torch.export.export(_Fn(lambda x: x + 1), (torch.randn(2),))
+
+
+@torch.library.custom_op("irkit_test_cov::grouped_mm", mutates_args=())
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    outs, start = [], 0
+    for i, n in enumerate(sizes):
+        outs.append(x[start : start + n] @ w[i])
+        start += n
+    return torch.cat(outs)
+
+
+@grouped_mm.register_fake
+def _(x, w, sizes):
+    return x.new_empty(x.shape[0], w.shape[-1])
+
+
+class MoEFallback(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 4, 3))
+
+    def forward(self, x):
+        return torch.ops.irkit_test_cov.grouped_mm(x, self.w, [2, 3]).relu()
+
+
+def test_custom_op_python_implementation_is_traced_only_when_asked():
+    x = torch.randn(5, 4)
+    module = MoEFallback()
+    ep = torch.export.export(module, (x,))
+    with pytest.raises(irkit.UnsupportedOpError):
+        irkit.lower(ep)
+    model = irkit.lower(ep, decompose_custom_ops=True)
+    expected = helpers.flatten_outputs(module(x))
+    helpers.assert_close(helpers.run_ort(model, [x]), expected, 1e-5)
