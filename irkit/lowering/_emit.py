@@ -67,6 +67,7 @@ class Emitter:
         self._output_names = output_names
         self._tensors_by_storage: dict[tuple[Any, ...], ir.Value] = {}
         self.env: Env = {}
+        self._required: dict[Any, frozenset[str]] = {}
         self._progress = progress
         self._handlers: Mapping[str, Callable[[_Frame, torch.fx.Node], None]] = {
             "placeholder": self._placeholder,
@@ -256,8 +257,8 @@ class Emitter:
                 outputs = self._region(frame, node)
             else:
                 args, kwargs = _convert_args(node, frame.env)
-                if choice.functional is not None:
-                    _fill_defaults(node.target, args, kwargs)
+                if choice.via is not Via.CUSTOM and isinstance(node.target, torch._ops.OpOverload):
+                    self._fill_defaults(choice.fn, node.target, args, kwargs)
                 with os_evaluator.default_as(self.recorder):
                     if choice.via is not Via.CUSTOM:
                         self._cast_inputs(node, args, kwargs)
@@ -281,6 +282,42 @@ class Emitter:
         frame.env[node] = outputs
         if choice.functional is not None:
             frame.env[node.args[0]] = outputs  # later reads of the mutated tensor see the result
+
+    def _fill_defaults(
+        self, fn: Any, target: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """Spell out schema defaults the node omitted where the lowering has no default.
+
+        ``amax(x)`` leaves ``dim=[]`` implicit and torchlib's ``aten_amax`` requires it;
+        ``bernoulli_.float(x)`` leaves ``p=0.5`` implicit and its functional counterpart
+        ``bernoulli.p`` has no default for ``p``.
+        """
+        required = self._required_params(fn)
+        if not required:
+            return
+        for i, arg in enumerate(target._schema.arguments):
+            if (
+                i >= len(args)
+                and arg.name in required
+                and arg.name not in kwargs
+                and arg.has_default_value()
+            ):
+                kwargs[arg.name] = arg.default_value
+
+    def _required_params(self, fn: Any) -> frozenset[str]:
+        """Names of ``fn``'s parameters without a default (cached per lowering)."""
+        cached = self._required.get(fn)
+        if cached is None:
+            func = getattr(fn, "func", None)
+            if func is not None or (callable(fn) and not hasattr(fn, "op_signature")):
+                params = self.recorder.python_signature(func or fn).parameters.values()
+                cached = frozenset(p.name for p in params if p.default is p.empty)
+            else:
+                cached = frozenset(
+                    p.name for p in fn.op_signature.params if p.required and not p.has_default()
+                )
+            self._required[fn] = cached
+        return cached
 
     def _cast_inputs(self, node: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> None:
         """Cast the inputs torch promotes to the dtype torch computes in (see ``_promotion``)."""
@@ -511,18 +548,6 @@ def _convert_args(node: torch.fx.Node, env: Env) -> tuple[list[Any], dict[str, A
     args = [_convert(a, env) for a in node.args]
     kwargs = {k: _convert(v, env) for k, v in node.kwargs.items()}
     return args, kwargs
-
-
-def _fill_defaults(target: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> None:
-    """Spell out the in-place op's schema defaults that its node omitted.
-
-    ``bernoulli_.float(x)`` leaves ``p=0.5`` implicit; its functional counterpart
-    ``bernoulli.p`` has no default for ``p``.
-    """
-    for i, arg in enumerate(target._schema.arguments):
-        if i < len(args) or arg.name in kwargs or not arg.has_default_value():
-            continue
-        kwargs[arg.name] = arg.default_value
 
 
 def _fx_inputs_flat(node: torch.fx.Node, env: Env) -> Iterator[Any]:

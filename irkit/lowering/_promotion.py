@@ -8,11 +8,12 @@ agree and many are float-only. For every lowered node, before its lowering runs,
 1. torch's own elementwise promotion rules, read off the reference implementations
    (``torch._refs``: which arguments promote, and the promotion kind), applied to the node's
    FakeTensor values; else
-2. for pointwise ops, every non-bool input that differs from a floating result is cast to the
+2. an op with a ``dtype`` argument and no tensor options (``sum``, ``cumsum``, ``softmax``)
+   computes in its result's dtype, so its input is cast to it (``sum`` of a bool mask); else
+3. for pointwise ops, every non-bool input that differs from a floating result is cast to the
    result's dtype (``div.Tensor`` on integers is true division); else
-3. for any other op with a floating result, floating inputs of another floating dtype are cast to
-   the result's dtype (autocast regions, mixed-precision norms); an op with an integer result
-   whose tensor inputs are all bool (``sum`` of a mask) computes in the result's dtype.
+4. for any other op with a floating result, floating inputs of another floating dtype are cast to
+   the result's dtype (autocast regions, mixed-precision norms).
 
 After the lowering, :func:`output_cast` tells when the ONNX value's dtype still differs from
 torch's result dtype (``ALWAYS_BOOL`` comparisons of promoted inputs, torchlib functions that
@@ -137,9 +138,10 @@ def input_casts(
         else:
             dtype = result.dtype
         return [place for place, a in _flat(args) if _differs(a, dtype)], dtype
-    pointwise = torch.Tag.pointwise in target.tags
-    if not result.dtype.is_floating_point:
-        return _bool_to_integer(node, result.dtype, pointwise)
+    places, dtype = _computes_in_dtype(node, result.dtype)
+    if dtype is not None or not result.dtype.is_floating_point:
+        return places, dtype
+    pointwise = torch.Tag.pointwise in target.tags or _pointwise_alias(target, node)
     places = []
     for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
@@ -150,21 +152,54 @@ def input_casts(
     return places, result.dtype if places else None
 
 
-def _bool_to_integer(
-    node: torch.fx.Node, dtype: torch.dtype, pointwise: bool
+def _computes_in_dtype(
+    node: torch.fx.Node, dtype: torch.dtype
 ) -> tuple[list[tuple[str | int, int | None]], torch.dtype | None]:
-    """A non-pointwise op whose tensor inputs are all bool and whose result is an integer
-    (``sum``, ``cumsum``, ``argmax`` of a mask) computes in the result's dtype."""
-    if pointwise or dtype == torch.bool or dtype.is_complex:
+    """An op with a ``dtype`` argument but no tensor options (``sum``, ``cumsum``, ``softmax``,
+    ``mean``) casts its input to that dtype before computing; so does the lowering."""
+    names = {a.name for a in node.target._schema.arguments}
+    if "dtype" not in names or "layout" in names or not node.args:
         return [], None
-    places = []
-    for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
-        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-        if isinstance(val, torch.Tensor):
-            if val.dtype != torch.bool:
-                return [], None
-            places.append(place)
-    return places, dtype if places else None
+    first = node.args[0]
+    val = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dtype == dtype or val.dtype.is_complex:
+        return [], None
+    return [(0, None)], dtype
+
+
+# What an op's kernel shows about it depends only on the op: a process-wide cache, like
+# ``functools.cache`` on ``_rule`` (the answer needs one node's fake inputs to trace).
+_POINTWISE_ALIAS: dict[torch._ops.OpOverload, bool] = {}
+
+
+def _pointwise_alias(target: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
+    """Whether ``target`` is a composite alias of one pointwise op (``divide`` is ``div``).
+
+    Aliases carry no tags; their ``CompositeImplicitAutograd`` kernel, traced once per op on the
+    node's fake inputs, shows the op they stand for.
+    """
+    memo = _POINTWISE_ALIAS
+    known = memo.get(target)
+    if known is not None:
+        return known
+    result = False
+    if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        from irkit.errors import LoweringError
+        from irkit.lowering._plan import trace_decomposition
+
+        try:
+            traced = trace_decomposition(node, target.decompose)
+        except LoweringError:
+            traced = None
+        if traced is not None:
+            ops = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+            result = (
+                len(ops) == 1
+                and isinstance(ops[0], torch._ops.OpOverload)
+                and (torch.Tag.pointwise in ops[0].tags)
+            )
+    memo[target] = result
+    return result
 
 
 def _flat(args: Sequence[tuple[str | int, Any]]) -> list[tuple[tuple[str | int, int | None], Any]]:

@@ -193,6 +193,21 @@ class _Fn(nn.Module):
         return self.fn(*args)
 
 
+@pytest.mark.parametrize(
+    "fn, x",
+    [
+        (lambda x: torch.amax(x), torch.randn(3, 4)),  # dim=[] left implicit by the node
+        (lambda x: torch.amin(x > 0), torch.randn(3, 4)),
+        (lambda x: torch.softmax(x, 0, dtype=torch.float32), torch.arange(12).reshape(3, 4)),
+        (lambda x: (x > 0).sum() + (x > 0).cumsum(0).sum(), torch.randn(3, 4)),
+        (lambda x: torch.masked.std(x, 1, mask=x > 0), torch.randn(3, 4)),  # aten.divide alias
+    ],
+    ids=["amax_default_dim", "amin_bool", "softmax_int_dtype", "sum_cumsum_bool", "masked_std"],
+)
+def test_schema_defaults_dtype_arguments_and_aliases(fn, x):
+    _check(_Fn(fn), x)
+
+
 def test_mobilenet_block_with_relu6():
     block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6())
     _check(block, torch.randn(1, 3, 8, 8), atol=1e-4)
