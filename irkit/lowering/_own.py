@@ -182,6 +182,9 @@ def own_lowerings(
     table = {
         aten._assert_tensor_metadata.default: OwnLowering(_no_output),
         aten._assert_scalar.default: OwnLowering(_no_output),
+        aten._assert_async.default: OwnLowering(_no_output),
+        aten._assert_async.msg: OwnLowering(_no_output),
+        aten.sym_constrain_range_for_size.default: OwnLowering(_no_output),
         aten.to.dtype: OwnLowering(_to_dtype),
         aten.to.dtype_layout: OwnLowering(_to_dtype_layout),
         aten.to.device: OwnLowering(_to_device),

@@ -87,7 +87,13 @@ def make_plan(graph: torch.fx.Graph, table: LoweringTable) -> Plan:
     return plan
 
 
-def _plan_graph(graph: torch.fx.Graph, table: LoweringTable, missing: _Missing, depth: int) -> Plan:
+def _plan_graph(
+    graph: torch.fx.Graph,
+    table: LoweringTable,
+    missing: _Missing,
+    depth: int,
+    decomposing: frozenset[Any] = frozenset(),
+) -> Plan:
     plan = Plan()
     for node in graph.nodes:
         if node.op != "call_function":
@@ -102,10 +108,10 @@ def _plan_graph(graph: torch.fx.Graph, table: LoweringTable, missing: _Missing, 
         if choice.via is Via.REGION:
             body = region_body(node, region_op(node.target))
             plan.decompositions[node] = Decomposition(
-                body, _plan_graph(body.graph, table, missing, depth)
+                body, _plan_graph(body.graph, table, missing, depth, decomposing)
             )
         elif choice.via is Via.DECOMPOSE:
-            found = _plan_decomposition(node, choice, table, depth)
+            found = _plan_decomposition(node, choice, table, depth, decomposing)
             if isinstance(found, Decomposition):
                 plan.decompositions[node] = found
             else:
@@ -124,11 +130,18 @@ def _functional_choice(node: torch.fx.Node, choice: Choice, table: LoweringTable
 
 
 def _plan_decomposition(
-    node: torch.fx.Node, choice: Choice, table: LoweringTable, depth: int
+    node: torch.fx.Node,
+    choice: Choice,
+    table: LoweringTable,
+    depth: int,
+    decomposing: frozenset[Any],
 ) -> Decomposition | str:
     """The first of torch's decompositions of ``node`` that lowers entirely, or why none did."""
     if depth >= _MAX_DECOMPOSITION_DEPTH:
         return f"decompositions nest deeper than {_MAX_DECOMPOSITION_DEPTH} levels"
+    if node.target in decomposing:
+        return "its decomposition leads back to itself"
+    decomposing = decomposing | {node.target}
     reasons = []
     for fn in choice.candidates or (choice.fn,):
         try:
@@ -137,7 +150,7 @@ def _plan_decomposition(
             reasons.append(f"tracing a decomposition failed ({_first_line(exc.__cause__ or exc)})")
             continue
         sub_missing = _Missing()
-        sub_plan = _plan_graph(gm.graph, table, sub_missing, depth + 1)
+        sub_plan = _plan_graph(gm.graph, table, sub_missing, depth + 1, decomposing)
         if not sub_missing:
             return Decomposition(gm, sub_plan)
         inner = ", ".join(
@@ -168,7 +181,9 @@ def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    # FX keeps arguments in immutable lists; a decomposition may edit its list arguments.
+    args, kwargs = _mutable(node.args), _mutable(node.kwargs)
+    flat, spec = pytree.tree_flatten((args, kwargs))
     is_node = [isinstance(a, torch.fx.Node) for a in flat]
     fakes = [a.meta["val"] for a, n in zip(flat, is_node, strict=False) if n]
 
@@ -196,6 +211,16 @@ def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx
             target=_op_name(node.target),
             source=node_location(node),
         ) from exc
+
+
+def _mutable(arg: Any) -> Any:
+    if isinstance(arg, dict):
+        return {k: _mutable(v) for k, v in arg.items()}
+    if isinstance(arg, list):  # FX's immutable_list too
+        return [_mutable(a) for a in arg]
+    if isinstance(arg, tuple):
+        return tuple(_mutable(a) for a in arg)
+    return arg
 
 
 def _is_view(target: Any) -> bool:

@@ -107,15 +107,21 @@ def _functional_counterpart(target: torch._ops.OpOverload) -> torch._ops.OpOverl
     namespace, _, name = schema.name.partition("::")
     if not (schema.is_mutable and name.endswith("_") and not name.endswith("__")):
         return None
-    packet = getattr(getattr(torch.ops, namespace, None), name[:-1], None)
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        return None
     wanted = _signature_key(schema)
-    overloads = [getattr(packet, o) for o in packet.overloads()]
-    by_name = getattr(packet, schema.overload_name or "default", None)
-    if by_name is not None and _signature_key(by_name._schema) == wanted:
-        return by_name
-    return next((o for o in overloads if _signature_key(o._schema) == wanted), None)
+    # ``add_`` → ``add``; ``normal_`` → ``normal_functional`` (torch's name where ``normal``
+    # means something else).
+    for base in (name[:-1], f"{name[:-1]}_functional"):
+        packet = getattr(getattr(torch.ops, namespace, None), base, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        by_name = getattr(packet, schema.overload_name or "default", None)
+        if by_name is not None and _signature_key(by_name._schema) == wanted:
+            return by_name
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+        found = next((o for o in overloads if _signature_key(o._schema) == wanted), None)
+        if found is not None:
+            return found
+    return None
 
 
 def _signature_key(schema: Any) -> tuple[tuple[str, str], ...]:

@@ -200,12 +200,33 @@ class _Fn(nn.Module):
         (lambda x: torch.amin(x > 0), torch.randn(3, 4)),
         (lambda x: torch.softmax(x, 0, dtype=torch.float32), torch.arange(12).reshape(3, 4)),
         (lambda x: (x > 0).sum() + (x > 0).cumsum(0).sum(), torch.randn(3, 4)),
-        (lambda x: torch.masked.std(x, 1, mask=x > 0), torch.randn(3, 4)),  # aten.divide alias
+        (lambda x: torch.masked.std(x, 1, mask=x > 0.1), torch.rand(3, 4) + 0.2),  # aten.divide
     ],
     ids=["amax_default_dim", "amin_bool", "softmax_int_dtype", "sum_cumsum_bool", "masked_std"],
 )
 def test_schema_defaults_dtype_arguments_and_aliases(fn, x):
     _check(_Fn(fn), x)
+
+
+@pytest.mark.parametrize(
+    "fn, x",
+    [
+        (lambda x: F.one_hot(x, 5), torch.tensor([1, 2, 0])),  # its decomposition asserts
+        (  # the decomposition edits its list argument
+            lambda x: torch.ops.aten._unsafe_masked_index(x, x > 0, [torch.tensor([0, 2, 1])], 0.0),
+            torch.randn(3),
+        ),
+    ],
+    ids=["one_hot", "unsafe_masked_index"],
+)
+def test_decompositions_with_assertions_and_list_arguments(fn, x):
+    _check(_Fn(fn), x)
+
+
+def test_in_place_random_op_named_differently_from_its_functional_form():
+    ep = torch.export.export(_Fn(lambda x: x.clone().normal_(2.0, 0.5)), (torch.randn(64),))
+    (out,) = helpers.run_ort(irkit.lower(ep), [torch.randn(64)])
+    assert out.shape == (64,) and abs(float(out.mean()) - 2.0) < 0.5
 
 
 def test_mobilenet_block_with_relu6():
