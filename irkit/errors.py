@@ -12,6 +12,7 @@ __all__ = [
     "IrkitError",
     "UnsupportedOpError",
     "LoweringError",
+    "LoweringOptionsError",
     "OutlineError",
     "RuleDefinitionError",
     "RewriteError",
@@ -79,6 +80,11 @@ class LoweringError(IrkitError):
         if source:
             where += f" at {source}"
         super().__init__(f"{where}: {message}")
+
+
+class LoweringOptionsError(IrkitError):
+    """:func:`irkit.lower` was called with something it cannot use: not an ``ExportedProgram``,
+    an opset out of range, or name lists of the wrong length."""
 
 
 class OutlineError(IrkitError):

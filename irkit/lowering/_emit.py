@@ -12,7 +12,7 @@ import torch
 from onnxscript import evaluator as os_evaluator
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from irkit.errors import IrkitError, LoweringError
+from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
 from irkit.lowering._plan import Decomposition, Plan
 from irkit.lowering._promotion import input_casts, output_cast
 from irkit.lowering._recorder import Recorder, call_lowering
@@ -228,7 +228,14 @@ class Emitter:
         if isinstance(result, torch.fx.Node):
             value = frame.env[result]
             if not isinstance(value, ir.Value):
-                raise IrkitError(f"output {name!r} is not a tensor ({type(value).__name__})")
+                raise LoweringError(
+                    f"output {name!r} is a {type(value).__name__}, not a tensor; ONNX outputs "
+                    "are tensors. Fix: return tensors from the exported module.",
+                    fx_node=result.name,
+                    target="output",
+                    module_path=module_path(result),
+                    source=node_location(result),
+                )
             return value
         with os_evaluator.default_as(self.recorder):
             value = self.recorder.constant(result, None)
@@ -484,7 +491,7 @@ class Emitter:
 
 def _check_names(what: str, names: Sequence[str] | None, expected: int) -> Sequence[str] | None:
     if names is not None and len(names) != expected:
-        raise IrkitError(
+        raise LoweringOptionsError(
             f"{what} has {len(names)} names but the program has {expected}. "
             f"Fix: pass exactly {expected} names (or None)."
         )

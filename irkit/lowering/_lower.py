@@ -15,7 +15,7 @@ from onnxscript import values as osv
 from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 
 from irkit import metadata
-from irkit.errors import IrkitError, LoweringError
+from irkit.errors import LoweringError, LoweringOptionsError
 from irkit.hierarchy import outline
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
@@ -52,14 +52,17 @@ def lower_program(
 ) -> ir.Model:
     """See :func:`irkit.lower`."""
     if not isinstance(exported_program, torch.export.ExportedProgram):
-        raise IrkitError(
+        raise LoweringOptionsError(
             f"irkit.lower expects a torch.export.ExportedProgram, got "
             f"{type(exported_program).__name__}. Fix: call torch.export.export(model, args) first."
         )
     opset_arg = opset
     opset = DEFAULT_OPSET if opset is None else opset
     if opset < _MIN_OPSET:
-        raise IrkitError(f"opset {opset} is too old; irkit supports opset >= {_MIN_OPSET}.")
+        raise LoweringOptionsError(
+            f"opset {opset} is too old; irkit supports opset >= {_MIN_OPSET}. "
+            f"Fix: pass opset={_MIN_OPSET} or newer (default {DEFAULT_OPSET})."
+        )
     start = time.perf_counter()
     table = LoweringTable(custom_lowerings, decompose_custom_ops=decompose_custom_ops)
     ep = exported_program
@@ -178,7 +181,7 @@ def _convert_opset(model: ir.Model, opset: int) -> None:
     try:
         convert_version(model, opset, fallback=True)
     except Exception as exc:
-        raise IrkitError(
+        raise LoweringOptionsError(
             f"could not convert the model from opset {TORCHLIB_OPSET} to opset {opset}: {exc}. "
             f"Fix: use opset >= {TORCHLIB_OPSET}."
         ) from exc

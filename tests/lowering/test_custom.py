@@ -31,16 +31,26 @@ def test_custom_lowering_of_torch_library_ops_end_to_end():
         custom_lowerings={
             torch.ops.irkit_test.frob.default: frob,
             torch.ops.irkit_test.twiddle: twiddle,  # a packet means every overload
-        }, functions=False)
+        },
+        functions=False,
+    )
     _check(module, args, model)
-    assert helpers.op_histogram(model.graph) == {"Add": 3, "CastLike": 5, "Constant": 5, "Mul": 2, "Relu": 1}
+    assert helpers.op_histogram(model.graph) == {
+        "Add": 3,
+        "CastLike": 5,
+        "Constant": 5,
+        "Mul": 2,
+        "Relu": 1,
+    }
 
 
 def test_custom_lowering_wins_over_torchlib():
     module, args = torch.nn.ReLU(), (torch.randn(3, 4),)
     model = irkit.lower(
         torch.export.export(module, args),
-        custom_lowerings={torch.ops.aten.relu.default: lambda x: op.Max(x, op.CastLike(0.0, x))}, functions=False)
+        custom_lowerings={torch.ops.aten.relu.default: lambda x: op.Max(x, op.CastLike(0.0, x))},
+        functions=False,
+    )
     assert helpers.op_histogram(model.graph) == {"CastLike": 1, "Constant": 1, "Max": 1}
     _check(module, args, model)
 
@@ -48,7 +58,7 @@ def test_custom_lowering_wins_over_torchlib():
 class InPlace(torch.nn.Module):
     def forward(self, x):
         y = x * 2
-        y.add_(1)          # mutates a fresh intermediate: lowered by renaming
+        y.add_(1)  # mutates a fresh intermediate: lowered by renaming
         y.mul_(y)
         return y + x
 
@@ -66,7 +76,7 @@ def test_inplace_ops_on_intermediates_are_renamed_not_functionalized(caplog):
 class InPlaceOnView(torch.nn.Module):
     def forward(self, x):
         y = x.clone()
-        y[0].add_(10)      # mutates a view: y changes too
+        y[0].add_(10)  # mutates a view: y changes too
         return y * 1
 
 
@@ -93,7 +103,9 @@ def test_decomposition_is_per_node_and_only_where_needed(caplog):
     # The decomposition's nodes carry the FX node they came from.
     from irkit import metadata
 
-    assert {n.metadata_props[metadata.FX_NODE] for n in model.graph if n.op_type != "Relu"} == {"diff"}
+    assert {n.metadata_props[metadata.FX_NODE] for n in model.graph if n.op_type != "Relu"} == {
+        "diff"
+    }
 
 
 def test_batch_norm_and_adaptive_pool_own_lowerings():

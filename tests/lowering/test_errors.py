@@ -81,12 +81,14 @@ def test_lowering_error_names_node_module_and_source_and_chains_cause():
 
 
 def test_not_an_exported_program():
-    with pytest.raises(irkit.IrkitError, match="torch.export.export"):
+    with pytest.raises(irkit.LoweringOptionsError, match="torch.export.export"):
         irkit.lower(torch.nn.Linear(2, 2))
 
 
 def test_wrong_number_of_input_names():
-    with pytest.raises(irkit.IrkitError, match="input_names has 2 names but the program has 1"):
+    with pytest.raises(
+        irkit.LoweringOptionsError, match="input_names has 2 names but the program has 1"
+    ):
         irkit.lower(zoo.export("mlp"), input_names=["a", "b"])
 
 

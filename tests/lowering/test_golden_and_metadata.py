@@ -52,21 +52,31 @@ def test_nodes_carry_scope_with_call_index_fx_name_and_source():
     first = metadata.node_scope(by_fx["linear"].metadata_props)
     second = metadata.node_scope(by_fx["linear_2"].metadata_props)
     cls = f"{zoo.__name__}.MLP"
-    assert first == (metadata.Frame("a", 0, cls), metadata.Frame("a.fc1", 0, "torch.nn.modules.linear.Linear"))
-    assert second == (metadata.Frame("a", 1, cls), metadata.Frame("a.fc1", 1, "torch.nn.modules.linear.Linear"))
+    assert first == (
+        metadata.Frame("a", 0, cls),
+        metadata.Frame("a.fc1", 0, "torch.nn.modules.linear.Linear"),
+    )
+    assert second == (
+        metadata.Frame("a", 1, cls),
+        metadata.Frame("a.fc1", 1, "torch.nn.modules.linear.Linear"),
+    )
     assert second[-1].call_id == "a.fc1@1"
     assert metadata.node_scope(by_fx["mul"].metadata_props) == ()  # the root module's own op
     line = inspect.getsourcelines(Repeat.forward)[1] + 1
     assert by_fx["mul"].metadata_props[metadata.SOURCE] == f"{__file__}:{line}"
     assert by_fx["linear"].metadata_props[metadata.FX_TARGET] == "aten.linear.default"
     for node in model.graph:
-        assert {metadata.SCOPE, metadata.FX_NODE, metadata.FX_TARGET, metadata.SOURCE} <= set(node.metadata_props)
+        assert {metadata.SCOPE, metadata.FX_NODE, metadata.FX_TARGET, metadata.SOURCE} <= set(
+            node.metadata_props
+        )
 
 
 def test_metadata_survives_save_and_load(tmp_path):
     model = irkit.lower(torch.export.export(Repeat(), (torch.randn(2, 4),)))
     loaded = irkit.load(irkit.save(model, tmp_path / "m.onnx"))
-    assert [dict(n.metadata_props) for n in loaded.graph] == [dict(n.metadata_props) for n in model.graph]
+    assert [dict(n.metadata_props) for n in loaded.graph] == [
+        dict(n.metadata_props) for n in model.graph
+    ]
 
 
 def test_save_is_byte_identical_across_runs(tmp_path):
@@ -80,7 +90,9 @@ def test_external_data_on_request(tmp_path):
     path = irkit.save(model, tmp_path / "ext.onnx", external_data=True)
     # onnx-ir keeps tensors under 256 bytes inline; the weight matrices go to the side file.
     assert (tmp_path / "ext.onnx.data").stat().st_size == sum(
-        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value.nbytes >= 256
+        v.const_value.nbytes
+        for v in model.graph.initializers.values()
+        if v.const_value.nbytes >= 256
     )
     outputs = helpers.run_ort(path, zoo.load("mlp").args)
     helpers.assert_close(outputs, helpers.flatten_outputs(zoo.load("mlp").eager()), 1e-5)

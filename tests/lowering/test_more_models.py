@@ -15,7 +15,9 @@ def test_more_models_match_eager(name):
     zm = zoo.load(name)
     model = irkit.lower(zoo.export(name))
     inputs = list(zm.args) + list(zm.kwargs.values())
-    helpers.assert_close(helpers.run_ort(model, inputs), helpers.flatten_outputs(zm.eager()), helpers.FP32_ATOL)
+    helpers.assert_close(
+        helpers.run_ort(model, inputs), helpers.flatten_outputs(zm.eager()), helpers.FP32_ATOL
+    )
 
 
 def test_t5_uses_inplace_renaming_and_a_per_node_decomposition():
@@ -23,7 +25,11 @@ def test_t5_uses_inplace_renaming_and_a_per_node_decomposition():
     table = LoweringTable(None)
     vias = {n.name: table.choose(n).via for n in ep.graph.nodes if n.op == "call_function"}
     assert vias["add_"] is Via.INPLACE
-    assert [name for name, via in vias.items() if via is Via.DECOMPOSE] == ["min_1", "min_2", "min_3"]
+    assert [name for name, via in vias.items() if via is Via.DECOMPOSE] == [
+        "min_1",
+        "min_2",
+        "min_3",
+    ]
 
 
 class ComplexSquare(torch.nn.Module):
