@@ -145,6 +145,9 @@ def input_casts(
     places = []
     for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if pointwise and isinstance(val, (torch.SymInt, torch.SymFloat)):
+            places.append(place)  # ``x / x.size(0)``: the emitter casts the ONNX scalar
+            continue
         if not isinstance(val, torch.Tensor) or val.dtype == result.dtype or val.dtype.is_complex:
             continue
         if val.dtype.is_floating_point or (pointwise and val.dtype != torch.bool):

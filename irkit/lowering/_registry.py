@@ -133,20 +133,23 @@ def _signature_key(schema: Any) -> tuple[tuple[str, str], ...]:
 def decompositions(target: Any) -> tuple[Callable[..., Any], ...]:
     """Every decomposition torch has for ``target``, in the order the planner tries them.
 
-    torch's decomposition table (``torch._decomp``, including the Python references), the
-    op's ``CompositeImplicitAutograd`` kernel (aten-level), and a primitive's aten
-    implementation (``prims.*``, which the references decompose into).
+    The op's ``CompositeImplicitAutograd`` kernel (aten-level), torch's decomposition table
+    (``torch._decomp``, including the Python references), and a primitive's aten implementation
+    (``prims.*``, which the references decompose into).
     """
     from torch._decomp import decomposition_table
 
     if not isinstance(target, torch._ops.OpOverload):
         return ()
     found: list[Callable[..., Any]] = []
+    # Composite kernels first: they decompose into aten ops, which torchlib covers best; the
+    # table's Python references often decompose into primitives (``fft_fft`` → ``prims.fft_r2c``
+    # and a complex scaling, where the aten kernel keeps ``_fft_r2c(normalization=…)``).
+    if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        found.append(target.decompose)
     fn = decomposition_table.get(target)
     if fn is not None:
         found.append(fn)
-    if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
-        found.append(target.decompose)
     impl_aten = getattr(target, "impl_aten", None)  # torch._prims primitives
     if callable(impl_aten):
         found.append(impl_aten)

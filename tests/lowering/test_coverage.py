@@ -153,6 +153,18 @@ def test_promotion_histogram_of_a_minimal_repro():
     assert len(casts) >= 1
 
 
+def test_division_by_a_symbolic_size():
+    class Mean(nn.Module):
+        def forward(self, x):
+            return x.sum(0) / x.size(0) + x.shape[1] * x.mean()
+
+    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("width")},)
+    ep = torch.export.export(Mean(), (torch.randn(5, 3),), dynamic_shapes=dims)
+    model = irkit.lower(ep)
+    for x in (torch.randn(5, 3), torch.randn(7, 4)):
+        helpers.assert_close(helpers.run_ort(model, [x]), [Mean()(x).numpy()], 1e-5)
+
+
 @pytest.mark.parametrize(
     "fn",
     [
