@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from irkit import errors, metadata
 from irkit._io import check, load, save
+from irkit._pipeline import optimize
 from irkit.errors import (
     FixedPointError,
     IrkitError,
@@ -45,7 +46,6 @@ from irkit.rewriting import (
     fail,
     node_rule,
     op,
-    optimize,
     optional,
     rewrite,
     var,

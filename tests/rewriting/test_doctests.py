@@ -10,7 +10,7 @@ import pytest
 MODULES = [
     "irkit.rewriting.pattern", "irkit.rewriting.builder", "irkit.rewriting.rule",
     "irkit.rewriting.apply", "irkit.rewriting.module_rule", "irkit.rewriting.optimize",
-    "irkit.rewriting.checks", "rewrites",
+    "irkit.rewriting.checks", "irkit.rewriting.report", "irkit.rules", "irkit._pipeline",
 ]
 
 

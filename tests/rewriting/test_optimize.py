@@ -16,7 +16,7 @@ from tests.rewriting import util
 def _optimized(name: str, **kwargs):
     zm = zoo.load(name)
     model = irkit.lower(zoo.export(name), functions=False)
-    report = irkit.optimize(model, **kwargs)
+    report = util.optimize(model, **kwargs)
     util.assert_valid(model)
     out = run_ort(model, [a.numpy() for a in zm.args])
     assert_close(out, flatten_outputs(zm.eager()), FP32_ATOL)
@@ -68,7 +68,7 @@ def test_llama_after_outlining_fuses_inside_the_shared_body():
     model = irkit.lower(zoo.export("llama"), functions=False)
     irkit.outline(model)
     functions_before = set(model.functions)
-    report = irkit.optimize(model)
+    report = util.optimize(model)
     assert report.fired["RMSNormalization"] == 1
     assert report.rules["RMSNormalization"].where == {
         "transformers.models.llama::LlamaRMSNorm": 1
@@ -94,7 +94,7 @@ def test_zoo_models_stay_correct(name, fired):
     """Valid, same numbers as eager PyTorch, and the expected fusions fired (dynamic dims too)."""
     zm = zoo.load(name)
     model = irkit.lower(zoo.export(name), functions=False)
-    report = irkit.optimize(model)
+    report = util.optimize(model)
     util.assert_valid(model)
     for rule, count in fired.items():
         assert report.fired[rule] == count

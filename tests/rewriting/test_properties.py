@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import irkit
-import rewrites
+from irkit import rules as library
 from tests.rewriting import util
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True)
@@ -23,7 +23,7 @@ def _check(text: str, expect_rule: str | None, opset: int) -> None:
     m = util.model(f'<ir_version: 10, opset_import: ["" : {opset}]>\n' + text)
     m = util.infer_shapes(m)
     before = util.clone(m)
-    report = irkit.rewrite(m, rewrites.default_rules())
+    report = util.rewrite(m, library.default_rules())
     if expect_rule:
         assert report.rules[expect_rule].fired == 1, str(report)
     util.assert_valid(m)

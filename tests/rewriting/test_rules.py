@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import irkit
-import rewrites
+from irkit import rules as library
 from tests.rewriting import util
 
 H = '<ir_version: 10, opset_import: ["" : {opset}]>'
@@ -18,7 +18,7 @@ def _m(body: str, opset: int = 18):
 def fire(m, rule_name: str, expect_ops: dict[str, int], golden: str | None = None):
     """Apply the default rules; the named rule fires, numbers agree, the graph stays valid."""
     before = util.clone(m)
-    report = irkit.rewrite(m, rewrites.default_rules())
+    report = util.rewrite(m, library.default_rules())
     assert report.rules[rule_name].fired >= 1, str(report)
     assert util.ops(m) == expect_ops
     util.assert_valid(m)
@@ -29,7 +29,7 @@ def fire(m, rule_name: str, expect_ops: dict[str, int], golden: str | None = Non
 
 
 def no_fire(m, rule_name: str, reason: str):
-    report = irkit.rewrite(m, rewrites.default_rules())
+    report = util.rewrite(m, library.default_rules())
     stats = report.rules[rule_name]
     assert stats.fired == 0 and stats.tried >= 1
     assert reason in stats.failures, dict(stats.failures)
@@ -205,7 +205,7 @@ def test_gelu_wrong_constant():
 
 def test_gelu_capped_by_target_opset():
     m = _m(GELU_ERF, opset=20)
-    report = irkit.rewrite(m, rewrites.gelu.rules, max_opset=18)
+    report = util.rewrite(m, library.gelu.rules, max_opset=18)
     assert report.rules["GeluErf"].failures == {"needs opset >= 20, target caps 18": 3}
 
 

@@ -10,9 +10,25 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+import irkit
+from irkit.rewriting import RewriteReport
 from tests.helpers import run_ort
 
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "rewriting"
+
+
+def rewrite(m: ir.Model, rules, **kwargs) -> RewriteReport:  # noqa: ANN001
+    """``irkit.rewrite`` (in place), returning the report it fills."""
+    report = RewriteReport()
+    assert irkit.rewrite(m, rules, report=report, **kwargs) is m
+    return report
+
+
+def optimize(m: ir.Model, **kwargs) -> RewriteReport:
+    """``irkit.optimize`` (in place), returning the report it fills."""
+    report = RewriteReport()
+    assert irkit.optimize(m, report=report, **kwargs) is m
+    return report
 
 
 def model(text: str) -> ir.Model:

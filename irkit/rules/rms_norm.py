@@ -15,8 +15,7 @@ with ``keepdims=1``; ``eps`` a scalar constant; ``w`` has exactly the normalized
 from __future__ import annotations
 
 from irkit.rewriting import Const, Rule, RuleSet, attr, either, fail, op, optional, var
-from irkit.rewriting.checks import dims, is_float, same_dims, scalar
-from rewrites.layer_norm import reduced_axis
+from irkit.rewriting.checks import dims, is_float, reduced_axis, same_dims, scalar
 
 x, eps, w, ax = var("x"), var("eps"), var("w"), var("ax")
 

@@ -15,10 +15,8 @@ normalized shape ``x.shape[axis:]`` (LayerNormalization does not broadcast them)
 
 from __future__ import annotations
 
-import onnx_ir as ir
-
 from irkit.rewriting import Rule, RuleSet, attr, either, fail, op, optional, var
-from irkit.rewriting.checks import const_ints, dims, is_float, same_dims, scalar
+from irkit.rewriting.checks import dims, is_float, reduced_axis, same_dims, scalar
 
 x, eps, w, b = var("x"), var("eps"), var("w"), var("b")
 ax1, ax2 = var("ax1"), var("ax2")
@@ -29,19 +27,6 @@ _VAR = op.ReduceMean(either(op.Pow(_D, 2.0), op.Mul(_D, _D)), optional(ax2), axe
                      keepdims=1)
 _STD = op.Sqrt(op.Add(_VAR, eps))
 _NORMED = either(op.Div(_D, _STD), op.Mul(_D, op.Reciprocal(_STD)))
-
-
-def reduced_axis(x: ir.Value, axes_in, axes_attr):  # noqa: ANN001
-    """The first axis if ``axes`` (input or attribute) are exactly the trailing axes, else a failure."""
-    axes = const_ints(axes_in) if axes_in is not None else (
-        list(axes_attr) if axes_attr is not None else None)
-    if axes is None:
-        return fail("reduction axes are not constant", axes_in)
-    r = len(x.shape)  # type: ignore[arg-type]
-    norm = sorted(a % r for a in axes)
-    if not norm or norm != list(range(norm[0], r)):
-        return fail(f"axes {axes} are not the trailing axes of a rank-{r} input", axes_in)
-    return norm[0]
 
 
 def _check(x, ax1, axes1, ax2, axes2, eps, w, b):  # noqa: ANN001
