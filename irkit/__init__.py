@@ -14,15 +14,20 @@ from __future__ import annotations
 
 from irkit import errors, metadata
 from irkit._io import check, load, save
+from irkit._lint import lint
 from irkit._pipeline import optimize
 from irkit.errors import (
+    CheckError,
     FixedPointError,
     IrkitError,
     LoweringError,
+    MetadataError,
     ModelLoadError,
     OutlineError,
     RewriteError,
     RuleDefinitionError,
+    SaveError,
+    UnknownRuleError,
     UnsupportedOpError,
 )
 from irkit.hierarchy import (
@@ -36,6 +41,7 @@ from irkit.hierarchy import (
 )
 from irkit.lowering import lower
 from irkit.rewriting import (
+    Const,
     ModuleRule,
     NodeRule,
     RewriteReport,
@@ -65,6 +71,7 @@ __all__ = [
     "save",
     "load",
     "check",
+    "lint",
     "rewrite",
     "optimize",
     "Rule",
@@ -73,6 +80,7 @@ __all__ = [
     "node_rule",
     "ModuleRule",
     "RewriteReport",
+    "Const",
     "op",
     "var",
     "attr",
@@ -89,4 +97,8 @@ __all__ = [
     "RewriteError",
     "FixedPointError",
     "ModelLoadError",
+    "SaveError",
+    "CheckError",
+    "MetadataError",
+    "UnknownRuleError",
 ]

@@ -17,7 +17,7 @@ import onnx_ir as ir
 from irkit import rules as library
 from irkit.errors import RewriteError
 from irkit.rewriting import BaseRule, RewriteReport, RuleSet
-from irkit.rewriting.optimize import optimize_with
+from irkit.rewriting._optimize import optimize_with
 
 __all__ = ["Target", "TARGETS", "optimize"]
 

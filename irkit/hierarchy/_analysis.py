@@ -164,9 +164,9 @@ class Dataflow:
 
     def __init__(self, nodes: Sequence[ir.Node]):
         self.order: list[ir.Node | None] = list(nodes)
-        self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
+        self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(nodes)}
         self.reordered = False
-        self.control_flow: set[ir.Node] = {n for n in self.order if has_subgraph(n)}
+        self.control_flow: set[ir.Node] = {n for n in nodes if has_subgraph(n)}
         self._owner: dict[ir.Node, ir.Node] = {}  # node inside a subgraph → its top-level node
         for node in self.control_flow:
             for graph in _subgraphs(node):

@@ -128,7 +128,7 @@ def localize_constants(graph: ir.Graph, cones: dict[ir.Node, int] | None = None)
                     used_names = {v.name for n in graph for v in n.outputs if v.name}
                     used_names |= {n.name for n in graph if n.name}
                 copy, made = _copy(graph, producer, scope, copies, used_names, before=node)
-                node.replace_input_with(use.idx, copy.outputs[value.index()])
+                node.replace_input_with(use.idx, copy.outputs[value.index() or 0])
                 count += made
     if not count and not dead:
         return 0
@@ -150,14 +150,15 @@ def _copy(
     key = (node, scope)
     if key in copies:
         return copies[key], 0
-    made, inputs = 1, []
+    made, inputs = 1, list[ir.Value | None]()
     for value in node.inputs:
-        if value is None:
-            inputs.append(None)
+        producer = value.producer() if value is not None else None
+        if value is None or producer is None:  # (a cone's inputs are produced in it)
+            inputs.append(value)
             continue
-        copy, n = _copy(graph, value.producer(), scope, copies, used_names, before)
+        copy, n = _copy(graph, producer, scope, copies, used_names, before)
         made += n
-        inputs.append(copy.outputs[value.index()])
+        inputs.append(copy.outputs[value.index() or 0])
     meta = dict(node.metadata_props)
     meta[md.SCOPE] = scope
     clone = ir.Node(

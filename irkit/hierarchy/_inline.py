@@ -8,7 +8,6 @@ of ``layers.0``'s function carries ``layers.0.*`` scopes; inlined at ``layers.5`
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -27,8 +26,7 @@ logger = logging.getLogger(__name__)
 
 def call_frame(node: ir.Node) -> md.Frame | None:
     """The module call a function-call node stands for (its ``irkit.call``), or None."""
-    text = node.metadata_props.get(md.CALL_MODULE)
-    return md.Frame.from_json(json.loads(text)) if text else None
+    return md.node_call(node.metadata_props)
 
 
 def reroot_scope(scope: Scope, origin: Scope, site: Scope) -> Scope:
@@ -172,7 +170,17 @@ def _instantiate(
             new.type, new.shape = old.type, old.shape
             vmap[old] = new
         new_nodes.append(clone)
-    return new_nodes, [vmap[v] for v in function.outputs]
+    outputs: list[ir.Value] = []
+    for v in function.outputs:
+        mapped = vmap[v]
+        if mapped is None:
+            raise OutlineError(
+                f"Call node {call.name!r}: output {v.name!r} of function "
+                f"{function.domain}::{function.name} is an input the call omits; it cannot be "
+                "inlined. Fix: pass that input."
+            )
+        outputs.append(mapped)
+    return new_nodes, outputs
 
 
 def _fresh(name: str | None, used: set[str]) -> str | None:

@@ -38,9 +38,8 @@ __all__ = ["outline", "CallSignatures", "OutlineWarning", "function_domain"]
 
 logger = logging.getLogger(__name__)
 
-CallSignatures = Mapping[str, tuple[Sequence[str], Sequence[str]]]
-"""Module call id (``"layers.0"``, ``"layers.0@1"``) → (input value names, output value names)
-in the module's call-signature order. Torch-free; built from ``ep.module_call_graph``."""
+CallSignatures = md.CallSignatures
+"""Module call id → (input value names, output value names); see :data:`irkit.metadata.CallSignatures`."""
 
 FUNCTION_OPSET_VERSION = 1
 
@@ -106,13 +105,17 @@ def outline(
             classes / class names, a :class:`ModuleSelector` (classes and path globs) or a
             predicate ``(path, qualified_class) -> bool``. See ``docs/hierarchy.md``.
         max_depth: Only outline calls at most this deep (top-level modules are depth 1).
-        call_signatures: Optional input/output order of module calls (:data:`CallSignatures`).
+        call_signatures: Input/output order of module calls (:data:`CallSignatures`). Default:
+            what the model stores under :data:`irkit.metadata.CALL_SIGNATURES` (written by
+            :func:`irkit.lower`), so ``outline(lower(ep, functions=False))`` equals
+            ``lower(ep)``.
 
     Returns:
         ``model`` itself.
 
     Raises:
         OutlineError: Bad ``functions``/``max_depth`` options.
+        MetadataError: Malformed ``irkit.*`` metadata.
 
     Example:
         >>> import irkit, onnx_ir as ir
@@ -143,7 +146,9 @@ def outline(
         model,
         selected,
         max_depth,
-        call_signatures or {},
+        md.decode_call_signatures(model.metadata_props.get(md.CALL_SIGNATURES))
+        if call_signatures is None
+        else call_signatures,
         FunctionRegistry(),
         Dataflow(nodes),
         {n.name for n in nodes if n.name},
@@ -320,7 +325,8 @@ def _split(
     ctx: _Context, scope: Scope, items: list[ir.Node], witness: list[ir.Node]
 ) -> list[ir.Node]:
     """Outline a non-convex call as several convex parts (``enc/part0``, ``enc/part1`` …)."""
-    frame, result, remaining, k = scope[-1], [], set(items), 0
+    frame, remaining, k = scope[-1], set(items), 0
+    result: list[ir.Node] = []
     while remaining:
         part = ctx.dataflow.first_convex_part(remaining)
         plan = ctx.dataflow.plan(part)
@@ -368,7 +374,7 @@ def _ordered(values: list[ir.Value], names: Sequence[str]) -> list[ir.Value]:
     if not names:
         return values
     rank = {name: i for i, name in enumerate(names)}
-    first = sorted((v for v in values if v.name in rank), key=lambda v: rank[v.name])
+    first = sorted((v for v in values if v.name in rank), key=lambda v: rank[v.name or ""])
     return first + [v for v in values if v.name not in rank]
 
 
@@ -427,7 +433,8 @@ def _build_call(
     domain, cls_name = _function_key(ctx, frame)
     key = canonical_key(outer_inputs, body, outputs, memo=ctx.node_keys)
     function = ctx.registry.find(domain, cls_name, key)
-    order_in, order_out = range(len(outer_inputs)), range(len(outputs))
+    order_in: Sequence[int] = range(len(outer_inputs))
+    order_out: Sequence[int] = range(len(outputs))
     if function is None:  # same body in another node order?
         match = ctx.registry.find_isomorphic(domain, cls_name, key, outer_inputs, body, outputs)
         if match is not None:
@@ -491,7 +498,7 @@ def _rewire_to_params(frame: md.Frame, bound: _Boundary) -> list[ir.Value]:
         ir.Value(name=_local_name(v.name, frame, taken), type=v.type, shape=v.shape)
         for v in bound.inputs
     ]
-    param_of = dict(zip(bound.inputs, params, strict=True))
+    param_of: dict[ir.Value | None, ir.Value] = dict(zip(bound.inputs, params, strict=True))
     for node, i in bound.input_uses:
         node.replace_input_with(i, param_of[node.inputs[i]])
     return params

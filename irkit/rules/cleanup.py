@@ -12,7 +12,7 @@ Identities (each rule's comment states its precondition):
 
 All rules are valid at every opset and inside function bodies. None needs to guard the
 last node between a graph input and a graph output: the engine keeps it (see
-:func:`irkit.rewriting.apply.graph_io_guard`).
+:func:`irkit.rewriting.graph_io_guard`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,26 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from irkit.rewriting import Rule, RuleSet, attr, fail, op, var
-from irkit.rewriting.checks import Verdict, const_ints, dims
+from irkit.rewriting import (
+    MatchFailure,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    const_ints,
+    dims,
+    fail,
+    op,
+    var,
+)
 
 x, shape, s1, s2 = var("x"), var("shape"), var("s1"), var("s2")
 
 
-def _target_and_dims(x: ir.Value, shape: ir.Value):
+Dims = tuple[int | str | None, ...]
+
+
+def _target_and_dims(x: ir.Value, shape: ir.Value) -> tuple[list[int], Dims] | MatchFailure:
     """(constant target shape, dims of x), or a failure."""
     target = const_ints(shape)
     if target is None:
@@ -38,10 +51,12 @@ def _target_and_dims(x: ir.Value, shape: ir.Value):
     return target, xd
 
 
-def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
+def _reshape_target(
+    x: ir.Value, shape: ir.Value, allowzero: int | None
+) -> list[object] | MatchFailure:
     """The resolved target dims of Reshape(x, shape), or a failure."""
     known = _target_and_dims(x, shape)
-    if not known:
+    if isinstance(known, MatchFailure):
         return known
     target, xd = known
     if len(target) != len(xd):
@@ -57,19 +72,19 @@ def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
     return resolved
 
 
-def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None):
+def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None) -> Verdict:
     resolved = _reshape_target(x, shape, allowzero)
-    if not isinstance(resolved, list):
+    if isinstance(resolved, MatchFailure):
         return resolved
-    xd = dims(x)
-    if any(d is None for d in xd) or list(xd) != resolved:  # type: ignore[union-attr]
-        return fail(f"target {resolved} differs from input shape {list(xd)}", shape)  # type: ignore[arg-type]
+    xd = dims(x) or ()  # (known: _reshape_target checked it)
+    if any(d is None for d in xd) or list(xd) != resolved:
+        return fail(f"target {resolved} differs from input shape {list(xd)}", shape)
     return True
 
 
-def _expand_is_noop(x: ir.Value, shape: ir.Value):
+def _expand_is_noop(x: ir.Value, shape: ir.Value) -> Verdict:
     known = _target_and_dims(x, shape)
-    if not known:
+    if isinstance(known, MatchFailure):
         return known
     target, xd = known
     if len(target) > len(xd):

@@ -131,7 +131,7 @@ def outline_and_verify(model: ir.Model, args, eager, **kwargs) -> ir.Model:
     flat = run_ort(model, list(args))
     assert_close(flat, eager, atol=1e-4)
     irkit.outline(model, **kwargs)
-    irkit.check(model)
+    irkit.check(irkit.lint(model))
     outlined = run_ort(model, list(args))
     assert_close(outlined, flat, atol=1e-5)
     assert_close(outlined, eager, atol=1e-4)
@@ -265,15 +265,11 @@ def test_zoo_stack4_is_one_block_function_called_four_times():
 
 
 def call_signatures(ep: torch.export.ExportedProgram) -> irkit.CallSignatures:
-    """What ``irkit.lower(ep, functions=...)`` passes to ``outline`` (see docs/hierarchy.md)."""
-    return {
-        entry.fqn: (
-            [a.name for a in entry.signature.inputs if hasattr(a, "name")],
-            [a.name for a in entry.signature.outputs if hasattr(a, "name")],
-        )
-        for entry in ep.module_call_graph
-        if entry.fqn and entry.signature is not None
-    }
+    """What ``irkit.lower`` stores in the model for ``outline`` (``irkit.call_signatures``)."""
+    flat = irkit.lower(ep, functions=False)
+    return irkit.metadata.decode_call_signatures(
+        flat.metadata_props.get(irkit.metadata.CALL_SIGNATURES)
+    )
 
 
 def test_call_signatures_from_preserved_module_calls():

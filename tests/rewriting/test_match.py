@@ -1,5 +1,3 @@
-
-
 def test_float_attributes_compare_at_float32_precision():
     """A pattern literal like ``1 / 6`` matches the float32 value ONNX stores for it."""
     import onnx_ir as ir
@@ -12,7 +10,11 @@ def test_float_attributes_compare_at_float32_precision():
         "{ h = HardSigmoid <alpha: float = 0.16666667, beta: float = 0.5> (x)\n y = Mul(x, h) }"
     )
     x = var("x")
-    rule = Rule("HardSwish", op.Mul(x, op.HardSigmoid(x, alpha=1 / 6, beta=0.5)), lambda op, x: op.HardSwish(x))
+    rule = Rule(
+        "HardSwish",
+        op.Mul(x, op.HardSigmoid(x, alpha=1 / 6, beta=0.5)),
+        lambda op, x: op.HardSwish(x),
+    )
     report = util.rewrite(model, RuleSet("mine", [rule]))
     assert report.fired == {"HardSwish": 1}
     assert [n.op_type for n in model.graph] == ["HardSwish"]

@@ -33,8 +33,9 @@ def test_llama_rms_norm_fuses():
     assert report.fired["RMSNormalization"] == 5
     assert _count(model, "RMSNormalization") == 5
     assert {"Pow", "Sqrt", "Reciprocal", "ReduceMean"}.isdisjoint(n.op_type for n in model.graph)
-    scopes = {n.metadata_props.get("irkit.scope") for n in model.graph
-                   if n.op_type == "RMSNormalization"}
+    scopes = {
+        n.metadata_props.get("irkit.scope") for n in model.graph if n.op_type == "RMSNormalization"
+    }
     assert len(scopes) == 5  # each fused node keeps its own module scope
 
 
@@ -53,8 +54,9 @@ def test_opset_cap_keeps_gelu_decomposed():
 
 
 def test_unknown_target():
-    model = util.model('<ir_version: 10, opset_import: ["" : 18]>\n'
-                       "g (float[2] x) => (float[2] y) { y = Relu(x) }")
+    model = util.model(
+        '<ir_version: 10, opset_import: ["" : 18]>\ng (float[2] x) => (float[2] y) { y = Relu(x) }'
+    )
     with pytest.raises(irkit.RewriteError) as info:
         irkit.optimize(model, target="tpu")
     assert str(info.value) == "unknown optimize target 'tpu'; known targets: ['onnx']"
@@ -70,9 +72,7 @@ def test_llama_after_outlining_fuses_inside_the_shared_body():
     functions_before = set(model.functions)
     report = util.optimize(model)
     assert report.fired["RMSNormalization"] == 1
-    assert report.rules["RMSNormalization"].where == {
-        "transformers.models.llama::LlamaRMSNorm": 1
-    }
+    assert report.rules["RMSNormalization"].where == {"transformers.models.llama::LlamaRMSNorm": 1}
     assert set(model.functions) == functions_before  # the hierarchy survives
     body = model.functions[("transformers.models.llama", "LlamaRMSNorm", "")]
     assert [n.op_type for n in body if n.op_type != "Constant"] == ["RMSNormalization"]

@@ -41,8 +41,11 @@ def test_commutative_either_order(product):
 
 def test_commutative_backtracks_into_inner_choice():
     # Add(Mul(a, b), a): the Mul's operand order must be revisited when the Add's second input fails.
-    rule = Rule("R", op.Add(op.Mul(x, y), x),  # x·y + x = x·(y + 1)
-                lambda op, x, y: op.Mul(x, op.Add(y, op.const(1.0, "float32"))))
+    rule = Rule(
+        "R",
+        op.Add(op.Mul(x, y), x),  # x·y + x = x·(y + 1)
+        lambda op, x, y: op.Mul(x, op.Add(y, op.const(1.0, "float32"))),
+    )
     m = _m("g (float[4] a, float[4] b) => (float[4] z) { t = Mul(b, a)  z = Add(t, a) }")
     before = util.clone(m)
     assert util.rewrite(m, rule).fired == {"R": 1}
@@ -59,8 +62,12 @@ def test_same_variable_must_bind_same_value():
 
 
 def test_constant_with_tolerance():
-    rule = Rule("Half", op.Mul(x, Const(0.5, rtol=1e-3)), lambda op, x: op.Div(x, op.const(2.0, "float32")))
-    ok = _m("g (float[4] x) => (float[4] z) { c = Constant<value=float {0.50001}>()  z = Mul(x, c) }")
+    rule = Rule(
+        "Half", op.Mul(x, Const(0.5, rtol=1e-3)), lambda op, x: op.Div(x, op.const(2.0, "float32"))
+    )
+    ok = _m(
+        "g (float[4] x) => (float[4] z) { c = Constant<value=float {0.50001}>()  z = Mul(x, c) }"
+    )
     bad = _m("g (float[4] x) => (float[4] z) { c = Constant<value=float {0.51}>()  z = Mul(x, c) }")
     assert util.rewrite(ok, rule).fired == {"Half": 1}
     assert util.rewrite(bad, rule).rules["Half"].failures == {"expected constant 0.5": 1}
@@ -68,7 +75,8 @@ def test_constant_with_tolerance():
 
 def test_attribute_literal_capture_and_default():
     rule = Rule(
-        "SoftmaxLast", op.Softmax(x, axis=attr("axis")),
+        "SoftmaxLast",
+        op.Softmax(x, axis=attr("axis")),
         lambda op, x: op.LogSoftmax(x),
         lambda axis: axis == -1 or fail(f"axis {axis}"),
     )
@@ -86,8 +94,10 @@ def test_either_and_optional():
     )
     m = _m("g (float[4] x) => (float[4] z) { lo = Constant<value=float {0.0}>()  z = Clip(x, lo) }")
     assert util.rewrite(m, rule).fired == {"ClipToRelu": 1}
-    m = _m("g (float[4] x) => (float[4] z) { lo = Constant<value=float {0.0}>() "
-           "hi = Constant<value=float {6.0}>()  z = Clip(x, lo, hi) }")
+    m = _m(
+        "g (float[4] x) => (float[4] z) { lo = Constant<value=float {0.0}>() "
+        "hi = Constant<value=float {6.0}>()  z = Clip(x, lo, hi) }"
+    )
     assert util.rewrite(m, rule).rules["ClipToRelu"].failures == {"rewrite declined": 1}
 
 
@@ -192,8 +202,10 @@ def test_commutative_chain_backtracking_is_local():
     for i, v in enumerate(names[1:]):
         body.append(f"s{i} = Add({v}, {prev})")
         prev = f"s{i}"
-    m = _m(f"g ({', '.join(f'float[4] {v}' for v in names)}) => (float[4] {prev}) "
-           f"{{ {'  '.join(body)} }}")
+    m = _m(
+        f"g ({', '.join(f'float[4] {v}' for v in names)}) => (float[4] {prev}) "
+        f"{{ {'  '.join(body)} }}"
+    )
     before = util.clone(m)
     assert util.rewrite(m, rule).fired == {"Sum5": 1}
     util.assert_same_numbers(before, m)

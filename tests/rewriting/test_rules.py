@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import irkit
 from irkit import rules as library
 from tests.rewriting import util
 
@@ -37,6 +36,7 @@ def no_fire(m, rule_name: str, reason: str):
 
 # --- cleanup -----------------------------------------------------------------------------------
 
+
 def test_identity_fires():
     m = _m("g (float[2,3] x) => (float[2,3] y) { t = Identity(x)  y = Relu(t) }")
     fire(m, "IdentityElimination", {"Relu": 1}, "identity")
@@ -44,8 +44,11 @@ def test_identity_fires():
 
 def test_identity_kept_between_graph_input_and_output():
     m = _m("g (float[2,3] x) => (float[2,3] y) { y = Identity(x) }")
-    no_fire(m, "IdentityElimination",
-            "needed: connects a graph input/initializer/output to a graph output")
+    no_fire(
+        m,
+        "IdentityElimination",
+        "needed: connects a graph input/initializer/output to a graph output",
+    )
     assert util.ops(m) == {"Identity": 1}
 
 
@@ -67,39 +70,51 @@ def test_real_cast_kept():
 
 
 def test_noop_reshape():
-    m = _m("g (float[2,3] x) => (float[2,3] y) "
-           "{ s = Constant<value=int64[2] {2, -1}>()  t = Reshape(x, s)  y = Relu(t) }")
+    m = _m(
+        "g (float[2,3] x) => (float[2,3] y) "
+        "{ s = Constant<value=int64[2] {2, -1}>()  t = Reshape(x, s)  y = Relu(t) }"
+    )
     fire(m, "NoOpReshape", {"Relu": 1})
 
 
 def test_real_reshape_kept():
-    m = _m("g (float[2,3] x) => (float[3,2] y) "
-           "{ s = Constant<value=int64[2] {3, 2}>()  y = Reshape(x, s) }")
+    m = _m(
+        "g (float[2,3] x) => (float[3,2] y) "
+        "{ s = Constant<value=int64[2] {3, 2}>()  y = Reshape(x, s) }"
+    )
     no_fire(m, "NoOpReshape", "target [3, 2] differs from input shape [2, 3]")
 
 
 def test_reshape_reshape():
-    m = _m("g (float[2,3] x) => (float[3,2] y) { s1 = Constant<value=int64[1] {6}>() "
-           "s2 = Constant<value=int64[2] {3, 2}>()  t = Reshape(x, s1)  y = Reshape(t, s2) }")
+    m = _m(
+        "g (float[2,3] x) => (float[3,2] y) { s1 = Constant<value=int64[1] {6}>() "
+        "s2 = Constant<value=int64[2] {3, 2}>()  t = Reshape(x, s1)  y = Reshape(t, s2) }"
+    )
     fire(m, "ReshapeReshape", {"Constant": 1, "Reshape": 1}, "reshape_reshape")
 
 
 def test_reshape_reshape_with_zero_kept():
-    m = _m("g (float[2,3] x) => (float[6] y) { s1 = Constant<value=int64[2] {3, 2}>() "
-           "s2 = Constant<value=int64[2] {0, -1}>()  t = Reshape(x, s1)  y = Reshape(t, s2) }")
+    m = _m(
+        "g (float[2,3] x) => (float[6] y) { s1 = Constant<value=int64[2] {3, 2}>() "
+        "s2 = Constant<value=int64[2] {0, -1}>()  t = Reshape(x, s1)  y = Reshape(t, s2) }"
+    )
     no_fire(m, "ReshapeReshape", "outer shape copies a dim (0) of the inner result")
 
 
 def test_transpose_transpose_cancels():
-    m = _m("g (float[2,3,4] x) => (float[2,3,4] y) "
-           "{ t = Transpose<perm=[1,0,2]>(x)  u = Transpose<perm=[1,0,2]>(t)  y = Relu(u) }")
+    m = _m(
+        "g (float[2,3,4] x) => (float[2,3,4] y) "
+        "{ t = Transpose<perm=[1,0,2]>(x)  u = Transpose<perm=[1,0,2]>(t)  y = Relu(u) }"
+    )
     report = fire(m, "TransposeTranspose", {"Relu": 1})
     assert report.fired == {"TransposeTranspose": 1, "NoOpTranspose": 1}
 
 
 def test_transpose_transpose_composes():
-    m = _m("g (float[2,3,4] x) => (float[4,2,3] y) "
-           "{ t = Transpose<perm=[1,0,2]>(x)  y = Transpose<perm=[2,1,0]>(t) }")
+    m = _m(
+        "g (float[2,3,4] x) => (float[4,2,3] y) "
+        "{ t = Transpose<perm=[1,0,2]>(x)  y = Transpose<perm=[2,1,0]>(t) }"
+    )
     fire(m, "TransposeTranspose", {"Transpose": 1}, "transpose_compose")
     assert list(m.graph.node(0).attributes["perm"].value) == [2, 0, 1]
 
@@ -115,46 +130,63 @@ def test_noop_transpose_kept_when_permuting():
 
 
 def test_noop_expand():
-    m = _m("g (float[2,3] x) => (float[2,3] y) "
-           "{ s = Constant<value=int64[2] {1, 3}>()  t = Expand(x, s)  y = Relu(t) }")
+    m = _m(
+        "g (float[2,3] x) => (float[2,3] y) "
+        "{ s = Constant<value=int64[2] {1, 3}>()  t = Expand(x, s)  y = Relu(t) }"
+    )
     fire(m, "NoOpExpand", {"Relu": 1})
 
 
 def test_real_expand_kept():
-    m = _m("g (float[2,3] x) => (float[4,2,3] y) "
-           "{ s = Constant<value=int64[3] {4, 2, 3}>()  y = Expand(x, s) }")
+    m = _m(
+        "g (float[2,3] x) => (float[4,2,3] y) "
+        "{ s = Constant<value=int64[3] {4, 2, 3}>()  y = Expand(x, s) }"
+    )
     no_fire(m, "NoOpExpand", "expand adds dimensions")
 
 
 # --- gemm --------------------------------------------------------------------------------------
 
+
 def test_matmul_add_to_gemm():
-    m = _m("g (float[4,8] a, float[8,16] b, float[16] c) => (float[4,16] y) "
-           "{ t = MatMul(a, b)  y = Add(c, t) }")
+    m = _m(
+        "g (float[4,8] a, float[8,16] b, float[16] c) => (float[4,16] y) "
+        "{ t = MatMul(a, b)  y = Add(c, t) }"
+    )
     fire(m, "MatMulAddToGemm", {"Gemm": 1}, "gemm")
 
 
 def test_gemm_2d_bias_from_input():
-    m = _m("g (float[4,8] a, float[8,16] b, float[4,1] c) => (float[4,16] y) "
-           "{ t = MatMul(a, b)  y = Add(t, c) }")
+    m = _m(
+        "g (float[4,8] a, float[8,16] b, float[4,1] c) => (float[4,16] y) "
+        "{ t = MatMul(a, b)  y = Add(t, c) }"
+    )
     fire(m, "MatMulAddToGemm", {"Gemm": 1})
 
 
 def test_gemm_bias_of_unknown_shape():
-    m = _m("g (float[4,8] a, float[8,16] b, float[4,1] c) => (float[4,16] y) "
-           "{ t = MatMul(a, b)  r = Relu(c)  y = Add(t, r) }")
+    m = _m(
+        "g (float[4,8] a, float[8,16] b, float[4,1] c) => (float[4,16] y) "
+        "{ t = MatMul(a, b)  r = Relu(c)  y = Add(t, r) }"
+    )
     no_fire(m, "MatMulAddToGemm", "bias shape unknown")
 
 
 @pytest.mark.parametrize(
     ("sig", "reason"),
     [
-        ("float[2,4,8] a, float[8,16] b, float[16] c) => (float[2,4,16] y",
-         "A must have rank 2, has 3"),
-        ("float[4,8] a, float[8,16] b, float[3,4,16] c) => (float[3,4,16] y",
-         "bias has rank 3 > 2"),
-        ("float[4,8] a, float[8,1] b, float[5] c) => (float[4,5] y",
-         "bias dim 5 does not broadcast to the 4x1 product"),
+        (
+            "float[2,4,8] a, float[8,16] b, float[16] c) => (float[2,4,16] y",
+            "A must have rank 2, has 3",
+        ),
+        (
+            "float[4,8] a, float[8,16] b, float[3,4,16] c) => (float[3,4,16] y",
+            "bias has rank 3 > 2",
+        ),
+        (
+            "float[4,8] a, float[8,1] b, float[5] c) => (float[4,5] y",
+            "bias dim 5 does not broadcast to the 4x1 product",
+        ),
     ],
 )
 def test_gemm_illegal(sig, reason):
@@ -241,8 +273,11 @@ def test_layer_norm_opset17_axes_attribute():
 
 
 def test_layer_norm_not_trailing_axis():
-    m = _m(LN.format(square="Pow(d, two)", tail="Add(nw, b)").replace("{-1}", "{1}")
-           .replace("float[8] w, float[8] b", "float[5,1] w, float[5,1] b"))
+    m = _m(
+        LN.format(square="Pow(d, two)", tail="Add(nw, b)")
+        .replace("{-1}", "{1}")
+        .replace("float[8] w, float[8] b", "float[5,1] w, float[5,1] b")
+    )
     no_fire(m, "LayerNormalization", "axes [1] are not the trailing axes of a rank-3 input")
 
 

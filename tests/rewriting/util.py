@@ -53,7 +53,8 @@ def ops(m: ir.Model | ir.Function | ir.Graph) -> dict[str, int]:
 
 
 def assert_valid(m: ir.Model) -> None:
-    """The checker with strict shape inference: catches stale or conflicting shapes and types."""
+    """irkit.lint, then the checker with strict shape inference (stale or conflicting shapes)."""
+    irkit.lint(m)
     proto = ir.serde.serialize_model(m)
     onnx.checker.check_model(proto, full_check=True)
     onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
@@ -90,4 +91,6 @@ def assert_golden(m: ir.Model, name: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"missing golden {path}; create it with IRKIT_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"golden mismatch for {name}; regenerate with IRKIT_REGEN_GOLDEN=1"
+    assert text == path.read_text(), (
+        f"golden mismatch for {name}; regenerate with IRKIT_REGEN_GOLDEN=1"
+    )

@@ -8,12 +8,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting.match import MatchFailure, const_value, fail
+from irkit.rewriting._match import MatchFailure, const_value, fail
 
 __all__ = [
     "Verdict",
@@ -28,8 +29,9 @@ __all__ = [
     "reduced_axis",
 ]
 
-Verdict = bool | MatchFailure
-"""What a rule's check returns: ``True`` (fire), ``False`` or a :class:`MatchFailure` (why not)."""
+Verdict = bool | MatchFailure | Mapping[str, Any]
+"""What a rule's check returns: ``True`` (fire), ``False`` or a :class:`MatchFailure` (why not),
+or a dict of *findings* (fire, and pass these to the rewrite by parameter name)."""
 
 FLOAT_TYPES = frozenset(
     {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}

@@ -11,7 +11,6 @@ consumers of their outputs — is re-enqueued. Work is proportional to the graph
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -19,10 +18,10 @@ from collections.abc import Iterable, Iterator
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import FixedPointError, IrkitError, RewriteError
-from irkit.rewriting.match import MatchFailure
-from irkit.rewriting.report import NearMiss, RewriteReport, RuleStats
-from irkit.rewriting.rule import BaseRule, Rewrite, RewriteContext, RuleSet
+from irkit.errors import FixedPointError, IrkitError, RewriteError, RuleDefinitionError
+from irkit.rewriting._match import MatchFailure
+from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
+from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext, RuleSet
 
 __all__ = ["rewrite", "DEFAULT_MAX_REWRITES_PER_NODE"]
 
@@ -40,6 +39,11 @@ def _as_rules(rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet]) -> RuleS
         return rules
     if isinstance(rules, BaseRule):
         return RuleSet(rules.name, [rules])
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Iterable):
+        raise RuleDefinitionError(
+            f"expected a RuleSet, a rule or an iterable of them, got {type(rules).__name__} "
+            f"{rules!r}. Fix: build rules with Rule(...) / node_rule and pass them in a RuleSet."
+        )
     return RuleSet("rules", list(rules))
 
 
@@ -170,9 +174,9 @@ def _where(node: ir.Node, fallback: str | None) -> str:
     """Where a node is, for reports: its function, else the module call it is or belongs to."""
     if fallback is not None:
         return fallback
-    call = node.metadata_props.get(metadata.CALL_MODULE)
-    if call:
-        return metadata.Frame.from_json(json.loads(call)).call_id
+    call = metadata.node_call(node.metadata_props)
+    if call is not None:
+        return call.call_id
     scope = metadata.node_scope(node.metadata_props)
     return scope[-1].call_id if scope else ""
 

@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from irkit.rewriting.apply import count_nodes, rewrite
-from irkit.rewriting.report import RewriteReport
-from irkit.rewriting.rule import BaseRule, RuleSet
+from irkit.errors import IrkitError, RewriteError
+from irkit.rewriting._apply import count_nodes, rewrite
+from irkit.rewriting._report import RewriteReport
+from irkit.rewriting._rule import BaseRule, RuleSet
 
 __all__ = ["optimize_with"]
 
@@ -67,7 +68,7 @@ def optimize_with(
         ``model`` itself, so stages compose.
 
     Raises:
-        RewriteError: A rule failed (see :func:`irkit.rewrite`).
+        RewriteError: A rule or a pass failed (a rule bug, or a malformed model).
 
     Example:
         >>> import onnx_ir as ir
@@ -85,17 +86,23 @@ def optimize_with(
 
     def timed(name: str, fn: Callable[[], object]) -> None:
         t0 = time.perf_counter()
-        fn()
+        try:
+            fn()
+        except IrkitError:
+            raise
+        except Exception as exc:  # onnx-ir / onnxscript passes on a malformed model
+            raise RewriteError(
+                f"optimize: the {name} pass failed ({type(exc).__name__}: {exc}). The model is "
+                "probably malformed: run irkit.check(model) to see what is wrong."
+            ) from exc
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
         timed("fold_constants", lambda: fold(model))
-    t0 = time.perf_counter()
     result = RewriteReport()
-    rewrite(model, rules, max_opset=opset, explain=explain, report=result)
-    timings["rewrite"] = time.perf_counter() - t0
+    timed("rewrite", lambda: rewrite(model, rules, max_opset=opset, explain=explain, report=result))
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     timed("cse", lambda: _cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).

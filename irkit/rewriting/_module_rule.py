@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +29,9 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit.errors import RuleDefinitionError
-from irkit.rewriting.builder import RewriteBuilder
-from irkit.rewriting.match import Match, MatchFailure
-from irkit.rewriting.rule import BaseRule, Rewrite, RewriteContext
+from irkit.rewriting._builder import RewriteBuilder
+from irkit.rewriting._match import Match, MatchFailure
+from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext
 
 __all__ = ["ModuleCall", "ModuleRule"]
 
@@ -58,8 +57,7 @@ class ModuleCall:
 
 def call_frame(node: ir.Node) -> metadata.Frame | None:
     """The :data:`~irkit.metadata.CALL_MODULE` frame of a call node, if it has one."""
-    text = node.metadata_props.get(metadata.CALL_MODULE)
-    return metadata.Frame.from_json(json.loads(text)) if text else None
+    return metadata.node_call(node.metadata_props)
 
 
 def _glob(pattern: str) -> bool:
