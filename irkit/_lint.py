@@ -25,6 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from irkit import metadata as md
+from irkit._irutil import node_subgraphs
 from irkit.errors import CheckError, MetadataError
 
 __all__ = ["lint", "lint_problems"]
@@ -134,16 +135,9 @@ def _with_subgraphs(
     yield graph, where, outer
     visible = outer | _own_values(graph)
     for node in graph:
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                subgraphs = [attr.value]
-            elif attr.type == ir.AttributeType.GRAPHS:
-                subgraphs = list(attr.value)
-            else:
-                continue
-            for sub in subgraphs:
-                inner = f"{where} > {attr.name} of node {node.name or node.op_type!r}"
-                yield from _with_subgraphs(sub, inner, visible)
+        for sub in node_subgraphs(node):
+            inner = f"{where} > {sub.name or 'a subgraph'} of node {node.name or node.op_type!r}"
+            yield from _with_subgraphs(sub, inner, visible)
 
 
 def _own_values(graph: GraphLike) -> frozenset[ir.Value]:

@@ -7,9 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_demo_lowers_optimizes_saves_and_matches_pytorch(tmp_path):
     out = tmp_path / "demo.onnx"
     proc = subprocess.run(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from irkit import metadata as md
+from irkit._irutil import fresh_name
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import has_subgraph
 
@@ -169,19 +170,15 @@ def _copy(
         num_outputs=len(node.outputs),
         version=node.version,
         metadata_props=meta,
-        name=_fresh(node.name, used_names) if node.name else None,
+        name=fresh_name(node.name, used_names, keep=False) if node.name else None,
     )
     for old, new in zip(node.outputs, clone.outputs, strict=True):
-        new.name, new.type, new.shape = _fresh(old.name or "const", used_names), old.type, old.shape
+        new.name, new.type, new.shape = (
+            fresh_name(old.name or "const", used_names, keep=False),
+            old.type,
+            old.shape,
+        )
         new.const_value = old.const_value
     graph.insert_before(before, clone)
     copies[key] = clone
     return clone, made
-
-
-def _fresh(name: str, used: set[str]) -> str:
-    k = 1
-    while f"{name}_{k}" in used:
-        k += 1
-    used.add(f"{name}_{k}")
-    return f"{name}_{k}"

@@ -15,6 +15,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedFunctionsPass
 
 from irkit import metadata as md
+from irkit._irutil import fresh_name
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import Scope
 from irkit.hierarchy._select import FunctionsOption, make_predicate
@@ -162,11 +163,11 @@ def _instantiate(
             overload=node.overload,
             num_outputs=len(node.outputs),
             version=node.version,
-            name=_fresh(node_name, used),
+            name=None if node_name is None else fresh_name(node_name, used),
             metadata_props=meta,
         )
         for old, new in zip(node.outputs, clone.outputs, strict=True):
-            new.name = _fresh(old.name, used)
+            new.name = None if old.name is None else fresh_name(old.name, used)
             new.type, new.shape = old.type, old.shape
             vmap[old] = new
         new_nodes.append(clone)
@@ -181,13 +182,3 @@ def _instantiate(
             )
         outputs.append(mapped)
     return new_nodes, outputs
-
-
-def _fresh(name: str | None, used: set[str]) -> str | None:
-    if name is None:
-        return None
-    result, k = name, 1
-    while result in used:
-        result, k = f"{name}_{k}", k + 1
-    used.add(result)
-    return result

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 import onnx_ir as ir
 
 from irkit import metadata
+from irkit._irutil import nested_subgraphs
 from irkit.errors import FixedPointError, IrkitError, RewriteError, RuleDefinitionError
 from irkit.rewriting._match import MatchFailure
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
@@ -146,26 +147,14 @@ def count_nodes(model: ir.Model) -> int:
     return sum(len(g) for g, _ in _graph_likes(model))
 
 
-def _subgraphs(graph_like: GraphLike) -> Iterator[ir.Graph]:
-    for node in graph_like:
-        for a in node.attributes.values():
-            if a.type == ir.AttributeType.GRAPH:
-                yield from _subgraphs(a.value)
-                yield a.value
-            elif a.type == ir.AttributeType.GRAPHS:
-                for g in a.value:
-                    yield from _subgraphs(g)
-                    yield g
-
-
 def _graph_likes(model: ir.Model) -> Iterator[tuple[GraphLike, str | None]]:
     """Subgraphs first (inner before outer), then the main graph, then each function once."""
-    for g in _subgraphs(model.graph):
+    for g in nested_subgraphs(model.graph):
         yield g, None
     yield model.graph, None
     for f in list(model.functions.values()):
         where = f"{f.domain}::{f.name}"
-        for g in _subgraphs(f):
+        for g in nested_subgraphs(f):
             yield g, where
         yield f, where
 

@@ -144,6 +144,7 @@ def test_rules_that_keep_firing_raise_fixed_point_error():
     assert "rules still firing: Flip (×64 of the last 64)" in str(info.value)
 
 
+@pytest.mark.slow
 def test_work_is_linear_in_graph_size():
     """Match attempts per node are the same for 50 and 1,000 blocks (time is in bench/)."""
 
@@ -206,6 +207,7 @@ def test_call_metadata_is_json_frame():
     assert metadata.Frame.from_json(json.loads(json.dumps(frame.to_json()))) == frame
 
 
+@pytest.mark.slow
 def test_rewriting_does_not_import_torch():
     import subprocess
     import sys

@@ -27,6 +27,7 @@ def _count(model: ir.Model, op_type: str) -> int:
     return collections.Counter(n.op_type for n in model.graph)[op_type]
 
 
+@pytest.mark.slow
 def test_llama_rms_norm_fuses():
     model, report = _optimized("llama")
     # 2 layers × (input, post-attention) + the final norm
@@ -39,6 +40,7 @@ def test_llama_rms_norm_fuses():
     assert len(scopes) == 5  # each fused node keeps its own module scope
 
 
+@pytest.mark.slow
 def test_gpt2_tanh_gelu_and_gemm():
     model, report = _optimized("gpt2")
     assert report.fired["GeluTanh"] == 2
@@ -47,6 +49,7 @@ def test_gpt2_tanh_gelu_and_gemm():
     assert _count(model, "Constant") == 0  # lifted to initializers
 
 
+@pytest.mark.slow
 def test_opset_cap_keeps_gelu_decomposed():
     model, report = _optimized("gpt2", opset=18)
     assert "GeluTanh" not in report.fired
@@ -62,6 +65,7 @@ def test_unknown_target():
     assert str(info.value) == "unknown optimize target 'tpu'; known targets: ['onnx']"
 
 
+@pytest.mark.slow
 def test_llama_after_outlining_fuses_inside_the_shared_body():
     """lower → outline → optimize: the norm is fused once in the LlamaRMSNorm function body."""
     if not hasattr(irkit, "outline"):

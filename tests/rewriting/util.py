@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import os
 import pathlib
 
 import numpy as np
@@ -12,12 +11,13 @@ import onnx_ir as ir
 
 import irkit
 from irkit.rewriting import RewriteReport
+from tests import helpers
 from tests.helpers import run_ort
 
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "rewriting"
 
 
-def rewrite(m: ir.Model, rules, **kwargs) -> RewriteReport:  # noqa: ANN001
+def rewrite(m: ir.Model, rules, **kwargs) -> RewriteReport:
     """``irkit.rewrite`` (in place), returning the report it fills."""
     report = RewriteReport()
     assert irkit.rewrite(m, rules, report=report, **kwargs) is m
@@ -85,12 +85,4 @@ def assert_same_numbers(before: ir.Model, after: ir.Model, atol: float = 1e-5, s
 
 def assert_golden(m: ir.Model, name: str) -> None:
     """Compare the deterministic text dump with tests/golden/rewriting/<name>.txt."""
-    text = ir.to_onnx_text(m, exclude_initializers=True)
-    path = GOLDEN / f"{name}.txt"
-    if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"missing golden {path}; create it with IRKIT_REGEN_GOLDEN=1"
-    assert text == path.read_text(), (
-        f"golden mismatch for {name}; regenerate with IRKIT_REGEN_GOLDEN=1"
-    )
+    helpers.assert_golden(ir.to_onnx_text(m, exclude_initializers=True), f"rewriting/{name}.txt")
