@@ -5,9 +5,12 @@ implements::
 
     SiLU = Rule(
         "SiLU",
-        lambda op, x: op.Mul(x, op.Sigmoid(x)),        # x * sigmoid(x) = Swish(x)
-        lambda op, x: op.Swish(x),
+        lambda op, x: x * op.Sigmoid(x),               # x * sigmoid(x) = Swish(x)
+        rewrite=lambda op, x: op.Swish(x),
     )
+
+A check, if any, is a keyword argument, written before the rewrite: ``Rule(name, pattern,
+check=..., rewrite=...)`` reads in the order of the identity's statement.
 
 The pattern's parameters (besides ``op``) are its variables. ``check`` and ``rewrite`` take any
 subset of the variables by name, plus ``op`` (the :class:`RewriteBuilder`, rewrite only) and
@@ -177,8 +180,8 @@ class Rule(BaseRule):
         name: str,
         pattern: Pattern | Sequence[Pattern] | Callable[..., Any],
         rewrite: Callable[..., Any],
-        check: Callable[..., Any] | None = None,
         *,
+        check: Callable[..., Any] | None = None,
         min_opset: int | None = None,
         max_opset: int | None = None,
         doc: str = "",

@@ -77,8 +77,8 @@ def test_attribute_literal_capture_and_default():
     rule = Rule(
         "SoftmaxLast",
         op.Softmax(x, axis=attr("axis")),
-        lambda op, x: op.LogSoftmax(x),
-        lambda axis: axis == -1 or fail(f"axis {axis}"),
+        check=lambda axis: axis == -1 or fail(f"axis {axis}"),
+        rewrite=lambda op, x: op.LogSoftmax(x),
     )
     m = _m("g (float[2,4] x) => (float[2,4] z) { z = Softmax(x) }")  # default axis=-1 (opset 13+)
     assert util.rewrite(m, rule).fired == {"SoftmaxLast": 1}
@@ -153,7 +153,7 @@ def test_unknown_rewrite_parameter_is_a_definition_error():
 
 def test_unknown_check_parameter_is_a_definition_error():
     with pytest.raises(RuleDefinitionError, match="check parameter 'op' is not a pattern"):
-        Rule("Bad", op.Relu(x), lambda op, x: x, lambda op: True)
+        Rule("Bad", op.Relu(x), check=lambda op: True, rewrite=lambda op, x: x)
 
 
 def test_duplicate_rule_names_rejected():
