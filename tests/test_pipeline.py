@@ -16,7 +16,8 @@ def test_stages_return_the_model_and_compose(tmp_path):
     model = builders.stack(3)
     reference = util.clone(model)
     report = irkit.RewriteReport()
-    path = irkit.save(irkit.optimize(irkit.outline(model), report=report), tmp_path / "m.onnx")
+    outlined = irkit.lint(irkit.outline(model))
+    path = irkit.save(irkit.lint(irkit.optimize(outlined, report=report)), tmp_path / "m.onnx")
     assert report.nodes_before > report.nodes_after > 0
     loaded = irkit.load(path)
     assert sorted(f.name for f in loaded.functions.values()) == ["Block", "Linear", "ReLU"]

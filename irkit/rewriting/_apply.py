@@ -375,7 +375,10 @@ def commit(
         if new is old:
             continue
         if new is None:
-            raise RewriteError(f"rule {rule_name!r} returned None for output {old.name!r}")
+            raise RewriteError(
+                f"rule {rule_name!r} returned None for output {old.name!r}. Fix: return one value "
+                "per pattern output, or decline as a whole (return None or fail(...))."
+            )
         _merge_type(old, new, rule_name)
         if old.is_graph_output():
             if _needs_identity(old, new, new_set, anchor):

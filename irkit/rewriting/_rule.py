@@ -280,7 +280,7 @@ class Rule(BaseRule):
             if len(outs) != len(result.outputs):
                 raise RuleDefinitionError(
                     f"rule {self.name!r}: rewrite returned {len(outs)} values for "
-                    f"{len(result.outputs)} pattern outputs"
+                    f"{len(result.outputs)} pattern outputs. Fix: return one value per output."
                 )
             return Rewrite(result, builder.nodes, outs)
         return last if last is not None else MatchFailure("no match", None, node)

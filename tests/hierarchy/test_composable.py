@@ -16,8 +16,11 @@ def _bytes(model, tmp_path, name: str) -> bytes:
 
 
 def _outlined_twice(ep, tmp_path) -> tuple[bytes, bytes]:
-    direct = _bytes(irkit.lower(ep), tmp_path, "direct")
-    staged = _bytes(irkit.outline(irkit.lower(ep, functions=False)), tmp_path, "staged")
+    """The bytes of ``lower(ep)`` and of ``outline(lower(ep, functions=False))``; each stage's
+    result passes irkit.lint."""
+    direct = _bytes(irkit.lint(irkit.lower(ep)), tmp_path, "direct")
+    flat = irkit.lint(irkit.lower(ep, functions=False))
+    staged = _bytes(irkit.lint(irkit.outline(flat)), tmp_path, "staged")
     return direct, staged
 
 
