@@ -88,12 +88,28 @@ CASES = {
         lambda: irkit.ModuleRule("M", replace_with=("a", "B")),
         errors.RuleDefinitionError,
     ),
+    "function_tree: malformed call metadata": (
+        lambda: irkit.function_tree(_with_call(irkit.outline(builders.stack(2)), "[1]")),
+        errors.MetadataError,
+    ),
+    "ModuleSelector: a path that is not a string": (
+        lambda: irkit.ModuleSelector(paths=[3]),
+        errors.OutlineError,
+    ),
     "metadata: malformed call": (lambda: md.decode_call("[1]"), errors.MetadataError),
+    "metadata: malformed scope": (lambda: md.decode_scope("[[1]]"), errors.MetadataError),
     "metadata: malformed signatures": (
         lambda: md.decode_call_signatures("[]"),
         errors.MetadataError,
     ),
 }
+
+
+def _with_call(m: ir.Model, text: str) -> ir.Model:
+    next(n for n in m.graph if md.CALL_MODULE in n.metadata_props).metadata_props[
+        md.CALL_MODULE
+    ] = text
+    return m
 
 
 def _with_scope(m: ir.Model, text: str) -> ir.Model:
