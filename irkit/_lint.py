@@ -165,11 +165,12 @@ def _check_order(
             if value is None or value in defined or value in outer:
                 continue
             name = value.name or "<unnamed>"
-            if value.producer() in members:
+            producer = value.producer()
+            if producer is not None and producer in members:
                 problems.append(
                     f"{_node_where(node, where)} uses {name!r} before its producer "
-                    f"{value.producer().name or value.producer().op_type!r}: not in "  # type: ignore[union-attr]
-                    "topological order (or a cycle). Fix: graph.sort(), or break the cycle."
+                    f"{producer.name or producer.op_type!r}: not in topological order (or a "
+                    "cycle). Fix: graph.sort(), or break the cycle."
                 )
             else:
                 problems.append(
