@@ -130,15 +130,17 @@ class ModuleRule(BaseRule):
         ):
             return MatchFailure(f"function {fn.domain}::{fn.name} not selected", None, node)
         frame = call_frame(node)
-        if (self.cls is not None or self.path is not None) and frame is None:
+        if self.cls is None and self.path is None:
+            return ModuleCall(node, fn, frame)
+        if frame is None:
             return MatchFailure("call node has no irkit.call metadata", None, node)
         if self.cls is not None and not (
-            fnmatch.fnmatchcase(frame.cls, self.cls)  # type: ignore[union-attr]
-            or fnmatch.fnmatchcase(frame.class_name, self.cls)  # type: ignore[union-attr]
+            fnmatch.fnmatchcase(frame.cls, self.cls)
+            or fnmatch.fnmatchcase(frame.class_name, self.cls)
         ):
-            return MatchFailure(f"class {frame.cls} not selected", None, node)  # type: ignore[union-attr]
-        if self.path is not None and not fnmatch.fnmatchcase(frame.path, self.path):  # type: ignore[union-attr]
-            return MatchFailure(f"module path {frame.path} not selected", None, node)  # type: ignore[union-attr]
+            return MatchFailure(f"class {frame.cls} not selected", None, node)
+        if self.path is not None and not fnmatch.fnmatchcase(frame.path, self.path):
+            return MatchFailure(f"module path {frame.path} not selected", None, node)
         return ModuleCall(node, fn, frame)
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
