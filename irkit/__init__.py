@@ -1,28 +1,45 @@
 """irkit: torch.export → clean, fast, hierarchical ONNX on onnx-ir.
 
-The public surface is exactly ``__all__``. Stages are functions over an ``onnx_ir.Model``:
+The public surface is exactly ``__all__``. Stages are functions over an ``onnx_ir.Model``; each
+works in place and returns the model, so they compose:
 
 >>> import irkit                                   # doctest: +SKIP
->>> model = irkit.lower(torch.export.export(m, args))  # doctest: +SKIP
->>> irkit.save(model, "model.onnx")               # doctest: +SKIP
+>>> model = irkit.lower(torch.export.export(m, args), functions=False)  # doctest: +SKIP
+>>> irkit.save(irkit.optimize(irkit.outline(model)), "model.onnx")    # doctest: +SKIP
+
+Without torch, on any ONNX model:
+
+>>> import onnx_ir as ir
+>>> m = ir.from_onnx_text('''<ir_version: 10, opset_import: ["" : 21]>
+...   g (float[2] x) => (float[2] y) { t = Identity(x)  y = Relu(t) }''')
+>>> [n.op_type for n in check(lint(optimize(m))).graph]
+['Relu']
 
 Only :func:`lower` needs torch, and it imports it on first call: rewriting, outlining and viz
-work on any ONNX file without torch.
+work on any ONNX file without torch. Dependencies point one way: ``irkit._pipeline`` (targets)
+→ ``irkit.rules`` (the rule library) → ``irkit.rewriting`` (the engine); ``irkit.hierarchy``
+and ``irkit.rewriting`` never import each other (ruff ``banned-api``, see ``ruff.toml`` files).
 """
 
 from __future__ import annotations
 
 from irkit import errors, metadata
 from irkit._io import check, load, save
+from irkit._lint import lint
+from irkit._pipeline import optimize
 from irkit.errors import (
+    CheckError,
     FixedPointError,
     IrkitError,
     LoweringError,
     LoweringOptionsError,
+    MetadataError,
     ModelLoadError,
     OutlineError,
     RewriteError,
     RuleDefinitionError,
+    SaveError,
+    UnknownRuleError,
     UnsupportedOpError,
 )
 from irkit.hierarchy import (
@@ -36,6 +53,7 @@ from irkit.hierarchy import (
 )
 from irkit.lowering import lower
 from irkit.rewriting import (
+    Const,
     ModuleRule,
     NodeRule,
     RewriteReport,
@@ -46,7 +64,6 @@ from irkit.rewriting import (
     fail,
     node_rule,
     op,
-    optimize,
     optional,
     rewrite,
     var,
@@ -66,6 +83,7 @@ __all__ = [
     "save",
     "load",
     "check",
+    "lint",
     "rewrite",
     "optimize",
     "Rule",
@@ -74,6 +92,7 @@ __all__ = [
     "node_rule",
     "ModuleRule",
     "RewriteReport",
+    "Const",
     "op",
     "var",
     "attr",
@@ -91,4 +110,8 @@ __all__ = [
     "RewriteError",
     "FixedPointError",
     "ModelLoadError",
+    "SaveError",
+    "CheckError",
+    "MetadataError",
+    "UnknownRuleError",
 ]

@@ -8,7 +8,8 @@ import pathlib
 import onnx
 import onnx_ir as ir
 
-from irkit.errors import IrkitError, ModelLoadError
+from irkit._lint import lint
+from irkit.errors import CheckError, ModelLoadError, SaveError
 
 __all__ = ["save", "load", "check", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 
@@ -49,7 +50,7 @@ def save(
         The path written.
 
     Raises:
-        IrkitError: The destination directory does not exist, or the model is too large for a
+        SaveError: The destination directory does not exist, or the model is too large for a
             single file and ``external_data=False`` was given.
 
     Example:
@@ -61,7 +62,7 @@ def save(
     """
     path = pathlib.Path(path)
     if not path.parent.is_dir():
-        raise IrkitError(
+        raise SaveError(
             f"Cannot save to {str(path)!r}: directory {str(path.parent)!r} does not exist. "
             "Create it first."
         )
@@ -69,7 +70,7 @@ def save(
     if external_data is None:
         external_data = size > EXTERNAL_DATA_THRESHOLD_BYTES
     if external_data is False and size > EXTERNAL_DATA_THRESHOLD_BYTES:
-        raise IrkitError(
+        raise SaveError(
             f"Model weights take {size / 2**30:.2f} GiB, too large for one protobuf file "
             f"({str(path)!r}). Pass external_data=True (or None) to irkit.save."
         )
@@ -121,25 +122,47 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     return model
 
 
-def check(model: ir.Model, *, full_check: bool = True) -> None:
-    """Run ``onnx.checker`` (with shape inference when ``full_check``) on ``model``.
+def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
+    """Check ``model``: irkit's own invariants (:func:`irkit.lint`), then ``onnx.checker``.
 
     Args:
         model: The model to check; it is not modified.
         full_check: Also run strict shape inference, as ``onnx.checker.check_model`` does.
 
+    Returns:
+        ``model`` itself, so it can sit between stages.
+
     Raises:
-        IrkitError: The checker rejected the model; the message is the checker's.
+        CheckError: Lint, the checker or shape inference rejected the model (the message is
+            theirs), or the model cannot be serialized.
+
+    Example:
+        >>> import irkit, onnx_ir as ir
+        >>> m = ir.from_onnx_text('''<ir_version: 10, opset_import: ["" : 21, "pkg" : 1]>
+        ...   g (float[2] x) => (float[2] y) { y = pkg.Missing(x) }''')
+        >>> m.graph.node(0).metadata_props["irkit.call"] = '["m",0,"pkg.mod.Missing"]'
+        >>> irkit.check(m)
+        Traceback (most recent call last):
+        ...
+        irkit.errors.CheckError: irkit.lint found 1 problem:
+          - node ... calls function pkg::Missing (overload ''), which the model does not define. ...
     """
-    proto = ir.serde.serialize_model(model)
+    lint(model, allow_unused_functions=True)
     try:
-        if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD_BYTES:
-            raise IrkitError(
-                "Model too large to check in memory; save it with irkit.save and run "
-                "onnx.checker.check_model on the path."
-            )
+        proto = ir.serde.serialize_model(model)
+    except Exception as exc:  # onnx-ir raises SerdeError (and others) on malformed models
+        raise CheckError(
+            f"the model cannot be serialized ({type(exc).__name__}: {exc}); it is malformed."
+        ) from exc
+    if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD_BYTES:
+        raise CheckError(
+            "Model too large to check in memory; save it with irkit.save and run "
+            "onnx.checker.check_model on the path."
+        )
+    try:
         onnx.checker.check_model(proto, full_check=full_check)
     except onnx.checker.ValidationError as exc:
-        raise IrkitError(f"onnx.checker rejected the model: {exc}") from exc
+        raise CheckError(f"onnx.checker rejected the model: {exc}") from exc
     except onnx.shape_inference.InferenceError as exc:
-        raise IrkitError(f"ONNX shape inference rejected the model: {exc}") from exc
+        raise CheckError(f"ONNX shape inference rejected the model: {exc}") from exc
+    return model

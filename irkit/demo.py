@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     model = irkit.lower(ep)
     lowered = time.perf_counter() - start
     flat_nodes = _count_nodes(model)
-    report = irkit.optimize(model)
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
     path = pathlib.Path(irkit.save(model, args.out))
     fired = ", ".join(f"{rule} ×{n}" for rule, n in report.fired.items()) or "none"
     print(f"irkit {irkit.__version__}: Llama, {args.layers} layers, random weights")

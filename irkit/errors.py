@@ -1,7 +1,9 @@
 """irkit's exception classes.
 
-Every error a user can cause is one of these. Messages say *what* went wrong, *where* (FX node,
-source line, module path, file) and *how to fix it*. Internal invariants use ``assert``.
+Every error a user can cause is one of these (``tests/test_errors.py`` drives each public entry
+point with bad input and asserts the class). Messages say *what* went wrong, *where* (FX node,
+source line, module path, file) and *how to fix it*. Internal invariants use ``assert``. Raise
+a specific subclass, never the bare :class:`IrkitError`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ __all__ = [
     "RewriteError",
     "FixedPointError",
     "ModelLoadError",
+    "SaveError",
+    "CheckError",
+    "MetadataError",
+    "UnknownRuleError",
 ]
 
 
@@ -96,7 +102,16 @@ class RuleDefinitionError(IrkitError):
 
 
 class RewriteError(IrkitError):
-    """Applying rewrite rules failed, e.g. a replacement produced an invalid graph."""
+    """Applying rewrite rules failed: a replacement produced an invalid graph, or a rule's check
+    or rewrite raised (then the message names the rule, node and graph, and the original
+    exception is chained as ``__cause__``)."""
+
+
+class UnknownRuleError(IrkitError, KeyError):
+    """A rule set has no rule of that name (also a ``KeyError``, as ``rule_set[name]`` is a lookup)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class FixedPointError(RewriteError):
@@ -113,3 +128,23 @@ class FixedPointError(RewriteError):
 
 class ModelLoadError(IrkitError):
     """A file could not be read as an ONNX model (missing, not ONNX, truncated, no external data)."""
+
+
+class SaveError(IrkitError):
+    """A model could not be written (missing directory, too large for one file)."""
+
+
+class CheckError(IrkitError):
+    """:func:`irkit.check` rejected a model: the ONNX checker, shape inference or irkit's lint.
+
+    Attributes:
+        problems: One line per problem found (``[]`` when the message says it all).
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        self.problems = list(problems)
+        super().__init__(message)
+
+
+class MetadataError(IrkitError):
+    """An ``irkit.*`` metadata value is malformed (not what :mod:`irkit.metadata` writes)."""

@@ -30,6 +30,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from irkit.errors import MetadataError
+
 __all__ = [
     "PREFIX",
     "SCOPE",
@@ -42,6 +44,8 @@ __all__ = [
     "REWRITE_RULE",
     "REWRITE_SOURCES",
     "MODEL_PRODUCER",
+    "CALL_SIGNATURES",
+    "CallSignatures",
     "Frame",
     "encode_scope",
     "encode_call",
@@ -49,6 +53,10 @@ __all__ = [
     "node_scope",
     "encode_list",
     "decode_list",
+    "decode_call",
+    "node_call",
+    "encode_call_signatures",
+    "decode_call_signatures",
 ]
 
 PREFIX = "irkit."
@@ -89,6 +97,17 @@ REWRITE_SOURCES = "irkit.rewrite.sources"
 # --- Model level ------------------------------------------------------------------------------
 MODEL_PRODUCER = "irkit"
 """``ModelProto.producer_name`` of models irkit creates."""
+
+CALL_SIGNATURES = "irkit.call_signatures"
+"""In ``model.metadata_props``, written by :func:`irkit.lower`: the input/output order of module
+calls whose signature torch preserved (``preserve_module_call_signature``), as a JSON object
+``{call id: [[input value names], [output value names]]}`` (see :func:`encode_call_signatures`).
+:func:`irkit.outline` orders function inputs/outputs by it, so outlining needs nothing but the
+model. Absent when no module call has a preserved signature."""
+
+CallSignatures = Mapping[str, tuple[Sequence[str], Sequence[str]]]
+"""Module call id (``"layers.0"``, ``"layers.0@1"``) → (input value names, output value names)
+in the module's call-signature order."""
 
 
 class Frame(NamedTuple):
@@ -133,7 +152,9 @@ class Frame(NamedTuple):
     @classmethod
     def from_json(cls, data: Sequence[object]) -> Frame:
         path, call_index, klass = data
-        return cls(str(path), int(call_index), str(klass))  # type: ignore[arg-type]
+        if not isinstance(call_index, (int, str)):
+            raise TypeError(f"call index {call_index!r} is not an int")
+        return cls(str(path), int(call_index), str(klass))
 
 
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode  # (json.dumps with separators
@@ -151,10 +172,68 @@ def encode_call(frame: Frame) -> str:
 
 
 def decode_scope(text: str | None) -> tuple[Frame, ...]:
-    """Decode a :data:`SCOPE` value; ``None`` or ``""`` is the root scope ``()``."""
+    """Decode a :data:`SCOPE` value; ``None`` or ``""`` is the root scope ``()``.
+
+    Raises:
+        MetadataError: The text is not a scope written by :func:`encode_scope`.
+    """
     if not text:
         return ()
-    return tuple(Frame.from_json(item) for item in json.loads(text))
+    try:
+        return tuple(Frame.from_json(item) for item in json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise MetadataError(f"malformed {SCOPE} metadata {text[:80]!r}: {exc}") from exc
+
+
+def decode_call(text: str) -> Frame:
+    """Decode a :data:`CALL_MODULE` value (the one place that parses it).
+
+    Raises:
+        MetadataError: The text is not a call written by :func:`encode_call`.
+
+    Example:
+        >>> decode_call(encode_call(Frame("layers.0", 1, "m.Block")))
+        Frame(path='layers.0', call_index=1, cls='m.Block')
+    """
+    try:
+        return Frame.from_json(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise MetadataError(f"malformed {CALL_MODULE} metadata {text[:80]!r}: {exc}") from exc
+
+
+def node_call(metadata_props: Mapping[str, str]) -> Frame | None:
+    """The module call a function-call node stands for (its :data:`CALL_MODULE`), or ``None``."""
+    text = metadata_props.get(CALL_MODULE)
+    return decode_call(text) if text else None
+
+
+def encode_call_signatures(signatures: CallSignatures) -> str:
+    """Encode call signatures as the string stored under :data:`CALL_SIGNATURES`.
+
+    Example:
+        >>> text = encode_call_signatures({"pair": (["x"], ["add", "mul"])})
+        >>> text, decode_call_signatures(text)
+        ('{"pair":[["x"],["add","mul"]]}', {'pair': (['x'], ['add', 'mul'])})
+    """
+    return _COMPACT_JSON({k: [list(i), list(o)] for k, (i, o) in signatures.items()})
+
+
+def decode_call_signatures(text: str | None) -> dict[str, tuple[list[str], list[str]]]:
+    """Decode a :data:`CALL_SIGNATURES` value; ``None`` or ``""`` gives ``{}``.
+
+    Raises:
+        MetadataError: The text is not what :func:`encode_call_signatures` writes.
+    """
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+        return {
+            str(k): ([str(n) for n in ins], [str(n) for n in outs])
+            for k, (ins, outs) in data.items()
+        }
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise MetadataError(f"malformed {CALL_SIGNATURES} metadata {text[:80]!r}: {exc}") from exc
 
 
 def node_scope(metadata_props: Mapping[str, str]) -> tuple[Frame, ...]:
@@ -169,4 +248,9 @@ def encode_list(items: Iterable[str]) -> str:
 
 def decode_list(text: str | None) -> list[str]:
     """Decode a value written by :func:`encode_list`; ``None`` gives ``[]``."""
-    return [] if not text else [str(x) for x in json.loads(text)]
+    if not text:
+        return []
+    try:
+        return [str(x) for x in json.loads(text)]
+    except (ValueError, TypeError) as exc:
+        raise MetadataError(f"malformed list metadata {text[:80]!r}: {exc}") from exc

@@ -7,14 +7,20 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_demo_lowers_optimizes_saves_and_matches_pytorch(tmp_path):
     out = tmp_path / "demo.onnx"
     proc = subprocess.run(
         [sys.executable, "-m", "irkit.demo", "--out", str(out), "--layers", "2"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout

@@ -15,8 +15,9 @@ def _digest(path) -> str:
 
 
 def test_optimizing_and_outlining_a_loaded_model_leaves_its_files_untouched(tmp_path):
-    src = irkit.save(irkit.lower(zoo.export("llama"), functions=False), tmp_path / "in.onnx",
-                     external_data=True)
+    src = irkit.save(
+        irkit.lower(zoo.export("llama"), functions=False), tmp_path / "in.onnx", external_data=True
+    )
     data = tmp_path / "in.onnx.data"
     before = (_digest(src), _digest(data))
     model = irkit.load(src)

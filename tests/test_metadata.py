@@ -2,7 +2,10 @@ from irkit import metadata as md
 
 
 def test_scope_roundtrip_and_call_id():
-    frames = (md.Frame("layers.0", 0, "pkg.mod.Block"), md.Frame("layers.0.attn", 2, "pkg.mod.Attn"))
+    frames = (
+        md.Frame("layers.0", 0, "pkg.mod.Block"),
+        md.Frame("layers.0.attn", 2, "pkg.mod.Attn"),
+    )
     text = md.encode_scope(frames)
     assert md.decode_scope(text) == frames
     assert frames[1].call_id == "layers.0.attn@2"
@@ -19,6 +22,8 @@ def test_frame_package_and_class_name():
 
 
 def test_every_key_has_the_prefix():
-    keys = [getattr(md, k) for k in md.__all__ if k.isupper() and k not in ("PREFIX", "MODEL_PRODUCER")]
+    keys = [
+        getattr(md, k) for k in md.__all__ if k.isupper() and k not in ("PREFIX", "MODEL_PRODUCER")
+    ]
     assert keys and all(k.startswith(md.PREFIX) for k in keys)
     assert len(set(keys)) == len(keys)

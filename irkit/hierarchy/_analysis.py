@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import onnx_ir as ir
 
 from irkit import metadata as md
+from irkit._irutil import node_subgraphs
 from irkit.errors import OutlineError
 
 if TYPE_CHECKING:
@@ -128,16 +129,6 @@ def used_outside(value: ir.Value, region: AbstractSet[ir.Node]) -> bool:
     return False
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.value)
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.value)
-    return graphs
-
-
 @dataclasses.dataclass
 class ContractionPlan:
     """What :meth:`Dataflow.plan` found out about a region (only built for convex regions)."""
@@ -164,12 +155,12 @@ class Dataflow:
 
     def __init__(self, nodes: Sequence[ir.Node]):
         self.order: list[ir.Node | None] = list(nodes)
-        self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(self.order)}
+        self.pos: dict[ir.Node, int] = {n: i for i, n in enumerate(nodes)}
         self.reordered = False
-        self.control_flow: set[ir.Node] = {n for n in self.order if has_subgraph(n)}
+        self.control_flow: set[ir.Node] = {n for n in nodes if has_subgraph(n)}
         self._owner: dict[ir.Node, ir.Node] = {}  # node inside a subgraph → its top-level node
         for node in self.control_flow:
-            for graph in _subgraphs(node):
+            for graph in node_subgraphs(node):
                 for inner in ir.traversal.RecursiveGraphIterator(graph):
                     self._owner[inner] = node
 

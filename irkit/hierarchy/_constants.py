@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from irkit import metadata as md
+from irkit._irutil import fresh_name
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import has_subgraph
 
@@ -128,7 +129,7 @@ def localize_constants(graph: ir.Graph, cones: dict[ir.Node, int] | None = None)
                     used_names = {v.name for n in graph for v in n.outputs if v.name}
                     used_names |= {n.name for n in graph if n.name}
                 copy, made = _copy(graph, producer, scope, copies, used_names, before=node)
-                node.replace_input_with(use.idx, copy.outputs[value.index()])
+                node.replace_input_with(use.idx, copy.outputs[value.index() or 0])
                 count += made
     if not count and not dead:
         return 0
@@ -150,14 +151,15 @@ def _copy(
     key = (node, scope)
     if key in copies:
         return copies[key], 0
-    made, inputs = 1, []
+    made, inputs = 1, list[ir.Value | None]()
     for value in node.inputs:
-        if value is None:
-            inputs.append(None)
+        producer = value.producer() if value is not None else None
+        if value is None or producer is None:  # (a cone's inputs are produced in it)
+            inputs.append(value)
             continue
-        copy, n = _copy(graph, value.producer(), scope, copies, used_names, before)
+        copy, n = _copy(graph, producer, scope, copies, used_names, before)
         made += n
-        inputs.append(copy.outputs[value.index()])
+        inputs.append(copy.outputs[value.index() or 0])
     meta = dict(node.metadata_props)
     meta[md.SCOPE] = scope
     clone = ir.Node(
@@ -168,19 +170,15 @@ def _copy(
         num_outputs=len(node.outputs),
         version=node.version,
         metadata_props=meta,
-        name=_fresh(node.name, used_names) if node.name else None,
+        name=fresh_name(node.name, used_names, keep=False) if node.name else None,
     )
     for old, new in zip(node.outputs, clone.outputs, strict=True):
-        new.name, new.type, new.shape = _fresh(old.name or "const", used_names), old.type, old.shape
+        new.name, new.type, new.shape = (
+            fresh_name(old.name or "const", used_names, keep=False),
+            old.type,
+            old.shape,
+        )
         new.const_value = old.const_value
     graph.insert_before(before, clone)
     copies[key] = clone
     return clone, made
-
-
-def _fresh(name: str, used: set[str]) -> str:
-    k = 1
-    while f"{name}_{k}" in used:
-        k += 1
-    used.add(f"{name}_{k}")
-    return f"{name}_{k}"

@@ -22,7 +22,7 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -192,7 +192,8 @@ def region_key(
             number = idget(value)
             if number is None:
                 number = ids[value] = -2 - len(inputs)
-                inputs.append(value)
+                if value is not None:  # (always: None is in ids)
+                    inputs.append(value)
             if number < -1:
                 input_uses.append((node, i))
             wiring.append(number)
@@ -242,9 +243,9 @@ def body_graph(
         g.add_node(("n", k), label=f"{node.domain}:{node.op_type}:{node.overload}{attrs}>{types}")
         for j, v in enumerate(node.outputs):
             source[v] = (("n", k), j)
-        for j, v in enumerate(node.inputs):
-            if v is not None:
-                _add_port(g, *source[v], ("n", k), str(j))
+        for j, used in enumerate(node.inputs):
+            if used is not None:
+                _add_port(g, *source[used], ("n", k), str(j))
     for m, v in enumerate(outputs):
         g.add_node(("out", m), label="out")
         _add_port(g, *source[v], ("out", m), "o")
@@ -281,7 +282,7 @@ def _wl_hash(graph: nx.DiGraph) -> str:
     with warnings.catch_warnings():
         # networkx 3.5 changed directed hashes; irkit compares them within one run only.
         warnings.filterwarnings("ignore", message="The hashes produced for directed graphs")
-        return nx.weisfeiler_lehman_graph_hash(graph, node_attr="label", edge_attr="ports")
+        return str(nx.weisfeiler_lehman_graph_hash(graph, node_attr="label", edge_attr="ports"))
 
 
 @dataclasses.dataclass
@@ -300,10 +301,10 @@ class Match:
 def _bag(key: CanonicalKey) -> Counter[object]:
     """What a canonical key says regardless of node order: input types, node entries without
     their wiring, and the number of outputs."""
-    *entries, outputs = key[1:]
-    bag: Counter[object] = Counter([e[:5] + e[6:] for e in entries])  # type: ignore[index]
-    bag.update([("input", t) for t in key[0]])  # type: ignore[union-attr]
-    bag[("outputs", len(outputs))] += 1  # type: ignore[arg-type]
+    *entries, outputs = cast("tuple[tuple[object, ...], ...]", key[1:])
+    bag: Counter[object] = Counter([e[:5] + e[6:] for e in entries])
+    bag.update([("input", t) for t in cast("tuple[object, ...]", key[0])])
+    bag[("outputs", len(outputs))] += 1
     return bag
 
 

@@ -8,7 +8,6 @@ of ``layers.0``'s function carries ``layers.0.*`` scopes; inlined at ``layers.5`
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedFunctionsPass
 
 from irkit import metadata as md
+from irkit._irutil import fresh_name
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import Scope
 from irkit.hierarchy._select import FunctionsOption, make_predicate
@@ -27,8 +27,7 @@ logger = logging.getLogger(__name__)
 
 def call_frame(node: ir.Node) -> md.Frame | None:
     """The module call a function-call node stands for (its ``irkit.call``), or None."""
-    text = node.metadata_props.get(md.CALL_MODULE)
-    return md.Frame.from_json(json.loads(text)) if text else None
+    return md.node_call(node.metadata_props)
 
 
 def reroot_scope(scope: Scope, origin: Scope, site: Scope) -> Scope:
@@ -164,22 +163,22 @@ def _instantiate(
             overload=node.overload,
             num_outputs=len(node.outputs),
             version=node.version,
-            name=_fresh(node_name, used),
+            name=None if node_name is None else fresh_name(node_name, used),
             metadata_props=meta,
         )
         for old, new in zip(node.outputs, clone.outputs, strict=True):
-            new.name = _fresh(old.name, used)
+            new.name = None if old.name is None else fresh_name(old.name, used)
             new.type, new.shape = old.type, old.shape
             vmap[old] = new
         new_nodes.append(clone)
-    return new_nodes, [vmap[v] for v in function.outputs]
-
-
-def _fresh(name: str | None, used: set[str]) -> str | None:
-    if name is None:
-        return None
-    result, k = name, 1
-    while result in used:
-        result, k = f"{name}_{k}", k + 1
-    used.add(result)
-    return result
+    outputs: list[ir.Value] = []
+    for v in function.outputs:
+        mapped = vmap[v]
+        if mapped is None:
+            raise OutlineError(
+                f"Call node {call.name!r}: output {v.name!r} of function "
+                f"{function.domain}::{function.name} is an input the call omits; it cannot be "
+                "inlined. Fix: pass that input."
+            )
+        outputs.append(mapped)
+    return new_nodes, outputs

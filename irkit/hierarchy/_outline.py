@@ -12,6 +12,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import TopologicalSortPass
 
 from irkit import metadata as md
+from irkit._irutil import fresh_name
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import (
     ContractionPlan,
@@ -38,9 +39,8 @@ __all__ = ["outline", "CallSignatures", "OutlineWarning", "function_domain"]
 
 logger = logging.getLogger(__name__)
 
-CallSignatures = Mapping[str, tuple[Sequence[str], Sequence[str]]]
-"""Module call id (``"layers.0"``, ``"layers.0@1"``) → (input value names, output value names)
-in the module's call-signature order. Torch-free; built from ``ep.module_call_graph``."""
+CallSignatures = md.CallSignatures
+"""Module call id → (input value names, output value names); see :data:`irkit.metadata.CallSignatures`."""
 
 FUNCTION_OPSET_VERSION = 1
 
@@ -62,23 +62,64 @@ def function_domain(frame: md.Frame) -> str:
     return package or "irkit.local"
 
 
-@dataclasses.dataclass
-class _Context:
-    model: ir.Model
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """What the caller asked for; read-only during a run."""
+
     selected: Callable[[md.Frame], bool]
     max_depth: int | None
     signatures: CallSignatures
-    registry: FunctionRegistry
-    dataflow: Dataflow
-    used_call_names: set[str]
-    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Caches:
+    """For speed only: emptying any of them changes no result."""
+
     scope_texts: dict[Scope, str] = dataclasses.field(default_factory=dict)
     function_keys: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    node_keys: dict[ir.Node, tuple[object, ...]] = dataclasses.field(default_factory=dict)
+    label_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Replay:
+    """Templates of outlined calls and the repeats waiting to be replayed from them."""
+
     templates: dict[tuple[str, CanonicalKey], Template] = dataclasses.field(default_factory=dict)
     pending: dict[Scope, Pending] = dataclasses.field(default_factory=dict)
     replayed: int = 0
-    node_keys: dict[ir.Node, tuple[object, ...]] = dataclasses.field(default_factory=dict)
-    label_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Context:
+    """One outlining run: options, the state it changes, caches, replay bookkeeping, notes."""
+
+    model: ir.Model
+    options: _Options
+    registry: FunctionRegistry
+    dataflow: Dataflow
+    used_call_names: set[str]
+    caches: _Caches = dataclasses.field(default_factory=_Caches)
+    replay: _Replay = dataclasses.field(default_factory=_Replay)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallPlan:
+    """A call to install: ``body`` (the nodes of ``region``, of the call ``scope[-1]``) becomes one
+    call node named ``name`` of ``function`` (a new function when ``None``, registered under
+    ``key``); the call passes ``bound.inputs[order_in[j]]`` as input ``j`` and its output ``j``
+    replaces ``bound.outputs[order_out[j]]``."""
+
+    scope: Scope
+    body: list[ir.Node]
+    region: set[ir.Node]
+    bound: _Boundary
+    name: str
+    function: ir.Function | None
+    order_in: Sequence[int]
+    order_out: Sequence[int]
+    key: CanonicalKey | None = None
 
 
 def outline(
@@ -106,13 +147,17 @@ def outline(
             classes / class names, a :class:`ModuleSelector` (classes and path globs) or a
             predicate ``(path, qualified_class) -> bool``. See ``docs/hierarchy.md``.
         max_depth: Only outline calls at most this deep (top-level modules are depth 1).
-        call_signatures: Optional input/output order of module calls (:data:`CallSignatures`).
+        call_signatures: Input/output order of module calls (:data:`CallSignatures`). Default:
+            what the model stores under :data:`irkit.metadata.CALL_SIGNATURES` (written by
+            :func:`irkit.lower`), so ``outline(lower(ep, functions=False))`` equals
+            ``lower(ep)``.
 
     Returns:
         ``model`` itself.
 
     Raises:
         OutlineError: Bad ``functions``/``max_depth`` options.
+        MetadataError: Malformed ``irkit.*`` metadata.
 
     Example:
         >>> import irkit, onnx_ir as ir
@@ -139,11 +184,14 @@ def outline(
     if copied or len(model.graph) != len(nodes):  # (unused constants are dropped)
         nodes = list(model.graph)
     tree, members = build_scope_tree(nodes)
+    signatures = (
+        md.decode_call_signatures(model.metadata_props.get(md.CALL_SIGNATURES))
+        if call_signatures is None
+        else call_signatures
+    )
     ctx = _Context(
         model,
-        selected,
-        max_depth,
-        call_signatures or {},
+        _Options(selected, max_depth, signatures),
         FunctionRegistry(),
         Dataflow(nodes),
         {n.name for n in nodes if n.name},
@@ -164,7 +212,7 @@ def outline(
         items = members.pop(scope)
         result = _maybe_outline(ctx, scope, items) if items else []
         members[scope[:-1]].extend(result)
-        if scope in ctx.pending:
+        if scope in ctx.replay.pending:
             _record(ctx, scope, result)
     if ctx.dataflow.reordered:  # (call nodes took their regions' places: else still sorted)
         model.graph.sort()  # function bodies were built in topological order already
@@ -174,7 +222,7 @@ def outline(
             "copied)",
             sum(1 for n in model.graph.all_nodes() if md.CALL_MODULE in n.metadata_props),
             len(model.functions),
-            ctx.replayed,
+            ctx.replay.replayed,
             len(ctx.notes),
             copied,
         )
@@ -219,9 +267,9 @@ def _repeated_classes(tree: nx.DiGraph) -> set[str]:
 
 def _outlined(ctx: _Context, scope: Scope) -> bool:
     """Whether outlining is asked for this call (``functions`` and ``max_depth``)."""
-    if ctx.max_depth is not None and len(scope) > ctx.max_depth:
+    if ctx.options.max_depth is not None and len(scope) > ctx.options.max_depth:
         return False
-    return ctx.selected(scope[-1])
+    return ctx.options.selected(scope[-1])
 
 
 def _replay(
@@ -234,11 +282,11 @@ def _replay(
     """
     if not _outlined(ctx, scope):
         return False
-    if any(scope[:k] in ctx.pending for k in range(1, len(scope))):
+    if any(scope[:k] in ctx.replay.pending for k in range(1, len(scope))):
         return False  # inside a first call: its repeats replay it whole, not its parts
     labels = relative_labels(scope, descendants, lambda s: _outlined(ctx, s))
     pos, control_flow = ctx.dataflow.pos, ctx.dataflow.control_flow
-    label_ids = ctx.label_ids  # (an int per distinct label: keys hash and compare faster)
+    label_ids = ctx.caches.label_ids  # (an int per distinct label: keys hash and compare faster)
     labelled = []
     for s, label in labels.items():
         label_id = label_ids.setdefault(label, len(label_ids))
@@ -255,10 +303,10 @@ def _replay(
     if not outputs:
         return False
     bound = _Boundary(inputs, outputs, input_uses)
-    template = ctx.templates.get((frame.cls, key))
+    template = ctx.replay.templates.get((frame.cls, key))
     if template is None:  # the first call: outlined normally, its children keyed from here
-        remember_entries(key, body, ctx.node_keys)
-        ctx.pending[scope] = Pending(
+        remember_entries(key, body, ctx.caches.node_keys)
+        ctx.replay.pending[scope] = Pending(
             key, bound.inputs, [v.name for v in bound.outputs], len(ctx.notes)
         )
         return False
@@ -267,26 +315,28 @@ def _replay(
         return False
     call = _install(
         ctx,
-        scope,
-        body,
-        region,
-        bound,
-        frame.call_id,
-        template.function,
-        template.inputs,
-        template.outputs,
+        _CallPlan(
+            scope,
+            body,
+            region,
+            bound,
+            frame.call_id,
+            template.function,
+            template.inputs,
+            template.outputs,
+        ),
     )
     ctx.dataflow.contract(plan, call)
     for s in labels:
         del members[s]
     members[scope[:-1]].append(call)
-    ctx.replayed += 1
+    ctx.replay.replayed += 1
     return True
 
 
 def _record(ctx: _Context, scope: Scope, result: list[ir.Node]) -> None:
     """Keep the first call's outlined result as the template of its flat key, if it is clean."""
-    pending = ctx.pending.pop(scope)
+    pending = ctx.replay.pending.pop(scope)
     if len(result) != 1 or len(ctx.notes) != pending.notes:
         return
     call = result[0]
@@ -295,7 +345,7 @@ def _record(ctx: _Context, scope: Scope, result: list[ir.Node]) -> None:
         return
     template = make_template(pending, call, function)
     if template is not None:
-        ctx.templates.setdefault((scope[-1].cls, pending.key), template)
+        ctx.replay.templates.setdefault((scope[-1].cls, pending.key), template)
 
 
 def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir.Node]:
@@ -320,7 +370,8 @@ def _split(
     ctx: _Context, scope: Scope, items: list[ir.Node], witness: list[ir.Node]
 ) -> list[ir.Node]:
     """Outline a non-convex call as several convex parts (``enc/part0``, ``enc/part1`` …)."""
-    frame, result, remaining, k = scope[-1], [], set(items), 0
+    frame, remaining, k = scope[-1], set(items), 0
+    result: list[ir.Node] = []
     while remaining:
         part = ctx.dataflow.first_convex_part(remaining)
         plan = ctx.dataflow.plan(part)
@@ -368,7 +419,7 @@ def _ordered(values: list[ir.Value], names: Sequence[str]) -> list[ir.Value]:
     if not names:
         return values
     rank = {name: i for i, name in enumerate(names)}
-    first = sorted((v for v in values if v.name in rank), key=lambda v: rank[v.name])
+    first = sorted((v for v in values if v.name in rank), key=lambda v: rank[v.name or ""])
     return first + [v for v in values if v.name not in rank]
 
 
@@ -391,7 +442,7 @@ def _boundary(
                 inputs[value] = None
                 input_uses.append((node, i))
         outputs.extend(v for v in node.outputs if used_outside(v, region))
-    signature = ctx.signatures.get(frame.call_id) or ctx.signatures.get(frame.path)
+    signature = ctx.options.signatures.get(frame.call_id) or ctx.options.signatures.get(frame.path)
     if signature is None:
         return _Boundary(list(inputs), outputs, input_uses)
     return _Boundary(
@@ -404,11 +455,7 @@ def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:
     base = name or "input"
     if frame.path and base.startswith(frame.path + "."):
         base = base[len(frame.path) + 1 :]
-    result, k = base, 1
-    while result in taken:
-        result, k = f"{base}_{k}", k + 1
-    taken.add(result)
-    return result
+    return fresh_name(base, taken)
 
 
 def _build_call(
@@ -425,41 +472,32 @@ def _build_call(
     if not outputs:
         return None
     domain, cls_name = _function_key(ctx, frame)
-    key = canonical_key(outer_inputs, body, outputs, memo=ctx.node_keys)
+    key = canonical_key(outer_inputs, body, outputs, memo=ctx.caches.node_keys)
     function = ctx.registry.find(domain, cls_name, key)
-    order_in, order_out = range(len(outer_inputs)), range(len(outputs))
+    order_in: Sequence[int] = range(len(outer_inputs))
+    order_out: Sequence[int] = range(len(outputs))
     if function is None:  # same body in another node order?
         match = ctx.registry.find_isomorphic(domain, cls_name, key, outer_inputs, body, outputs)
         if match is not None:
             function, order_in, order_out = match.function, match.inputs, match.outputs
-    return _install(ctx, scope, body, region, bound, name, function, order_in, order_out, key)
+    plan = _CallPlan(scope, body, region, bound, name, function, order_in, order_out, key)
+    return _install(ctx, plan)
 
 
-def _install(
-    ctx: _Context,
-    scope: Scope,
-    body: list[ir.Node],
-    region: set[ir.Node],
-    bound: _Boundary,
-    name: str,
-    function: ir.Function | None,
-    order_in: Sequence[int],
-    order_out: Sequence[int],
-    new_key: CanonicalKey | None = None,
-) -> ir.Node:
-    """Put a call node in the place of ``body`` and take ``body`` out of the graph.
+def _install(ctx: _Context, plan: _CallPlan) -> ir.Node:
+    """Put a call node in the place of ``plan.body`` and take the body out of the graph.
 
-    The call passes ``bound.inputs[order_in[j]]`` as input ``j``; its output ``j`` replaces
-    ``bound.outputs[order_out[j]]``. Without a ``function`` the body becomes a new one
-    (registered under ``new_key``); otherwise the body is dropped.
+    Without a ``plan.function`` the body becomes a new function; otherwise it is dropped.
     """
+    scope, body, region, bound = plan.scope, plan.body, plan.region, plan.bound
+    function, order_in, order_out = plan.function, plan.order_in, plan.order_out
     frame, graph = scope[-1], ctx.model.graph
     outer_inputs, outputs = bound.inputs, bound.outputs
     call = ir.Node(
         *_function_key(ctx, frame),
         [outer_inputs[i] for i in order_in],
         num_outputs=len(outputs),
-        name=_call_name(ctx, name),
+        name=_call_name(ctx, plan.name),
         metadata_props={
             md.CALL_MODULE: md.encode_call(frame),
             md.SCOPE: _scope_text(ctx, scope[:-1]),
@@ -476,7 +514,7 @@ def _install(
     graph.remove(body)
     if function is None:
         params = _rewire_to_params(frame, bound)
-        function = _new_function(ctx, scope, params, body, outputs, new_key)
+        function = _new_function(ctx, scope, params, body, outputs, plan.key)
     else:  # the body is dropped: it must no longer count as a user of the outer values
         for node, i in bound.input_uses:
             node.replace_input_with(i, None)
@@ -491,7 +529,7 @@ def _rewire_to_params(frame: md.Frame, bound: _Boundary) -> list[ir.Value]:
         ir.Value(name=_local_name(v.name, frame, taken), type=v.type, shape=v.shape)
         for v in bound.inputs
     ]
-    param_of = dict(zip(bound.inputs, params, strict=True))
+    param_of: dict[ir.Value | None, ir.Value] = dict(zip(bound.inputs, params, strict=True))
     for node, i in bound.input_uses:
         node.replace_input_with(i, param_of[node.inputs[i]])
     return params
@@ -499,9 +537,9 @@ def _rewire_to_params(frame: md.Frame, bound: _Boundary) -> list[ir.Value]:
 
 def _function_key(ctx: _Context, frame: md.Frame) -> tuple[str, str]:
     """(domain, name) of the class's functions, computed once per class."""
-    key = ctx.function_keys.get(frame.cls)
+    key = ctx.caches.function_keys.get(frame.cls)
     if key is None:
-        key = ctx.function_keys[frame.cls] = (function_domain(frame), frame.class_name)
+        key = ctx.caches.function_keys[frame.cls] = (function_domain(frame), frame.class_name)
     return key
 
 
@@ -534,15 +572,11 @@ def _new_function(
 
 
 def _scope_text(ctx: _Context, scope: Scope) -> str:
-    text = ctx.scope_texts.get(scope)
+    text = ctx.caches.scope_texts.get(scope)
     if text is None:
-        text = ctx.scope_texts[scope] = md.encode_scope(scope)
+        text = ctx.caches.scope_texts[scope] = md.encode_scope(scope)
     return text
 
 
 def _call_name(ctx: _Context, wanted: str) -> str:
-    name, k = wanted, 1
-    while name in ctx.used_call_names:
-        name, k = f"{wanted}#{k}", k + 1
-    ctx.used_call_names.add(name)
-    return name
+    return fresh_name(wanted, ctx.used_call_names, sep="#")

@@ -80,13 +80,13 @@ def make_template(pending: Pending, call: ir.Node, function: ir.Function) -> Tem
     Every flat input must be one of the call's inputs and every flat output one of its outputs
     (matched by value name: outlining keeps the names of the values a call node stands for).
     """
-    position = {v: i for i, v in enumerate(pending.inputs)}
+    position: dict[ir.Value | None, int] = {v: i for i, v in enumerate(pending.inputs)}
     inputs = [position.get(v) for v in call.inputs]
     names = pending.output_names
     if None in names or len(set(names)) != len(names):
         return None
     out_position = {name: i for i, name in enumerate(names)}
-    outputs = [out_position.get(v.name) for v in call.outputs]  # type: ignore[arg-type]
+    outputs = [out_position.get(v.name) for v in call.outputs]
     if None in inputs or sorted(inputs) != list(range(len(position))):  # type: ignore[type-var]
         return None
     if None in outputs or sorted(outputs) != list(range(len(names))):  # type: ignore[type-var]

@@ -65,9 +65,8 @@ def _walk(
                 if origin
                 else (*md.node_scope(node.metadata_props), frame)
             )
-            part = (
-                node.name[len(frame.call_id) :] if node.name.startswith(frame.call_id + "/") else ""
-            )
+            name = node.name or ""
+            part = name[len(frame.call_id) :] if name.startswith(frame.call_id + "/") else ""
             label = here[-1].call_id + part  # "/partK" of a call split into convex parts
         lines.append(f"{'  ' * depth}{label}  ->  {_fid(node)}")
         instances[_fid(node)] += 1

@@ -21,6 +21,7 @@ from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
 from irkit.lowering._registry import LoweringTable
+from irkit.lowering._signatures import store_call_signatures
 
 __all__ = ["lower_program", "DEFAULT_OPSET", "TORCHLIB_OPSET", "IR_VERSION"]
 
@@ -91,9 +92,10 @@ def lower_program(
     opset = _runnable_opset(model, requested=opset_arg)
     if opset != TORCHLIB_OPSET:
         _convert_opset(model, opset)
+    store_call_signatures(model, emitter.call_signatures())
     if functions is not False:
         t0 = time.perf_counter()
-        outline(model, functions, max_depth=max_depth, call_signatures=emitter.call_signatures())
+        outline(model, functions, max_depth=max_depth)
         logger.info(
             "irkit.lower: outlined %d function(s) in %.2fs",
             len(model.functions),

@@ -2,20 +2,38 @@
 
 Write a rule as the identity it implements — a pattern built with :data:`op`, an optional check,
 a rewrite — compose rules into :class:`RuleSet`\\ s with ``+`` and apply them with
-:func:`rewrite` (in place, to a fixed point) or :func:`optimize` (cleanup, fusions, folding, CSE).
+:func:`rewrite` (in place, to a fixed point) or :func:`optimize_with` (folding, rules, CSE).
+The engine knows no rules: the library is :mod:`irkit.rules`, bound to targets by
+``irkit.optimize``.
 See ``docs/rules.md`` for a worked example.
+
+Everything a rule author needs is imported from here — the pattern language, :class:`Rule`,
+:func:`fail`, :class:`Const` and the check helpers (:func:`dims`, :func:`scalar`,
+:func:`reduced_axis` …); the ``_*.py`` modules behind this facade are private.
 """
 
 from __future__ import annotations
 
-from irkit.rewriting.apply import count_nodes, rewrite
-from irkit.rewriting.builder import RewriteBuilder
-from irkit.rewriting.match import Match, MatchFailure, const_value, fail
-from irkit.rewriting.module_rule import ModuleCall, ModuleRule
-from irkit.rewriting.optimize import optimize
-from irkit.rewriting.pattern import Const, attr, either, op, optional, var
-from irkit.rewriting.report import NearMiss, RewriteReport, RuleStats
-from irkit.rewriting.rule import (
+from irkit.rewriting._apply import count_nodes, graph_io_guard, rewrite
+from irkit.rewriting._builder import RewriteBuilder
+from irkit.rewriting._checks import (
+    FLOAT_TYPES,
+    Verdict,
+    const_ints,
+    dims,
+    is_float,
+    rank,
+    reduced_axis,
+    same_dims,
+    scalar,
+    static_shape,
+)
+from irkit.rewriting._match import Match, MatchFailure, const_value, fail
+from irkit.rewriting._module_rule import ModuleCall, ModuleRule
+from irkit.rewriting._optimize import optimize_with
+from irkit.rewriting._pattern import Const, Pattern, attr, either, op, optional, var
+from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
+from irkit.rewriting._rule import (
     BaseRule,
     NodeRule,
     Rewrite,
@@ -27,7 +45,7 @@ from irkit.rewriting.rule import (
 
 __all__ = [
     "rewrite",
-    "optimize",
+    "optimize_with",
     "count_nodes",
     "op",
     "var",
@@ -49,6 +67,18 @@ __all__ = [
     "MatchFailure",
     "fail",
     "const_value",
+    "Pattern",
+    "Verdict",
+    "rank",
+    "dims",
+    "static_shape",
+    "is_float",
+    "FLOAT_TYPES",
+    "scalar",
+    "const_ints",
+    "same_dims",
+    "reduced_axis",
+    "graph_io_guard",
     "RewriteReport",
     "RuleStats",
     "NearMiss",

@@ -22,7 +22,7 @@ def outline_and_compare(model: ir.Model, inputs, **kwargs) -> ir.Model:
     """Outline ``model``; assert checker + topological order + identical numbers in ORT."""
     before = run_ort(model, inputs)
     irkit.outline(model, **kwargs)
-    irkit.check(model)
+    irkit.check(irkit.lint(model))
     assert_sorted(model)
     after = run_ort(model, inputs)
     for a, b in zip(after, before, strict=True):

@@ -131,7 +131,7 @@ def outline_and_verify(model: ir.Model, args, eager, **kwargs) -> ir.Model:
     flat = run_ort(model, list(args))
     assert_close(flat, eager, atol=1e-4)
     irkit.outline(model, **kwargs)
-    irkit.check(model)
+    irkit.check(irkit.lint(model))
     outlined = run_ort(model, list(args))
     assert_close(outlined, flat, atol=1e-5)
     assert_close(outlined, eager, atol=1e-4)
@@ -194,6 +194,7 @@ def test_conflated_calls_are_split_back_into_two_calls():
     assert len(model.functions) == 2  # Inner and Linear, each shared by both parts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "cnn", "gpt2_dynamic"])
 def test_zoo(name):
     zm = zoo.load(name)
@@ -227,6 +228,7 @@ def _transformers_model(kind: str, layers: int):
     return getattr(transformers, model_cls)(config).eval(), layer_cls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_n_layers_give_one_decoder_layer_function(kind):
     module, cls = _transformers_model(kind, 4)
@@ -254,6 +256,7 @@ def test_inline_restores_every_scope(name):
     assert_close(run_ort(model, list(args)), eager, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_zoo_stack4_is_one_block_function_called_four_times():
     zm = zoo.load("stack4")
     model = outline_and_verify(
@@ -265,15 +268,11 @@ def test_zoo_stack4_is_one_block_function_called_four_times():
 
 
 def call_signatures(ep: torch.export.ExportedProgram) -> irkit.CallSignatures:
-    """What ``irkit.lower(ep, functions=...)`` passes to ``outline`` (see docs/hierarchy.md)."""
-    return {
-        entry.fqn: (
-            [a.name for a in entry.signature.inputs if hasattr(a, "name")],
-            [a.name for a in entry.signature.outputs if hasattr(a, "name")],
-        )
-        for entry in ep.module_call_graph
-        if entry.fqn and entry.signature is not None
-    }
+    """What ``irkit.lower`` stores in the model for ``outline`` (``irkit.call_signatures``)."""
+    flat = irkit.lower(ep, functions=False)
+    return irkit.metadata.decode_call_signatures(
+        flat.metadata_props.get(irkit.metadata.CALL_SIGNATURES)
+    )
 
 
 def test_call_signatures_from_preserved_module_calls():
@@ -291,6 +290,7 @@ def test_call_signatures_from_preserved_module_calls():
     assert [v.name for v in dict_fn.outputs] == ["sigmoid", "tanh"]  # exp is unused
 
 
+@pytest.mark.slow
 def test_outline_after_cse_still_dedupes_the_stack():
     from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
 
@@ -303,6 +303,7 @@ def test_outline_after_cse_still_dedupes_the_stack():
     assert [n.op_type for n in model.graph] == ["PreLNBlock"] * 4 + ["LayerNorm"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["optimize_then_outline", "outline_then_optimize"])
 def test_outline_and_optimize_in_either_order(order):
     zm = zoo.load("llama")

@@ -59,12 +59,12 @@ def test_random_scopes_outline_and_inline(seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", irkit.OutlineWarning)
         irkit.outline(model)
-    irkit.check(model)
+    irkit.check(irkit.lint(model))
     assert_sorted(model)
     for got, want in zip(run_ort(model, feeds), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     irkit.inline(model)
     assert len(model.functions) == 0
-    irkit.check(model)
+    irkit.check(irkit.lint(model))
     for got, want in zip(run_ort(model, feeds), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

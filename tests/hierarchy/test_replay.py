@@ -78,6 +78,7 @@ def test_replay_respects_max_depth(caplog, monkeypatch):
     assert _text(fast) == _text(slow)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "replayed"), [("stack4", 3), ("gpt2", 1), ("llama", 1), ("bert", 1)]
 )

@@ -25,9 +25,7 @@ RMS_BODY = """
 
 
 def _model(n_layers: int = 3) -> ir.Model:
-    calls = "  ".join(
-        f"h{i + 1} = {PKG}.LlamaRMSNorm(h{i}, w{i % 2})" for i in range(n_layers)
-    )
+    calls = "  ".join(f"h{i + 1} = {PKG}.LlamaRMSNorm(h{i}, w{i % 2})" for i in range(n_layers))
     m = util.model(f"""<ir_version: 10, opset_import: ["" : 18, "{PKG}" : 1]>
 g (float[2,4,8] h0, float[8] w0, float[8] w1) => (float[2,4,8] h{n_layers}) {{ {calls} }}
 <domain: "{PKG}", opset_import: ["" : 18]>
@@ -45,14 +43,17 @@ def test_replace_every_call_by_a_kernel():
     m = _model()
     before = util.clone(m)
     rule = ModuleRule(
-        "RMSNormKernel", cls="LlamaRMSNorm",
+        "RMSNormKernel",
+        cls="LlamaRMSNorm",
         replace_with=("", "SimplifiedLayerNormalization"),  # ORT registers it in the ONNX domain
         attributes={"epsilon": 1e-6, "axis": -1},
     )
-    report = irkit.rewrite(m, rule)
+    report = util.rewrite(m, rule)
     assert report.fired == {"RMSNormKernel": 3}
     assert report.rules["RMSNormKernel"].where == {
-        "layers.0.input_layernorm": 1, "layers.1.input_layernorm": 1, "layers.2.input_layernorm": 1
+        "layers.0.input_layernorm": 1,
+        "layers.1.input_layernorm": 1,
+        "layers.2.input_layernorm": 1,
     }
     assert util.ops(m) == {"SimplifiedLayerNormalization": 3}
     node = m.graph.node(1)
@@ -64,11 +65,13 @@ def test_replace_every_call_by_a_kernel():
 def test_select_by_path_glob_and_custom_domain():
     m = _model()
     rule = ModuleRule("Flash", path="layers.[02].*", replace_with=("com.example", "FastRMS"))
-    report = irkit.rewrite(m, rule)
+    report = util.rewrite(m, rule)
     assert report.fired == {"Flash": 2}
     assert [n.op_type for n in m.graph] == ["FastRMS", "LlamaRMSNorm", "FastRMS"]
     assert m.opset_imports["com.example"] == 1
-    assert set(report.rules["Flash"].failures) == {"module path layers.1.input_layernorm not selected"}
+    assert set(report.rules["Flash"].failures) == {
+        "module path layers.1.input_layernorm not selected"
+    }
 
 
 def test_select_by_function_and_build_replacement():
@@ -82,7 +85,7 @@ def test_select_by_function_and_build_replacement():
     before = util.clone(m)
     rule = ModuleRule("ToOnnx", function=(PKG, "LlamaRMSNorm"), replace_with=build)
     assert rule.anchors == frozenset({(PKG, "LlamaRMSNorm")})
-    assert irkit.rewrite(m, rule).fired == {"ToOnnx": 3}
+    assert util.rewrite(m, rule).fired == {"ToOnnx": 3}
     util.assert_same_numbers(before, m, atol=1e-5)
 
 
@@ -105,6 +108,6 @@ def test_module_rule_needs_a_selector():
 def test_calls_without_metadata_are_reported():
     m = _model(1)
     m.graph.node(0).metadata_props.pop(metadata.CALL_MODULE)
-    report = irkit.rewrite(m, ModuleRule("X", cls="LlamaRMSNorm", replace_with=("a", "B")))
+    report = util.rewrite(m, ModuleRule("X", cls="LlamaRMSNorm", replace_with=("a", "B")))
     assert report.rules["X"].failures == {"call node has no irkit.call metadata": 1}
     np.testing.assert_equal(len(m.graph), 1)

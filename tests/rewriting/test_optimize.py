@@ -16,7 +16,7 @@ from tests.rewriting import util
 def _optimized(name: str, **kwargs):
     zm = zoo.load(name)
     model = irkit.lower(zoo.export(name), functions=False)
-    report = irkit.optimize(model, **kwargs)
+    report = util.optimize(model, **kwargs)
     util.assert_valid(model)
     out = run_ort(model, [a.numpy() for a in zm.args])
     assert_close(out, flatten_outputs(zm.eager()), FP32_ATOL)
@@ -27,17 +27,20 @@ def _count(model: ir.Model, op_type: str) -> int:
     return collections.Counter(n.op_type for n in model.graph)[op_type]
 
 
+@pytest.mark.slow
 def test_llama_rms_norm_fuses():
     model, report = _optimized("llama")
     # 2 layers × (input, post-attention) + the final norm
     assert report.fired["RMSNormalization"] == 5
     assert _count(model, "RMSNormalization") == 5
     assert {"Pow", "Sqrt", "Reciprocal", "ReduceMean"}.isdisjoint(n.op_type for n in model.graph)
-    scopes = {n.metadata_props.get("irkit.scope") for n in model.graph
-                   if n.op_type == "RMSNormalization"}
+    scopes = {
+        n.metadata_props.get("irkit.scope") for n in model.graph if n.op_type == "RMSNormalization"
+    }
     assert len(scopes) == 5  # each fused node keeps its own module scope
 
 
+@pytest.mark.slow
 def test_gpt2_tanh_gelu_and_gemm():
     model, report = _optimized("gpt2")
     assert report.fired["GeluTanh"] == 2
@@ -46,6 +49,7 @@ def test_gpt2_tanh_gelu_and_gemm():
     assert _count(model, "Constant") == 0  # lifted to initializers
 
 
+@pytest.mark.slow
 def test_opset_cap_keeps_gelu_decomposed():
     model, report = _optimized("gpt2", opset=18)
     assert "GeluTanh" not in report.fired
@@ -53,13 +57,15 @@ def test_opset_cap_keeps_gelu_decomposed():
 
 
 def test_unknown_target():
-    model = util.model('<ir_version: 10, opset_import: ["" : 18]>\n'
-                       "g (float[2] x) => (float[2] y) { y = Relu(x) }")
+    model = util.model(
+        '<ir_version: 10, opset_import: ["" : 18]>\ng (float[2] x) => (float[2] y) { y = Relu(x) }'
+    )
     with pytest.raises(irkit.RewriteError) as info:
         irkit.optimize(model, target="tpu")
     assert str(info.value) == "unknown optimize target 'tpu'; known targets: ['onnx']"
 
 
+@pytest.mark.slow
 def test_llama_after_outlining_fuses_inside_the_shared_body():
     """lower → outline → optimize: the norm is fused once in the LlamaRMSNorm function body."""
     if not hasattr(irkit, "outline"):
@@ -68,11 +74,9 @@ def test_llama_after_outlining_fuses_inside_the_shared_body():
     model = irkit.lower(zoo.export("llama"), functions=False)
     irkit.outline(model)
     functions_before = set(model.functions)
-    report = irkit.optimize(model)
+    report = util.optimize(model)
     assert report.fired["RMSNormalization"] == 1
-    assert report.rules["RMSNormalization"].where == {
-        "transformers.models.llama::LlamaRMSNorm": 1
-    }
+    assert report.rules["RMSNormalization"].where == {"transformers.models.llama::LlamaRMSNorm": 1}
     assert set(model.functions) == functions_before  # the hierarchy survives
     body = model.functions[("transformers.models.llama", "LlamaRMSNorm", "")]
     assert [n.op_type for n in body if n.op_type != "Constant"] == ["RMSNormalization"]
@@ -94,7 +98,7 @@ def test_zoo_models_stay_correct(name, fired):
     """Valid, same numbers as eager PyTorch, and the expected fusions fired (dynamic dims too)."""
     zm = zoo.load(name)
     model = irkit.lower(zoo.export(name), functions=False)
-    report = irkit.optimize(model)
+    report = util.optimize(model)
     util.assert_valid(model)
     for rule, count in fired.items():
         assert report.fired[rule] == count

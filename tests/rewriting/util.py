@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import collections
-import os
 import pathlib
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+import irkit
+from irkit.rewriting import RewriteReport
+from tests import helpers
 from tests.helpers import run_ort
 
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "rewriting"
+
+
+def rewrite(m: ir.Model, rules, **kwargs) -> RewriteReport:
+    """``irkit.rewrite`` (in place), returning the report it fills."""
+    report = RewriteReport()
+    assert irkit.rewrite(m, rules, report=report, **kwargs) is m
+    return report
+
+
+def optimize(m: ir.Model, **kwargs) -> RewriteReport:
+    """``irkit.optimize`` (in place), returning the report it fills."""
+    report = RewriteReport()
+    assert irkit.optimize(m, report=report, **kwargs) is m
+    return report
 
 
 def model(text: str) -> ir.Model:
@@ -37,7 +53,8 @@ def ops(m: ir.Model | ir.Function | ir.Graph) -> dict[str, int]:
 
 
 def assert_valid(m: ir.Model) -> None:
-    """The checker with strict shape inference: catches stale or conflicting shapes and types."""
+    """irkit.lint, then the checker with strict shape inference (stale or conflicting shapes)."""
+    irkit.lint(m)
     proto = ir.serde.serialize_model(m)
     onnx.checker.check_model(proto, full_check=True)
     onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
@@ -68,10 +85,4 @@ def assert_same_numbers(before: ir.Model, after: ir.Model, atol: float = 1e-5, s
 
 def assert_golden(m: ir.Model, name: str) -> None:
     """Compare the deterministic text dump with tests/golden/rewriting/<name>.txt."""
-    text = ir.to_onnx_text(m, exclude_initializers=True)
-    path = GOLDEN / f"{name}.txt"
-    if os.environ.get("IRKIT_REGEN_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"missing golden {path}; create it with IRKIT_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"golden mismatch for {name}; regenerate with IRKIT_REGEN_GOLDEN=1"
+    helpers.assert_golden(ir.to_onnx_text(m, exclude_initializers=True), f"rewriting/{name}.txt")

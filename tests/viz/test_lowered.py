@@ -82,7 +82,8 @@ def test_diff_of_flat_models_names_modules_from_scopes(lowered, tmp_path):
 def test_diff_after_irkit_optimize_names_the_fused_modules(tmp_path):
     model = irkit.lower(zoo.export("llama"), functions=False)
     before = irkit.save(model, tmp_path / "llama.onnx")
-    report = irkit.optimize(model)
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
     assert report.fired["RMSNormalization"] == 5
     after = irkit.save(model, tmp_path / "llama_opt.onnx")
     data = json.loads(run_cli(before, "--diff", after, "--format", "json").stdout)

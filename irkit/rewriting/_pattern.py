@@ -13,7 +13,7 @@ Div(x, 2.0)
 com.microsoft::FusedMatMul(x, x, alpha=?alpha)
 
 Patterns are immutable data: building one has no side effect and needs no graph. The matcher
-(:mod:`irkit.rewriting.match`) matches them against ``onnx_ir`` values.
+(:mod:`irkit.rewriting._match`) matches them against ``onnx_ir`` values.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from irkit.errors import RuleDefinitionError
 
 __all__ = [
     "Pattern",
@@ -63,13 +65,71 @@ COMMUTATIVE_OPS = frozenset(
 
 
 class Pattern:
-    """Base class of value patterns (what one input or output of a node must look like)."""
+    """Base class of value patterns (what one input or output of a node must look like).
+
+    Arithmetic operators build ONNX op patterns, so a pattern reads like the identity it matches:
+    ``a + b`` is ``op.Add(a, b)``, ``a - b`` ``op.Sub``, ``a * b`` ``op.Mul``, ``a / b``
+    ``op.Div``, ``a @ b`` ``op.MatMul``, ``a ** b`` ``op.Pow`` and ``-a`` ``op.Neg``; a Python
+    number on either side becomes a :class:`Const`. ``Add`` and ``Mul`` match their inputs in
+    either order (as ``op.Add`` / ``op.Mul`` do); association is as written, so list the other
+    groupings with :func:`either`.
+
+    >>> x = var("x")
+    >>> print(0.5 * x * (1 + op.Erf(x / 1.4142135)))
+    Mul(Mul(0.5, x), Add(1, Erf(Div(x, 1.4142135))))
+    """
 
     __slots__ = ()
 
     def variables(self) -> Iterator[str]:
         """Names bound by this pattern (values and captured attributes), with repeats."""
         return iter(())
+
+    def __add__(self, other: object) -> NodeOutput:
+        return _binary("Add", self, other)
+
+    def __radd__(self, other: object) -> NodeOutput:
+        return _binary("Add", other, self)
+
+    def __sub__(self, other: object) -> NodeOutput:
+        return _binary("Sub", self, other)
+
+    def __rsub__(self, other: object) -> NodeOutput:
+        return _binary("Sub", other, self)
+
+    def __mul__(self, other: object) -> NodeOutput:
+        return _binary("Mul", self, other)
+
+    def __rmul__(self, other: object) -> NodeOutput:
+        return _binary("Mul", other, self)
+
+    def __truediv__(self, other: object) -> NodeOutput:
+        return _binary("Div", self, other)
+
+    def __rtruediv__(self, other: object) -> NodeOutput:
+        return _binary("Div", other, self)
+
+    def __matmul__(self, other: object) -> NodeOutput:
+        return _binary("MatMul", self, other)
+
+    def __rmatmul__(self, other: object) -> NodeOutput:
+        return _binary("MatMul", other, self)
+
+    def __pow__(self, other: object) -> NodeOutput:
+        return _binary("Pow", self, other)
+
+    def __rpow__(self, other: object) -> NodeOutput:
+        return _binary("Pow", other, self)
+
+    def __neg__(self) -> NodeOutput:
+        result: NodeOutput = _OpFactory("", "Neg")(self)
+        return result
+
+
+def _binary(op_type: str, left: object, right: object) -> NodeOutput:
+    """``op.<op_type>(left, right)`` (the default-domain op, commutative if the op is)."""
+    result: NodeOutput = _OpFactory("", op_type)(left, right)
+    return result
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -222,7 +282,10 @@ def as_pattern(value: Any) -> Pattern | None:
         return value
     if isinstance(value, (bool, int, float, np.ndarray, np.generic, list, tuple)):
         return Const(np.asarray(value) if not isinstance(value, (int, float)) else value)
-    raise TypeError(f"cannot use {value!r} ({type(value).__name__}) in a pattern")
+    raise RuleDefinitionError(
+        f"cannot use {value!r} ({type(value).__name__}) in a pattern. Fix: use a pattern "
+        "variable (var), an op pattern, a number or a numpy array."
+    )
 
 
 class _OpFactory:
@@ -298,7 +361,10 @@ def attr(name: str) -> AttrVar:
 def either(*alternatives: Any) -> Either:
     """Match any one of ``alternatives`` (tried in order)."""
     if len(alternatives) < 2:
-        raise ValueError("either() needs at least two alternatives")
+        raise RuleDefinitionError(
+            f"either() needs at least two alternatives, got {len(alternatives)}. Fix: pass the "
+            "pattern itself when there is only one."
+        )
     return Either(tuple(as_pattern(a) for a in alternatives))  # type: ignore[misc]
 
 

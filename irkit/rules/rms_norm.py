@@ -14,41 +14,60 @@ with ``keepdims=1``; ``eps`` a scalar constant; ``w`` has exactly the normalized
 
 from __future__ import annotations
 
-from irkit.rewriting import Const, Rule, RuleSet, attr, either, fail, op, optional, var
-from irkit.rewriting.checks import dims, is_float, same_dims, scalar
-from rewrites.layer_norm import reduced_axis
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from irkit.rewriting import (
+    Const,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    dims,
+    either,
+    fail,
+    is_float,
+    op,
+    optional,
+    reduced_axis,
+    same_dims,
+    scalar,
+    var,
+)
 
 x, eps, w, ax = var("x"), var("eps"), var("w"), var("ax")
 
-_MS = op.Add(op.ReduceMean(either(op.Pow(x, 2.0), op.Mul(x, x)), optional(ax),
-                           axes=attr("axes"), keepdims=1), eps)
-_NORMED = either(
-    op.Mul(x, either(op.Reciprocal(op.Sqrt(_MS)), op.Div(1.0, op.Sqrt(_MS)),
-                     op.Pow(_MS, Const(-0.5)))),
-    op.Div(x, op.Sqrt(_MS)),
-)
+_MS = op.ReduceMean(either(x**2.0, x * x), optional(ax), axes=attr("axes"), keepdims=1) + eps
+_RSQRT = either(op.Reciprocal(op.Sqrt(_MS)), 1.0 / op.Sqrt(_MS), _MS ** Const(-0.5))
+_NORMED = either(x * _RSQRT, x / op.Sqrt(_MS))
 
 
-def _check(x, ax, axes, eps, w):  # noqa: ANN001
-    if not is_float(x) or dims(x) is None:
+def _check(
+    x: ir.Value, ax: ir.Value | None, axes: Sequence[int] | None, eps: ir.Value, w: ir.Value
+) -> Verdict:
+    """The preconditions; finds the normalized ``axis`` (negative) and ``epsilon``."""
+    xd = dims(x)
+    if not is_float(x) or xd is None:
         return fail("x must be floating point with known rank", x)
     k = reduced_axis(x, ax, axes)
     if not isinstance(k, int):
         return k
-    if scalar(eps) is None:
+    epsilon = scalar(eps)
+    if epsilon is None:
         return fail("epsilon is not a scalar constant", eps)
     if w.dtype != x.dtype:
         return fail(f"scale dtype {w.dtype} differs from input dtype {x.dtype}", w)
-    normalized = dims(x)[k:]  # type: ignore[index]
-    if dims(w) is None or not same_dims(dims(w), normalized):
+    normalized = xd[k:]
+    if (wd := dims(w)) is None or not same_dims(wd, normalized):
         return fail(f"scale shape {dims(w)} is not the normalized shape {normalized}", w)
-    return True
+    return {"axis": k - len(xd), "epsilon": epsilon}
 
 
-def _rewrite(op, x, ax, axes, w, eps):  # noqa: ANN001
+def _rewrite(op: RewriteBuilder, x: ir.Value, w: ir.Value, axis: int, epsilon: float) -> ir.Value:
     """RMSNormalization(x, w, axis=first reduced axis, epsilon=eps)"""
-    axis = reduced_axis(x, ax, axes) - len(x.shape)
-    return op.RMSNormalization(x, w, axis=axis, epsilon=scalar(eps))
+    return op.RMSNormalization(x, w, axis=axis, epsilon=epsilon)
 
 
 rules = RuleSet(
@@ -56,10 +75,11 @@ rules = RuleSet(
     [
         Rule(  # x · rsqrt(mean(x²) + eps) · w = RMSNormalization(x, w)
             "RMSNormalization",
-            op.Mul(_NORMED, w),
-            _rewrite,
-            _check,
+            _NORMED * w,
+            check=_check,
+            rewrite=_rewrite,
             min_opset=23,
         ),
     ],
 )
+"""The RMS-norm rule."""

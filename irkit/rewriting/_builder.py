@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit.errors import RewriteError
+
 __all__ = ["RewriteBuilder"]
 
 
@@ -103,9 +105,9 @@ class RewriteBuilder:
         """Create a node (any domain, any number of outputs) and record it."""
         for i, value in enumerate(inputs):
             if value is not None and not isinstance(value, ir.Value):
-                raise TypeError(
-                    f"input {i} of {op_type} is {type(value).__name__}, not an ir.Value; "
-                    "make constants with op.const(numpy_array)"
+                raise RewriteError(
+                    f"input {i} of {op_type} is {type(value).__name__}, not an ir.Value. "
+                    "Fix: make constants with op.const(numpy_array)."
                 )
         inputs = list(inputs)
         while inputs and inputs[-1] is None:  # trailing absent optional inputs are omitted
@@ -136,7 +138,7 @@ class RewriteBuilder:
         """
         array = np.asarray(value, dtype=dtype)
         tensor = ir.tensor(array)
-        out = self.Constant(value=tensor)
+        out: ir.Value = self.Constant(value=tensor)
         out.type = ir.TensorType(tensor.dtype)
         out.shape = ir.Shape(array.shape)
         out.const_value = tensor

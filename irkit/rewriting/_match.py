@@ -3,7 +3,7 @@
 Matching is a depth-first search written with generators: every sub-matcher *yields* once per
 consistent way to match and undoes its bindings when resumed, so the search backtracks exactly
 where a choice was made — two operand orders of a commutative op, the branches of
-:func:`~irkit.rewriting.pattern.either`, the candidate consumers of a second pattern output — and
+:func:`~irkit.rewriting._pattern.either`, the candidate consumers of a second pattern output — and
 never enumerates permutations of the whole pattern.
 
 A failed match is a value, :class:`MatchFailure`, carrying a reason, the offending value or node
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting.pattern import (
+from irkit.errors import RuleDefinitionError
+from irkit.rewriting._pattern import (
     AttrVar,
     Const,
     Either,
@@ -146,7 +147,7 @@ class _State:
         self.opset = opset
         self.steps = 0
 
-    def fail(self, reason: str, value: ir.Value | None = None, node: ir.Node | None = None):
+    def fail(self, reason: str, value: ir.Value | None = None, node: ir.Node | None = None) -> None:
         if self.failure is None or self.depth > self.failure.depth:
             self.failure = MatchFailure(reason, value, node, self.depth)
 
@@ -161,7 +162,7 @@ class Matcher:
     def __init__(self, outputs: Sequence[Pattern]):
         self.outputs = tuple(outputs)
         if not isinstance(self.outputs[0], (NodeOutput, Either)):
-            raise ValueError("a pattern's first output must be produced by an op")
+            raise RuleDefinitionError("a pattern's first output must be produced by an op")
         anchor = self.outputs[0].node if isinstance(self.outputs[0], NodeOutput) else None
         self.roots = [r for r in root_nodes(self.outputs[1:]) if r is not anchor]
         # Variables of each Either / OptionalInput, computed once (not per attempt).

@@ -16,18 +16,25 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from irkit.rewriting import Rule, RuleSet, fail, op, var
-from irkit.rewriting.checks import dims
+from irkit.rewriting import Rule, RuleSet, Verdict, dims, fail, var
 
 a, b, c = var("a"), var("b"), var("c")
 
-_GEMM_TYPES = frozenset({
-    ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16,
-    ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT32, ir.DataType.UINT64,
-})
+_GEMM_TYPES = frozenset(
+    {
+        ir.DataType.FLOAT,
+        ir.DataType.FLOAT16,
+        ir.DataType.DOUBLE,
+        ir.DataType.BFLOAT16,
+        ir.DataType.INT32,
+        ir.DataType.INT64,
+        ir.DataType.UINT32,
+        ir.DataType.UINT64,
+    }
+)
 
 
-def _check(a: ir.Value, b: ir.Value, c: ir.Value):
+def _check(a: ir.Value, b: ir.Value, c: ir.Value) -> Verdict:
     da, db, dc = dims(a), dims(b), dims(c)
     if da is None or len(da) != 2:
         return fail(f"A must have rank 2, has {'unknown rank' if da is None else len(da)}", a)
@@ -51,9 +58,9 @@ rules = RuleSet(
     [
         Rule(  # a @ b + c = Gemm(a, b, c)
             "MatMulAddToGemm",
-            op.Add(op.MatMul(a, b), c),
-            lambda op, a, b, c: op.Gemm(a, b, c),
-            _check,
+            a @ b + c,
+            check=_check,
+            rewrite=lambda op, a, b, c: op.Gemm(a, b, c),
         ),
     ],
 )

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +29,9 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit.errors import RuleDefinitionError
-from irkit.rewriting.builder import RewriteBuilder
-from irkit.rewriting.match import Match, MatchFailure
-from irkit.rewriting.rule import BaseRule, Rewrite, RewriteContext
+from irkit.rewriting._builder import RewriteBuilder
+from irkit.rewriting._match import Match, MatchFailure
+from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext
 
 __all__ = ["ModuleCall", "ModuleRule"]
 
@@ -58,8 +57,7 @@ class ModuleCall:
 
 def call_frame(node: ir.Node) -> metadata.Frame | None:
     """The :data:`~irkit.metadata.CALL_MODULE` frame of a call node, if it has one."""
-    text = node.metadata_props.get(metadata.CALL_MODULE)
-    return metadata.Frame.from_json(json.loads(text)) if text else None
+    return metadata.node_call(node.metadata_props)
 
 
 def _glob(pattern: str) -> bool:
@@ -132,15 +130,17 @@ class ModuleRule(BaseRule):
         ):
             return MatchFailure(f"function {fn.domain}::{fn.name} not selected", None, node)
         frame = call_frame(node)
-        if (self.cls is not None or self.path is not None) and frame is None:
+        if self.cls is None and self.path is None:
+            return ModuleCall(node, fn, frame)
+        if frame is None:
             return MatchFailure("call node has no irkit.call metadata", None, node)
         if self.cls is not None and not (
-            fnmatch.fnmatchcase(frame.cls, self.cls)  # type: ignore[union-attr]
-            or fnmatch.fnmatchcase(frame.class_name, self.cls)  # type: ignore[union-attr]
+            fnmatch.fnmatchcase(frame.cls, self.cls)
+            or fnmatch.fnmatchcase(frame.class_name, self.cls)
         ):
-            return MatchFailure(f"class {frame.cls} not selected", None, node)  # type: ignore[union-attr]
-        if self.path is not None and not fnmatch.fnmatchcase(frame.path, self.path):  # type: ignore[union-attr]
-            return MatchFailure(f"module path {frame.path} not selected", None, node)  # type: ignore[union-attr]
+            return MatchFailure(f"class {frame.cls} not selected", None, node)
+        if self.path is not None and not fnmatch.fnmatchcase(frame.path, self.path):
+            return MatchFailure(f"module path {frame.path} not selected", None, node)
         return ModuleCall(node, fn, frame)
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:

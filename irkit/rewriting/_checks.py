@@ -8,14 +8,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting.match import const_value
+from irkit.rewriting._match import MatchFailure, const_value, fail
 
 __all__ = [
+    "Verdict",
     "rank",
     "static_shape",
     "dims",
@@ -24,7 +26,12 @@ __all__ = [
     "scalar",
     "const_ints",
     "same_dims",
+    "reduced_axis",
 ]
+
+Verdict = bool | MatchFailure | Mapping[str, Any]
+"""What a rule's check returns: ``True`` (fire), ``False`` or a :class:`MatchFailure` (why not),
+or a dict of *findings* (fire, and pass these to the rewrite by parameter name)."""
 
 FLOAT_TYPES = frozenset(
     {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
@@ -77,3 +84,36 @@ def const_ints(value: ir.Value | None) -> list[int] | None:
 def same_dims(a: Sequence[int | str | None], b: Sequence[int | str | None]) -> bool:
     """Equal dims, where symbolic dims are equal only by name and None equals nothing."""
     return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b, strict=True))
+
+
+def reduced_axis(
+    x: ir.Value, axes_in: ir.Value | None, axes_attr: Sequence[int] | None
+) -> int | MatchFailure:
+    """The first reduced axis if the ``axes`` of a reduction are exactly the trailing axes of ``x``.
+
+    Args:
+        x: The reduced value (its rank must be known).
+        axes_in: The ``axes`` input (opset ≥ 18), or ``None``.
+        axes_attr: The ``axes`` attribute (older opsets), or ``None``.
+
+    Returns:
+        The first (non-negative) reduced axis, or a :class:`MatchFailure` saying why not.
+
+    Example:
+        >>> v = ir.val("v", ir.DataType.FLOAT, [2, 3, 4])
+        >>> reduced_axis(v, None, [-2, -1]), reduced_axis(v, None, [0]).reason
+        (1, 'axes [0] are not the trailing axes of a rank-3 input')
+    """
+    if axes_in is not None:
+        axes = const_ints(axes_in)
+    else:
+        axes = list(axes_attr) if axes_attr is not None else None
+    if axes is None:
+        return fail("reduction axes are not constant", axes_in)
+    r = rank(x)
+    if r is None:
+        return fail("input rank unknown", x)
+    norm = sorted(a % r for a in axes)
+    if not norm or norm != list(range(norm[0], r)):
+        return fail(f"axes {axes} are not the trailing axes of a rank-{r} input", axes_in)
+    return norm[0]

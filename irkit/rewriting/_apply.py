@@ -11,7 +11,6 @@ consumers of their outputs — is re-enqueued. Work is proportional to the graph
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -19,10 +18,11 @@ from collections.abc import Iterable, Iterator
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import FixedPointError, RewriteError
-from irkit.rewriting.match import MatchFailure
-from irkit.rewriting.report import NearMiss, RewriteReport, RuleStats
-from irkit.rewriting.rule import BaseRule, Rewrite, RewriteContext, RuleSet
+from irkit._irutil import nested_subgraphs
+from irkit.errors import FixedPointError, IrkitError, RewriteError, RuleDefinitionError
+from irkit.rewriting._match import MatchFailure
+from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
+from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext, RuleSet
 
 __all__ = ["rewrite", "DEFAULT_MAX_REWRITES_PER_NODE"]
 
@@ -40,6 +40,11 @@ def _as_rules(rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet]) -> RuleS
         return rules
     if isinstance(rules, BaseRule):
         return RuleSet(rules.name, [rules])
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Iterable):
+        raise RuleDefinitionError(
+            f"expected a RuleSet, a rule or an iterable of them, got {type(rules).__name__} "
+            f"{rules!r}. Fix: build rules with Rule(...) / node_rule and pass them in a RuleSet."
+        )
     return RuleSet("rules", list(rules))
 
 
@@ -72,7 +77,8 @@ def rewrite(
     explain: str | None = None,
     max_opset: int | None = None,
     max_rewrites_per_node: int = DEFAULT_MAX_REWRITES_PER_NODE,
-) -> RewriteReport:
+    report: RewriteReport | None = None,
+) -> ir.Model:
     """Apply ``rules`` to ``model`` **in place** until no rule fires.
 
     The main graph, every local function body (once, however many calls it has) and every
@@ -88,24 +94,26 @@ def rewrite(
             ``report.near_misses`` (see :meth:`RewriteReport.explain`).
         max_opset: Rules needing a newer ONNX opset than this do not fire.
         max_rewrites_per_node: Iteration cap per graph: ``max_rewrites_per_node × nodes + 64``.
+        report: If given, filled with the :class:`RewriteReport` (per-rule statistics).
 
     Returns:
-        A :class:`RewriteReport` with per-rule statistics.
+        ``model`` itself, so stages compose.
 
     Raises:
         FixedPointError: The cap was hit (rules keep undoing/redoing each other); it names them.
         RewriteError: A rule produced an invalid replacement (e.g. a different output type).
 
     Example:
-        >>> import onnx_ir as ir, irkit
-        >>> from rewrites import cleanup
+        >>> import onnx_ir as ir
+        >>> from irkit.rewriting import Rule, RewriteReport, op, var
         >>> m = ir.from_onnx_text('''
         ...   <ir_version: 10, opset_import: ["" : 18]>
-        ...   g (float[2] x) => (float[2] y) { t = Identity(x)  y = Relu(t) }''')
-        >>> irkit.rewrite(m, cleanup.rules).fired
-        {'IdentityElimination': 1}
-        >>> [n.op_type for n in m.graph]
-        ['Relu']
+        ...   g (float[2] x) => (float[2] y) { t = Neg(x)  u = Neg(t)  y = Relu(u) }''')
+        >>> report = RewriteReport()
+        >>> m = rewrite(m, Rule("DoubleNeg", op.Neg(op.Neg(var("x"))), rewrite=lambda x: x),
+        ...             report=report)
+        >>> report.fired, [n.op_type for n in m.graph]
+        ({'DoubleNeg': 1}, ['Relu'])
     """
     rule_set = _as_rules(rules)
     if explain is not None and explain not in rule_set.names():
@@ -113,8 +121,8 @@ def rewrite(
             f"explain={explain!r} names no rule of {rule_set.name!r}; rules: {rule_set.names()}"
         )
     start = time.perf_counter()
-    report = RewriteReport(rules={r.name: RuleStats(r.name) for r in rule_set})
-    report.nodes_before = count_nodes(model)
+    result = RewriteReport(rules={r.name: RuleStats(r.name) for r in rule_set})
+    result.nodes_before = count_nodes(model)
     index = _RuleIndex(rule_set)
     main_opset = model.opset_imports.get("", 1)
     for graph_like, where in _graph_likes(model):
@@ -124,12 +132,14 @@ def rewrite(
             else main_opset
         )
         ctx = RewriteContext(model, graph_like, opset, max_opset)
-        _Worklist(ctx, index, report, explain, where, max_rewrites_per_node).run()
-        report.graphs += 1
-    report.nodes_after = count_nodes(model)
-    report.seconds = time.perf_counter() - start
-    logger.info("%s", report)
-    return report
+        _Worklist(ctx, index, result, explain, where, max_rewrites_per_node).run()
+        result.graphs += 1
+    result.nodes_after = count_nodes(model)
+    result.seconds = time.perf_counter() - start
+    logger.info("%s", result)
+    if report is not None:
+        report.fill_from(result)
+    return model
 
 
 def count_nodes(model: ir.Model) -> int:
@@ -137,26 +147,14 @@ def count_nodes(model: ir.Model) -> int:
     return sum(len(g) for g, _ in _graph_likes(model))
 
 
-def _subgraphs(graph_like: GraphLike) -> Iterator[ir.Graph]:
-    for node in graph_like:
-        for a in node.attributes.values():
-            if a.type == ir.AttributeType.GRAPH:
-                yield from _subgraphs(a.value)
-                yield a.value
-            elif a.type == ir.AttributeType.GRAPHS:
-                for g in a.value:
-                    yield from _subgraphs(g)
-                    yield g
-
-
 def _graph_likes(model: ir.Model) -> Iterator[tuple[GraphLike, str | None]]:
     """Subgraphs first (inner before outer), then the main graph, then each function once."""
-    for g in _subgraphs(model.graph):
+    for g in nested_subgraphs(model.graph):
         yield g, None
     yield model.graph, None
     for f in list(model.functions.values()):
         where = f"{f.domain}::{f.name}"
-        for g in _subgraphs(f):
+        for g in nested_subgraphs(f):
             yield g, where
         yield f, where
 
@@ -165,9 +163,9 @@ def _where(node: ir.Node, fallback: str | None) -> str:
     """Where a node is, for reports: its function, else the module call it is or belongs to."""
     if fallback is not None:
         return fallback
-    call = node.metadata_props.get(metadata.CALL_MODULE)
-    if call:
-        return metadata.Frame.from_json(json.loads(call)).call_id
+    call = metadata.node_call(node.metadata_props)
+    if call is not None:
+        return call.call_id
     scope = metadata.node_scope(node.metadata_props)
     return scope[-1].call_id if scope else ""
 
@@ -211,8 +209,11 @@ class _Worklist:
                     continue
                 s = stats[rule.name]
                 t0 = perf()
-                result = rule.find(node, self.ctx)
+                result = self._find(rule, node)
                 s.tried += 1
+                if not isinstance(result, MatchFailure):
+                    refused = graph_io_guard(result)
+                    result = result if refused is None else refused
                 if isinstance(result, MatchFailure):
                     s.seconds += perf() - t0
                     s.failures[result.reason] += 1
@@ -234,6 +235,20 @@ class _Worklist:
                 break
         if self.needs_sort:
             self.ctx.graph.sort()
+
+    def _find(self, rule: BaseRule, node: ir.Node) -> Rewrite | MatchFailure:
+        """``rule.find``; a bug in the rule becomes a :class:`RewriteError` that says where."""
+        try:
+            return rule.find(node, self.ctx)
+        except IrkitError:
+            raise
+        except Exception as exc:
+            graph = self.where or f"graph {self.ctx.graph.name or 'main'!r}"
+            raise RewriteError(
+                f"rule {rule.name!r} raised {type(exc).__name__}: {exc} at node "
+                f"{node.name or node.op_type!r} ({node.op_type}) in {graph}. Fix the rule's "
+                "check or rewrite (the original exception is chained below)."
+            ) from exc
 
     def _near_miss(self, node: ir.Node, failure: MatchFailure) -> None:
         self.report.near_misses.append(
@@ -301,6 +316,47 @@ def provenance(nodes: Iterable[ir.Node], rule_name: str) -> dict[str, str]:
     return meta
 
 
+def _needs_identity(old: ir.Value, new: ir.Value, new_nodes: set[ir.Node], anchor: ir.Node) -> bool:
+    """Whether graph output ``old`` replaced by ``new`` needs an ``Identity`` to keep its name.
+
+    True when ``new`` is a graph input, an initializer, an outer-scope value or another graph
+    output: ONNX forbids one value under two names, so the output cannot simply be renamed.
+    """
+    if not old.is_graph_output():
+        return False
+    producer = new.producer()
+    fresh = producer in new_nodes
+    renamable = producer is not None and producer.graph is anchor.graph
+    return new.is_graph_output() or not (fresh or renamable)
+
+
+def graph_io_guard(result: Rewrite) -> MatchFailure | None:
+    """The engine's invariant for graph outputs, checked before every :func:`commit`.
+
+    A rewrite whose replacement of a graph output must be an ``Identity`` (see
+    :func:`_needs_identity`) only makes progress if it removes more nodes than it adds. Without
+    this check ``Identity(x) = x`` would fire forever on ``y = Identity(x)`` with ``x`` a graph
+    input and ``y`` a graph output (the engine would put the Identity back). Rules need not
+    repeat it.
+
+    Returns:
+        A failure (the rule does not fire here) or ``None``.
+    """
+    match = result.match
+    new_nodes = set(result.nodes)
+    anchor = match.nodes[0]
+    needed = [
+        new
+        for old, new in zip(match.outputs, result.outputs, strict=True)
+        if new is not None and new is not old and _needs_identity(old, new, new_nodes, anchor)
+    ]
+    if needed and len(new_nodes) + len(needed) >= len(match.nodes):
+        return MatchFailure(
+            "needed: connects a graph input/initializer/output to a graph output", needed[0]
+        )
+    return None
+
+
 def commit(
     graph: GraphLike, anchor: ir.Node, result: Rewrite, rule_name: str, model: ir.Model
 ) -> None:
@@ -319,15 +375,13 @@ def commit(
         if new is old:
             continue
         if new is None:
-            raise RewriteError(f"rule {rule_name!r} returned None for output {old.name!r}")
+            raise RewriteError(
+                f"rule {rule_name!r} returned None for output {old.name!r}. Fix: return one value "
+                "per pattern output, or decline as a whole (return None or fail(...))."
+            )
         _merge_type(old, new, rule_name)
         if old.is_graph_output():
-            producer = new.producer()
-            fresh = producer in new_set
-            renamable = producer is not None and producer.graph is anchor.graph
-            if new.is_graph_output() or not (fresh or renamable):
-                # A graph input, initializer, outer-scope value or another output: keep the
-                # output's name with an Identity (ONNX forbids one value under two names).
+            if _needs_identity(old, new, new_set, anchor):
                 ident = ir.Node("", "Identity", [new], metadata_props=dict(meta))
                 extra.append(ident)
                 out = ident.outputs[0]

@@ -2,7 +2,7 @@
 
 Identities (each rule's comment states its precondition):
 
-- ``Identity(x) = x``                          (not when it separates a graph input from a graph output)
+- ``Identity(x) = x``
 - ``Cast(x, to=dtype(x)) = x``                 (x's dtype known)
 - ``Reshape(x, s) = x``                        (s constant and resolves to x's known shape)
 - ``Reshape(Reshape(x, s1), s2) = Reshape(x, s2)``   (s2 constant without 0 entries, or allowzero)
@@ -10,29 +10,37 @@ Identities (each rule's comment states its precondition):
 - ``Transpose(Transpose(x, p1), p2) = Transpose(x, p1∘p2)``   (both perms explicit)
 - ``Expand(x, s) = x``                         (s constant and broadcasting it leaves x's shape unchanged)
 
-All rules are valid at every opset and inside function bodies.
+All rules are valid at every opset and inside function bodies. None needs to guard the
+last node between a graph input and a graph output: the engine keeps it (see
+:func:`irkit.rewriting.graph_io_guard`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 
-from irkit.rewriting import Rule, RuleSet, attr, fail, op, var
-from irkit.rewriting.checks import const_ints, dims
+from irkit.rewriting import (
+    MatchFailure,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    const_ints,
+    dims,
+    fail,
+    op,
+    var,
+)
 
 x, shape, s1, s2 = var("x"), var("shape"), var("s1"), var("s2")
 
 
-def _keeps_graph_io(match, x: ir.Value):  # noqa: ANN001 - Match
-    out = match.outputs[0] if match is not None else None
-    if out is not None and out.is_graph_output() and (
-        x.producer() is None or x.is_graph_output()
-    ):
-        return fail("needed: connects a graph input/initializer/output to a graph output", x)
-    return True
+Dims = tuple[int | str | None, ...]
 
 
-def _target_and_dims(x: ir.Value, shape: ir.Value):
+def _target_and_dims(x: ir.Value, shape: ir.Value) -> tuple[list[int], Dims] | MatchFailure:
     """(constant target shape, dims of x), or a failure."""
     target = const_ints(shape)
     if target is None:
@@ -43,10 +51,12 @@ def _target_and_dims(x: ir.Value, shape: ir.Value):
     return target, xd
 
 
-def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
+def _reshape_target(
+    x: ir.Value, shape: ir.Value, allowzero: int | None
+) -> list[object] | MatchFailure:
     """The resolved target dims of Reshape(x, shape), or a failure."""
     known = _target_and_dims(x, shape)
-    if not known:
+    if isinstance(known, MatchFailure):
         return known
     target, xd = known
     if len(target) != len(xd):
@@ -62,19 +72,19 @@ def _reshape_target(x: ir.Value, shape: ir.Value, allowzero: int | None):
     return resolved
 
 
-def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None):
+def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None) -> Verdict:
     resolved = _reshape_target(x, shape, allowzero)
-    if not isinstance(resolved, list):
+    if isinstance(resolved, MatchFailure):
         return resolved
-    xd = dims(x)
-    if any(d is None for d in xd) or list(xd) != resolved:  # type: ignore[union-attr]
-        return fail(f"target {resolved} differs from input shape {list(xd)}", shape)  # type: ignore[arg-type]
+    xd = dims(x) or ()  # (known: _reshape_target checked it)
+    if any(d is None for d in xd) or list(xd) != resolved:
+        return fail(f"target {resolved} differs from input shape {list(xd)}", shape)
     return True
 
 
-def _expand_is_noop(x: ir.Value, shape: ir.Value):
+def _expand_is_noop(x: ir.Value, shape: ir.Value) -> Verdict:
     known = _target_and_dims(x, shape)
-    if not known:
+    if isinstance(known, MatchFailure):
         return known
     target, xd = known
     if len(target) > len(xd):
@@ -85,11 +95,11 @@ def _expand_is_noop(x: ir.Value, shape: ir.Value):
     return True
 
 
-def _compose(p1, p2):  # noqa: ANN001
+def _compose(p1: Sequence[int], p2: Sequence[int]) -> list[int]:
     return [p1[i] for i in p2]
 
 
-def _transpose_pair_ok(p1, p2):  # noqa: ANN001
+def _transpose_pair_ok(p1: Sequence[int] | None, p2: Sequence[int] | None) -> Verdict:
     if p1 is None or p2 is None:
         return fail("a Transpose without explicit perm")
     if len(p1) != len(p2):
@@ -97,65 +107,75 @@ def _transpose_pair_ok(p1, p2):  # noqa: ANN001
     return True
 
 
+def _cast_is_noop(x: ir.Value, to: int) -> Verdict:
+    if x.dtype is None:
+        return fail("input dtype unknown", x)
+    if x.dtype != to:
+        return fail(f"casts {x.dtype} to {ir.DataType(to)}", x)
+    return True
+
+
+def _outer_shape_ok(s2: ir.Value, az2: int | None) -> Verdict:
+    target = const_ints(s2)
+    if target is None:
+        return fail("outer shape is not a constant", s2)
+    if not az2 and 0 in target:
+        return fail("outer shape copies a dim (0) of the inner result", s2)
+    return True
+
+
+def _is_identity_perm(x: ir.Value, perm: Sequence[int] | None) -> Verdict:
+    if perm is None or list(perm) != list(range(len(perm))):
+        return fail(f"perm {perm} is not the identity", x)
+    return True
+
+
+# The engine never drops the last node between a graph input and a graph output
+# (irkit.rewriting's graph-I/O guard), so these rules need not check for it.
 rules = RuleSet(
     "cleanup",
     [
         Rule(  # Identity(x) = x
             "IdentityElimination",
             op.Identity(x),
-            lambda x: x,
-            lambda x, match: _keeps_graph_io(match, x),
+            rewrite=lambda x: x,
         ),
         Rule(  # Cast(x, to=dtype(x)) = x
             "NoOpCast",
             op.Cast(x, to=attr("to")),
-            lambda x: x,
-            lambda x, to, match: (
-                fail("input dtype unknown", x) if x.dtype is None
-                else fail(f"casts {x.dtype} to {ir.DataType(to)}", x) if x.dtype != to
-                else _keeps_graph_io(match, x)
-            ),
+            check=_cast_is_noop,
+            rewrite=lambda x: x,
         ),
         Rule(  # Reshape(Reshape(x, s1), s2) = Reshape(x, s2)
             "ReshapeReshape",
             op.Reshape(op.Reshape(x, s1, allowzero=attr("az1")), s2, allowzero=attr("az2")),
-            lambda op, x, s2, az2: op.Reshape(x, s2, allowzero=az2 or None),
-            lambda s2, az2: (
-                fail("outer shape is not a constant", s2) if const_ints(s2) is None
-                else fail("outer shape copies a dim (0) of the inner result", s2)
-                if not az2 and 0 in const_ints(s2)  # type: ignore[operator]
-                else True
-            ),
+            check=_outer_shape_ok,
+            rewrite=lambda op, x, s2, az2: op.Reshape(x, s2, allowzero=az2 or None),
         ),
         Rule(  # Reshape(x, shape(x)) = x
             "NoOpReshape",
             op.Reshape(x, shape, allowzero=attr("allowzero")),
-            lambda x: x,
-            lambda x, shape, allowzero, match: _reshape_is_noop(x, shape, allowzero)
-            and _keeps_graph_io(match, x),
+            check=_reshape_is_noop,
+            rewrite=lambda x: x,
         ),
         Rule(  # Transpose(Transpose(x, p1), p2) = Transpose(x, p1∘p2)
             "TransposeTranspose",
             op.Transpose(op.Transpose(x, perm=attr("p1")), perm=attr("p2")),
-            lambda op, x, p1, p2: op.Transpose(x, perm=_compose(p1, p2)),
-            _transpose_pair_ok,
+            check=_transpose_pair_ok,
+            rewrite=lambda op, x, p1, p2: op.Transpose(x, perm=_compose(p1, p2)),
             doc="Transpose(x, perm=[p1[i] for i in p2])",
         ),
         Rule(  # Transpose(x, perm=identity) = x
             "NoOpTranspose",
             op.Transpose(x, perm=attr("perm")),
-            lambda x: x,
-            lambda x, perm, match: (
-                fail(f"perm {perm} is not the identity", x)
-                if perm is None or list(perm) != list(range(len(perm)))
-                else _keeps_graph_io(match, x)
-            ),
+            check=_is_identity_perm,
+            rewrite=lambda x: x,
         ),
         Rule(  # Expand(x, s) = x when broadcasting to s leaves x unchanged
             "NoOpExpand",
             op.Expand(x, shape),
-            lambda x: x,
-            lambda x, shape, match: _expand_is_noop(x, shape) and _keeps_graph_io(match, x),
+            check=_expand_is_noop,
+            rewrite=lambda x: x,
         ),
     ],
 )

@@ -1,4 +1,8 @@
-"""``irkit.optimize``: cleanup and fusion rules to a fixed point, then the standard passes.
+"""The optimization pipeline of the engine: fold, rules to a fixed point, the standard passes.
+
+:func:`optimize_with` takes its rules explicitly: the engine does not know the rule library.
+``irkit.optimize`` (in :mod:`irkit._pipeline`, one layer above) binds a target name to its
+default rules and calls it.
 
 Only the rule engine is irkit's own. Constant folding, dead-code removal, CSE and initializer
 deduplication are onnxscript / onnx-ir passes, configured so that **no function is inlined**:
@@ -7,7 +11,6 @@ the module hierarchy (``model.functions`` and their call nodes) survives.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -15,37 +18,14 @@ from collections.abc import Callable, Iterable
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from irkit.errors import RewriteError
-from irkit.rewriting.apply import count_nodes, rewrite
-from irkit.rewriting.report import RewriteReport
-from irkit.rewriting.rule import BaseRule, RuleSet
+from irkit.errors import IrkitError, RewriteError
+from irkit.rewriting._apply import count_nodes, rewrite
+from irkit.rewriting._report import RewriteReport
+from irkit.rewriting._rule import BaseRule, RuleSet
 
-__all__ = ["optimize", "Target", "TARGETS"]
+__all__ = ["optimize_with"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """What the optimized model will run on.
-
-    Attributes:
-        name: The name users pass (``"onnx"``).
-        rules: Returns the default rule set for this target.
-    """
-
-    name: str
-    rules: Callable[[], RuleSet]
-
-
-def _onnx_rules() -> RuleSet:
-    import rewrites  # the top-level rule library; imported lazily (it imports irkit)
-
-    return rewrites.default_rules()
-
-
-TARGETS: dict[str, Target] = {"onnx": Target("onnx", _onnx_rules)}
-"""Known targets. ``"onnx"``: standard ONNX ops only (fusions into ONNX ops such as ``Gelu``)."""
 
 
 def _cse(model: ir.Model) -> None:
@@ -56,67 +36,73 @@ def _cse(model: ir.Model) -> None:
         cse._eliminate_common_subexpression(function.graph)
 
 
-def optimize(
+def optimize_with(
     model: ir.Model,
-    target: str = "onnx",
+    rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet],
     *,
-    rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet] | None = None,
     opset: int | None = None,
     fold_constants: bool = True,
     explain: str | None = None,
-) -> RewriteReport:
-    """Optimize ``model`` **in place**: fold constants, apply rules to a fixed point, clean up.
+    report: RewriteReport | None = None,
+) -> ir.Model:
+    """Optimize ``model`` **in place** with ``rules``: fold constants, rules to a fixed point, clean up.
 
     Steps: constant folding (``onnxscript.optimizer`` ``FoldConstantsPass``, which never inlines),
-    :func:`irkit.rewrite` with the target's default rules (or ``rules``), unused-node removal,
+    :func:`irkit.rewrite` with ``rules``, unused-node removal,
     common-subexpression elimination (main graph and every function body), lifting the main
     graph's ``Constant`` nodes to initializers, initializer deduplication, unused-function
     removal. Local functions are kept: the hierarchy survives.
 
     Args:
         model: The model; modified in place.
-        target: ``"onnx"`` (standard ONNX ops only).
-        rules: Rules to use instead of the target's defaults.
+        rules: The rules (a :class:`RuleSet`, a rule, or an iterable of them).
         opset: The highest ONNX opset the target runtime supports: fusions into newer ops (e.g.
             ``Gelu`` at 20, ``RMSNormalization`` at 23) do not fire above it. The model's own
             opset is never changed.
         fold_constants: Run constant folding first.
         explain: Record near misses of this rule (see :meth:`RewriteReport.explain`).
+        report: If given, filled with the rewrite's :class:`RewriteReport`, with the time of each
+            pass in ``passes``.
 
     Returns:
-        The :class:`RewriteReport` of the rewrite, with the time of each pass in ``passes``.
+        ``model`` itself, so stages compose.
 
     Raises:
-        RewriteError: Unknown ``target``.
+        RewriteError: A rule or a pass failed (a rule bug, or a malformed model).
 
     Example:
-        >>> import onnx_ir as ir, irkit
+        >>> import onnx_ir as ir
+        >>> from irkit.rewriting import Rule, op, var
         >>> m = ir.from_onnx_text('''
         ...   <ir_version: 10, opset_import: ["" : 20]>
-        ...   g (float[2, 3] x) => (float[2, 3] y) { t = Identity(x)  y = Relu(t) }''')
-        >>> report = irkit.optimize(m)
-        >>> [n.op_type for n in m.graph]
+        ...   g (float[2, 3] x) => (float[2, 3] y) { t = Neg(x)  u = Neg(t)  y = Relu(u) }''')
+        >>> double_neg = Rule("DoubleNeg", op.Neg(op.Neg(var("x"))), rewrite=lambda x: x)
+        >>> [n.op_type for n in optimize_with(m, double_neg).graph]
         ['Relu']
     """
-    if target not in TARGETS:
-        raise RewriteError(f"unknown optimize target {target!r}; known targets: {sorted(TARGETS)}")
-    rule_set = TARGETS[target].rules() if rules is None else rules
     start = time.perf_counter()
     nodes_before = count_nodes(model)
     timings: dict[str, float] = {}
 
     def timed(name: str, fn: Callable[[], object]) -> None:
         t0 = time.perf_counter()
-        fn()
+        try:
+            fn()
+        except IrkitError:
+            raise
+        except Exception as exc:  # onnx-ir / onnxscript passes on a malformed model
+            raise RewriteError(
+                f"optimize: the {name} pass failed ({type(exc).__name__}: {exc}). The model is "
+                "probably malformed: run irkit.check(model) to see what is wrong."
+            ) from exc
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
         timed("fold_constants", lambda: fold(model))
-    t0 = time.perf_counter()
-    report = rewrite(model, rule_set, max_opset=opset, explain=explain)
-    timings["rewrite"] = time.perf_counter() - t0
+    result = RewriteReport()
+    timed("rewrite", lambda: rewrite(model, rules, max_opset=opset, explain=explain, report=result))
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     timed("cse", lambda: _cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
@@ -128,9 +114,11 @@ def optimize(
     )
     timed("dedupe_initializers", lambda: common_passes.DeduplicateInitializersPass()(model))
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
-    report.passes = timings
-    report.nodes_before = nodes_before
-    report.nodes_after = count_nodes(model)
-    report.seconds = time.perf_counter() - start
-    logger.info("optimize: %s", report)
-    return report
+    result.passes = timings
+    result.nodes_before = nodes_before
+    result.nodes_after = count_nodes(model)
+    result.seconds = time.perf_counter() - start
+    logger.info("optimize: %s", result)
+    if report is not None:
+        report.fill_from(result)
+    return model

@@ -15,37 +15,51 @@ normalized shape ``x.shape[axis:]`` (LayerNormalization does not broadcast them)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 
-from irkit.rewriting import Rule, RuleSet, attr, either, fail, op, optional, var
-from irkit.rewriting.checks import const_ints, dims, is_float, same_dims, scalar
+from irkit.rewriting import (
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    dims,
+    either,
+    fail,
+    is_float,
+    op,
+    optional,
+    reduced_axis,
+    same_dims,
+    scalar,
+    var,
+)
 
 x, eps, w, b = var("x"), var("eps"), var("w"), var("b")
 ax1, ax2 = var("ax1"), var("ax2")
 
 _MEAN = op.ReduceMean(x, optional(ax1), axes=attr("axes1"), keepdims=1)
-_D = op.Sub(x, _MEAN)
-_VAR = op.ReduceMean(either(op.Pow(_D, 2.0), op.Mul(_D, _D)), optional(ax2), axes=attr("axes2"),
-                     keepdims=1)
-_STD = op.Sqrt(op.Add(_VAR, eps))
-_NORMED = either(op.Div(_D, _STD), op.Mul(_D, op.Reciprocal(_STD)))
+_D = x - _MEAN
+_VAR = op.ReduceMean(either(_D**2.0, _D * _D), optional(ax2), axes=attr("axes2"), keepdims=1)
+_STD = op.Sqrt(_VAR + eps)
+_NORMED = either(_D / _STD, _D * op.Reciprocal(_STD))
 
 
-def reduced_axis(x: ir.Value, axes_in, axes_attr):  # noqa: ANN001
-    """The first axis if ``axes`` (input or attribute) are exactly the trailing axes, else a failure."""
-    axes = const_ints(axes_in) if axes_in is not None else (
-        list(axes_attr) if axes_attr is not None else None)
-    if axes is None:
-        return fail("reduction axes are not constant", axes_in)
-    r = len(x.shape)  # type: ignore[arg-type]
-    norm = sorted(a % r for a in axes)
-    if not norm or norm != list(range(norm[0], r)):
-        return fail(f"axes {axes} are not the trailing axes of a rank-{r} input", axes_in)
-    return norm[0]
-
-
-def _check(x, ax1, axes1, ax2, axes2, eps, w, b):  # noqa: ANN001
-    if not is_float(x) or dims(x) is None:
+def _check(
+    x: ir.Value,
+    ax1: ir.Value | None,
+    axes1: Sequence[int] | None,
+    ax2: ir.Value | None,
+    axes2: Sequence[int] | None,
+    eps: ir.Value,
+    w: ir.Value,
+    b: ir.Value | None,
+) -> Verdict:
+    """The preconditions; finds the normalized ``axis`` (negative) and ``epsilon``."""
+    xd = dims(x)
+    if not is_float(x) or xd is None:
         return fail("x must be floating point with known rank", x)
     k1 = reduced_axis(x, ax1, axes1)
     if not isinstance(k1, int):
@@ -53,20 +67,21 @@ def _check(x, ax1, axes1, ax2, axes2, eps, w, b):  # noqa: ANN001
     k2 = reduced_axis(x, ax2, axes2)
     if k2 != k1:
         return k2 if not isinstance(k2, int) else fail("mean and variance reduce different axes")
-    if scalar(eps) is None:
+    epsilon = scalar(eps)
+    if epsilon is None:
         return fail("epsilon is not a scalar constant", eps)
-    normalized = dims(x)[k1:]  # type: ignore[index]
+    normalized = xd[k1:]
     for name, v in (("scale", w), ("bias", b)):
-        if v is not None and (dims(v) is None or not same_dims(dims(v), normalized)):
+        if v is not None and ((vd := dims(v)) is None or not same_dims(vd, normalized)):
             return fail(f"{name} shape {dims(v)} is not the normalized shape {normalized}", v)
-    return True
+    return {"axis": k1 - len(xd), "epsilon": epsilon}
 
 
-def _rewrite(op, x, ax1, axes1, w, b, eps):  # noqa: ANN001
+def _rewrite(
+    op: RewriteBuilder, x: ir.Value, w: ir.Value, b: ir.Value | None, axis: int, epsilon: float
+) -> ir.Value:
     """LayerNormalization(x, w, b, axis=first reduced axis, epsilon=eps)"""
-    axis = reduced_axis(x, ax1, axes1)
-    r = len(x.shape)
-    return op.LayerNormalization(x, w, b, axis=axis - r, epsilon=scalar(eps))
+    return op.LayerNormalization(x, w, b, axis=axis, epsilon=epsilon)
 
 
 rules = RuleSet(
@@ -74,10 +89,11 @@ rules = RuleSet(
     [
         Rule(  # (x - E[x]) / sqrt(Var[x] + eps) · w + b = LayerNormalization(x, w, b)
             "LayerNormalization",
-            either(op.Add(op.Mul(_NORMED, w), b), op.Mul(_NORMED, w)),
-            _rewrite,
-            _check,
+            either(_NORMED * w + b, _NORMED * w),
+            check=_check,
+            rewrite=_rewrite,
             min_opset=17,
         ),
     ],
 )
+"""The layer-norm rule."""

@@ -5,15 +5,18 @@ implements::
 
     SiLU = Rule(
         "SiLU",
-        lambda op, x: op.Mul(x, op.Sigmoid(x)),        # x * sigmoid(x) = Swish(x)
-        lambda op, x: op.Swish(x),
+        lambda op, x: x * op.Sigmoid(x),               # x * sigmoid(x) = Swish(x)
+        rewrite=lambda op, x: op.Swish(x),
     )
+
+A check, if any, is a keyword argument, written before the rewrite: ``Rule(name, pattern,
+check=..., rewrite=...)`` reads in the order of the identity's statement.
 
 The pattern's parameters (besides ``op``) are its variables. ``check`` and ``rewrite`` take any
 subset of the variables by name, plus ``op`` (the :class:`RewriteBuilder`, rewrite only) and
-``match`` (the :class:`~irkit.rewriting.match.Match`); any other parameter name is a
+``match`` (the :class:`~irkit.rewriting._match.Match`); any other parameter name is a
 :class:`~irkit.errors.RuleDefinitionError` when the rule is defined. A check returns ``True``,
-``False`` or a :func:`~irkit.rewriting.match.fail` value carrying the reason.
+``False`` or a :func:`~irkit.rewriting._match.fail` value carrying the reason.
 
 Rules compose into :class:`RuleSet`\\ s with ``+``; a set prints one rule per line as
 ``name: pattern ⇒ replacement``.
@@ -23,15 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import onnx_ir as ir
 
-from irkit.errors import RuleDefinitionError
-from irkit.rewriting.builder import RewriteBuilder
-from irkit.rewriting.match import Match, Matcher, MatchFailure
-from irkit.rewriting.pattern import (
+from irkit.errors import RuleDefinitionError, UnknownRuleError
+from irkit.rewriting._builder import RewriteBuilder
+from irkit.rewriting._match import Match, Matcher, MatchFailure
+from irkit.rewriting._pattern import (
     Pattern,
     PatternBuilder,
     Var,
@@ -142,22 +145,34 @@ class Rule(BaseRule):
         name: Stable unique name.
         pattern: A pattern (``op.Mul(x, op.Sigmoid(x))``), a tuple of patterns (multi-output),
             or a function ``(op, x, ...) -> pattern`` whose parameters name the variables.
-        rewrite: ``(op, <variables>..., match=...) -> ir.Value | tuple[ir.Value, ...]`` building
-            one replacement per pattern output with the :class:`RewriteBuilder` ``op``. It may
-            return a :class:`MatchFailure` (or ``None``) to decline.
-        check: Optional ``(<variables>..., match=...) -> bool | MatchFailure``.
+        rewrite: ``(op, <variables>..., <findings>..., match=...) -> ir.Value | tuple[...]``
+            building one replacement per pattern output with the :class:`RewriteBuilder` ``op``.
+            It may return a :class:`MatchFailure` (or ``None``) to decline.
+        check: Optional ``(<variables>..., match=...) -> bool | MatchFailure | dict``. A dict
+            means "fire" and hands its entries (*findings*, such as an axis the check had to
+            compute) to the rewrite, which takes them as parameters by name: nothing is
+            computed twice and nothing is stored on the rule.
         min_opset: Fire only at ONNX opset ≥ this (e.g. 20 for a rule producing ``Gelu``).
         max_opset: Fire only at ONNX opset ≤ this.
         doc: One line shown in listings (defaults to the rewrite's docstring).
 
     Raises:
-        RuleDefinitionError: A check/rewrite parameter is not a pattern variable, or the
-            pattern is malformed.
+        RuleDefinitionError: A check/rewrite parameter is not a pattern variable (nor, for the
+            rewrite of a rule with a check, a finding), or the pattern is malformed; when the
+            rule runs, a check that does not return a finding its rewrite takes.
 
     Example:
-        >>> r = Rule("SiLU", lambda op, x: op.Mul(x, op.Sigmoid(x)), lambda op, x: op.Swish(x))
+        >>> r = Rule("SiLU", lambda op, x: op.Mul(x, op.Sigmoid(x)), rewrite=lambda op, x: op.Swish(x))
         >>> print(r)
         SiLU: Mul(x, Sigmoid(x)) ⇒ Swish(x)
+        >>> from irkit.rewriting import fail, op, var
+        >>> from irkit.rewriting._checks import scalar
+        >>> div_to_mul = Rule(  # the check's findings go to the rewrite
+        ...     "DivToMul", op.Div(var("x"), var("c")),
+        ...     check=lambda c: {"inverse": 1 / s} if (s := scalar(c)) else fail("not a constant"),
+        ...     rewrite=lambda op, x, inverse: op.Mul(x, op.const(inverse, "float32")))
+        >>> div_to_mul.findings
+        ('inverse',)
     """
 
     def __init__(
@@ -165,8 +180,8 @@ class Rule(BaseRule):
         name: str,
         pattern: Pattern | Sequence[Pattern] | Callable[..., Any],
         rewrite: Callable[..., Any],
-        check: Callable[..., Any] | None = None,
         *,
+        check: Callable[..., Any] | None = None,
         min_opset: int | None = None,
         max_opset: int | None = None,
         doc: str = "",
@@ -179,14 +194,19 @@ class Rule(BaseRule):
         outputs = self._build_pattern(pattern)
         try:
             self._matcher = Matcher(outputs)
-        except ValueError as exc:
+        except RuleDefinitionError as exc:
             raise RuleDefinitionError(f"rule {name!r}: {exc}") from exc
         self.outputs = outputs
         self.variables = tuple(dict.fromkeys(v for o in outputs for v in o.variables()))
         anchors = anchor_ops(outputs[0])
         self.anchors = None if anchors is None else frozenset(anchors)
         self._rewrite = rewrite
-        self._rewrite_params = self._validate(rewrite, "rewrite", allow_op=True)
+        self._rewrite_params = self._validate(
+            rewrite, "rewrite", allow_op=True, allow_findings=check is not None
+        )
+        known = set(self.variables) | {"op", "match"}
+        self.findings = tuple(p for p in self._rewrite_params[0] if p not in known)
+        """Rewrite parameters the check must supply (its returned dict's keys)."""
         self._check = check
         self._check_params = self._validate(check, "check", allow_op=False) if check else None
         self.doc = doc or (inspect.getdoc(rewrite) or "").split("\n")[0]
@@ -199,23 +219,27 @@ class Rule(BaseRule):
             args = {p: (PatternBuilder() if p == "op" else Var(p)) for p in params}
             pattern = pattern(**args)
         items = pattern if isinstance(pattern, (tuple, list)) else (pattern,)
-        outputs = tuple(as_pattern(p) for p in items)
-        for o in outputs:
+        outputs: list[Pattern] = []
+        for item in items:
+            o = as_pattern(item)
             if not isinstance(o, Pattern):
                 raise RuleDefinitionError(
                     f"rule {self.name!r}: the pattern must be built with op.X(...), got {o!r}"
                 )
+            outputs.append(o)
         if anchor_ops(outputs[0]) is None:
             raise RuleDefinitionError(
                 f"rule {self.name!r}: the pattern's (first) output must be an op, got {outputs[0]}"
             )
-        return outputs  # type: ignore[return-value]
+        return tuple(outputs)
 
     def _validate(
-        self, fn: Callable[..., Any], what: str, *, allow_op: bool
+        self, fn: Callable[..., Any], what: str, *, allow_op: bool, allow_findings: bool = False
     ) -> tuple[list[str], bool]:
         params, var_kw = _parameters(fn, what, self.name)
         allowed = set(self.variables) | {"match"} | ({"op"} if allow_op else set())
+        if allow_findings:
+            return params, var_kw
         for p in params:
             if p not in allowed:
                 raise RuleDefinitionError(
@@ -235,13 +259,15 @@ class Rule(BaseRule):
                 return result if last is None else last
             env = dict(result.bindings)
             env["match"] = result
-            if self._check is not None:
-                verdict = _call(self._check, *self._check_params, env)  # type: ignore[misc]
+            if self._check is not None and self._check_params is not None:
+                verdict = _call(self._check, *self._check_params, env)
                 if verdict is False or verdict is None:
                     verdict = MatchFailure(f"check returned {verdict}", None, node)
                 if isinstance(verdict, MatchFailure):
                     last = dataclasses.replace(verdict, depth=len(result.nodes) + 1)
                     continue
+                if self.findings:
+                    env.update(self._found(verdict))
             builder = RewriteBuilder()
             env["op"] = builder
             outputs = _call(self._rewrite, *self._rewrite_params, env)
@@ -254,14 +280,30 @@ class Rule(BaseRule):
             if len(outs) != len(result.outputs):
                 raise RuleDefinitionError(
                     f"rule {self.name!r}: rewrite returned {len(outs)} values for "
-                    f"{len(result.outputs)} pattern outputs"
+                    f"{len(result.outputs)} pattern outputs. Fix: return one value per output."
                 )
             return Rewrite(result, builder.nodes, outs)
         return last if last is not None else MatchFailure("no match", None, node)
 
+    def _found(self, verdict: object) -> Mapping[str, Any]:
+        """The findings the rewrite takes, from the check's verdict (a dict)."""
+        missing = (
+            list(self.findings)
+            if not isinstance(verdict, Mapping)
+            else [f for f in self.findings if f not in verdict]
+        )
+        if missing:
+            raise RuleDefinitionError(
+                f"rule {self.name!r}: its rewrite takes {', '.join(map(repr, missing))}, which "
+                f"is neither a pattern variable (variables: {', '.join(self.variables) or 'none'}) "
+                f"nor a finding of its check (the check returned {verdict!r}). Fix: return "
+                "{name: value} from the check, or rename the parameter."
+            )
+        return cast("Mapping[str, Any]", verdict)
+
     def replacement_text(self) -> str:
         """The replacement as text, computed by running the rewrite on symbolic values."""
-        env: dict[str, Any] = {v: _Sym(v) for v in self.variables}
+        env: dict[str, Any] = {v: _Sym(v) for v in (*self.variables, *self.findings)}
         env["op"] = _SymBuilder()
         env["match"] = None
         try:
@@ -435,7 +477,7 @@ class RuleSet:
         for r in self.rules:
             if r.name == name:
                 return r
-        raise KeyError(f"no rule {name!r} in {self.name!r}; rules: {self.names()}")
+        raise UnknownRuleError(f"no rule {name!r} in {self.name!r}; rules: {self.names()}")
 
     def names(self) -> list[str]:
         """Rule names in order."""

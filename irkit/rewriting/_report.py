@@ -48,7 +48,17 @@ class NearMiss:
 
 @dataclasses.dataclass
 class RewriteReport:
-    """The result of :func:`irkit.rewrite` (and part of :func:`irkit.optimize`'s report).
+    """What :func:`irkit.rewrite` / :func:`irkit.optimize` did.
+
+    The stages return the model (so they compose); pass ``report=RewriteReport()`` to get this:
+
+    >>> import onnx_ir as ir, irkit
+    >>> m = ir.from_onnx_text('''
+    ...   <ir_version: 10, opset_import: ["" : 18]>
+    ...   g (float[2] x) => (float[2] y) { t = Identity(x)  y = Relu(t) }''')
+    >>> report = RewriteReport()
+    >>> irkit.optimize(m, report=report) is m, report.fired
+    (True, {'IdentityElimination': 1})
 
     Attributes:
         rules: Rule name → :class:`RuleStats`, in rule-set order.
@@ -76,6 +86,11 @@ class RewriteReport:
     @property
     def total_fired(self) -> int:
         return sum(s.fired for s in self.rules.values())
+
+    def fill_from(self, other: RewriteReport) -> None:
+        """Make this report a copy of ``other`` (how ``report=`` out-parameters are filled)."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(other, field.name))
 
     def merge(self, other: RewriteReport) -> None:
         """Accumulate another report (used when rewriting runs in several rounds)."""

@@ -1,0 +1,36 @@
+"""irkit's rule library: one family of rewrite rules per module, each exporting ``rules``.
+
+The library sits one layer above the engine (:mod:`irkit.rewriting`): it imports the engine,
+never the reverse (a ruff ``banned-api`` rule in ``irkit/rewriting/ruff.toml`` enforces it).
+
+============================  ======================================================
+module                        identity
+============================  ======================================================
+:mod:`irkit.rules.cleanup`     no-op Identity/Cast/Reshape/Transpose/Expand, pairs that collapse
+:mod:`irkit.rules.gemm`        ``MatMul + Add → Gemm`` (2-D, legal bias broadcast)
+:mod:`irkit.rules.gelu`        erf / tanh GELU → ``Gelu`` (opset ≥ 20)
+:mod:`irkit.rules.layer_norm`  decomposed layer norm → ``LayerNormalization`` (opset ≥ 17)
+:mod:`irkit.rules.rms_norm`    decomposed RMS norm → ``RMSNormalization`` (opset ≥ 23)
+============================  ======================================================
+
+>>> from irkit.rules import default_rules
+>>> default_rules().names()[:2]
+['IdentityElimination', 'NoOpCast']
+"""
+
+from __future__ import annotations
+
+from irkit.rewriting import RuleSet
+from irkit.rules import cleanup, gelu, gemm, layer_norm, rms_norm
+
+__all__ = ["cleanup", "gelu", "gemm", "layer_norm", "rms_norm", "default_rules", "fusion_rules"]
+
+
+def fusion_rules() -> RuleSet:
+    """Fusions into standard ONNX ops (each gated on the opset that introduced the op)."""
+    return RuleSet("fusions", [layer_norm.rules, rms_norm.rules, gelu.rules, gemm.rules])
+
+
+def default_rules() -> RuleSet:
+    """Cleanup then fusions: what :func:`irkit.optimize` uses for ``target="onnx"``."""
+    return RuleSet("default", [cleanup.rules, fusion_rules()])
