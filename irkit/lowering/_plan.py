@@ -99,7 +99,9 @@ def _plan_graph(
             plan.decompositions[node] = Decomposition(body, sub_plan)
         elif choice.via is Via.CONTROL_FLOW:
             plan.bodies[node] = plan_bodies(
-                node, lambda g, sub: Decomposition(g, _plan_graph(g.graph, table, sub, depth)), missing
+                node,
+                lambda g, sub: Decomposition(g, _plan_graph(g.graph, table, sub, depth)),
+                missing,
             )
         elif choice.via is Via.DECOMPOSE:
             if depth >= _MAX_DECOMPOSITION_DEPTH:
