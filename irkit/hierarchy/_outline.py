@@ -148,6 +148,7 @@ def outline(
         Dataflow(nodes),
         {n.name for n in nodes if n.name},
     )
+    _register_subgraph_functions(ctx)
     repeated = _repeated_classes(tree)
     events = _walk(tree, ctx.dataflow, members)
     exit_at = {scope: i for i, (scope, entering) in enumerate(events) if not entering}
@@ -303,6 +304,8 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
     frame = scope[-1]
     if not _outlined(ctx, scope):
         return items
+    if _adopt_subgraph_call(ctx, scope, items):
+        return items
     control_flow = ctx.dataflow.control_flow
     if control_flow and any(n in control_flow for n in items):
         return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
@@ -314,6 +317,36 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
 
 
 _NO_OUTPUT = "none of its outputs is used"
+
+
+def _register_subgraph_functions(ctx: _Context) -> None:
+    """Let module calls share the functions ``irkit.lower`` made of torch's ``invoke_subgraph``.
+
+    Such a function is named after its module class (like outlined ones); registering it under
+    its class lets a structurally identical call (torch inlines the first call of a
+    ``nested_compile_region``) reuse it instead of getting a second function.
+    """
+    for function in list(ctx.model.functions.values()):
+        origin = md.decode_scope(function.metadata_props.get(md.OUTLINE_ORIGIN))
+        if md.INVOKE_SUBGRAPH not in function.metadata_props or not origin:
+            continue
+        domain, cls_name = _function_key(ctx, origin[-1])
+        key = canonical_key(function.inputs, list(function), function.outputs)
+        ctx.registry.add(domain, cls_name, function, key if function.name == cls_name else None)
+
+
+def _adopt_subgraph_call(ctx: _Context, scope: Scope, items: list[ir.Node]) -> bool:
+    """A module call that is exactly one call of an ``invoke_subgraph`` function already is the
+    module's call node: it gets the call metadata instead of a wrapper function."""
+    if len(items) != 1:
+        return False
+    function = ctx.model.functions.get(items[0].op_identifier())
+    if function is None or md.INVOKE_SUBGRAPH not in function.metadata_props:
+        return False
+    items[0].name = _call_name(ctx, scope[-1].call_id)
+    items[0].metadata_props[md.CALL_MODULE] = md.encode_call(scope[-1])
+    items[0].metadata_props[md.SCOPE] = _scope_text(ctx, scope[:-1])
+    return True
 
 
 def _split(

@@ -489,3 +489,25 @@ _LOWERINGS: dict[str, Callable[[_Context], Any]] = {
     "map": _map_impl,
     "invoke_subgraph": _invoke_subgraph,
 }
+
+
+def convert_keeping_functions(model: ir.Model, convert: Callable[[ir.Model], None]) -> None:
+    """Run an opset conversion on ``model`` without inlining its ``invoke_subgraph`` functions.
+
+    onnxscript's version converter inlines every local function first; the functions the user
+    marked as repeated are taken out, the main graph converted, and each function body converted
+    on its own (a body's calls of other functions are left alone by the converter).
+    """
+    kept = {
+        key: function
+        for key, function in model.functions.items()
+        if metadata.INVOKE_SUBGRAPH in function.metadata_props
+    }
+    for key in kept:
+        del model.functions[key]
+    convert(model)
+    for key, function in kept.items():
+        body = ir.Model(function.graph, ir_version=model.ir_version)
+        convert(body)
+        assert body.graph is function.graph
+        model.functions[key] = function

@@ -17,6 +17,7 @@ from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 from irkit import metadata
 from irkit.errors import IrkitError
 from irkit.hierarchy import outline
+from irkit.lowering._control_flow import convert_keeping_functions
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
@@ -84,7 +85,7 @@ def lower_program(
         graph = emitter.run(plan)
     model = _assemble(graph, recorder)
     if opset != TORCHLIB_OPSET:
-        _convert_opset(model, opset)
+        convert_keeping_functions(model, lambda m: _convert_opset(m, opset))
     if functions is not False:
         t0 = time.perf_counter()
         outline(model, functions, max_depth=max_depth, call_signatures=emitter.call_signatures())
