@@ -511,3 +511,17 @@ def convert_keeping_functions(model: ir.Model, convert: Callable[[ir.Model], Non
         convert(body)
         assert body.graph is function.graph
         model.functions[key] = function
+
+
+def uses_predispatch_vmap(graph: torch.fx.Graph) -> bool:
+    """Whether the program holds pre-dispatch ``vmap`` nodes (``_add_batch_dim`` …).
+
+    ``torch.export`` traces ``associative_scan(..., combine_mode="generic")`` (and ``torch.vmap``)
+    into them; they have no ONNX meaning, and ``ep.run_decompositions({})`` replaces them by
+    plain aten ops.
+    """
+    return any(
+        node.op == "call_function"
+        and getattr(node.target, "__module__", "") == "torch._functorch.predispatch"
+        for node in graph.nodes
+    )

@@ -17,7 +17,7 @@ from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 from irkit import metadata
 from irkit.errors import IrkitError
 from irkit.hierarchy import outline
-from irkit.lowering._control_flow import convert_keeping_functions
+from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
@@ -62,6 +62,9 @@ def lower_program(
     start = time.perf_counter()
     table = LoweringTable(custom_lowerings)
     ep = exported_program
+    if uses_predispatch_vmap(ep.graph):  # (associative_scan, torch.vmap): a new program
+        logger.info("irkit.lower: the program holds vmap nodes; running its decompositions.")
+        ep = ep.run_decompositions({})
     plan = make_plan(ep.graph, table)
     inplace = needs_functionalization(ep.graph, plan)
     if inplace:

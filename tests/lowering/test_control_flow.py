@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 import pytest
 import torch
+from torch._higher_order_ops.associative_scan import associative_scan
 from torch._higher_order_ops.map import map as torch_map
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
@@ -445,3 +446,22 @@ def test_an_unsupported_op_in_a_body_is_reported_with_its_path():
     )
     args = (torch.randn(3), torch.randn(4, 3))
     _check_numbers(model, BadBranch(), [args])
+
+
+# --- associative_scan ---------------------------------------------------------------------------
+class PrefixSum(torch.nn.Module):
+    def forward(self, xs):
+        return associative_scan(lambda a, b: a + b * 0.5, xs, dim=0, combine_mode="generic")
+
+
+def test_associative_scan_generic_mode_lowers_through_its_decomposition():
+    # On CPU torch.export traces the generic mode into pre-dispatch vmap nodes (the "pointwise"
+    # mode needs CUDA); irkit.lower decomposes those and gets plain ops: no loop at all.
+    torch.manual_seed(0)
+    xs = torch.randn(5, 3)
+    ep = torch.export.export(PrefixSum(), (xs,))
+    before = [n.target for n in ep.graph.nodes]
+    model = irkit.lower(ep, functions=False)
+    assert [n.target for n in ep.graph.nodes] == before  # the input program is untouched
+    assert not {"If", "Loop", "Scan"} & set(_ops(model.graph))
+    _check_numbers(model, PrefixSum(), [(xs,)])
