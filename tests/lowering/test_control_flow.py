@@ -465,3 +465,14 @@ def test_associative_scan_generic_mode_lowers_through_its_decomposition():
     assert [n.target for n in ep.graph.nodes] == before  # the input program is untouched
     assert not {"If", "Loop", "Scan"} & set(_ops(model.graph))
     _check_numbers(model, PrefixSum(), [(xs,)])
+
+
+def test_a_failure_inside_a_body_names_the_path_through_the_bodies():
+    def broken(x):
+        raise ValueError("no")
+
+    ep = torch.export.export(BadBranch(), (torch.randn(3), torch.randn(4, 3)))
+    with pytest.raises(irkit.LoweringError) as info:
+        irkit.lower(ep, custom_lowerings={torch.ops.irkit_cflow_test.frob.default: broken})
+    assert info.value.fx_node == "scan.combine_fn → cond.true_branch → frob"
+    assert "ValueError: no" in str(info.value)
