@@ -14,10 +14,13 @@ from onnx_ir.passes.common import TopologicalSortPass
 from irkit import metadata as md
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import (
+    SUBGRAPH_OPS,
     ContractionPlan,
     Dataflow,
     Scope,
     build_scope_tree,
+    captured_uses,
+    nested_nodes,
     used_outside,
 )
 from irkit.hierarchy._constants import constant_cones, localize_constants
@@ -307,8 +310,8 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
     if _adopt_subgraph_call(ctx, scope, items):
         return items
     control_flow = ctx.dataflow.control_flow
-    if control_flow and any(n in control_flow for n in items):
-        return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
+    if control_flow and any(n in control_flow and n.op_type not in SUBGRAPH_OPS for n in items):
+        return _leave_inline(ctx, frame, items, "it contains an op with a graph attribute")
     plan = ctx.dataflow.plan(items)
     if isinstance(plan, ContractionPlan):
         call = _contract(ctx, scope, plan, frame.call_id)
@@ -418,18 +421,32 @@ def _boundary(
     inputs: dict[ir.Value, None] = {}
     input_uses: list[tuple[ir.Node, int]] = []
     outputs: list[ir.Value] = []
+    inside = _with_nested(ctx, body, region)
     for node in body:
         for i, value in enumerate(node.inputs):
             if value is not None and value.producer() not in region:
                 inputs[value] = None
                 input_uses.append((node, i))
-        outputs.extend(v for v in node.outputs if used_outside(v, region))
+        if inside is not region and node in ctx.dataflow.control_flow:
+            for inner, i, value in captured_uses(node):  # read by name inside a subgraph
+                if value.producer() not in region:
+                    inputs[value] = None
+                    input_uses.append((inner, i))
+        outputs.extend(v for v in node.outputs if used_outside(v, inside))
     signature = ctx.signatures.get(frame.call_id) or ctx.signatures.get(frame.path)
     if signature is None:
         return _Boundary(list(inputs), outputs, input_uses)
     return _Boundary(
         _ordered(list(inputs), signature[0]), _ordered(outputs, signature[1]), input_uses
     )
+
+
+def _with_nested(ctx: _Context, body: list[ir.Node], region: set[ir.Node]) -> set[ir.Node]:
+    """``region`` plus the nodes inside its nodes' subgraphs (their reads are inside reads)."""
+    control_flow = ctx.dataflow.control_flow
+    if not control_flow or not any(n in control_flow for n in body):
+        return region
+    return region.union(*(nested_nodes(n) for n in body if n in control_flow))
 
 
 def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:

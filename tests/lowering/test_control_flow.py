@@ -294,18 +294,34 @@ class Repeated(torch.nn.Module):
         return x
 
 
-def test_control_flow_inside_a_repeated_module():
+def test_control_flow_inside_a_repeated_module_is_one_function():
     torch.manual_seed(0)
     x = torch.randn(2, 3)
     inputs = [(x,), (-x.abs() - 3,)]
-    with pytest.warns(irkit.OutlineWarning, match="control flow"):
-        models = _lower_all_ways(Repeated(), (x,), inputs)
+    module = Repeated()
+    models = _lower_all_ways(module, (x,), inputs)
+    for name in ("functions=True", "functions=True,optimized"):
+        model = models[name]
+        assert list(model.functions) == [("tests.lowering", "Gate", "")]
+        assert _ops(model.graph)["Gate"] == 3
+        gate = model.functions[("tests.lowering", "Gate", "")]
+        # the weights the branches read by name are inputs of the function
+        assert [v.name for v in gate.inputs] == ["x", "lin.weight", "lin.bias"]
+        assert _ops(gate)["If"] == 1 and _ops(gate)["If/then_branch:Gemm"] == 1
+    # inline gives each call site its own copy of the branches, reading that site's weights
     model = models["functions=True"]
-    # A call containing an If is left inline, with the reason recorded on its nodes; the modules
-    # inside the branches (Linear) carry no scope in torch.export's bodies, so nothing is split.
-    ifs = [n for n in model.graph if n.op_type == "If"]
-    assert len(ifs) == 3
-    assert all("left inline" in n.metadata_props[metadata.OUTLINE_NOTE] for n in ifs)
+    irkit.inline(model)
+    irkit.check(model)
+    assert not model.functions and _ops(model.graph)["If"] == 3
+    reads = {
+        v.name
+        for n in model.graph
+        if n.op_type == "If"
+        for inner in n.attributes["then_branch"].value
+        for v in inner.inputs
+    }
+    assert {"gates.0.lin.weight", "gates.1.lin.weight", "gates.2.lin.weight"} <= reads
+    _check_numbers(model, module, inputs)
 
 
 def test_save_load_roundtrip_keeps_bodies_and_metadata(tmp_path):
