@@ -156,6 +156,11 @@ class _Context:
     def recorder(self) -> Any:
         return self.emitter.recorder
 
+    @property
+    def args(self) -> Any:
+        """The control-flow node's FX arguments (bodies, operand tuples)."""
+        return self.node.args
+
     def value(self, arg: Any) -> Any:
         """An FX argument's lowered value (a Python constant stays as it is)."""
         if isinstance(arg, torch.fx.Node):
@@ -212,6 +217,7 @@ class _Context:
         """
         decomposition = self.bodies[body]
         target = self.frame.graph if graph is None else graph
+        assert target is not None  # (every frame has a target graph)
         if prefix is None:
             prefix = f"{self.frame.prefix}{self.node.name}/{body}/"
         sub = dataclasses.replace(
@@ -317,7 +323,7 @@ def _subgraph(ctx: _Context, body: str, inputs: Sequence[ir.Value]) -> ir.Graph:
 
 # --- cond → If ---------------------------------------------------------------------------------
 def _cond(ctx: _Context) -> Any:
-    pred_arg, _, _, operands = ctx.node.args
+    pred_arg, _, _, operands = ctx.args
     pred = ctx.value(pred_arg)
     operands = [ctx.value(a) for a in operands]
     if isinstance(pred, (bool, int)):  # a predicate torch.export already knew: one branch
@@ -351,7 +357,7 @@ def _cond(ctx: _Context) -> Any:
 
 # --- while_loop → Loop -------------------------------------------------------------------------
 def _while_loop(ctx: _Context) -> Any:
-    _, _, carried_args, additional_args = ctx.node.args
+    _, _, carried_args, additional_args = ctx.args
     carried = [ctx.as_value(a) for a in carried_args]
     additional = [ctx.value(a) for a in additional_args]
     prefix = f"{ctx.frame.prefix}{ctx.node.name}"
@@ -394,12 +400,12 @@ def _as_bool(ctx: _Context, value: ir.Value, graph: ir.Graph | None) -> ir.Value
 
 # --- scan / map → Scan -------------------------------------------------------------------------
 def _scan(ctx: _Context) -> Any:
-    _, init_args, xs_args, additional_args = ctx.node.args
+    _, init_args, xs_args, additional_args = ctx.args
     return _emit_scan(ctx, "combine_fn", init_args, xs_args, additional_args)
 
 
 def _map_impl(ctx: _Context) -> Any:
-    _, xs_args, args = ctx.node.args
+    _, xs_args, args = ctx.args
     return _emit_scan(ctx, "body_fn", (), xs_args, args)
 
 
@@ -430,7 +436,7 @@ def _emit_scan(
 
 # --- invoke_subgraph → a local function --------------------------------------------------------
 def _invoke_subgraph(ctx: _Context) -> Any:
-    _, identifier, *operands = ctx.node.args
+    _, identifier, *operands = ctx.args
     key = str(identifier) if identifier is not None else f"{ctx.node.name}"
     state: ControlFlowState = ctx.emitter.control_flow
     function = state.functions.get(key)
