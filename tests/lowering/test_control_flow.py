@@ -233,6 +233,27 @@ def test_scan_lowers_to_scan_over_a_dynamic_length():
     assert models["functions=False"].graph.outputs[1].shape == ir.Shape(["length", 3])
 
 
+class ReverseScan(torch.nn.Module):
+    def forward(self, init, xs):
+        def combine(carry, x):
+            new = carry * 0.9 + x
+            return new, new.cos()
+
+        return scan(combine, init, xs, dim=1, reverse=True)
+
+
+def test_reverse_scan_over_dim_1():
+    # torch.export moves the dim to 0 and flips with ordinary ops: one Scan, no Loop needed
+    torch.manual_seed(0)
+    inputs = [(torch.randn(2), torch.randn(2, 6))]
+
+    def check(model: ir.Model) -> None:
+        ops = _ops(model.graph)
+        assert ops["Scan"] == 1 and "Loop" not in ops
+
+    _lower_all_ways(ReverseScan(), inputs[0], inputs, check=check)
+
+
 class Map(torch.nn.Module):
     def forward(self, xs, y):
         return torch_map(lambda x, y: x.sin() + y, xs, y)
@@ -492,3 +513,41 @@ def test_a_failure_inside_a_body_names_the_path_through_the_bodies():
         irkit.lower(ep, custom_lowerings={torch.ops.irkit_cflow_test.frob.default: broken})
     assert info.value.fx_node == "scan.combine_fn → cond.true_branch → frob"
     assert "ValueError: no" in str(info.value)
+
+
+# --- rewrite inside bodies ----------------------------------------------------------------------
+class DoubleRelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(
+            x.sum() > 0, lambda x: torch.relu(torch.relu(x)) * 2, lambda x: x - 1, (x,)
+        )
+
+
+class TwoDoubleRelus(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = DoubleRelu(), DoubleRelu()
+
+    def forward(self, x):
+        return self.b(self.a(x) + 1)
+
+
+def test_rules_apply_inside_if_bodies_and_in_functions_reached_from_them():
+    x_var = irkit.var("x")
+    rule = irkit.Rule(
+        "ReluIdempotent",
+        irkit.op.Relu(irkit.op.Relu(x_var)),  # relu(relu(x))
+        lambda op, x: op.Relu(x),  # = relu(x)
+    )
+    torch.manual_seed(0)
+    module, x = TwoDoubleRelus(), torch.randn(2, 3)
+    ep = torch.export.export(module, (x,))
+    for functions, fired in ((False, 2), (True, 1)):  # two If bodies; one shared function
+        model = irkit.lower(ep, functions=functions)
+        report = irkit.rewrite(model, irkit.RuleSet("mine", [rule]))
+        assert report.fired == {"ReluIdempotent": fired}
+        bodies = [model.graph, *(f for f in model.functions.values())]
+        counts = sum((_ops(b) for b in bodies), collections.Counter())
+        assert counts["If/then_branch:Relu"] == fired
+        irkit.check(model)
+        _check_numbers(model, module, [(x,), (-x.abs(),)])
