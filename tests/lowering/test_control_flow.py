@@ -551,3 +551,37 @@ def test_rules_apply_inside_if_bodies_and_in_functions_reached_from_them():
         assert counts["If/then_branch:Relu"] == fired
         irkit.check(model)
         _check_numbers(model, module, [(x,), (-x.abs(),)])
+
+
+class Difference(torch.nn.Module):
+    def __init__(self, swap: bool):
+        super().__init__()
+        self.swap = swap
+
+    def forward(self, x, y):
+        def true_fn(x, y):
+            return (y - x) if self.swap else (x - y)
+
+        return torch.cond(x.sum() > 0, true_fn, lambda x, y: x * y, (x, y))
+
+
+class TwoDifferences(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Difference(False), Difference(True)
+
+    def forward(self, x, y):
+        return self.a(x, y) + self.b(x, y)
+
+
+def test_bodies_that_read_outer_values_in_other_places_are_not_shared():
+    # Same ops, same function inputs; only which captured value each branch op reads differs.
+    torch.manual_seed(0)
+    module, x, y = TwoDifferences(), torch.randn(2, 3), torch.randn(2, 3)
+    model = irkit.lower(torch.export.export(module, (x.abs(), y)))
+    assert sorted(model.functions) == [
+        ("tests.lowering", "Difference", ""),
+        ("tests.lowering", "Difference_1", ""),
+    ]
+    irkit.check(model)
+    _check_numbers(model, module, [(x.abs(), y), (-x.abs(), y)])
