@@ -151,7 +151,7 @@ def outline(
         Dataflow(nodes),
         {n.name for n in nodes if n.name},
     )
-    _register_subgraph_functions(ctx)
+    marked = _register_subgraph_functions(ctx)
     repeated = _repeated_classes(tree)
     events = _walk(tree, ctx.dataflow, members)
     exit_at = {scope: i for i, (scope, entering) in enumerate(events) if not entering}
@@ -160,6 +160,11 @@ def outline(
         scope, entering = events[i]
         i += 1
         if entering:  # on the way down: a repeat of an outlined call is replayed as a whole
+            if scope[-1].cls in marked:  # a call torch inlined, of a class marked as repeated
+                subtree = [s for s, down in events[i : exit_at[scope]] if down]
+                if _reuse_subgraph_function(ctx, scope, subtree, members, marked[scope[-1].cls]):
+                    i = exit_at[scope] + 1
+                    continue
             if scope[-1].cls in repeated:
                 subtree = [s for s, down in events[i : exit_at[scope]] if down]  # (DFS order)
                 if _replay(ctx, scope, subtree, members):
@@ -322,13 +327,15 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
 _NO_OUTPUT = "none of its outputs is used"
 
 
-def _register_subgraph_functions(ctx: _Context) -> None:
+def _register_subgraph_functions(ctx: _Context) -> dict[str, list[ir.Function]]:
     """Let module calls share the functions ``irkit.lower`` made of torch's ``invoke_subgraph``.
 
     Such a function is named after its module class (like outlined ones); registering it under
     its class lets a structurally identical call (torch inlines the first call of a
-    ``nested_compile_region``) reuse it instead of getting a second function.
+    ``nested_compile_region``) reuse it instead of getting a second function. Returns the
+    functions by qualified class.
     """
+    marked: dict[str, list[ir.Function]] = {}
     for function in list(ctx.model.functions.values()):
         origin = md.decode_scope(function.metadata_props.get(md.OUTLINE_ORIGIN))
         if md.INVOKE_SUBGRAPH not in function.metadata_props or not origin:
@@ -336,6 +343,58 @@ def _register_subgraph_functions(ctx: _Context) -> None:
         domain, cls_name = _function_key(ctx, origin[-1])
         key = canonical_key(function.inputs, list(function), function.outputs)
         ctx.registry.add(domain, cls_name, function, key if function.name == cls_name else None)
+        marked.setdefault(origin[-1].cls, []).append(function)
+    return marked
+
+
+def _reuse_subgraph_function(
+    ctx: _Context,
+    scope: Scope,
+    descendants: list[Scope],
+    members: dict[Scope, list[ir.Node]],
+    functions: list[ir.Function],
+) -> bool:
+    """Make a whole call (its submodules included) one call of an ``invoke_subgraph`` function
+    of its class whose body is the call's flat body; a miss leaves the call to the normal path.
+
+    torch lowers every call of a ``nested_compile_region`` but the first to ``invoke_subgraph``,
+    whose body is flat (no module calls inside); the first call is compared flat too.
+    """
+    if not _outlined(ctx, scope):
+        return False
+    pos = ctx.dataflow.pos
+    body = sorted(
+        (n for s in (scope, *descendants) for n in members.get(s, ())), key=pos.__getitem__
+    )
+    if not body:
+        return False
+    region = set(body)
+    plan = ctx.dataflow.plan(region)
+    if not isinstance(plan, ContractionPlan):
+        return False
+    bound = _boundary(ctx, scope[-1], body, region)
+    key = canonical_key(bound.inputs, body, bound.outputs)
+    for function in functions:
+        candidates = FunctionRegistry()
+        candidates.add(
+            "", "", function, canonical_key(function.inputs, list(function), function.outputs)
+        )
+        if candidates.find("", "", key) is function:
+            order_in, order_out = range(len(bound.inputs)), range(len(bound.outputs))
+        else:
+            match = candidates.find_isomorphic("", "", key, bound.inputs, body, bound.outputs)
+            if match is None:
+                continue
+            order_in, order_out = match.inputs, match.outputs
+        call = _install(
+            ctx, scope, body, region, bound, scope[-1].call_id, function, order_in, order_out
+        )
+        ctx.dataflow.contract(plan, call)
+        for s in (scope, *descendants):
+            members.pop(s, None)
+        members[scope[:-1]].append(call)
+        return True
+    return False
 
 
 def _adopt_subgraph_call(ctx: _Context, scope: Scope, items: list[ir.Node]) -> bool:

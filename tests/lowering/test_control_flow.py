@@ -435,6 +435,31 @@ def test_non_strict_export_inlines_the_region_and_dedupe_does_the_work():
     _check_numbers(model, module, [(x,)])
 
 
+class LinearBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+def test_a_region_with_submodules_is_still_one_function():
+    # The inlined first call has a Linear call inside, the invoke_subgraph body is flat: the
+    # first call is compared flat with the function and becomes one call of it.
+    torch.manual_seed(0)
+    module, x = torch.nn.Sequential(*[LinearBlock() for _ in range(3)]), torch.randn(2, 4)
+    ep = torch.export.export(module, (x,), strict=True)
+    model = irkit.lower(ep)
+    assert list(model.functions) == [("tests.lowering", "LinearBlock", "")]
+    assert [n.name for n in model.graph] == ["0", "1", "2"]
+    irkit.optimize(model)
+    irkit.check(model)
+    assert _ops(model.graph) == {"LinearBlock": 3}
+    _check_numbers(model, module, [(x,)])
+
+
 # --- errors -------------------------------------------------------------------------------------
 @torch.library.custom_op("irkit_cflow_test::frob", mutates_args=())
 def frob(x: torch.Tensor) -> torch.Tensor:
