@@ -442,10 +442,10 @@ class LinearBlock(torch.nn.Module):
 
     @torch.compiler.nested_compile_region
     def forward(self, x):
-        return torch.relu(self.lin(x))
+        return torch.cond(x.sum() > 0, lambda x: torch.relu(self.lin(x)), lambda x: x - 1, (x,))
 
 
-def test_a_region_with_submodules_is_still_one_function():
+def test_a_region_with_submodules_and_control_flow_is_still_one_function():
     # The inlined first call has a Linear call inside, the invoke_subgraph body is flat: the
     # first call is compared flat with the function and becomes one call of it.
     torch.manual_seed(0)
@@ -457,7 +457,8 @@ def test_a_region_with_submodules_is_still_one_function():
     irkit.optimize(model)
     irkit.check(model)
     assert _ops(model.graph) == {"LinearBlock": 3}
-    _check_numbers(model, module, [(x,)])
+    assert _ops(model.functions[("tests.lowering", "LinearBlock", "")])["If"] == 1
+    _check_numbers(model, module, [(x,), (-x.abs() - 2,)])
 
 
 # --- errors -------------------------------------------------------------------------------------
