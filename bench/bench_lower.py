@@ -8,7 +8,10 @@ the same run, on the same machine, on the same program. Both are warmed up first
 construction and imports are not counted). Prints one row per model and the ratio
 anchor/irkit (higher is better for irkit), then the scaling of irkit's time with depth.
 
-Usage:  python bench/bench_lower.py [--quick] [--repeat N]
+Usage:  python bench/bench_lower.py [--quick] [--repeat N] [--control-flow]
+
+``--control-flow`` times the control-flow models of ``tests/lowering/test_control_flow.py``
+(cond/while_loop/scan/map, nested, a strict-export ``nested_compile_region`` stack) instead.
 """
 
 from __future__ import annotations
@@ -57,8 +60,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="stacks only, one repeat")
     parser.add_argument("--repeat", type=int, default=3, help="irkit repeats (best of)")
+    parser.add_argument("--control-flow", action="store_true", help="control-flow models")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    if args.control_flow:
+        _bench_control_flow(args.repeat)
+        return
     repeat = 1 if args.quick else args.repeat
     names = (
         [] if args.quick else ["mlp", "cnn", "gpt2", "bert", "llama", "t5", "vit", "whisper"]
@@ -104,6 +111,39 @@ def main() -> None:
         f"scaling slope (log time / log nodes), stack4→stack64: irkit {slope_i:.2f}, anchor {slope_a:.2f}"
     )
     print(f"speed-up at 64 layers: {a1 / i1:.1f}x (target ≥ 5x)")
+
+
+def _bench_control_flow(repeat: int) -> None:
+    """irkit vs the anchor on If/Loop/Scan models and an invoke_subgraph stack, one run."""
+    from tests.lowering import test_control_flow as cf
+
+    x, xs = torch.randn(2, 3), torch.randn(8, 3)
+    cases = {
+        "cond": lambda: torch.export.export(cf.Cond(), (x, x)),
+        "while_loop": lambda: torch.export.export(cf.While(), (x, torch.tensor(5))),
+        "scan": lambda: torch.export.export(cf.CumulativeScan(), (x[0], xs)),
+        "map": lambda: torch.export.export(cf.Map(), (xs, x[0])),
+        "nested": lambda: torch.export.export(cf.NestedScan(), (x[0], xs)),
+        "subgraph3": lambda: torch.export.export(cf.Stack(), (torch.randn(2, 4),), strict=True),
+    }
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    warm = cases["cond"]()
+    _irkit(warm, tmp / "warm_i.onnx")
+    _anchor(warm, tmp / "warm_a.onnx")
+    print(f"{'model':12} {'irkit s':>9} {'anchor s':>9} {'ratio':>7}  functions (irkit / anchor)")
+    for name, make in cases.items():
+        ep = make()
+        t_irkit = _best(functools.partial(_irkit, ep, tmp / f"{name}_i.onnx"), repeat)
+        try:
+            t_anchor = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), repeat)
+        except Exception as exc:
+            print(f"{name:12} {t_irkit:9.3f} {'fails':>9} {'-':>7}  anchor: {type(exc).__name__}")
+            continue
+        counts = [len(irkit.load(tmp / f"{name}_{k}.onnx").functions) for k in ("i", "a")]
+        print(
+            f"{name:12} {t_irkit:9.3f} {t_anchor:9.3f} {t_anchor / t_irkit:6.1f}x  "
+            f"{counts[0]} / {counts[1]}"
+        )
 
 
 if __name__ == "__main__":

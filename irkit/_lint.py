@@ -43,7 +43,10 @@ _NODE_KEYS: dict[str, Callable[[str], object] | None] = {
     md.OUTLINE_NOTE: None,
     md.REWRITE_RULE: None,
 }
-_FUNCTION_KEYS: dict[str, Callable[[str], object] | None] = {md.OUTLINE_ORIGIN: md.decode_scope}
+_FUNCTION_KEYS: dict[str, Callable[[str], object] | None] = {
+    md.OUTLINE_ORIGIN: md.decode_scope,
+    md.INVOKE_SUBGRAPH: None,
+}
 _MODEL_KEYS: dict[str, Callable[[str], object] | None] = {
     md.CALL_SIGNATURES: md.decode_call_signatures
 }

@@ -41,6 +41,7 @@ __all__ = [
     "CALL_MODULE",
     "OUTLINE_NOTE",
     "OUTLINE_ORIGIN",
+    "INVOKE_SUBGRAPH",
     "REWRITE_RULE",
     "REWRITE_SOURCES",
     "MODEL_PRODUCER",
@@ -86,6 +87,12 @@ OUTLINE_ORIGIN = "irkit.outline.origin"
 """On a local function: the scope (JSON, as :data:`SCOPE`) of the module call its body was built
 from, ending with that call's own frame. Body nodes' scopes start with it; :func:`irkit.inline`
 uses it to re-root them at each call site."""
+
+# --- Written by irkit.lower on local functions of torch's invoke_subgraph ------------------------
+INVOKE_SUBGRAPH = "irkit.invoke_subgraph"
+"""On a local function: the ``invoke_subgraph`` identifier it was lowered from (the user marked
+the block as repeated, e.g. with ``torch.compiler.nested_compile_region``); outlining and
+optimization keep such functions and their calls."""
 
 # --- Written by irkit.rewrite -----------------------------------------------------------------
 REWRITE_RULE = "irkit.rewrite.rule"

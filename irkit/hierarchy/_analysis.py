@@ -42,6 +42,9 @@ __all__ = [
     "ContractionPlan",
     "has_subgraph",
     "used_outside",
+    "SUBGRAPH_OPS",
+    "captured_uses",
+    "nested_nodes",
 ]
 
 Scope = tuple[md.Frame, ...]
@@ -117,6 +120,51 @@ def has_subgraph(node: ir.Node) -> bool:
         if attr.type in _SUBGRAPH:
             return True
     return False
+
+
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
+"""Standard ops whose subgraphs outlining and dedupe see through (their reads of outer values
+count as inputs of the op). A module holding another op with a graph attribute is left inline."""
+
+
+def nested_nodes(node: ir.Node) -> list[ir.Node]:
+    """Every node inside ``node``'s subgraphs, at any depth, in order."""
+    return [
+        inner
+        for graph in node_subgraphs(node)
+        for inner in ir.traversal.RecursiveGraphIterator(graph)
+    ]
+
+
+def captured_uses(node: ir.Node) -> list[tuple[ir.Node, int, ir.Value]]:
+    """Each read, inside ``node``'s subgraphs, of a value defined outside ``node``.
+
+    ONNX subgraphs read values of enclosing graphs by name (an ``If`` branch has no inputs);
+    for outlining such a read is an input of ``node``. Returns ``(inner node, input index,
+    value)`` in node order.
+    """
+    inner = nested_nodes(node)
+    defined: set[ir.Value] = set()
+    for graph in _all_subgraphs(node):
+        defined.update(graph.inputs)
+        defined.update(graph.initializers.values())
+    for n in inner:
+        defined.update(n.outputs)
+    return [
+        (n, i, v)
+        for n in inner
+        for i, v in enumerate(n.inputs)
+        if v is not None and v not in defined
+    ]
+
+
+def _all_subgraphs(node: ir.Node) -> list[ir.Graph]:
+    graphs = []
+    for graph in node_subgraphs(node):
+        graphs.append(graph)
+        for inner in ir.traversal.RecursiveGraphIterator(graph):
+            graphs.extend(node_subgraphs(inner))
+    return graphs
 
 
 def used_outside(value: ir.Value, region: AbstractSet[ir.Node]) -> bool:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 import onnx_ir as ir
 
-from irkit.hierarchy._analysis import used_outside
+from irkit.hierarchy._analysis import SUBGRAPH_OPS, used_outside
 
 __all__ = [
     "canonical_key",
@@ -39,6 +39,7 @@ __all__ = [
     "body_graph",
     "FunctionRegistry",
     "Match",
+    "node_captures",
 ]
 
 
@@ -87,7 +88,63 @@ def _attribute_key(name: str, attr: ir.Attr) -> tuple[object, ...]:
         return (name, kind, attr.value)
     if kind is _TENSOR:
         return (name, kind, _tensor_key(attr.value))
+    if kind is _GRAPH:
+        return (name, kind, _graph_key(attr.value)[0])
+    if kind is _GRAPHS:
+        return (name, kind, tuple(_graph_key(g)[0] for g in attr.value))
     return (name, _attr_text(attr))
+
+
+_GRAPH = ir.AttributeType.GRAPH
+_GRAPHS = ir.AttributeType.GRAPHS
+
+
+def _graph_key(graph: ir.Graph) -> tuple[CanonicalKey, list[ir.Value]]:
+    """A name-free key of a subgraph (an ``If`` branch, a ``Loop`` body), and what it captures.
+
+    Numbered like :func:`canonical_key`; a value the subgraph reads from an enclosing graph is
+    numbered ``("c", k)`` in order of first read, and returned as capture ``k``: the enclosing
+    key wires those (:func:`node_captures`), so two bodies match only if they capture the same
+    values at the same places.
+    """
+    ids: dict[ir.Value | None, object] = {v: i for i, v in enumerate(graph.inputs)}
+    ids[None] = -1
+    captures: list[ir.Value] = []
+
+    def number(value: ir.Value | None) -> object:
+        found = ids.get(value)
+        if found is None:
+            found = ids[value] = ("c", len(captures))
+            captures.append(value)  # type: ignore[arg-type]
+        return found
+
+    parts: list[object] = [tuple([_type_key(v) for v in graph.inputs])]
+    count = len(graph.inputs)
+    for node in graph:
+        reads = (
+            [*node.inputs, *node_captures(node)] if node.op_type in SUBGRAPH_OPS else node.inputs
+        )
+        wiring = tuple([number(v) for v in reads])
+        for out in node.outputs:
+            ids[out] = count
+            count += 1
+        parts.append((*_node_entry(node), wiring))
+    parts.append(tuple([number(v) for v in graph.outputs]))
+    return tuple(parts), captures
+
+
+def node_captures(node: ir.Node) -> list[ir.Value]:
+    """The values ``node``'s subgraphs read from outside ``node``, in the order its key numbers
+    them (attributes by name, then first read); repeated once per subgraph that reads them."""
+    captured: list[ir.Value] = []
+    for name in sorted(node.attributes):
+        attr = node.attributes[name]
+        if attr.type is _GRAPH:
+            captured.extend(_graph_key(attr.value)[1])
+        elif attr.type is _GRAPHS:
+            for graph in attr.value:
+                captured.extend(_graph_key(graph)[1])
+    return captured
 
 
 def _attributes_key(attributes: dict[str, ir.Attr]) -> tuple[object, ...]:
@@ -159,7 +216,10 @@ def canonical_key(
         fixed = known(node) if known else None
         if fixed is None:
             fixed = _node_entry(node)
-        parts.append((*fixed, tuple([idget(v, -2) for v in node.inputs]), None))
+        reads = (
+            [*node.inputs, *node_captures(node)] if node.op_type in SUBGRAPH_OPS else node.inputs
+        )
+        parts.append((*fixed, tuple([idget(v, -2) for v in reads]), None))
     parts.append(tuple([idget(v, -2) for v in outputs]))
     return tuple(parts)
 

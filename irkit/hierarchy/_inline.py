@@ -159,7 +159,7 @@ def _instantiate(
             node.domain,
             node.op_type,
             [vmap[v] if v is not None else None for v in node.inputs],
-            attributes=list(node.attributes.values()),
+            attributes=[_clone_attr(a, vmap, origin, site) for a in node.attributes.values()],
             overload=node.overload,
             num_outputs=len(node.outputs),
             version=node.version,
@@ -182,3 +182,30 @@ def _instantiate(
             )
         outputs.append(mapped)
     return new_nodes, outputs
+
+
+def _clone_attr(
+    attr: ir.Attr, vmap: dict[ir.Value, ir.Value | None], origin: Scope, site: Scope
+) -> ir.Attr:
+    """``attr``, with a graph (an ``If`` branch, a ``Loop`` body) copied for this call site: its
+    reads of the function's values read the call site's values, its nodes' scopes re-rooted."""
+    if attr.type == ir.AttributeType.GRAPH:
+        return ir.AttrGraph(attr.name, _clone_graph(attr.value, vmap, origin, site))
+    if attr.type == ir.AttributeType.GRAPHS:
+        graphs = [_clone_graph(g, vmap, origin, site) for g in attr.value]
+        return ir.AttrGraphs(attr.name, graphs)
+    return attr
+
+
+def _clone_graph(
+    graph: ir.Graph, vmap: dict[ir.Value, ir.Value | None], origin: Scope, site: Scope
+) -> ir.Graph:
+    copy = graph.clone(allow_outer_scope_values=True)
+    for node in ir.traversal.RecursiveGraphIterator(copy):
+        for i, value in enumerate(node.inputs):
+            if value is not None and value in vmap:
+                node.replace_input_with(i, vmap[value])
+        meta = node.metadata_props
+        if md.SCOPE in meta:
+            meta[md.SCOPE] = md.encode_scope(reroot_scope(md.node_scope(meta), origin, site))
+    return copy

@@ -15,10 +15,13 @@ from irkit import metadata as md
 from irkit._irutil import fresh_name
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import (
+    SUBGRAPH_OPS,
     ContractionPlan,
     Dataflow,
     Scope,
     build_scope_tree,
+    captured_uses,
+    nested_nodes,
     used_outside,
 )
 from irkit.hierarchy._constants import constant_cones, localize_constants
@@ -196,6 +199,7 @@ def outline(
         Dataflow(nodes),
         {n.name for n in nodes if n.name},
     )
+    marked = _register_subgraph_functions(ctx)
     repeated = _repeated_classes(tree)
     events = _walk(tree, ctx.dataflow, members)
     exit_at = {scope: i for i, (scope, entering) in enumerate(events) if not entering}
@@ -204,6 +208,11 @@ def outline(
         scope, entering = events[i]
         i += 1
         if entering:  # on the way down: a repeat of an outlined call is replayed as a whole
+            if scope[-1].cls in marked:  # a call torch inlined, of a class marked as repeated
+                subtree = [s for s, down in events[i : exit_at[scope]] if down]
+                if _reuse_subgraph_function(ctx, scope, subtree, members, marked[scope[-1].cls]):
+                    i = exit_at[scope] + 1
+                    continue
             if scope[-1].cls in repeated:
                 subtree = [s for s, down in events[i : exit_at[scope]] if down]  # (DFS order)
                 if _replay(ctx, scope, subtree, members):
@@ -353,9 +362,11 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
     frame = scope[-1]
     if not _outlined(ctx, scope):
         return items
+    if _adopt_subgraph_call(ctx, scope, items):
+        return items
     control_flow = ctx.dataflow.control_flow
-    if control_flow and any(n in control_flow for n in items):
-        return _leave_inline(ctx, frame, items, "it contains control flow (If/Loop/Scan subgraphs)")
+    if control_flow and any(n in control_flow and n.op_type not in SUBGRAPH_OPS for n in items):
+        return _leave_inline(ctx, frame, items, "it contains an op with a graph attribute")
     plan = ctx.dataflow.plan(items)
     if isinstance(plan, ContractionPlan):
         call = _contract(ctx, scope, plan, frame.call_id)
@@ -364,6 +375,91 @@ def _maybe_outline(ctx: _Context, scope: Scope, items: list[ir.Node]) -> list[ir
 
 
 _NO_OUTPUT = "none of its outputs is used"
+
+
+def _register_subgraph_functions(ctx: _Context) -> dict[str, list[ir.Function]]:
+    """Let module calls share the functions ``irkit.lower`` made of torch's ``invoke_subgraph``.
+
+    Such a function is named after its module class (like outlined ones); registering it under
+    its class lets a structurally identical call (torch inlines the first call of a
+    ``nested_compile_region``) reuse it instead of getting a second function. Returns the
+    functions by qualified class.
+    """
+    marked: dict[str, list[ir.Function]] = {}
+    for function in list(ctx.model.functions.values()):
+        origin = md.decode_scope(function.metadata_props.get(md.OUTLINE_ORIGIN))
+        if md.INVOKE_SUBGRAPH not in function.metadata_props or not origin:
+            continue
+        domain, cls_name = _function_key(ctx, origin[-1])
+        key = canonical_key(function.inputs, list(function), function.outputs)
+        ctx.registry.add(domain, cls_name, function, key if function.name == cls_name else None)
+        marked.setdefault(origin[-1].cls, []).append(function)
+    return marked
+
+
+def _reuse_subgraph_function(
+    ctx: _Context,
+    scope: Scope,
+    descendants: list[Scope],
+    members: dict[Scope, list[ir.Node]],
+    functions: list[ir.Function],
+) -> bool:
+    """Make a whole call (its submodules included) one call of an ``invoke_subgraph`` function
+    of its class whose body is the call's flat body; a miss leaves the call to the normal path.
+
+    torch lowers every call of a ``nested_compile_region`` but the first to ``invoke_subgraph``,
+    whose body is flat (no module calls inside); the first call is compared flat too.
+    """
+    if not _outlined(ctx, scope):
+        return False
+    pos = ctx.dataflow.pos
+    body = sorted(
+        (n for s in (scope, *descendants) for n in members.get(s, ())), key=pos.__getitem__
+    )
+    if not body:
+        return False
+    region = set(body)
+    plan = ctx.dataflow.plan(region)
+    if not isinstance(plan, ContractionPlan):
+        return False
+    bound = _boundary(ctx, scope[-1], body, region)
+    key = canonical_key(bound.inputs, body, bound.outputs)
+    for function in functions:
+        candidates = FunctionRegistry()
+        candidates.add(
+            "", "", function, canonical_key(function.inputs, list(function), function.outputs)
+        )
+        if candidates.find("", "", key) is function:
+            order_in, order_out = range(len(bound.inputs)), range(len(bound.outputs))
+        else:
+            match = candidates.find_isomorphic("", "", key, bound.inputs, body, bound.outputs)
+            if match is None:
+                continue
+            order_in, order_out = match.inputs, match.outputs
+        call = _install(
+            ctx,
+            _CallPlan(scope, body, region, bound, scope[-1].call_id, function, order_in, order_out),
+        )
+        ctx.dataflow.contract(plan, call)
+        for s in (scope, *descendants):
+            members.pop(s, None)
+        members[scope[:-1]].append(call)
+        return True
+    return False
+
+
+def _adopt_subgraph_call(ctx: _Context, scope: Scope, items: list[ir.Node]) -> bool:
+    """A module call that is exactly one call of an ``invoke_subgraph`` function already is the
+    module's call node: it gets the call metadata instead of a wrapper function."""
+    if len(items) != 1:
+        return False
+    function = ctx.model.functions.get(items[0].op_identifier())
+    if function is None or md.INVOKE_SUBGRAPH not in function.metadata_props:
+        return False
+    items[0].name = _call_name(ctx, scope[-1].call_id)
+    items[0].metadata_props[md.CALL_MODULE] = md.encode_call(scope[-1])
+    items[0].metadata_props[md.SCOPE] = _scope_text(ctx, scope[:-1])
+    return True
 
 
 def _split(
@@ -436,18 +532,32 @@ def _boundary(
     inputs: dict[ir.Value, None] = {}
     input_uses: list[tuple[ir.Node, int]] = []
     outputs: list[ir.Value] = []
+    inside = _with_nested(ctx, body, region)
     for node in body:
         for i, value in enumerate(node.inputs):
             if value is not None and value.producer() not in region:
                 inputs[value] = None
                 input_uses.append((node, i))
-        outputs.extend(v for v in node.outputs if used_outside(v, region))
+        if inside is not region and node in ctx.dataflow.control_flow:
+            for inner, i, value in captured_uses(node):  # read by name inside a subgraph
+                if value.producer() not in region:
+                    inputs[value] = None
+                    input_uses.append((inner, i))
+        outputs.extend(v for v in node.outputs if used_outside(v, inside))
     signature = ctx.options.signatures.get(frame.call_id) or ctx.options.signatures.get(frame.path)
     if signature is None:
         return _Boundary(list(inputs), outputs, input_uses)
     return _Boundary(
         _ordered(list(inputs), signature[0]), _ordered(outputs, signature[1]), input_uses
     )
+
+
+def _with_nested(ctx: _Context, body: list[ir.Node], region: set[ir.Node]) -> set[ir.Node]:
+    """``region`` plus the nodes inside its nodes' subgraphs (their reads are inside reads)."""
+    control_flow = ctx.dataflow.control_flow
+    if not control_flow or not any(n in control_flow for n in body):
+        return region
+    return region.union(*(nested_nodes(n) for n in body if n in control_flow))
 
 
 def _local_name(name: str | None, frame: md.Frame, taken: set[str]) -> str:

@@ -13,6 +13,7 @@ from onnxscript import evaluator as os_evaluator
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
+from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
 from irkit.lowering._plan import Decomposition, Plan
 from irkit.lowering._promotion import input_casts, output_cast
 from irkit.lowering._recorder import Recorder, call_lowering
@@ -36,6 +37,7 @@ class _Frame:
     env: Env
     prefix: str = ""  # prepended to value/node names of a decomposition
     stamp_from: torch.fx.Node | None = None  # a decomposition's nodes carry their parent's stamp
+    graph: ir.Graph | None = None  # where nodes go: the main graph, or a control-flow body
 
 
 class Emitter:
@@ -68,6 +70,7 @@ class Emitter:
         self._tensors_by_storage: dict[tuple[Any, ...], ir.Value] = {}
         self.env: Env = {}
         self._required: dict[Any, frozenset[str]] = {}
+        self.control_flow = ControlFlowState()
         self._progress = progress
         self._handlers: Mapping[str, Callable[[_Frame, torch.fx.Node], None]] = {
             "placeholder": self._placeholder,
@@ -77,7 +80,7 @@ class Emitter:
         }
 
     def run(self, plan: Plan) -> ir.Graph:
-        frame = _Frame(plan, self.env)
+        frame = _Frame(plan, self.env, graph=self.graph)
         for node in self.ep.graph.nodes:
             try:
                 self._handlers[node.op](frame, node)
@@ -262,6 +265,9 @@ class Emitter:
                 outputs = self._decomposed(frame, node)
             elif choice.via is Via.REGION:
                 outputs = self._region(frame, node)
+            elif choice.via is Via.CONTROL_FLOW:
+                outputs = lower_control_flow(self, frame, node)
+                self._finish(frame, node, outputs, self.stamper.props(stamp_node))
             else:
                 args, kwargs = _convert_args(node, frame.env)
                 if choice.via is not Via.CUSTOM and isinstance(node.target, torch._ops.OpOverload):
@@ -409,16 +415,18 @@ class Emitter:
                 if isinstance(value, ir.Value) and id(value) in produced:
                     self._set_type(value, val)
                     value.name = f"{name}__{i}"
-        self._append(nodes, props, name)
+        self._append(nodes, props, name, frame.graph)
 
-    def _append(self, nodes: list[ir.Node], props: dict[str, str], name: str) -> None:
+    def _append(
+        self, nodes: list[ir.Node], props: dict[str, str], name: str, graph: ir.Graph | None = None
+    ) -> None:
         for counter, ir_node in enumerate(nodes):
             ir_node.name = name if len(nodes) == 1 else f"{name}/{ir_node.op_type}_{counter}"
             ir_node.metadata_props.update(props)
             for k, out in enumerate(ir_node.outputs):
                 if out.name is None:
                     out.name = f"{ir_node.name}/{k}" if len(nodes) > 1 else f"{name}/{k}"
-        self.graph.extend(nodes)
+        (self.graph if graph is None else graph).extend(nodes)
 
     def _decomposed(self, frame: _Frame, node: torch.fx.Node) -> Any:
         decomposition = frame.plan.decompositions[node]
@@ -457,7 +465,11 @@ class Emitter:
     ) -> Any:
         """Emit a sub-graph (a traced decomposition or a region body) in place of ``node``."""
         sub = _Frame(
-            decomposition.plan, {}, prefix=f"{frame.prefix}{node.name}/", stamp_from=stamp_from
+            decomposition.plan,
+            {},
+            prefix=f"{frame.prefix}{node.name}/",
+            stamp_from=stamp_from,
+            graph=frame.graph,
         )
         feed = iter(inputs)
         result: Any = None

@@ -17,6 +17,7 @@ from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 from irkit import metadata
 from irkit.errors import LoweringError, LoweringOptionsError
 from irkit.hierarchy import outline
+from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
@@ -67,6 +68,9 @@ def lower_program(
     start = time.perf_counter()
     table = LoweringTable(custom_lowerings, decompose_custom_ops=decompose_custom_ops)
     ep = exported_program
+    if uses_predispatch_vmap(ep.graph):  # (associative_scan, torch.vmap): a new program
+        logger.info("irkit.lower: the program holds vmap nodes; running its decompositions.")
+        ep = ep.run_decompositions({})
     plan = make_plan(ep.graph, table)
     inplace = needs_functionalization(ep.graph, plan)
     if inplace:
@@ -91,7 +95,7 @@ def lower_program(
     model = _assemble(graph, recorder)
     opset = _runnable_opset(model, requested=opset_arg)
     if opset != TORCHLIB_OPSET:
-        _convert_opset(model, opset)
+        convert_keeping_functions(model, lambda m: _convert_opset(m, opset))
     store_call_signatures(model, emitter.call_signatures())
     if functions is not False:
         t0 = time.perf_counter()

@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from irkit.errors import LoweringError, UnsupportedOpError
+from irkit.lowering._control_flow import plan_bodies
 from irkit.lowering._regions import region_body, region_op
 from irkit.lowering._registry import Choice, LoweringTable, Via
 from irkit.lowering._source import node_location
@@ -43,6 +44,7 @@ class Plan:
 
     choices: dict[torch.fx.Node, Choice] = dataclasses.field(default_factory=dict)
     decompositions: dict[torch.fx.Node, Decomposition] = dataclasses.field(default_factory=dict)
+    bodies: dict[torch.fx.Node, dict[str, Decomposition]] = dataclasses.field(default_factory=dict)
 
     def histogram(self) -> collections.Counter[Via]:
         counts: collections.Counter[Via] = collections.Counter(c.via for c in self.choices.values())
@@ -110,6 +112,13 @@ def _plan_graph(
             plan.decompositions[node] = Decomposition(
                 body, _plan_graph(body.graph, table, missing, depth, decomposing)
             )
+        elif choice.via is Via.CONTROL_FLOW:
+
+            def plan_one(g: torch.fx.GraphModule) -> tuple[Decomposition, _Missing]:
+                sub = _Missing()
+                return Decomposition(g, _plan_graph(g.graph, table, sub, depth, decomposing)), sub
+
+            plan.bodies[node] = plan_bodies(node, plan_one, missing)
         elif choice.via is Via.DECOMPOSE:
             found = _plan_decomposition(node, choice, table, depth, decomposing)
             if isinstance(found, Decomposition):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from onnxscript.function_libs.torch_lib import registration
 
+from irkit.lowering._control_flow import is_control_flow
 from irkit.lowering._own import own_lowerings
 from irkit.lowering._regions import region_op
 
@@ -32,6 +33,7 @@ class Via(enum.Enum):
     DECOMPOSE = "decomposition"
     GETITEM = "tuple element"
     REGION = "context region (body inlined)"
+    CONTROL_FLOW = "control flow (If/Loop/Scan, or a local function)"
     SKIP = "no computation"
 
 
@@ -186,6 +188,8 @@ class LoweringTable:
             return Choice(Via.CUSTOM, fn)
         if region_op(target) is not None:
             return Choice(Via.REGION)
+        if is_control_flow(target):
+            return Choice(Via.CONTROL_FLOW)
         own = self._own.get(target)
         if own is not None and (own.applies is None or own.applies(node)):
             return Choice(Via.IRKIT, own.fn)

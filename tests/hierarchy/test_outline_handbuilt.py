@@ -262,7 +262,7 @@ def test_large_constants_are_not_copied():
     assert [len(n.outputs) for n in model.graph] == [2, 1]  # a exports the big constant
 
 
-def test_control_flow_is_left_inline_with_a_note():
+def test_control_flow_is_outlined_with_captured_values_as_inputs():
     b = B.Builder()
     x = b.input("x", [3, B.STACK_D])
     with b.module("gate", "m.Gate"):
@@ -273,11 +273,15 @@ def test_control_flow_is_left_inline_with_a_note():
     )
     with b.module("sel", "m.Select"):
         y = b.op("If", cond, then_branch=branch("Relu"), else_branch=branch("Neg"))
-    expected = "module call 'sel' (m.Select) left inline: it contains control flow (If/Loop/Scan subgraphs)"
-    with pytest.warns(irkit.OutlineWarning, match=re.escape(expected)):
-        model = outline_and_compare(b.model([y]), [X])
-    assert calls(model) == [("gate", "Gate")]
-    assert model.graph.node("if_4").metadata_props[md.OUTLINE_NOTE] == expected
+    model = outline_and_compare(b.model([y]), [X])
+    assert calls(model) == [("gate", "Gate"), ("sel", "Select")]
+    select = model.functions[("m", "Select", "")]
+    # x is read by name inside both branches: it is an input of the function, and the
+    # branches read the function's input
+    assert len(select.inputs) == 2
+    [if_node] = list(select)
+    branch_reads = {n.inputs[0] for a in if_node.attributes.values() for n in a.value}
+    assert branch_reads == {select.inputs[1]}
 
 
 def test_values_captured_by_subgraphs_are_dataflow_edges():
