@@ -9,6 +9,7 @@ the program's in-place ops can be handled by renaming or need functionalization.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -207,10 +208,14 @@ def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx
         return tuple(result) if isinstance(result, tuple) else result
 
     fake_mode = detect_fake_mode(fakes)
+    # The fakes belong to the user's program: tracing must not add guards to (and so
+    # specialize) its ShapeEnv — the ExportedProgram is never modified.
+    shape_env = getattr(fake_mode, "shape_env", None)
+    no_guards = shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()
     try:
         if fake_mode is None:
             return make_fx(call, tracing_mode="fake")(*fakes)
-        with fake_mode:
+        with fake_mode, no_guards:
             return make_fx(call, tracing_mode="real")(*fakes)
     except Exception as exc:
         raise LoweringError(

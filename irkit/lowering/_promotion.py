@@ -141,7 +141,9 @@ def input_casts(
     places, dtype = _computes_in_dtype(node, result.dtype)
     if dtype is not None or not result.dtype.is_floating_point:
         return places, dtype
-    pointwise = torch.Tag.pointwise in target.tags or _pointwise_alias(target, node)
+    pointwise = torch.Tag.pointwise in target.tags or (
+        _promotes_non_float(node) and _pointwise_alias(target, node)
+    )
     places = []
     for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
@@ -168,6 +170,19 @@ def _computes_in_dtype(
     if not isinstance(val, torch.Tensor) or val.dtype == dtype or val.dtype.is_complex:
         return [], None
     return [(0, None)], dtype
+
+
+def _promotes_non_float(node: torch.fx.Node) -> bool:
+    """Whether a non-bool integer tensor or a symbolic number feeds ``node`` (only then can
+    being pointwise change the casts, so only then is an op's kernel traced to find out)."""
+    for _, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if isinstance(val, (torch.SymInt, torch.SymFloat)):
+            return True
+        dtype = val.dtype if isinstance(val, torch.Tensor) else None
+        if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+            return dtype != torch.bool
+    return False
 
 
 # What an op's kernel shows about it depends only on the op: a process-wide cache, like
