@@ -430,7 +430,8 @@ def _reuse_subgraph_function(
             "", "", function, canonical_key(function.inputs, list(function), function.outputs)
         )
         if candidates.find("", "", key) is function:
-            order_in, order_out = range(len(bound.inputs)), range(len(bound.outputs))
+            order_in: Sequence[int] = range(len(bound.inputs))
+            order_out: Sequence[int] = range(len(bound.outputs))
         else:
             match = candidates.find_isomorphic("", "", key, bound.inputs, body, bound.outputs)
             if match is None:
