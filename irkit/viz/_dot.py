@@ -1,7 +1,9 @@
 """DOT source for one body (main graph or function), and layout to SVG with Graphviz ``dot``.
 
-The DOT text is written here (no dependency); laying it out needs the ``graphviz`` Python
-package and the ``dot`` program, both imported/located only when an SVG is asked for. Function
+The DOT text is written here (no dependency). Laying it out with Graphviz is optional
+(``--layout dot``; the default layout is :mod:`irkit.viz._svg`): it needs the ``graphviz``
+Python package (the ``irkit[graphviz]`` extra) and the ``dot`` program, both imported/located
+only then. Function
 calls are drawn as double-bordered boxes with SVG id ``n<k>`` and class ``call``; primitive
 nodes get class ``op``; edges carry the value's type and shape (as a tooltip only in bodies
 larger than :data:`LARGE_BODY`).
@@ -23,7 +25,8 @@ __all__ = ["DotGraph", "body_dot", "layout_svg", "GRAPHVIZ_INSTALL_HINT"]
 
 GRAPHVIZ_INSTALL_HINT = (
     "Install Graphviz's layout program `dot` (Debian/Ubuntu: apt-get install graphviz; "
-    "macOS: brew install graphviz) and the Python binding (pip install graphviz)."
+    "macOS: brew install graphviz) and the Python binding (pip install 'irkit[graphviz]'), "
+    "or leave out --layout dot: the built-in layout needs nothing else."
 )
 
 _HEADER = """digraph {{
@@ -79,7 +82,7 @@ def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
     return f"  {ident} {_attrs(**attrs)};"
 
 
-def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
+def call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     """``q_proj`` / ``Linear`` / ``2 nodes · body ×4``: the instance, its module class (or the
     function's name without irkit metadata), and how many calls share the drawn body."""
     assert callee.identifier is not None
@@ -99,12 +102,9 @@ CLUSTER_DEPTH = 2
 
 
 def _scope(node: ir.Node) -> tuple[metadata.Frame, ...]:
-    if metadata.SCOPE not in node.metadata_props:
-        return ()
-    try:
-        return metadata.node_scope(node.metadata_props)[:CLUSTER_DEPTH]
-    except (ValueError, TypeError):
-        return ()
+    from irkit.viz._scopes import node_frames
+
+    return node_frames(node)[:CLUSTER_DEPTH]
 
 
 @dataclasses.dataclass
@@ -149,7 +149,7 @@ def _node_stmt(summary: ModelSummary, node: ir.Node, ident: str, mark: str | Non
     if callee_fn is not None:
         callee = summary.bodies[function_key(callee_fn.identifier())]
         extra.update(
-            label=_call_label(summary, node, callee),
+            label=call_label(summary, node, callee),
             style="filled,bold",
             fillcolor="#fff4d6",
             color="#b07d00",
@@ -188,7 +188,7 @@ def body_dot(
         The :class:`DotGraph`.
     """
     highlight = highlight or {}
-    initializers = set(summary.model.graph.initializers) if body.identifier is None else set()
+    initializers = set(summary.model.graph.initializers) if body.is_main else set()
     large = body.stored_nodes > LARGE_BODY
     lines = [_HEADER.format(label=quote(title or body.key))]
     if large:
@@ -208,7 +208,7 @@ def body_dot(
         ident = f"n{k}"
         node_ids[node] = ident
         statement = _node_stmt(summary, node, ident, highlight.get(node))
-        frames = () if large or body.identifier is not None else _scope(node)
+        frames = _scope(node) if body.is_main and not large else ()
         clusters.at(frames).statements.append(statement)
         for value in node.outputs:
             producer[value] = ident
