@@ -213,6 +213,8 @@ def body_dot(
         for value in node.outputs:
             producer[value] = ident
     lines.extend(clusters.emit("  "))
+    for node, ident in node_ids.items():
+        lines.extend(_subgraph_clusters(summary, node, ident, "  "))
     input_index = {v: i for i, v in enumerate(body.graph.inputs)}
     for node, ident in node_ids.items():
         for value in node.inputs:
@@ -231,6 +233,46 @@ def body_dot(
             lines.append(f"  {producer[value]} -> {ident};")
     lines.append("}")
     return DotGraph("\n".join(lines) + "\n", node_ids, input_ids)
+
+
+def _subgraph_clusters(summary: ModelSummary, owner: ir.Node, ident: str, indent: str) -> list[str]:
+    """The subgraphs of an If/Loop/Scan node as dashed clusters (``id="g:<body key>"``), nodes
+    ``<owner id>_<k>_<j>``, joined to their owner by a dashed edge; nested ones inside."""
+    lines: list[str] = []
+    labels = [label for (node, label) in summary.subgraphs if node is owner]
+    for k, label in enumerate(labels):
+        body = summary.bodies[summary.subgraphs[(owner, label)]]
+        attrs = _attrs(
+            id=f"g:{body.key}",
+            label=f"{owner.name or owner.op_type}.{label}",
+            style="rounded,dashed",
+            color="#16808f",
+            fontcolor="#16808f",
+            fontsize="9",
+            labeljust="l",
+        )
+        lines.append(f"{indent}subgraph {quote(f'cluster_{ident}_{k}')} {{")
+        lines.append(f"{indent}  graph {attrs};")
+        producer: dict[ir.Value, str] = {}
+        inner_ids: dict[ir.Node, str] = {}
+        for j, node in enumerate(body.graph):
+            inner = f"{ident}_{k}_{j}"
+            inner_ids[node] = inner
+            lines.append(indent + _node_stmt(summary, node, inner, None).strip())
+            for value in node.outputs:
+                producer[value] = inner
+        for node, inner in inner_ids.items():
+            for value in node.inputs:
+                if value is not None and value in producer:
+                    lines.append(f"{indent}  {producer[value]} -> {inner};")
+            lines.extend(_subgraph_clusters(summary, node, inner, indent + "  "))
+        lines.append(f"{indent}}}")
+        if inner_ids:
+            first = next(iter(inner_ids.values()))
+            lines.append(
+                f'{indent}{ident} -> {first} [style=dashed, color="#16808f", label={quote(label)}];'
+            )
+    return lines
 
 
 _XML_HEAD = re.compile(r"<\?xml[^>]*>\s*(<!DOCTYPE[^>]*>\s*)?(<!--.*?-->\s*)*", re.S)

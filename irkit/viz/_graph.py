@@ -15,12 +15,14 @@ import onnx_ir as ir
 
 from irkit.viz._summary import Body, ModelSummary, TensorInfo, function_key
 
-__all__ = ["GraphData", "GraphNode", "body_graph", "region_graph", "text_width"]
+__all__ = ["GraphData", "GraphNode", "TypeMemo", "body_graph", "region_graph", "text_width"]
 
 
 @dataclasses.dataclass
 class GraphNode:
-    """One box: ``kind`` is ``op``, ``call``, ``input``, ``output`` or ``const``."""
+    """One box: ``kind`` is ``op``, ``call`` (a function call), ``flow`` (a node owning
+    subgraphs: If, Loop, Scan), ``region`` (part of a flat graph), ``input``, ``output`` or
+    ``const``; ``mark`` is a diff colour (``added``, ``removed``, ``changed``)."""
 
     id: str
     lines: list[str]
@@ -46,6 +48,15 @@ class GraphData:
             "nodes": [n.to_json() for n in self.nodes],
             "edges": [list(e) for e in self.edges],
         }
+
+
+class TypeMemo(dict):
+    """``{value: TensorInfo}`` filled on first lookup (a 20k-node page asks for each type
+    several times)."""
+
+    def __missing__(self, value: ir.Value) -> TensorInfo:
+        info = self[value] = TensorInfo.of(value)
+        return info
 
 
 _CHAR_WIDTHS = {"i": 0.3, "l": 0.3, "j": 0.3, "t": 0.4, "f": 0.4, "r": 0.45, ".": 0.3, " ": 0.32}
@@ -76,6 +87,12 @@ def node_box(summary: ModelSummary, node: ir.Node, ident: str, mark: str | None)
     if function is not None:
         callee = summary.bodies[function_key(function.identifier())]
         return GraphNode(ident, call_lines(summary, node, callee), "call", mark, tooltip)
+    branches = (
+        [label for (owner, label) in summary.subgraphs if owner is node] if node.attributes else []
+    )
+    if branches:  # If / Loop / Scan: opened like a call, one subgraph at a time
+        lines = [*_op_lines(node), node.name or "", " · ".join(branches)]
+        return GraphNode(ident, [line for line in lines if line], "flow", mark, tooltip)
     kind = "const" if node.op_type == "Constant" else "op"
     return GraphNode(ident, _op_lines(node), kind, mark, tooltip)
 
@@ -132,12 +149,14 @@ def region_graph(
     boxes: Sequence[tuple[str, list[str], Iterable[ir.Node]]],
     summary: ModelSummary,
     position: Mapping[ir.Node, int],
+    types: TypeMemo | None = None,
 ) -> GraphData:
     """A region of a flat graph: its own ``members`` (``(id, node)``) and its sub-regions drawn
     as single boxes (``(id, label lines, nodes inside)``), in graph order (``position``);
     values from outside the region become inputs, values used outside become outputs.
     Parameters (graph initializers) are not drawn; they are listed on each node's card.
     """
+    types = TypeMemo() if types is None else types
     owner: dict[ir.Node, str] = {}
     items: list[tuple[int, GraphNode, list[ir.Node]]] = []
     for ident, node in members:
@@ -167,11 +186,11 @@ def region_graph(
                     src = external.get(value)
                     if src is None:
                         src = external[value] = f"x{len(external)}"
-                        nodes.append(_io(src, TensorInfo.of(value), "input"))
+                        nodes.append(_io(src, types[value], "input"))
                 if src == box.id or (src, box.id) in seen_edges:
                     continue
                 seen_edges.add((src, box.id))
-                edges.append((src, box.id, TensorInfo.of(value).type_text()))
+                edges.append((src, box.id, types[value].type_text()))
             for value in node.outputs:
                 if value in exported:
                     continue
@@ -179,6 +198,6 @@ def region_graph(
                     exported[value] = box.id
         nodes.append(box)
     for k, (value, src) in enumerate(exported.items()):
-        nodes.append(_io(f"y{k}", TensorInfo.of(value), "output"))
+        nodes.append(_io(f"y{k}", types[value], "output"))
         edges.append((src, f"y{k}", ""))
     return GraphData(title, nodes, edges)

@@ -11,7 +11,7 @@ import dataclasses
 import fnmatch
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 import onnx_ir as ir
@@ -19,6 +19,7 @@ import onnx_ir as ir
 from irkit import metadata
 from irkit.errors import IrkitError
 from irkit.viz import _diff, _dot, _graph, _regions, _svg
+from irkit.viz._scopes import node_frames
 from irkit.viz._style import (
     format_bytes,
     format_count,
@@ -26,7 +27,6 @@ from irkit.viz._style import (
     indexed_successor,
 )
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
-from irkit.viz._text import attr_text
 
 __all__ = ["HtmlOptions", "render_html", "render_diff_html", "page", "node_info", "body_about"]
 
@@ -83,7 +83,7 @@ def _value_rows(values, params: set[ir.Value], known: Mapping[ir.Value, TensorIn
         if v is None:
             rows.append(["", "(none)"])
             continue
-        info = known.get(v) or TensorInfo.of(v)
+        info = known[v] if isinstance(known, _graph.TypeMemo) else known.get(v) or TensorInfo.of(v)
         rows.append([info.name, info.type_text() + ("  (parameter)" if v in params else "")])
     return rows
 
@@ -105,7 +105,7 @@ def node_info(
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
     props = node.metadata_props
     fields = [["op", op], ["name", node.name or ""]]
-    scope = metadata.node_scope(props) if metadata.SCOPE in props else ()
+    scope = node_frames(node)
     module_rel = None
     if scope:  # a call node's scope is its caller's module (its own is shown by the page)
         fields.append(["module" if function is None else "in module", scope[-1].call_id])
@@ -132,7 +132,7 @@ def node_info(
         "fields": fields,
         "inputs": _value_rows(node.inputs, params, known),
         "outputs": _value_rows(node.outputs, set(), known),
-        "attrs": [attr_text(a).split("=", 1) for a in node.attributes.values()],
+        "attrs": [[a.name, attr_full(a)] for a in node.attributes.values()],
         "meta": [[k, v] for k, v in sorted(props.items())],
         "module_rel": module_rel,
     }
@@ -169,14 +169,28 @@ PREVIEW = 8
 """How many leading values of an initializer its card shows."""
 
 
+def attr_full(attr: ir.Attr) -> str:
+    """An attribute's value in full (tensors: type and first values; graphs: their size)."""
+    value = attr.value
+    if isinstance(value, ir.TensorProtocol):
+        return f"tensor {value.dtype.short_name()}{list(value.shape)} " + _tensor_preview(value)
+    if isinstance(value, (ir.Graph, ir.GraphProtocol)):
+        return f"graph {value.name or ''} ({len(value)} nodes)".replace("  ", " ")
+    if isinstance(value, Sequence) and value and isinstance(value[0], ir.GraphProtocol):
+        return f"{len(value)} graphs"
+    return repr(value)
+
+
 def value_preview(value: ir.Value) -> str:
     """``[0.0123, -0.5, …] (of 4096)``: the first values of an initializer, read without loading
     all of it (external data: the first bytes of its file only). ``""`` if unavailable."""
+
+    return "" if value.const_value is None else _tensor_preview(value.const_value)
+
+
+def _tensor_preview(tensor: ir.TensorProtocol) -> str:
     import numpy as np
 
-    tensor = value.const_value
-    if tensor is None:
-        return ""
     try:
         total = tensor.size
         if isinstance(tensor, ir.ExternalTensor):
@@ -411,12 +425,13 @@ def region_entries(summary: ModelSummary, root: _regions.Region) -> dict[str, di
     """Every region of a flat main graph as a page graph: its drawable graph (laid out in the
     page when opened), the cards of its own nodes and of its sub-region boxes."""
     params = set(summary.model.graph.initializers.values())
-    drawn = _regions.region_graphs(summary, root)
+    types = _graph.TypeMemo()
+    drawn = _regions.region_graphs(summary, root, types)
     main_about = body_about(summary, summary.root.body)
     graphs: dict[str, dict[str, object]] = {}
     for region in root.walk():
         nodes: dict[str, object] = {
-            f"n{k}": node_info(summary, node, params, {}) for k, node in region.direct
+            f"n{k}": node_info(summary, node, params, types) for k, node in region.direct
         }
         for child in region.children.values():
             lines = _regions.box_lines(child)

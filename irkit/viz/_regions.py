@@ -15,7 +15,7 @@ import dataclasses
 
 import onnx_ir as ir
 
-from irkit.viz._graph import GraphData, region_graph
+from irkit.viz._graph import GraphData, TypeMemo, region_graph
 from irkit.viz._scopes import node_frames
 from irkit.viz._style import format_count
 from irkit.viz._summary import ModelSummary
@@ -127,8 +127,12 @@ def box_lines(region: Region) -> list[str]:
     return lines
 
 
-def region_graphs(summary: ModelSummary, root: Region) -> dict[str, GraphData]:
-    """The drawable graph of every region, keyed like :attr:`Region.key`."""
+def region_graphs(
+    summary: ModelSummary, root: Region, types: TypeMemo | None = None
+) -> dict[str, GraphData]:
+    """The drawable graph of every region, keyed like :attr:`Region.key`; ``types`` caches
+    value types across regions."""
+    types = TypeMemo() if types is None else types
     position = {node: k for k, node in enumerate(summary.model.graph)}
     graphs: dict[str, GraphData] = {}
     for region in root.walk():
@@ -142,5 +146,5 @@ def region_graphs(summary: ModelSummary, root: Region) -> dict[str, GraphData]:
             (f"r:{child.key}", box_lines(child), child.nodes())
             for child in region.children.values()
         ]
-        graphs[region.key] = region_graph(title, members, boxes, summary, position)
+        graphs[region.key] = region_graph(title, members, boxes, summary, position, types)
     return graphs

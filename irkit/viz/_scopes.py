@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fnmatch
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterable
@@ -32,6 +33,14 @@ NAMESPACE = "namespace"
 
 
 def _literal_list(text: str) -> list[str] | None:
+    """A Python-repr list of strings (``"['', 'layers.0']"``), the way torch writes them."""
+    if '"' not in text and "\\" not in text:  # the usual case: a JSON list once quoted "
+        try:
+            value = json.loads(text.replace("'", '"'))
+        except ValueError:
+            value = None
+        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+            return value
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):

@@ -41,6 +41,7 @@ _FILL = {
     "input": ("#e6f4ea", "#4c9a5f"),
     "output": ("#fdecea", "#c0504d"),
     "const": ("#f2f2f2", "#aaaaaa"),
+    "flow": ("#e8f6f8", "#16808f"),
 }
 _MARKS = {"added": "#d4f7d4", "removed": "#ffd6d6", "changed": "#fff0b3"}
 
@@ -108,7 +109,7 @@ def _node_svg(node: GraphNode, x: float, y: float, w: float, h: float) -> str:
             f'fill="{fill}" stroke="{stroke}"/>'
         )
     else:
-        bold = ' stroke-width="2"' if node.kind in ("call", "region") else ""
+        bold = ' stroke-width="2"' if node.kind in ("call", "region", "flow") else ""
         parts.append(
             f'<rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.1f}" height="{h:.1f}" '
             f'rx="4" fill="{fill}" stroke="{stroke}"{bold}/>'
@@ -116,7 +117,7 @@ def _node_svg(node: GraphNode, x: float, y: float, w: float, h: float) -> str:
     size = 9 if node.kind == "const" else 10
     top = y - _LINE * len(node.lines) / 2 + _LINE * 0.75
     for k, line in enumerate(node.lines):
-        weight = ' font-weight="bold"' if k == 0 and node.kind in ("call", "region") else ""
+        weight = ' font-weight="bold"' if k == 0 and node.kind in ("call", "region", "flow") else ""
         parts.append(
             f'<text x="{x:.1f}" y="{top + k * _LINE:.1f}" text-anchor="middle" '
             f'font-size="{size}"{weight}>{html.escape(line)}</text>'
