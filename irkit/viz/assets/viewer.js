@@ -152,11 +152,13 @@
   // The path of what a card shows: a module's path, or a node's module path and name.
   function pathOf(info) {
     if (info.callee) return instanceLabel(info);
+    const key = trail[trail.length - 1][0];
     const here = trail.length > 1 ? trail[trail.length - 1][1] : "";
     let module = "";
     info.fields.forEach((kv) => { if (kv[0] === "module") module = kv[1]; });
-    if (info.module_rel !== null && info.module_rel !== undefined && here) module = info.module_rel ? here + "." + info.module_rel : here;
-    else if (!module) module = here;
+    // In a function body the node belongs to the opened instance (its sub-module, if inlined).
+    const inFunction = trail.length > 1 && !/^(scope|chunk):/.test(key) && key.indexOf("/") < 0;
+    if (inFunction) module = info.module_rel ? here + "." + info.module_rel : here;
     return (module ? module + "/" : "") + info.name;
   }
   let copied = null;
