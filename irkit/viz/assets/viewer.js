@@ -44,7 +44,14 @@
       const lab = !large && e[2] ? { width: textWidth(e[2], 8) + 4, height: 10, labelpos: "r", labeloffset: 4 } : {};
       g.setEdge(e[0], e[1], lab, "e" + i);
     });
-    dagre.layout(g);
+    try {
+      dagre.layout(g);
+    } catch (err) {   // dagre recurses: a body of a few thousand nodes in one chain overflows
+      drawn[key] = { svg: '<p class="hint" style="margin:12px">' + esc(G.title) + ": " + G.nodes.length +
+        " nodes are too many to lay out in the page (" + esc(String(err)) + "). Write this body as a picture with " +
+        "<code>--format svg --function …</code> or the page with <code>--layout dot</code>.</p>", ms: performance.now() - t0 };
+      return drawn[key];
+    }
     const gg = g.graph();
     const titleW = textWidth(G.title, 12) + 24;
     const W = Math.max(gg.width || 0, titleW), H = (gg.height || 0) + TITLE;
@@ -102,6 +109,8 @@
       svg.dataset.w = parseFloat(svg.getAttribute("width")) * unit;
       svg.dataset.h = parseFloat(svg.getAttribute("height")) * unit;
       applyZoom();
+      canvas.scrollTop = 0;
+      canvas.scrollLeft = Math.max(0, (canvas.scrollWidth - canvas.clientWidth) / 2);  // wide bodies: start centred
       svg.querySelectorAll("g.node").forEach((n) => wire(n, key));
     }
     renderCrumbs();
