@@ -44,9 +44,7 @@ __all__ = [
 ]
 
 
-def render_html(
-    summary: ModelSummary, *, title: str | None = None, layout: str = "builtin"
-) -> str:
+def render_html(summary: ModelSummary, *, title: str | None = None, layout: str = "builtin") -> str:
     """The one-file interactive HTML page (see :func:`irkit.viz._html.render_html`).
 
     ``layout="builtin"`` needs nothing installed (bodies are laid out in the page by the
