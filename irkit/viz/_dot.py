@@ -291,7 +291,7 @@ def layout_svg(sources: Sequence[str]) -> list[str]:
         import graphviz
     except ImportError as exc:
         raise IrkitError(
-            f"SVG and HTML output need the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}"
+            f"--layout dot needs the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}"
         ) from exc
     try:
         out = graphviz.pipe("dot", "svg", "".join(sources).encode(), quiet=True)
