@@ -262,9 +262,9 @@ def _subgraph_clusters(summary: ModelSummary, owner: ir.Node, ident: str, indent
             for value in node.outputs:
                 producer[value] = inner
         for node, inner in inner_ids.items():
-            for value in node.inputs:
-                if value is not None and value in producer:
-                    lines.append(f"{indent}  {producer[value]} -> {inner};")
+            for arg in node.inputs:
+                if arg is not None and arg in producer:
+                    lines.append(f"{indent}  {producer[arg]} -> {inner};")
             lines.extend(_subgraph_clusters(summary, node, inner, indent + "  "))
         lines.append(f"{indent}}}")
         if inner_ids:

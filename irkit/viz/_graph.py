@@ -130,10 +130,10 @@ def body_graph(
         nodes.append(_io(f"i{k}", body.input_infos[k], "input"))
     for k, node in enumerate(body.graph):
         nodes.append(node_box(summary, node, f"n{k}", highlight.get(node)))
-        for value in node.inputs:
-            if value is not None and value in producer:
-                label = (infos.get(value) or TensorInfo.of(value)).type_text()
-                edges.append((producer[value], f"n{k}", label))
+        for arg in node.inputs:
+            if arg is not None and arg in producer:
+                label = (infos.get(arg) or TensorInfo.of(arg)).type_text()
+                edges.append((producer[arg], f"n{k}", label))
         for value in node.outputs:
             producer[value] = f"n{k}"
     for k, value in enumerate(body.graph.outputs):

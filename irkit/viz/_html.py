@@ -386,6 +386,7 @@ def graph_entries(
     graph (laid out in the page when opened); ``"dot"``: an SVG from Graphviz (one process)."""
     highlight = highlight or {}
     graphs: dict[str, dict[str, object]] = {}
+    drawn: list[tuple[dict[str, object], dict[ir.Node, str]]]
     if layout == "dot":
         dots = [_dot.body_dot(summary, b, highlight=highlight.get(b.key)) for b in bodies]
         svgs = _dot.layout_svg([d.source for d in dots])

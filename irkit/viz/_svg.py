@@ -84,7 +84,7 @@ def _layers(n: int, edges: list[tuple[int, int]]) -> list[int] | None:
 
 def _layout(graph: GraphData, sizes: list[tuple[float, float]]):
     try:
-        import igraph
+        import igraph  # type: ignore[import-untyped]
     except ImportError as exc:  # a broken install: igraph is a dependency
         raise IrkitError(f"SVG output needs the igraph package. {IGRAPH_INSTALL_HINT}") from exc
     index = {n.id: k for k, n in enumerate(graph.nodes)}

@@ -131,7 +131,7 @@ def test_writes_output_file(toy, tmp_path):
     assert (tmp_path / "out.json").read_text().startswith('{\n "schema": "irkit.viz/2"')
 
 
-def test_format_from_suffix(toy, tmp_path, graphviz_dot):
+def test_format_from_suffix(toy, tmp_path):
     assert run_cli(toy, "-o", tmp_path / "m.svg").returncode == 0
     assert (tmp_path / "m.svg").read_text().startswith("<?xml")
 

@@ -139,3 +139,8 @@ def test_control_flow_diff(control_flow, no_dot):
     text = _ok(run_cli(a, "--diff", b, env=no_dot))
     assert "  top_if.then_branch  If  Mul -1, Sub +1" in text
     assert "    ~ Mul  then_Mul → Sub" in text
+    out = a.parent / "cf_diff.html"
+    _ok(run_cli(a, "--diff", b, "-f", "html", "-o", out, env=no_dot))
+    page = out.read_text()
+    assert "before: main/top_if.then_branch" in page and "after: main/top_if.then_branch" in page
+    assert page.count('class="node op changed"') == 2
