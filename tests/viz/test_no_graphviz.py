@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import irkit
+from irkit import viz
 from tests.viz import models
 from tests.viz.conftest import run_cli
 
@@ -144,3 +145,29 @@ def test_control_flow_diff(control_flow, no_dot):
     page = out.read_text()
     assert "before: main/top_if.then_branch" in page and "after: main/top_if.then_branch" in page
     assert page.count('class="node op changed"') == 2
+
+
+def test_flat_graph_without_metadata_is_cut_into_runs():
+    """No scope metadata at all: the page's regions are runs of at most 400 nodes, chained by
+    the values that cross them."""
+    from irkit.viz import _regions
+
+    model = models.torch_exporter_flat(10, 100)
+    for node in model.graph:
+        node.metadata_props.clear()
+    root = _regions.build_regions(model.graph)
+    assert [(r.key, r.label, r.size) for r in root.children.values()] == [
+        ("chunk:0-399", "nodes 0–399", 400),
+        ("chunk:400-799", "nodes 400–799", 400),
+        ("chunk:800-999", "nodes 800–999", 200),
+    ]
+    graphs = _regions.region_graphs(viz.summarize(model), root)
+    assert graphs["main"].edges == [
+        ("x0", "r:chunk:0-399", "f32[B,8]"),
+        ("r:chunk:0-399", "r:chunk:400-799", "f32[B,8]"),
+        ("r:chunk:400-799", "r:chunk:800-999", "f32[B,8]"),
+        ("r:chunk:800-999", "y0", ""),
+    ]
+    middle = graphs["chunk:400-799"]
+    assert [n.id for n in middle.nodes if n.kind == "input"] == ["x0"]  # the value from run 1
+    assert sum(n.kind == "op" for n in middle.nodes) == 400
