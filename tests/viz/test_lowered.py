@@ -149,3 +149,24 @@ def test_flat_model_page_with_graphviz_keeps_clusters(lowered, tmp_path, graphvi
     page = out.read_text()
     for cluster in ("c:layers.0", "c:layers.1", "c:layers.0.attn", "c:layers.1.mlp"):
         assert f'id=\\"{cluster}\\"' in page  # inside the JSON blob
+
+
+def test_torch_exporter_scopes_group_a_flat_export(tmp_path):
+    """PyTorch's own exporter (``torch.onnx.export(..., dynamo=True)``) writes
+    ``pkg.torch.onnx.name_scopes``/``class_hierarchy`` on every node: the text tree and the
+    page's regions show its modules."""
+    import torch
+
+    z = zoo.prenorm_stack(2)
+    path = tmp_path / "stack2_torch.onnx"
+    torch.onnx.export(z.module, z.args, dynamo=True, verbose=False).save(str(path))
+    lines = run_cli(path, "--depth", "2", env={"PATH": str(tmp_path)}).stdout.splitlines()
+    assert lines[1] == "modules (from pkg.torch.onnx.name_scopes; not outlined into functions):"
+    assert lines[2].startswith("├─ layers.0 … layers.1  PreLNBlock ×2  ")
+    assert [line.split()[2] for line in lines[3:7]] == ["ln1", "attn", "ln2", "mlp"]
+    out = tmp_path / "stack2_torch.html"
+    assert run_cli(path, "-o", out, env={"PATH": str(tmp_path)}).returncode == 0
+    blob = out.read_text().split('type="application/json">', 1)[1].split("</script>", 1)[0]
+    main = json.loads(blob)["graphs"]["main"]["graph"]
+    boxes = [n[1][:2] for n in main["nodes"] if n[2] == "region"]
+    assert boxes[:2] == [["layers.0", "PreLNBlock"], ["layers.1", "PreLNBlock"]]
