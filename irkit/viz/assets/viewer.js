@@ -31,6 +31,18 @@
     w += 2 * PADX + (n[2] === "input" || n[2] === "output" ? 14 : 0);
     return [Math.max(w, 40), LINE * n[1].length + 2 * PADY];
   }
+  // dagre's bend points joined by quadratic curves through the segments' midpoints (drawing only).
+  function smoothPath(pts) {
+    const f = (p) => p.x.toFixed(1) + "," + p.y.toFixed(1);
+    if (pts.length < 3) return "M" + pts.map(f).join("L");
+    let d = "M" + f(pts[0]);
+    for (let i = 1; i < pts.length - 1; i++) {
+      const mid = { x: (pts[i].x + pts[i + 1].x) / 2, y: (pts[i].y + pts[i + 1].y) / 2 };
+      d += "Q" + f(pts[i]) + " " + (i === pts.length - 2 ? f(pts[i + 1]) : f(mid));
+    }
+    return d;
+  }
+
   function layoutSvg(key) {
     if (drawn[key]) return drawn[key];
     const t0 = performance.now();
@@ -64,7 +76,7 @@
     G.edges.forEach((e, i) => {
       const ed = g.edge(e[0], e[1], "e" + i);
       if (!ed || !ed.points) return;
-      const d = "M" + ed.points.map((p) => p.x.toFixed(1) + "," + p.y.toFixed(1)).join("L");
+      const d = smoothPath(ed.points);
       out.push('<g class="edge"><title>' + esc(e[2]) + '</title><path d="' + d + '" fill="none" stroke="#8a8a8a" marker-end="url(#arrow)"/>');
       if (!large && e[2] && ed.x !== undefined) out.push('<text x="' + (ed.x - ed.width / 2 + 2).toFixed(1) + '" y="' + (ed.y + 3).toFixed(1) + '" font-size="8" fill="#555">' + esc(e[2]) + "</text>");
       out.push("</g>");
@@ -97,6 +109,8 @@
   }
 
   function show(newTrail, focusId) {
+    const sameBody = trail.length && trail[trail.length - 1][0] === newTrail[newTrail.length - 1][0];
+    if (!sameBody) zoom = 1;   // another body opens at its natural size
     trail = newTrail;
     const key = trail[trail.length - 1][0];
     const g = DATA.graphs[key];
