@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from irkit.viz._diff import ModelDiff, diff_summaries, render_diff_text
 from irkit.viz._dot import body_dot, layout_svg
+from irkit.viz._graph import GraphData, body_graph
 from irkit.viz._json import render_json, to_json_data
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, summarize
 from irkit.viz._text import TextOptions, render_function_text, render_text
@@ -33,6 +34,9 @@ __all__ = [
     "to_json_data",
     "body_dot",
     "layout_svg",
+    "body_graph",
+    "GraphData",
+    "layout_graph_svg",
     "render_html",
     "diff_summaries",
     "render_diff_text",
@@ -40,8 +44,19 @@ __all__ = [
 ]
 
 
-def render_html(summary: ModelSummary, *, title: str | None = None) -> str:
-    """The one-file interactive HTML page (see :func:`irkit.viz._html.render_html`)."""
+def render_html(summary: ModelSummary, *, title: str | None = None, layout: str = "builtin") -> str:
+    """The one-file interactive HTML page (see :func:`irkit.viz._html.render_html`).
+
+    ``layout="builtin"`` needs nothing installed (bodies are laid out in the page by the
+    bundled dagre); ``"dot"`` lays them out now with Graphviz's ``dot`` program.
+    """
     from irkit.viz import _html
 
-    return _html.render_html(summary, title=title)
+    return _html.render_html(summary, title=title, layout=layout)
+
+
+def layout_graph_svg(graph: GraphData) -> str:
+    """An SVG of ``graph`` (from :func:`body_graph`) laid out by igraph; no system program."""
+    from irkit.viz import _svg
+
+    return _svg.layout_graph_svg(graph)

@@ -197,10 +197,9 @@ def diff_summaries(a: ModelSummary, b: ModelSummary) -> ModelDiff:
 
 
 def _scope_key(node: ir.Node) -> tuple[str, str]:
-    try:
-        scope = metadata.node_scope(node.metadata_props)
-    except (ValueError, TypeError):
-        scope = ()
+    from irkit.viz._scopes import node_frames
+
+    scope = node_frames(node)
     return (scope[-1].call_id, scope[-1].class_name) if scope else ("", "")
 
 

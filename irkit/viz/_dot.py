@@ -1,7 +1,9 @@
 """DOT source for one body (main graph or function), and layout to SVG with Graphviz ``dot``.
 
-The DOT text is written here (no dependency); laying it out needs the ``graphviz`` Python
-package and the ``dot`` program, both imported/located only when an SVG is asked for. Function
+The DOT text is written here (no dependency). Laying it out with Graphviz is optional
+(``--layout dot``; the default layout is :mod:`irkit.viz._svg`): it needs the ``graphviz``
+Python package (the ``irkit[graphviz]`` extra) and the ``dot`` program, both imported/located
+only then. Function
 calls are drawn as double-bordered boxes with SVG id ``n<k>`` and class ``call``; primitive
 nodes get class ``op``; edges carry the value's type and shape (as a tooltip only in bodies
 larger than :data:`LARGE_BODY`).
@@ -23,7 +25,8 @@ __all__ = ["DotGraph", "body_dot", "layout_svg", "GRAPHVIZ_INSTALL_HINT"]
 
 GRAPHVIZ_INSTALL_HINT = (
     "Install Graphviz's layout program `dot` (Debian/Ubuntu: apt-get install graphviz; "
-    "macOS: brew install graphviz) and the Python binding (pip install graphviz)."
+    "macOS: brew install graphviz) and the Python binding (pip install 'irkit[graphviz]'), "
+    "or leave out --layout dot: the built-in layout needs nothing else."
 )
 
 _HEADER = """digraph {{
@@ -79,7 +82,7 @@ def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
     return f"  {ident} {_attrs(**attrs)};"
 
 
-def _call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
+def call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     """``q_proj`` / ``Linear`` / ``2 nodes · body ×4``: the instance, its module class (or the
     function's name without irkit metadata), and how many calls share the drawn body."""
     assert callee.identifier is not None
@@ -99,12 +102,9 @@ CLUSTER_DEPTH = 2
 
 
 def _scope(node: ir.Node) -> tuple[metadata.Frame, ...]:
-    if metadata.SCOPE not in node.metadata_props:
-        return ()
-    try:
-        return metadata.node_scope(node.metadata_props)[:CLUSTER_DEPTH]
-    except (ValueError, TypeError):
-        return ()
+    from irkit.viz._scopes import node_frames
+
+    return node_frames(node)[:CLUSTER_DEPTH]
 
 
 @dataclasses.dataclass
@@ -149,7 +149,7 @@ def _node_stmt(summary: ModelSummary, node: ir.Node, ident: str, mark: str | Non
     if callee_fn is not None:
         callee = summary.bodies[function_key(callee_fn.identifier())]
         extra.update(
-            label=_call_label(summary, node, callee),
+            label=call_label(summary, node, callee),
             style="filled,bold",
             fillcolor="#fff4d6",
             color="#b07d00",
@@ -188,7 +188,7 @@ def body_dot(
         The :class:`DotGraph`.
     """
     highlight = highlight or {}
-    initializers = set(summary.model.graph.initializers) if body.identifier is None else set()
+    initializers = set(summary.model.graph.initializers) if body.is_main else set()
     large = body.stored_nodes > LARGE_BODY
     lines = [_HEADER.format(label=quote(title or body.key))]
     if large:
@@ -208,11 +208,13 @@ def body_dot(
         ident = f"n{k}"
         node_ids[node] = ident
         statement = _node_stmt(summary, node, ident, highlight.get(node))
-        frames = () if large or body.identifier is not None else _scope(node)
+        frames = _scope(node) if body.is_main and not large else ()
         clusters.at(frames).statements.append(statement)
         for value in node.outputs:
             producer[value] = ident
     lines.extend(clusters.emit("  "))
+    for node, ident in node_ids.items():
+        lines.extend(_subgraph_clusters(summary, node, ident, "  "))
     input_index = {v: i for i, v in enumerate(body.graph.inputs)}
     for node, ident in node_ids.items():
         for value in node.inputs:
@@ -233,6 +235,46 @@ def body_dot(
     return DotGraph("\n".join(lines) + "\n", node_ids, input_ids)
 
 
+def _subgraph_clusters(summary: ModelSummary, owner: ir.Node, ident: str, indent: str) -> list[str]:
+    """The subgraphs of an If/Loop/Scan node as dashed clusters (``id="g:<body key>"``), nodes
+    ``<owner id>_<k>_<j>``, joined to their owner by a dashed edge; nested ones inside."""
+    lines: list[str] = []
+    labels = [label for (node, label) in summary.subgraphs if node is owner]
+    for k, label in enumerate(labels):
+        body = summary.bodies[summary.subgraphs[(owner, label)]]
+        attrs = _attrs(
+            id=f"g:{body.key}",
+            label=f"{owner.name or owner.op_type}.{label}",
+            style="rounded,dashed",
+            color="#16808f",
+            fontcolor="#16808f",
+            fontsize="9",
+            labeljust="l",
+        )
+        lines.append(f"{indent}subgraph {quote(f'cluster_{ident}_{k}')} {{")
+        lines.append(f"{indent}  graph {attrs};")
+        producer: dict[ir.Value, str] = {}
+        inner_ids: dict[ir.Node, str] = {}
+        for j, node in enumerate(body.graph):
+            inner = f"{ident}_{k}_{j}"
+            inner_ids[node] = inner
+            lines.append(indent + _node_stmt(summary, node, inner, None).strip())
+            for value in node.outputs:
+                producer[value] = inner
+        for node, inner in inner_ids.items():
+            for arg in node.inputs:
+                if arg is not None and arg in producer:
+                    lines.append(f"{indent}  {producer[arg]} -> {inner};")
+            lines.extend(_subgraph_clusters(summary, node, inner, indent + "  "))
+        lines.append(f"{indent}}}")
+        if inner_ids:
+            first = next(iter(inner_ids.values()))
+            lines.append(
+                f'{indent}{ident} -> {first} [style=dashed, color="#16808f", label={quote(label)}];'
+            )
+    return lines
+
+
 _XML_HEAD = re.compile(r"<\?xml[^>]*>\s*(<!DOCTYPE[^>]*>\s*)?(<!--.*?-->\s*)*", re.S)
 
 
@@ -249,7 +291,7 @@ def layout_svg(sources: Sequence[str]) -> list[str]:
         import graphviz
     except ImportError as exc:
         raise IrkitError(
-            f"SVG and HTML output need the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}"
+            f"--layout dot needs the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}"
         ) from exc
     try:
         out = graphviz.pipe("dot", "svg", "".join(sources).encode(), quiet=True)

@@ -8,19 +8,25 @@ are inlined. The page inserts a body's SVG into the DOM only when it is opened.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 import onnx_ir as ir
 
 from irkit import metadata
 from irkit.errors import IrkitError
-from irkit.viz import _diff, _dot, _scopes
-from irkit.viz._style import format_bytes, format_count, group_calls, relative_path
+from irkit.viz import _diff, _dot, _graph, _regions, _svg
+from irkit.viz._scopes import node_frames
+from irkit.viz._style import (
+    format_bytes,
+    format_count,
+    group_calls,
+    indexed_successor,
+)
 from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
-from irkit.viz._text import attr_text
 
 __all__ = ["HtmlOptions", "render_html", "render_diff_html", "page", "node_info", "body_about"]
 
@@ -77,7 +83,7 @@ def _value_rows(values, params: set[ir.Value], known: Mapping[ir.Value, TensorIn
         if v is None:
             rows.append(["", "(none)"])
             continue
-        info = known.get(v) or TensorInfo.of(v)
+        info = known[v] if isinstance(known, _graph.TypeMemo) else known.get(v) or TensorInfo.of(v)
         rows.append([info.name, info.type_text() + ("  (parameter)" if v in params else "")])
     return rows
 
@@ -99,7 +105,7 @@ def node_info(
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
     props = node.metadata_props
     fields = [["op", op], ["name", node.name or ""]]
-    scope = metadata.node_scope(props) if metadata.SCOPE in props else ()
+    scope = node_frames(node)
     module_rel = None
     if scope:  # a call node's scope is its caller's module (its own is shown by the page)
         fields.append(["module" if function is None else "in module", scope[-1].call_id])
@@ -126,7 +132,7 @@ def node_info(
         "fields": fields,
         "inputs": _value_rows(node.inputs, params, known),
         "outputs": _value_rows(node.outputs, set(), known),
-        "attrs": [attr_text(a).split("=", 1) for a in node.attributes.values()],
+        "attrs": [[a.name, attr_full(a)] for a in node.attributes.values()],
         "meta": [[k, v] for k, v in sorted(props.items())],
         "module_rel": module_rel,
     }
@@ -141,9 +147,68 @@ def node_info(
             ["nodes per call", str(callee.node_count)],
             ["flops per call", callee.flops.text()],
         ]
+    param_rows = [
+        [v.name or "", TensorInfo.of(v).type_text(), value_preview(v)]
+        for v in dict.fromkeys(v for v in node.inputs if v is not None and v in params)
+    ]
+    if param_rows:
+        info["params"] = param_rows
+    branches = (
+        [[key, label] for (owner, label), key in summary.subgraphs.items() if owner is node]
+        if node.attributes
+        else []
+    )
+    if branches:
+        info["branches"] = branches
     text = " ".join([op, node.name or "", *(v for _, v in fields)])
     info["search"] = text.lower()
     return info
+
+
+PREVIEW = 8
+"""How many leading values of an initializer its card shows."""
+
+
+def attr_full(attr: ir.Attr) -> str:
+    """An attribute's value in full (tensors: type and first values; graphs: their size)."""
+    value = attr.value
+    if isinstance(value, ir.TensorProtocol):
+        return f"tensor {value.dtype.short_name()}{list(value.shape)} " + _tensor_preview(value)
+    if isinstance(value, (ir.Graph, ir.GraphProtocol)):
+        return f"graph {value.name or ''} ({len(value)} nodes)".replace("  ", " ")
+    if isinstance(value, Sequence) and value and isinstance(value[0], ir.GraphProtocol):
+        return f"{len(value)} graphs"
+    return repr(value)
+
+
+def value_preview(value: ir.Value) -> str:
+    """``[0.0123, -0.5, …] (of 4096)``: the first values of an initializer, read without loading
+    all of it (external data: the first bytes of its file only). ``""`` if unavailable."""
+
+    return "" if value.const_value is None else _tensor_preview(value.const_value)
+
+
+def _tensor_preview(tensor: ir.TensorProtocol) -> str:
+    import numpy as np
+
+    try:
+        total = tensor.size
+        if isinstance(tensor, ir.ExternalTensor):
+            dtype = tensor.dtype.numpy()
+            count = min(total, PREVIEW)
+            with open(tensor.path, "rb") as f:
+                f.seek(tensor.offset or 0)
+                raw = f.read(count * dtype.itemsize)
+            first = np.frombuffer(raw, dtype=dtype, count=count)
+        else:
+            first = np.asarray(tensor.numpy()).reshape(-1)[:PREVIEW]
+    except (OSError, ValueError, TypeError, NotImplementedError, AttributeError):
+        return ""
+    items = []
+    for x in first.tolist():
+        items.append(f"{x:.4g}" if isinstance(x, float) else str(x))
+    more = f", … ] ({total} values)" if total > len(items) else "]"
+    return "[" + ", ".join(items) + more
 
 
 def body_about(summary: ModelSummary, body: Body) -> list[list[str]]:
@@ -153,12 +218,14 @@ def body_about(summary: ModelSummary, body: Body) -> list[list[str]]:
         ["nodes per call", str(body.node_count)],
         ["flops per call", body.flops.text()],
     ]
-    if body.identifier is None:
+    if body.is_main:
         rows += [
             ["params", f"{format_count(summary.params)} ({format_bytes(summary.param_bytes)})"],
             ["inputs", ", ".join(f"{i.name}: {i.type_text()}" for i in summary.inputs)],
             ["outputs", ", ".join(f"{o.name}: {o.type_text()}" for o in summary.outputs)],
         ]
+    elif body.owner is not None:
+        rows.append(["owner", f"{body.owner.op_type} {body.owner.name or ''}"])
     else:
         rows.append(["calls", str(body.calls)])
     ops = sorted(body.ops.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -231,41 +298,69 @@ def _tree(
     }
 
 
-def _scope_tree(
+def _record_region(state: _TreeState, region: _regions.Region, trail: list[list[str]]) -> None:
+    state.trails.setdefault(region.key, trail)
+    if region.path:
+        state.paths.setdefault(region.path, trail)
+    for child in region.children.values():
+        _record_region(state, child, [*trail, [child.key, child.path or child.label]])
+
+
+def _region_tree(
     state: _TreeState,
-    node: _scopes.ScopeNode,
+    region: _regions.Region,
+    trail: list[list[str]],
     label: str,
     count: int,
     depth: int,
-    focus: str | None = None,
 ) -> dict[str, object]:
-    """The hierarchy panel of a flat model: module calls from ``irkit.scope``; a click scrolls
-    to the call's cluster (clusters exist down to :data:`_dot.CLUSTER_DEPTH`)."""
-    if node.frame is not None and depth <= _dot.CLUSTER_DEPTH:
-        focus = f"c:{node.path}"  # deeper calls scroll to their innermost drawn cluster
+    """The hierarchy panel of a flat model: its regions (module calls from the nodes' scope
+    metadata, or runs of nodes); a click opens the region."""
+    state.trails.setdefault(region.key, trail)
+    if region.path:
+        state.paths.setdefault(region.path, trail)
     children = []
-    for group in _scopes.scope_groups(list(node.children.values()), state.options.expand):
+    groups: list[list[_regions.Region]] = []
+    for child in region.children.values():
+        last = groups[-1][-1] if groups else None
+        if (
+            last is not None
+            and child.cls
+            and last.cls == child.cls
+            and last.size == child.size
+            and indexed_successor(last.path, child.path)
+            and not any(fnmatch.fnmatchcase(child.path, p) for p in state.options.expand)
+        ):
+            groups[-1].append(child)
+        else:
+            groups.append([child])
+    for group in groups:
         first = group[0]
-        child_label = relative_path(first.path, node.path)
-        if len(group) > 1:
-            child_label += f" … {relative_path(group[-1].path, node.path)}"
+        child_label = first.label if len(group) == 1 else f"{first.label} … {group[-1].label}"
+        for other in group[1:]:  # every member of a group can be opened (--function, search)
+            _record_region(state, other, [*trail, [other.key, other.path or other.label]])
         children.append(
-            _scope_tree(state, first, child_label, count * len(group), depth + 1, focus)
+            _region_tree(
+                state,
+                first,
+                [*trail, [first.key, first.path or first.label]],
+                child_label,
+                count * len(group),
+                depth + 1,
+            )
         )
-
     return {
         "label": label,
-        "cls": node.frame.class_name if node.frame else "",
+        "cls": region.class_name,
         "count": count,
-        "trail": [["main", "main"]],
-        "focus": focus,
+        "trail": trail,
         "children": children,
-        "open": depth < (1 if state.options.depth is None else state.options.depth),
+        "open": state.is_open(depth),
     }
 
 
 def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
-    if body.identifier is None:
+    if body.owner is not None or body.is_main:  # subgraphs may read the main graph's weights
         return set(summary.model.graph.initializers.values())
     return set()
 
@@ -285,27 +380,94 @@ def graph_entries(
     summary: ModelSummary,
     bodies: list[Body],
     highlight: Mapping[str, Mapping[ir.Node, str]] | None = None,
+    layout: str = "builtin",
 ) -> dict[str, dict[str, object]]:
-    """Lay out ``bodies`` (one ``dot`` process) and describe their nodes for the page."""
+    """Describe ``bodies`` and their nodes for the page. ``layout="builtin"``: the drawable
+    graph (laid out in the page when opened); ``"dot"``: an SVG from Graphviz (one process)."""
     highlight = highlight or {}
-    dots = [_dot.body_dot(summary, b, highlight=highlight.get(b.key)) for b in bodies]
-    svgs = _dot.layout_svg([d.source for d in dots])
     graphs: dict[str, dict[str, object]] = {}
-    for body, dot, svg in zip(bodies, dots, svgs, strict=True):
+    drawn: list[tuple[dict[str, object], dict[ir.Node, str]]]
+    if layout == "dot":
+        dots = [_dot.body_dot(summary, b, highlight=highlight.get(b.key)) for b in bodies]
+        svgs = _dot.layout_svg([d.source for d in dots])
+        drawn = [
+            ({"svg": _dot.strip_xml_header(svg)}, dot.node_ids)
+            for dot, svg in zip(dots, svgs, strict=True)
+        ]
+    else:
+        drawn = []
+        for b in bodies:
+            data = _graph.body_graph(summary, b, highlight=highlight.get(b.key))
+            drawn.append(({"graph": data.to_json()}, {n: f"n{k}" for k, n in enumerate(b.graph)}))
+    for body, (picture, node_ids) in zip(bodies, drawn, strict=True):
         params = _body_params(summary, body)
         known = dict(zip(body.graph.inputs, body.input_infos, strict=True))
         origin = _origin(body)
         nodes = {
             ident: node_info(summary, node, params, known, origin)
-            for node, ident in dot.node_ids.items()
+            for node, ident in node_ids.items()
         }
-        short = "main" if body.identifier is None else body.identifier[1]
+        if body.identifier is not None:
+            short, title = body.identifier[1], body.key
+        else:
+            short = "main" if body.is_main else body.key.rsplit("/", 1)[-1]
+            title = f"{summary.name} (main graph)" if body.is_main else body.key
         graphs[body.key] = {
-            "title": f"{summary.name} (main graph)" if body.identifier is None else body.key,
+            "title": title,
             "short": short,
-            "svg": _dot.strip_xml_header(svg),
+            **picture,
             "nodes": nodes,
             "about": body_about(summary, body),
+        }
+    return graphs
+
+
+def region_entries(summary: ModelSummary, root: _regions.Region) -> dict[str, dict[str, object]]:
+    """Every region of a flat main graph as a page graph: its drawable graph (laid out in the
+    page when opened), the cards of its own nodes and of its sub-region boxes."""
+    params = set(summary.model.graph.initializers.values())
+    types = _graph.TypeMemo()
+    drawn = _regions.region_graphs(summary, root, types)
+    main_about = body_about(summary, summary.root.body)
+    graphs: dict[str, dict[str, object]] = {}
+    for region in root.walk():
+        nodes: dict[str, object] = {
+            f"n{k}": node_info(summary, node, params, types) for k, node in region.direct
+        }
+        for child in region.children.values():
+            lines = _regions.box_lines(child)
+            fields = [["module", child.path]] if child.path else []
+            if child.cls:
+                fields.append(["class", child.cls])
+            fields.append(["nodes", str(child.size)])
+            nodes[f"r:{child.key}"] = {
+                "op": "module" if child.cls else "region",
+                "name": child.path or child.label,
+                "title": " ".join(lines[:2]),
+                "fields": fields,
+                "callee": child.key,
+                "path": child.path or child.label,
+                "inputs": [],
+                "outputs": [],
+                "attrs": [],
+                "meta": [],
+                "search": " ".join([child.path, child.cls, child.label]).lower(),
+            }
+        about = (
+            main_about
+            if region.key == "main"
+            else [
+                ["region", region.path or region.label],
+                ["class", region.cls],
+                ["nodes", str(region.size)],
+            ]
+        )
+        graphs[region.key] = {
+            "title": drawn[region.key].title,
+            "short": region.path or region.label,
+            "graph": drawn[region.key].to_json(),
+            "nodes": nodes,
+            "about": about,
         }
     return graphs
 
@@ -325,7 +487,11 @@ def _start(summary: ModelSummary, state: _TreeState) -> list[list[str]]:
 
 
 def render_html(
-    summary: ModelSummary, *, title: str | None = None, options: HtmlOptions = HtmlOptions()
+    summary: ModelSummary,
+    *,
+    title: str | None = None,
+    options: HtmlOptions = HtmlOptions(),
+    layout: str = "builtin",
 ) -> str:
     """The interactive page for ``summary`` as one self-contained HTML string.
 
@@ -333,28 +499,36 @@ def render_html(
         summary: From :func:`irkit.viz.summarize`.
         title: Page title (default: the summary's name).
         options: Initial panel depth, expanded groups, and the body shown first.
+        layout: ``"builtin"`` (default): bodies are laid out in the page, when opened, by the
+            bundled dagre — nothing to install; a flat model is cut into regions (see
+            :mod:`irkit.viz._regions`). ``"dot"``: every body is laid out by Graphviz now.
 
     Returns:
         The HTML text (no external resources).
 
     Raises:
-        IrkitError: Graphviz is not installed (see :data:`irkit.viz._dot.GRAPHVIZ_INSTALL_HINT`),
-            or ``options.function`` names no body.
+        IrkitError: ``layout="dot"`` and Graphviz is not installed (see
+            :data:`irkit.viz._dot.GRAPHVIZ_INSTALL_HINT`), or ``options.function`` names no body.
 
     Example:
         >>> import onnx_ir as ir
         >>> from irkit.viz import summarize
         >>> m = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
-        >>> "<svg" in render_html(summarize(m))
+        >>> '"Relu"' in render_html(summarize(m))
         True
     """
     title = title or summary.name
     state = _TreeState(options)
-    tree = _tree(state, summary.root, [["main", "main"]], summary.name, 1)
-    scopes = None if summary.root.children else _scopes.scope_tree(summary.model.graph)
-    if scopes is not None:
-        tree = _scope_tree(state, scopes, summary.name, 1, 0)
     bodies = list(summary.bodies.values())
+    flat = not summary.root.children and layout != "dot"
+    root = _regions.build_regions(summary.model.graph) if flat else None
+    if root is not None and root.children:
+        tree = _region_tree(state, root, [["main", "main"]], summary.name, 1, 0)
+        graphs = region_entries(summary, root)
+        graphs.update(graph_entries(summary, bodies[1:], layout=layout))
+    else:
+        tree = _tree(state, summary.root, [["main", "main"]], summary.name, 1)
+        graphs = graph_entries(summary, bodies, layout=layout)
     for body in bodies:  # functions never called from main: reachable by search only
         state.trails.setdefault(body.key, [["main", "main"], [body.key, body.key]])
     data = {
@@ -363,18 +537,19 @@ def render_html(
         "start": _start(summary, state),
         "tree": tree,
         "trails": state.trails,
-        "graphs": graph_entries(summary, bodies),
+        "graphs": graphs,
     }
     meta = (
         f"{summary.root.body.node_count} nodes · {len(summary.function_bodies())} functions · "
         f"{format_count(summary.params)} params ({format_bytes(summary.param_bytes)})"
     )
-    return page(title, meta, _MAIN, data, asset("viewer.js"))
+    return page(title, meta, _MAIN, data, asset("dagre.min.js") + "\n" + asset("viewer.js"))
 
 
-def render_diff_html(diff: _diff.ModelDiff) -> str:
+def render_diff_html(diff: _diff.ModelDiff, *, layout: str = "builtin") -> str:
     """The diff as one page: per-module table, then each changed body before | after, laid
-    out by Graphviz with removed nodes red, added green, changed yellow."""
+    out (igraph, or Graphviz with ``layout="dot"``) with removed nodes red, added green,
+    changed yellow."""
     a, b = diff.a, diff.b
     rows = []
     for group in diff.grouped():
@@ -399,17 +574,24 @@ def render_diff_html(diff: _diff.ModelDiff) -> str:
             f"<td>{delta}</td><td class=mono>{nodes}</td></tr>"
         )
     pairs = _diff.changed_bodies(diff)
-    sources = []
+    pictures = []
     for body_a, body_b, d in pairs:
         hl_a = {n: "removed" for n in d.removed} | {x: "changed" for x, _ in d.changed}
         hl_b = {n: "added" for n in d.added} | {y: "changed" for _, y in d.changed}
-        sources.append(
-            _dot.body_dot(a, body_a, highlight=hl_a, title=f"before: {body_a.key}").source
-        )
-        sources.append(
-            _dot.body_dot(b, body_b, highlight=hl_b, title=f"after: {body_b.key}").source
-        )
-    svgs = [_dot.strip_xml_header(s) for s in _dot.layout_svg(sources)]
+        pictures.append((a, body_a, hl_a, f"before: {body_a.key}"))
+        pictures.append((b, body_b, hl_b, f"after: {body_b.key}"))
+    if layout == "dot":
+        sources = [
+            _dot.body_dot(s, body, highlight=h, title=t).source for s, body, h, t in pictures
+        ]
+        svgs = [_dot.strip_xml_header(svg) for svg in _dot.layout_svg(sources)]
+    else:
+        svgs = [
+            _dot.strip_xml_header(
+                _svg.layout_graph_svg(_graph.body_graph(s, body, highlight=h, title=t))
+            )
+            for s, body, h, t in pictures
+        ]
     sides = "".join(
         f'<div class="pair"><div><h3>{html.escape(a.name)}</h3>{svgs[2 * i]}</div>'
         f"<div><h3>{html.escape(b.name)}</h3>{svgs[2 * i + 1]}</div></div>"

@@ -30,11 +30,13 @@ def _histogram(ops: Counter[str]) -> dict[str, int]:
 def _call(call: Call, scopes: _scopes.ScopeNode | None = None) -> dict[str, object]:
     """One CALL entry; for a flat root, ``scopes`` gives its children from ``irkit.scope``."""
     origin = "graph" if call.node is None else "function"
+    if call.subgraph is not None:
+        origin = "subgraph"
     data: dict[str, object] = {
         "path": call.path,
         "class": call.cls,
         "origin": origin,
-        "function": None if call.node is None else call.body.key,
+        "function": None if call.node is None or call.subgraph else call.body.key,
         "node_name": None if call.node is None else call.node.name,
         "part": None if call.part is None else list(call.part),
         "nodes": call.body.node_count,

@@ -1,13 +1,20 @@
-"""The module tree of a flat irkit model, read from the ``irkit.scope`` metadata of its nodes.
+"""The module tree of a flat model, read from the scope metadata of its nodes.
 
 ``irkit.lower`` output (before outlining into functions) has no call nodes, but every node
-knows its module call chain; this tree shows that hierarchy in the text dump.
+knows its module call chain (``irkit.scope``); other exporters write it too: PyTorch's
+``torch.onnx.export(..., dynamo=True)`` writes ``pkg.torch.onnx.name_scopes`` (``['',
+'layers.0', 'layers.0.l', 'linear']``: the root, the module paths, then the FX node) with
+``pkg.torch.onnx.class_hierarchy`` beside it, and ``namespace`` (``": M/layers.0: A/linear:
+aten.linear.default"``). This tree shows that hierarchy in the text dump, the JSON and the HTML.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fnmatch
+import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 
@@ -16,7 +23,72 @@ import onnx_ir as ir
 from irkit import metadata
 from irkit.viz._style import Style, indexed_successor, plural, relative_path
 
-__all__ = ["ScopeNode", "scope_tree", "scope_lines", "scope_groups"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["ScopeNode", "scope_tree", "scope_lines", "scope_groups", "node_frames", "scope_source"]
+
+TORCH_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+TORCH_CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+NAMESPACE = "namespace"
+
+
+def _literal_list(text: str) -> list[str] | None:
+    """A Python-repr list of strings (``"['', 'layers.0']"``), the way torch writes them."""
+    if '"' not in text and "\\" not in text:  # the usual case: a JSON list once quoted "
+        try:
+            value = json.loads(text.replace("'", '"'))
+        except ValueError:
+            value = None
+        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+            return value
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
+        return list(value)
+    return None
+
+
+def scope_source(nodes: Iterable[ir.Node]) -> str:
+    """The metadata key the scopes of ``nodes`` are read from (the first node that has one)."""
+    for node in nodes:
+        for key in (metadata.SCOPE, TORCH_NAME_SCOPES, NAMESPACE):
+            if key in node.metadata_props:
+                return key
+    return metadata.SCOPE
+
+
+def node_frames(node: ir.Node) -> tuple[metadata.Frame, ...]:
+    """The module calls enclosing ``node``, outermost first: from ``irkit.scope``, else from
+    PyTorch's ``pkg.torch.onnx.name_scopes`` (+ ``class_hierarchy``), else from ``namespace``.
+    Malformed metadata counts as none (logged at debug level)."""
+    props = node.metadata_props
+    try:
+        if metadata.SCOPE in props:
+            return metadata.node_scope(props)
+    except (ValueError, TypeError, KeyError):
+        logger.debug("ignoring malformed %s on node %r", metadata.SCOPE, node.name)
+        return ()
+    if TORCH_NAME_SCOPES in props:
+        names = _literal_list(props[TORCH_NAME_SCOPES]) or []
+        classes = _literal_list(props.get(TORCH_CLASS_HIERARCHY, "[]")) or []
+        if len(classes) != len(names):
+            classes = [""] * len(names)
+        # First entry: the root module; last: the FX node itself.
+        return tuple(
+            metadata.Frame(name, 0, cls)
+            for name, cls in zip(names[1:-1], classes[1:-1], strict=True)
+            if name
+        )
+    if NAMESPACE in props:
+        parts = [p.split(": ", 1) for p in props[NAMESPACE].split("/")]
+        return tuple(
+            metadata.Frame(p[0].strip(), 0, p[1].strip() if len(p) > 1 else "")
+            for p in parts[1:-1]
+            if p[0].strip()
+        )
+    return ()
 
 
 @dataclasses.dataclass
@@ -36,16 +108,18 @@ class ScopeNode:
 
 
 def scope_tree(nodes: Iterable[ir.Node]) -> ScopeNode | None:
-    """The call tree of ``nodes``' scopes; ``None`` if no node carries ``irkit.scope``."""
+    """The call tree of ``nodes``' scopes (see :func:`node_frames`); ``None`` if no node
+    carries scope metadata."""
     root = ScopeNode(None)
     found = False
     for node in nodes:
-        if metadata.SCOPE not in node.metadata_props:
+        frames = node_frames(node)
+        if not frames:
             continue
         found = True
         current = root
         current.nodes += 1
-        for frame in metadata.node_scope(node.metadata_props):
+        for frame in frames:
             current = current.children.setdefault(frame.call_id, ScopeNode(frame))
             current.nodes += 1
             current.members.append(node)

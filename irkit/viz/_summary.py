@@ -88,6 +88,9 @@ class Body:
         calls: Number of call nodes in the whole model (all instances) that call this body.
         input_infos: The body's inputs; for a function, types missing from the body (ONNX
             function inputs carry none) are taken from the first call site that knows them.
+        owner: For a control-flow subgraph (``If``'s ``then_branch``, ``Loop``'s ``body``,
+            ``Scan``'s ``body``): the node that owns it; ``None`` for the main graph and
+            functions. A subgraph's ops are counted in its own body only, not in its owner's.
     """
 
     key: str
@@ -98,6 +101,11 @@ class Body:
     flops: _flops.Flops = dataclasses.field(default_factory=_flops.Flops)
     calls: int = 0
     input_infos: list[TensorInfo] = dataclasses.field(default_factory=list)
+    owner: ir.Node | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.key == "main"
 
     @property
     def node_count(self) -> int:
@@ -126,6 +134,8 @@ class Call:
         depth: 0 for the root.
         part: ``(k, n)`` when the outliner split this module call into ``n`` convex parts and
             this call node is part ``k`` (0-based; its node is named ``"<path>/part<k>"``).
+        subgraph: For a control-flow subgraph (``node`` is its If/Loop/Scan): the attribute
+            (``"then_branch"``); its path is ``"<caller path>/<node name>.<attribute>"``.
     """
 
     path: str
@@ -138,6 +148,7 @@ class Call:
     children: list[Call] = dataclasses.field(default_factory=list)
     depth: int = 0
     part: tuple[int, int] | None = None
+    subgraph: str | None = None
 
     @property
     def class_name(self) -> str:
@@ -178,6 +189,8 @@ class ModelSummary:
         name: A display name (file name or graph name).
         call_names: For each call node, its instance name relative to the caller's module path
             (``"attn"`` inside a ``Block`` body; the full path in the main graph).
+        subgraphs: ``{(node, attribute): body key}`` for every control-flow subgraph
+            (attribute ``"then_branch"``; ``"name[i]"`` for a list of graphs).
     """
 
     model: ir.Model
@@ -189,9 +202,10 @@ class ModelSummary:
     param_bytes: int
     name: str
     call_names: dict[ir.Node, str] = dataclasses.field(default_factory=dict)
+    subgraphs: dict[tuple[ir.Node, str], str] = dataclasses.field(default_factory=dict)
 
     def function_bodies(self) -> list[Body]:
-        return [b for k, b in self.bodies.items() if k != "main"]
+        return [b for b in self.bodies.values() if b.identifier is not None]
 
     def find_body(self, name: str) -> Body | None:
         """The body named ``name``: a function key, a bare function name, or a module path."""
@@ -254,6 +268,8 @@ class _Builder:
         self.bodies: dict[str, Body] = {}
         self.canonical_paths: dict[FunctionId, list[str]] = {}
         self.call_names: dict[ir.Node, str] = {}
+        self.subgraphs: dict[tuple[ir.Node, str], str] = {}
+        self.node_subgraphs: dict[ir.Node, list[tuple[str, str]]] = {}
         self._stack: list[FunctionId] = []
 
     def callee(self, node: ir.Node) -> ir.Function | None:
@@ -273,7 +289,8 @@ class _Builder:
         self.bodies[key] = body
         if identifier is not None:
             self._stack.append(identifier)
-        for node in graph:
+        for index, node in enumerate(graph):
+            self.subgraph_bodies(key, node, index)
             function = self.callee(node)
             if function is None:
                 body.own_ops[_op_name(node)] += 1
@@ -287,6 +304,33 @@ class _Builder:
         if identifier is not None:
             self._stack.pop()
         return body
+
+    def subgraph_bodies(self, parent: str, node: ir.Node, index: int) -> None:
+        """Bodies for the subgraphs ``node`` owns (If, Loop, Scan), keyed
+        ``"<parent key>/<node name>.<attribute>"``."""
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                graphs = [(attr.name, attr.as_graph())]
+            elif attr.type == ir.AttributeType.GRAPHS:
+                graphs = [(f"{attr.name}[{i}]", g) for i, g in enumerate(attr.as_graphs())]
+            else:
+                continue
+            name = node.name or f"{node.op_type}#{index}"
+            for label, graph in graphs:
+                key = f"{parent}/{name}.{label}"
+                body = Body(key, graph, None, owner=node)
+                body.input_infos = [TensorInfo.of(v) for v in graph.inputs]
+                self.bodies[key] = body
+                self.subgraphs[(node, label)] = key
+                self.node_subgraphs.setdefault(node, []).append((label, key))
+                for k, inner in enumerate(graph):
+                    self.subgraph_bodies(key, inner, k)
+                    function = self.callee(inner)
+                    if function is None:
+                        body.own_ops[_op_name(inner)] += 1
+                        body.ops[_op_name(inner)] += 1
+                    else:
+                        body.ops.update(self.body(function, function.identifier()).ops)
 
     def flops(self, body: Body, done: set[str]) -> _flops.Flops:
         """Fill ``body.flops`` (callees first); input shapes come from ``body.input_infos``."""
@@ -342,6 +386,8 @@ class _Builder:
     def expand(self, call: Call, params: dict[ir.Value, tuple[int, int]]) -> None:
         """Fill ``call.children`` recursively; ``params`` maps body values to parameter sizes."""
         for index, node in enumerate(call.body.graph):
+            for label, key in self.node_subgraphs.get(node, ()):
+                self.expand_subgraph(call, node, label, key, params)
             function = self.callee(node)
             if function is None:
                 continue
@@ -369,6 +415,31 @@ class _Builder:
             self.expand(child, inner)
         _mark_parts(call.children)
 
+    def expand_subgraph(
+        self,
+        call: Call,
+        node: ir.Node,
+        label: str,
+        key: str,
+        params: dict[ir.Value, tuple[int, int]],
+    ) -> None:
+        """A control-flow subgraph as a child call: path ``<caller>/<node>.<attribute>``."""
+        body = self.bodies[key]
+        name = f"{node.name or node.op_type}.{label}"
+        path = f"{call.path}/{name}" if call.path else name
+        self.call_names.setdefault(node, node.name or node.op_type)
+        child = Call(
+            path,
+            node.op_type,
+            body,
+            node,
+            depth=call.depth + 1,
+            outputs=[TensorInfo.of(v) for v in body.graph.outputs],
+            subgraph=label,
+        )
+        call.children.append(child)
+        self.expand(child, params)
+
 
 _PART = re.compile(r"/part(\d+)$")
 
@@ -389,8 +460,9 @@ def _mark_parts(children: list[Call]) -> None:
 
 
 def relative_name(path: str, parent: str) -> str:
-    """``"layers.0.attn"`` under ``"layers.0"`` → ``"attn"``; unrelated paths stay whole."""
-    if parent and path.startswith(parent + "."):
+    """``"layers.0.attn"`` under ``"layers.0"`` → ``"attn"`` (``"layers.0/If_3.then_branch"``
+    → ``"If_3.then_branch"``); unrelated paths stay whole."""
+    if parent and (path.startswith(parent + ".") or path.startswith(parent + "/")):
         return path[len(parent) + 1 :]
     return path
 
@@ -445,6 +517,7 @@ def summarize(model: ir.Model, *, name: str | None = None) -> ModelSummary:
     initializers = set(model.graph.initializers)
     inputs = [TensorInfo.of(v) for v in model.graph.inputs if v.name not in initializers]
     return ModelSummary(
+        subgraphs=builder.subgraphs,
         model=model,
         root=root,
         bodies=builder.bodies,

@@ -188,7 +188,8 @@ def render_text(summary: ModelSummary, options: TextOptions = TextOptions()) -> 
     if not root.children:
         scopes = _scopes.scope_tree(summary.model.graph)
         if scopes is not None:
-            lines.append(s("modules (from irkit.scope; not outlined into functions):", "dim"))
+            source = _scopes.scope_source(summary.model.graph)
+            lines.append(s(f"modules (from {source}; not outlined into functions):", "dim"))
             lines += _scopes.scope_lines(scopes, s, options.depth, options.expand)
     lines += ["", s("ops:", "bold"), *_histogram_lines(root.body.ops, s), ""]
     if options.stats and summary.function_bodies():
@@ -233,14 +234,16 @@ def render_function_text(summary: ModelSummary, body: Body, color: bool = False)
     """One body (a function or ``main``) node by node, with shapes and provenance."""
     s = Style(color)
     sites = call_sites(summary, body.key)
-    title = "graph main" if body.identifier is None else f"function {body.key}"
+    title = "graph main" if body.is_main else f"function {body.key}"
+    if body.owner is not None:
+        title = f"subgraph {body.key} of {body.owner.op_type}"
     head = f"{body.stored_nodes} nodes stored, {body.node_count} executed per call"
     if sites:
         groups = group_calls(sites)
         head += f", called {len(sites)}×: " + ", ".join(g.label("") for g in groups[:4])
         head += ", …" if len(groups) > 4 else ""
     lines = [f"{s(title, 'bold')}  {s(head, 'dim')}"]
-    initializers = set(summary.model.graph.initializers) if body.identifier is None else set()
+    initializers = set(summary.model.graph.initializers) if body.is_main else set()
     inputs = [i for i in body.input_infos if i.name not in initializers]
     lines += _io_lines("inputs", inputs, s)
     lines.append(s("nodes:", "bold"))

@@ -1,6 +1,7 @@
 """``irkit-viz`` / ``python tools/viz.py``: read any ONNX file and show it.
 
-Errors a user can cause (missing or broken file, missing external data, no Graphviz) print one
+Errors a user can cause (missing or broken file, missing external data, ``--layout dot``
+without Graphviz) print one
 line ``irkit-viz: error: …`` and exit with status 2; ``--debug`` shows the traceback.
 """
 
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--stats",
         action="store_true",
         help="add estimated FLOPs and op counts per module, and a function table",
+    )
+    p.add_argument(
+        "--layout",
+        choices=("builtin", "dot"),
+        default="builtin",
+        help="how SVG and HTML are laid out: builtin (igraph for SVG, dagre inside the HTML "
+        "page; nothing to install) or dot (Graphviz's dot program, if you have it)",
     )
     p.add_argument("--diff", metavar="OTHER", help="compare with OTHER.onnx, module by module")
     p.add_argument(
@@ -135,6 +143,8 @@ _OPTION_FORMATS = {
 def _check_options(args: argparse.Namespace, fmt: str) -> None:
     from irkit.errors import IrkitError
 
+    if args.layout == "dot" and fmt not in ("svg", "html"):
+        raise IrkitError(f"--layout dot does not apply with --format {fmt}; it lays out svg / html")
     for option, formats in _OPTION_FORMATS.items():
         if getattr(args, option) and (fmt not in formats or args.diff):
             where = "with --diff" if args.diff else f"with --format {fmt}"
@@ -172,13 +182,17 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
         return _text.render_text(summary, options)
     if fmt == "json":
         return _json.render_json(summary)
-    if fmt in ("dot", "svg"):
+    if fmt == "dot" or (fmt == "svg" and args.layout == "dot"):
         dot = _dot.body_dot(summary, body or summary.root.body).source
         return dot if fmt == "dot" else _dot.layout_svg([dot])[0]
+    if fmt == "svg":
+        from irkit.viz import _graph, _svg
+
+        return _svg.layout_graph_svg(_graph.body_graph(summary, body or summary.root.body))
     from irkit.viz import _html
 
     options = _html.HtmlOptions(depth=args.depth, expand=tuple(args.expand), function=args.function)
-    return _html.render_html(summary, options=options)
+    return _html.render_html(summary, options=options, layout=args.layout)
 
 
 def _onnx_text(model, function: str | None) -> str:
@@ -213,7 +227,7 @@ def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
     if fmt == "html":
         from irkit.viz import _html
 
-        return _html.render_diff_html(diff)
+        return _html.render_diff_html(diff, layout=args.layout)
     raise IrkitError(f"--diff supports --format text, json or html, not {fmt!r}")
 
 

@@ -221,3 +221,122 @@ def fuse_mlp_gemm(model: ir.Model) -> ir.Model:
     add.outputs[0].replace_all_uses_with(gemm.outputs[0])
     mlp.remove([add, matmul], safe=True)
     return model
+
+
+def torch_exporter_flat(n_layers: int = 200, ops_per_layer: int = 100, d: int = 8) -> ir.Model:
+    """A flat model (no functions) with the scope metadata PyTorch's exporter writes.
+
+    ``torch.onnx.export(..., dynamo=True)`` stamps every node with
+    ``pkg.torch.onnx.name_scopes`` (``['', 'layers.3', 'layers.3.mlp', 'add_7']``: the root,
+    the module paths, then the FX node) and ``pkg.torch.onnx.class_hierarchy`` beside it. Each
+    of the ``n_layers`` ``Block`` layers has an ``attn`` and an ``mlp`` module with
+    ``ops_per_layer`` nodes in all (MatMul on a weight, then elementwise ops), so 200 × 100 is a
+    20,000-node graph. Built directly (no torch): a second or so.
+    """
+    rng = np.random.default_rng(0)
+    x = _val("x", ["B", d])
+    h = x
+    nodes: list[ir.Node] = []
+    inits: list[ir.Value] = []
+    block, attn_cls, mlp_cls = "model.Block", "model.Attention", "model.MLP"
+    for i in range(n_layers):
+        for part, cls, count in (("attn", attn_cls, ops_per_layer // 2), ("mlp", mlp_cls, None)):
+            count = count if count is not None else ops_per_layer - ops_per_layer // 2
+            module = f"layers.{i}.{part}"
+            weight = _init(f"{module}.weight", [d, d], rng)
+            inits.append(weight)
+            for k in range(count):
+                op = "MatMul" if k == 0 else ("Relu", "Add", "Mul", "Sigmoid")[k % 4]
+                inputs = (
+                    [h, weight] if op == "MatMul" else ([h, h] if op in ("Add", "Mul") else [h])
+                )
+                fx = f"{op.lower()}_{len(nodes)}"
+                props = {
+                    "pkg.torch.onnx.name_scopes": repr(["", f"layers.{i}", module, fx]),
+                    "pkg.torch.onnx.class_hierarchy": repr(
+                        ["model.Net", block, cls, f"aten.{op.lower()}.default"]
+                    ),
+                }
+                node = ir.node(
+                    op,
+                    inputs,
+                    name=f"node_{fx}",
+                    outputs=[_val(fx, ["B", d])],
+                    metadata_props=props,
+                )
+                nodes.append(node)
+                h = node.outputs[0]
+    h.name = "y"
+    graph = ir.Graph(
+        [x], [h], nodes=nodes, initializers=inits, opset_imports={"": OPSET}, name="main_graph"
+    )
+    return ir.Model(graph, ir_version=10, producer_name="pytorch")
+
+
+def control_flow() -> ir.Model:
+    """A main graph with an ``If`` (two branches), and a ``Loop`` whose body holds another
+    ``If``: control flow for the viz to open like calls. Valid ONNX; built with onnx.helper."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [
+                helper.make_node(op, ["x", "x"], [f"{name}_t"], name=f"{name}_{op}"),
+                helper.make_node("Relu", [f"{name}_t"], [f"{name}_out"], name=f"{name}_Relu"),
+            ],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2])],
+        )
+
+    inner_if = helper.make_node(
+        "If",
+        ["cond_in"],
+        ["inner_out"],
+        name="inner_if",
+        then_branch=branch("inner_then", "Add"),
+        else_branch=branch("inner_else", "Sub"),
+    )
+    loop_body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="loop_cond"),
+            inner_if,
+            helper.make_node("Add", ["carry", "inner_out"], ["carry_out"], name="loop_add"),
+        ],
+        "loop_body",
+        [
+            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("carry", TensorProto.FLOAT, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("carry_out", TensorProto.FLOAT, [2]),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If",
+                ["cond"],
+                ["y"],
+                name="top_if",
+                then_branch=branch("then", "Mul"),
+                else_branch=branch("else", "Add"),
+            ),
+            helper.make_node("Loop", ["trips", "cond", "y"], ["z"], name="loop"),
+        ],
+        "control_flow",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+    )
+    graph.node[1].attribute.append(helper.make_attribute("body", loop_body))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return ir.from_proto(model)

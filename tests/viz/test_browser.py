@@ -35,12 +35,19 @@ def _trail(b) -> list[str]:
     return [label for _, label in b.evaluate("window.irkitViz.trail()")]
 
 
+def _no_dot(tmp_path) -> dict[str, str]:
+    """An environment whose PATH holds no program at all: no Graphviz."""
+    empty = tmp_path / "empty_path"
+    empty.mkdir(exist_ok=True)
+    return {"PATH": str(empty)}
+
+
 @pytest.fixture
-def page(tmp_path, toy, chromium, graphviz_dot):
+def page(tmp_path, toy, chromium):
     from tests.viz.cdp import Browser
 
     out = tmp_path / "toy.html"
-    result = run_cli(toy, "--format", "html", "-o", out)
+    result = run_cli(toy, "--format", "html", "-o", out, env=_no_dot(tmp_path))
     assert result.returncode == 0, result.stderr
     with Browser(out.as_uri()) as browser:
         yield browser
@@ -56,6 +63,7 @@ def test_html_page_in_chromium(page):
     assert b.evaluate("document.querySelector('#canvas svg .graph > text').textContent") == (
         "tests.viz.toy::Block"
     )
+    assert b.evaluate("window.irkitViz.layoutMs('tests.viz.toy::Block')") is not None
     assert b.evaluate("document.querySelectorAll('#canvas g.node.call').length") == 2
     _click_call(b, "attn")
     assert _trail(b) == ["main", "layers.1", "layers.1.attn"]
@@ -103,12 +111,111 @@ def _click_call_path(b) -> None:
     )
 
 
-def test_large_model_page_stays_usable(tmp_path, chromium, graphviz_dot):
+def test_node_card_parameters_attributes_and_copy_path(page):
+    """Netron-style essentials: an initializer's dtype/shape and first values, attributes in
+    full, and a button that copies the node's or module's path."""
+    b = page
+    b.evaluate(
+        f"({CLICK})([...document.querySelectorAll('#canvas g.node.op')]"
+        ".find((n) => n.textContent.trim() === 'MatMul'))"
+    )
+    card = _card(b)
+    assert "parameters\nlm_head.weight\tf32[8,11]\n\t[" in card, card
+    assert "(88 values)" in card
+    first = b.evaluate(
+        "document.querySelector('#side table.params tr:nth-child(2) td.mono').textContent"
+    )
+    assert first.startswith("[") and len(first.split(",")) == 9  # 8 values and "… ]"
+    b.evaluate(f"({CLICK})(document.querySelector('#side button.copy-path'))")
+    assert b.evaluate("window.irkitViz.copied()") == "lm_head/lm_head/MatMul"
+    _click_call(b, "layers.2")
+    b.evaluate(
+        "[...document.querySelectorAll('#canvas g.node.call')].find((n) => n.textContent.includes"
+        "('mlp')).dispatchEvent(new MouseEvent('click', {bubbles: true, shiftKey: true}))"
+    )
+    b.evaluate(f"({CLICK})(document.querySelector('#side button.copy-path'))")
+    assert b.evaluate("window.irkitViz.copied()") == "layers.2.mlp"
+    _click_call(b, "attn")
+    b.evaluate(
+        f"({CLICK})([...document.querySelectorAll('#canvas g.node.op')]"
+        ".find((n) => n.textContent.trim() === 'Softmax'))"
+    )
+    assert "attributes\naxis\t-1" in _card(b)
+    b.evaluate(f"({CLICK})(document.querySelector('#side button.copy-path'))")
+    assert b.evaluate("window.irkitViz.copied()").startswith("layers.2.attn/")
+    assert b.errors == []
+
+
+def test_flat_20k_node_model_page(tmp_path, chromium):
+    """A 20,000-node flat graph with PyTorch exporter scopes: written in seconds, the top level
+    (200 layer boxes) shown at once, one module laid out when opened, search reaches any node."""
+    from tests.viz.cdp import Browser
+
+    path = irkit.save(models.torch_exporter_flat(200, 100), tmp_path / "flat20k.onnx")
+    out = tmp_path / "flat20k.html"
+    result = run_cli(path, "-o", out, env=_no_dot(tmp_path))
+    assert result.returncode == 0, result.stderr
+    with Browser(out.as_uri(), timeout=60) as b:
+        regions = b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.region')].map(g => g.id)"
+        )
+        assert regions == [f"r:scope:layers.{i}" for i in range(200)]
+        assert b.evaluate("document.querySelectorAll('#canvas g.node.op').length") == 0
+        assert b.evaluate("document.querySelector('#tree').innerText").count("×200") == 3
+        shown = b.evaluate("window.irkitViz.firstPaintMs")
+        assert shown < 20000, shown
+        b.evaluate(f"({CLICK})(document.getElementById('r:scope:layers.199'))")
+        b.evaluate(f"({CLICK})(document.getElementById('r:scope:layers.199.attn'))")
+        assert _trail(b) == ["main", "layers.199", "layers.199.attn"]
+        ops = b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.op')].map(n => n.textContent)"
+        )
+        assert len(ops) == 50 and ops[0] == "MatMul"
+        b.evaluate("window.irkitViz.search('node_add_12345')")
+        b.evaluate(f"({CLICK})(document.querySelector('#results > div'))")
+        assert _trail(b) == ["main", "layers.123", "layers.123.attn"]
+        assert b.evaluate("document.querySelector('#canvas g.node.hl').id") == "n12345"
+        card = _card(b)
+        assert "module\tlayers.123.attn\nclass\tmodel.Attention" in card
+        assert b.errors == []
+
+
+def test_control_flow_drill_down(tmp_path, chromium):
+    """If/Loop nodes open like calls: a one-subgraph Loop opens on click, an If offers its
+    branches; breadcrumbs lead back."""
+    from tests.viz.cdp import Browser
+
+    path = irkit.save(models.control_flow(), tmp_path / "cf.onnx")
+    out = tmp_path / "cf.html"
+    assert run_cli(path, "-o", out, env=_no_dot(tmp_path)).returncode == 0
+    flows = "[...document.querySelectorAll('#canvas g.node.flow')].map(n => n.textContent)"
+    with Browser(out.as_uri()) as b:
+        assert b.evaluate(flows) == ["Iftop_ifelse_branch · then_branch", "Looploopbody"]
+        b.evaluate(f"({CLICK})(document.querySelectorAll('#canvas g.node.flow')[1])")
+        assert _trail(b) == ["main", "loop.body"]
+        assert b.evaluate(flows) == ["Ifinner_ifelse_branch · then_branch"]
+        b.evaluate(f"({CLICK})(document.querySelector('#canvas g.node.flow'))")
+        buttons = b.evaluate(
+            "[...document.querySelectorAll('#side button.open-branch')].map(x => x.textContent)"
+        )
+        assert buttons == ["open else_branch ›", "open then_branch ›"]
+        b.evaluate(f"({CLICK})(document.querySelectorAll('#side button.open-branch')[1])")
+        assert _trail(b) == ["main", "loop.body", "loop.body/inner_if.then_branch"]
+        ops = b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.op')].map(n => n.textContent)"
+        )
+        assert ops == ["Add", "Relu"]
+        b.evaluate(f"({CLICK})(document.querySelector('#crumbs-path a'))")
+        assert _trail(b) == ["main"]
+        assert b.errors == []
+
+
+def test_large_model_page_stays_usable(tmp_path, chromium):
     from tests.viz.cdp import Browser
 
     path = irkit.save(models.stack(64, d=16, extra_ops=40), tmp_path / "big.onnx")
     out = tmp_path / "big.html"
-    result = run_cli(path, "-o", out)
+    result = run_cli(path, "-o", out, env=_no_dot(tmp_path))
     assert result.returncode == 0, result.stderr
     with Browser(out.as_uri()) as b:
         # The 64 Block calls are one group in the hierarchy tree; bodies render on demand.
@@ -125,14 +232,14 @@ def _card(b) -> str:
     return b.evaluate("document.getElementById('side').innerText")
 
 
-def test_real_outlined_llama_page(tmp_path, chromium, graphviz_dot):
+def test_real_outlined_llama_page(tmp_path, chromium):
     """irkit.lower's llama (module functions): drill into a decoder layer and its attention,
     search into a shared body, and start the page on a module with --function/--depth."""
     from tests.viz.cdp import Browser
 
     path = irkit.save(irkit.lower(zoo.export("llama")), tmp_path / "llama.onnx")
     out = tmp_path / "llama.html"
-    result = run_cli(path, "-o", out)
+    result = run_cli(path, "-o", out, env=_no_dot(tmp_path))
     assert result.returncode == 0, result.stderr
     with Browser(out.as_uri()) as b:
         _click_call(b, "layers.1")

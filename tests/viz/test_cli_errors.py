@@ -106,14 +106,22 @@ def test_debug_shows_traceback(tmp_path):
     assert "Traceback" in result.stderr and "ModelLoadError" in result.stderr
 
 
-def test_svg_without_dot_says_how_to_install(toy, tmp_path):
+def test_layout_dot_without_dot_says_how_to_install(toy, tmp_path):
     # An empty PATH hides Graphviz's `dot` (the interpreter is started by absolute path).
-    result = run_cli(toy, "--format", "svg", env={"PATH": str(tmp_path)})
+    result = run_cli(toy, "--format", "svg", "--layout", "dot", env={"PATH": str(tmp_path)})
     _assert_one_line_error(
         result,
         "Graphviz's `dot` program was not found on PATH. Install Graphviz's layout program `dot` "
         "(Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz) and the Python "
-        "binding (pip install graphviz).",
+        "binding (pip install 'irkit[graphviz]'), or leave out --layout dot: the built-in layout "
+        "needs nothing else.",
+    )
+
+
+def test_layout_dot_only_for_pictures(toy):
+    _assert_one_line_error(
+        run_cli(toy, "--layout", "dot"),
+        "--layout dot does not apply with --format text; it lays out svg / html",
     )
 
 
@@ -123,7 +131,7 @@ def test_writes_output_file(toy, tmp_path):
     assert (tmp_path / "out.json").read_text().startswith('{\n "schema": "irkit.viz/2"')
 
 
-def test_format_from_suffix(toy, tmp_path, graphviz_dot):
+def test_format_from_suffix(toy, tmp_path):
     assert run_cli(toy, "-o", tmp_path / "m.svg").returncode == 0
     assert (tmp_path / "m.svg").read_text().startswith("<?xml")
 

@@ -104,20 +104,70 @@ def test_diff_after_irkit_optimize_names_the_fused_modules(tmp_path):
 
 
 @pytest.mark.browser
-def test_flat_model_page_boxes_modules(lowered, tmp_path, chromium, graphviz_dot):
+def test_flat_model_page_opens_modules_as_regions(lowered, tmp_path, chromium):
+    """A flat model's page shows its top-level module calls as boxes; opening one lays out
+    only that module (its sub-modules are boxes again), and the panel opens modules too."""
     from tests.viz.cdp import Browser
 
     _, path = lowered
     out = tmp_path / "flat.html"
-    assert run_cli(path, "-o", out).returncode == 0
+    assert run_cli(path, "-o", out, env={"PATH": str(tmp_path)}).returncode == 0
+    regions = "[...document.querySelectorAll('#canvas g.node.region')].map(g => g.id)"
     with Browser(out.as_uri()) as b:
-        clusters = b.evaluate("[...document.querySelectorAll('#canvas g.cluster')].map(g => g.id)")
-        assert {"c:layers.0", "c:layers.1", "c:layers.0.attn", "c:layers.1.mlp"} <= set(clusters)
+        assert b.evaluate(regions) == ["r:scope:layers.0", "r:scope:layers.1", "r:scope:ln_f"]
         tree = b.evaluate("document.getElementById('tree').textContent")
         assert "layers.0 … layers.1 PreLNBlock ×2" in tree
+        b.evaluate(
+            "document.getElementById('r:scope:layers.1')"
+            ".dispatchEvent(new MouseEvent('click', {bubbles: true}))"
+        )
+        assert b.evaluate("window.irkitViz.trail()") == [
+            ["main", "main"],
+            ["scope:layers.1", "layers.1"],
+        ]
+        assert b.evaluate(regions) == [
+            "r:scope:layers.1.ln1",
+            "r:scope:layers.1.attn",
+            "r:scope:layers.1.ln2",
+            "r:scope:layers.1.mlp",
+        ]
         b.evaluate(
             "[...document.querySelectorAll('#tree .leaf')].find(e => e.textContent.startsWith"
             "('ln_f')).dispatchEvent(new MouseEvent('click', {bubbles: true}))"
         )
-        assert b.evaluate("document.querySelector('#canvas g.hl').id") == "c:ln_f"
+        assert b.evaluate("window.irkitViz.trail().at(-1)") == ["scope:ln_f", "ln_f"]
+        ops = b.evaluate(
+            "[...document.querySelectorAll('#canvas g.node.op')].map(g => g.textContent)"
+        )
+        assert ops and all(op for op in ops)
         assert b.errors == []
+
+
+def test_flat_model_page_with_graphviz_keeps_clusters(lowered, tmp_path, graphviz_dot):
+    _, path = lowered
+    out = tmp_path / "flat.html"
+    assert run_cli(path, "-o", out, "--layout", "dot").returncode == 0
+    page = out.read_text()
+    for cluster in ("c:layers.0", "c:layers.1", "c:layers.0.attn", "c:layers.1.mlp"):
+        assert f'id=\\"{cluster}\\"' in page  # inside the JSON blob
+
+
+def test_torch_exporter_scopes_group_a_flat_export(tmp_path):
+    """PyTorch's own exporter (``torch.onnx.export(..., dynamo=True)``) writes
+    ``pkg.torch.onnx.name_scopes``/``class_hierarchy`` on every node: the text tree and the
+    page's regions show its modules."""
+    import torch
+
+    z = zoo.prenorm_stack(2)
+    path = tmp_path / "stack2_torch.onnx"
+    torch.onnx.export(z.module, z.args, dynamo=True, verbose=False).save(str(path))
+    lines = run_cli(path, "--depth", "2", env={"PATH": str(tmp_path)}).stdout.splitlines()
+    assert lines[1] == "modules (from pkg.torch.onnx.name_scopes; not outlined into functions):"
+    assert lines[2].startswith("├─ layers.0 … layers.1  PreLNBlock ×2  ")
+    assert [line.split()[2] for line in lines[3:7]] == ["ln1", "attn", "ln2", "mlp"]
+    out = tmp_path / "stack2_torch.html"
+    assert run_cli(path, "-o", out, env={"PATH": str(tmp_path)}).returncode == 0
+    blob = out.read_text().split('type="application/json">', 1)[1].split("</script>", 1)[0]
+    main = json.loads(blob)["graphs"]["main"]["graph"]
+    boxes = [n[1][:2] for n in main["nodes"] if n[2] == "region"]
+    assert boxes[:2] == [["layers.0", "PreLNBlock"], ["layers.1", "PreLNBlock"]]

@@ -1,9 +1,11 @@
-"""SVG/DOT pictures (Graphviz layout) and the hierarchy-aware diff."""
+"""SVG/DOT pictures (built-in layout, and Graphviz's with --layout dot) and the diff."""
 
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+
+import pytest
 
 from irkit import viz
 from tests.viz import models
@@ -17,8 +19,11 @@ def _groups(svg_text: str, cls: str) -> list[ET.Element]:
     return [g for g in root.iter(f"{SVG}g") if cls in (g.get("class") or "").split()]
 
 
-def test_svg_has_one_group_per_top_level_call(toy, graphviz_dot):
-    result = run_cli(toy, "--format", "svg")
+@pytest.mark.parametrize("layout", ["builtin", "dot"])
+def test_svg_has_one_group_per_top_level_call(toy, layout, request):
+    if layout == "dot":
+        request.getfixturevalue("graphviz_dot")  # the optional Graphviz layout, where installed
+    result = run_cli(toy, "--format", "svg", "--layout", layout)
     assert result.returncode == 0, result.stderr
     calls = _groups(result.stdout, "call")
     assert len(calls) == 3  # layers.0, layers.1, layers.2
@@ -31,7 +36,7 @@ def test_svg_has_one_group_per_top_level_call(toy, graphviz_dot):
     assert "f32[B,S,8]" in edge_labels  # shapes on edges
 
 
-def test_svg_of_a_function_body(toy, graphviz_dot):
+def test_svg_of_a_function_body(toy):
     result = run_cli(toy, "--format", "svg", "--function", "Block")
     assert len(_groups(result.stdout, "call")) == 2  # attn, mlp
     assert len(_groups(result.stdout, "op")) == 2  # the residual Adds
@@ -81,7 +86,7 @@ def test_diff_reports_changed_and_inlined_modules():
     assert "    ~ Softmax  attn/Softmax_2 → LogSoftmax" in text
 
 
-def test_diff_html_side_by_side(toy, toy_fused, tmp_path, graphviz_dot):
+def test_diff_html_side_by_side(toy, toy_fused, tmp_path):
     out = tmp_path / "diff.html"
     result = run_cli(toy, "--diff", toy_fused, "-o", out)
     assert result.returncode == 0, result.stderr
