@@ -209,9 +209,12 @@ class Emitter:
                 "outputs, so these updates are not emitted.",
                 ", ".join(map(str, dropped)),
             )
-        names = _check_names("output_names", self._output_names, len(user)) or _output_key_names(
-            self.ep, [s.arg.name for s, _ in user]
-        )
+        names = _check_names("output_names", self._output_names, len(user))
+        if names is None:
+            names = _output_key_names(self.ep, [s.arg.name for s, _ in user])
+            # An output that is an input passed through (``x.contiguous()``) would share its name.
+            taken = {v.name for v in self.graph.inputs} | set(self.graph.initializers)
+            names = [f"{n}_output" if n in taken else n for n in names]
         seen: set[int] = set()
         for index, (_spec, result) in enumerate(user):
             name = names[index]

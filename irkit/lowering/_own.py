@@ -34,9 +34,19 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+_COMPLEX_PARTS = {ir.DataType.COMPLEX64: ir.DataType.FLOAT, ir.DataType.COMPLEX128: ir.DataType.DOUBLE}
+
+
 def _cast_to(x: ir.Value, dtype: Any = None) -> ir.Value:
     if dtype is None or dtype == -1 or dtype == x.dtype:
         return x  # a no-op conversion emits nothing
+    part = _COMPLEX_PARTS.get(ir.DataType(dtype))
+    if part is not None:
+        # torchlib's complex tensors are real tensors with a trailing (real, imag) dim of 2.
+        real = x if x.dtype == part else op.Cast(x, to=int(part))
+        last = op.Constant(value=ir.tensor([-1], dtype=ir.DataType.INT64))
+        real = op.Unsqueeze(real, last)
+        return op.Concat(real, op.Mul(real, op.CastLike(0, real)), axis=-1)
     return op.Cast(x, to=int(dtype))
 
 

@@ -235,6 +235,24 @@ def test_decompositions_with_assertions_and_list_arguments(fn, x):
     _check(_Fn(fn), x)
 
 
+@pytest.mark.parametrize(
+    "fn, x",
+    [
+        (lambda x: torch.view_as_real(x.to(torch.cfloat)), torch.randn(3)),
+        (lambda x: torch.view_as_real(x.to(torch.cdouble)), torch.arange(3)),
+    ],
+    ids=["float_to_cfloat", "int_to_cdouble"],
+)
+def test_conversion_to_complex(fn, x):
+    _check(_Fn(fn), x)
+
+
+def test_an_input_passed_through_gets_its_own_output_name():
+    model = _check(_Fn(lambda x: x.contiguous()), torch.randn(3))
+    assert [v.name for v in model.graph.inputs] == ["x"]
+    assert [v.name for v in model.graph.outputs] == ["x_output"]
+
+
 def test_in_place_random_op_named_differently_from_its_functional_form():
     ep = torch.export.export(_Fn(lambda x: x.clone().normal_(2.0, 0.5)), (torch.randn(64),))
     (out,) = helpers.run_ort(irkit.lower(ep), [torch.randn(64)])
