@@ -248,7 +248,11 @@ def test_conversion_to_complex(fn, x):
 
 
 def test_an_input_passed_through_gets_its_own_output_name():
-    model = _check(_Fn(lambda x: x.contiguous()), torch.randn(3))
+    class PassThrough(nn.Module):
+        def forward(self, x):
+            return x.contiguous()
+
+    model = _check(PassThrough(), torch.randn(3))
     assert [v.name for v in model.graph.inputs] == ["x"]
     assert [v.name for v in model.graph.outputs] == ["x_output"]
 
