@@ -1,0 +1,85 @@
+"""The architecture zoo (tests/arch_zoo.py): lower, run in onnxruntime at two sizes, compare.
+
+Every model is exported once, the way users export (no outer ``torch.no_grad()``, dynamic batch and
+sequence dims), and lowered three ways: with module functions, flat (``functions=False``), and
+with functions after ``irkit.optimize``. Each ONNX model runs in onnxruntime (graph optimizations
+off) at the export size and at a second size, ≤1e-4 from eager PyTorch.
+
+Cases that fail today because of an irkit gap are listed in :data:`XFAIL` below — the one place
+to look — as strict expected failures: when a fix lands, the case passes, the strict xfail
+fails, and the entry must be deleted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import irkit
+from tests import arch_zoo, helpers
+
+VARIANTS = ("functions", "flat", "optimized")
+
+# Known irkit gaps: {model: reason} for every variant, or {(model, variant): reason}. The reason is
+# the root cause (exception, FX node / op, first line) as of the date in docs/conformance_zoo.md.
+XFAIL: dict[str | tuple[str, str], str] = {}
+
+
+def _cases() -> list:
+    cases = []
+    for name in arch_zoo.ARCH_ZOO:
+        for variant in VARIANTS:
+            reason = XFAIL.get((name, variant)) or XFAIL.get(name)
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            cases.append(pytest.param(name, variant, id=f"{name}-{variant}", marks=marks))
+    return cases
+
+
+def _lower(name: str, variant: str):
+    zm = arch_zoo.load(name)
+    model = irkit.lower(
+        arch_zoo.export(name),
+        functions=variant != "flat",
+        input_names=zm.input_names,
+        output_names=zm.output_names,
+    )
+    if variant == "optimized":
+        irkit.optimize(model)
+    return model
+
+
+@pytest.mark.parametrize(("name", "variant"), _cases())
+def test_arch_zoo_matches_eager_at_two_sizes(name, variant):
+    zm = arch_zoo.load(name)
+    model = _lower(name, variant)
+    if variant == "flat":
+        assert not model.functions
+    else:
+        assert model.functions, "module calls were not outlined"
+    session = helpers.ort_session(model)
+    names = [i.name for i in session.get_inputs()]
+    for size, inputs in enumerate(zm.sizes()):
+        feeds = zm.feeds(inputs)
+        assert len(feeds) == len(names), f"model inputs {names}, {len(feeds)} tensors to feed"
+        outputs = session.run(None, {n: t.numpy() for n, t in zip(names, feeds, strict=True)})
+        helpers.assert_close(outputs, arch_zoo.expected_outputs(name, size), helpers.FP32_ATOL)
+
+
+def test_kv_cache_inputs_and_outputs_are_named_with_a_dynamic_past_length():
+    zm = arch_zoo.load("llama_kv")
+    model = _lower("llama_kv", "functions")
+    assert [v.name for v in model.graph.inputs] == zm.input_names
+    assert [v.name for v in model.graph.outputs] == zm.output_names
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
+    assert shapes["input_ids"] == ["batch", "seq"]
+    assert shapes["past_key_values.1.value"] == ["batch", "2", "past", "16"]
+
+
+def test_zoo_exports_as_users_do_so_rotary_models_keep_their_grad_region():
+    # transformers decorates the rotary embedding's forward with @torch.no_grad(); without an
+    # outer no_grad, torch.export keeps that region as a higher-order op.
+    region = torch.ops.higher_order.wrap_with_set_grad_enabled
+    targets = {n.target for n in arch_zoo.export("llama").graph.nodes}
+    assert region in targets
+    no_grad = {n.target for n in arch_zoo.export("llama", no_grad=True).graph.nodes}
+    assert region not in no_grad
