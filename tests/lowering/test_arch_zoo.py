@@ -22,7 +22,38 @@ VARIANTS = ("functions", "flat", "optimized")
 
 # Known irkit gaps: {model: reason} for every variant, or {(model, variant): reason}. The reason is
 # the root cause (exception, FX node / op, first line) as of the date in docs/conformance_zoo.md.
-XFAIL: dict[str | tuple[str, str], str] = {}
+_GRAD_REGION = (
+    "UnsupportedOpError: wrap_with_set_grad_enabled (FX node 'wrap_with_set_grad_enabled'): the "
+    "higher-order op torch.export keeps for the rotary embedding's @torch.no_grad() forward"
+)
+_GROUPED_MM = (
+    "UnsupportedOpError: transformers::grouped_mm_fallback.default (FX node "
+    "'grouped_mm_fallback', transformers/integrations/moe.py): a torch.library custom op with a "
+    "Python implementation and no lowering"
+)
+XFAIL: dict[str | tuple[str, str], str] = {
+    "llama": _GRAD_REGION,
+    "mistral": _GRAD_REGION,
+    "qwen2": _GRAD_REGION,
+    "qwen3": _GRAD_REGION,
+    "phi3": _GRAD_REGION,
+    "gemma2": _GRAD_REGION,
+    "gpt_neox": _GRAD_REGION,
+    "falcon": _GRAD_REGION,
+    "llama_kv": _GRAD_REGION,
+    "mixtral": f"{_GRAD_REGION}; {_GROUPED_MM}",
+    "qwen2_moe": f"{_GRAD_REGION}; {_GROUPED_MM}",
+    "mobilenet_v2": (
+        "LoweringError at FX node 'hardtanh' (aten.hardtanh.default, ReLU6): AttributeError "
+        "'OnnxFunction' object has no attribute 'func' in result-dtype pinning"
+    ),
+    "deberta_v2": (
+        "no dtype promotion in DebertaV2Encoder's relative-position buckets: aten.div.Tensor on "
+        "int64 (FX node 'div', true division) becomes an integer Div declared FLOAT, and int64 "
+        "reaches Log (FX node 'log'); onnxruntime refuses the file (Type Error on div/Div_1 "
+        "flat, ShapeInferenceError on Log inside the function)"
+    ),
+}
 
 
 def _cases() -> list:
@@ -65,6 +96,7 @@ def test_arch_zoo_matches_eager_at_two_sizes(name, variant):
         helpers.assert_close(outputs, arch_zoo.expected_outputs(name, size), helpers.FP32_ATOL)
 
 
+@pytest.mark.xfail(strict=True, reason=XFAIL["llama_kv"])
 def test_kv_cache_inputs_and_outputs_are_named_with_a_dynamic_past_length():
     zm = arch_zoo.load("llama_kv")
     model = _lower("llama_kv", "functions")
