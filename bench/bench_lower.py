@@ -135,9 +135,14 @@ def _first_line(exc: BaseException) -> str:
         why = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if cause else str(exc)
         text = f"node {exc.fx_node!r} ({exc.target}): {why}"
     else:
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        text = lines[0] if lines else ""
-    return f"{type(exc).__name__}: {text}"[:200]
+        root = exc  # the stock exporter wraps the real error: report the innermost cause
+        while root.__cause__ is not None:
+            root = root.__cause__
+        lines = [line for line in str(root).splitlines() if line.strip()]
+        text = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else "")
+        if root is not exc:
+            text = f"{type(root).__name__}: {text}"
+    return f"{type(exc).__name__}: {text}"[:240]
 
 
 def _check(path: pathlib.Path, name: str) -> str:

@@ -7,14 +7,14 @@ wrote. :func:`export` exports each model as a user does::
     torch.export.export(model.eval(), (), inputs, dynamic_shapes=...)
 
 with named ``torch.export.Dim`` s (``batch``, ``seq``; image models ``batch``; audio ``batch`` and
-``samples``) and *without* an outer ``torch.no_grad()`` (``no_grad=True`` gives that variant).
+``frames``, samples = 10 · frames) and *without* an outer ``torch.no_grad()`` (``no_grad=True`` gives that variant).
 Each entry also carries inputs at a second size so the dynamic dims are exercised.
 
 ``llama_kv`` is a Llama decoder with a KV cache as input and output, exported the way
-transformers' own ``export_with_dynamic_cache`` does (``DynamicCache`` registered as a pytree
-node, ``use_cache=True``); the ONNX names come from :data:`ArchModel.input_names` /
-:data:`ArchModel.output_names` (``past_key_values.N.key`` → ``present.N.key``, dynamic
-``past`` length).
+transformers' own ``export_with_dynamic_cache`` does: ``DynamicCache`` registered as a pytree
+node, ``use_cache=True`` passed as a keyword (torch.export specializes it: it is not a tensor
+input). The ONNX names come from :attr:`ArchModel.input_names` / :attr:`ArchModel.output_names`
+(``past_key_values.N.key`` → ``present.N.key``, dynamic ``past`` length).
 
 Programs are cached per process (:func:`export`); callers must not mutate them.
 """
@@ -299,6 +299,21 @@ def qwen2_moe() -> ArchModel:
         moe_intermediate_size=HIDDEN,
         shared_expert_intermediate_size=HIDDEN,
     )
+
+
+@_seeded
+def olmoe() -> ArchModel:
+    """OLMoE with the ``batched_mm`` experts, the implementation transformers' own exporters pick.
+
+    (Mixtral and Qwen2-MoE keep the default ``grouped_mm``, whose CPU path is the custom op
+    ``transformers::grouped_mm_fallback``.)
+    """
+    import transformers
+
+    cfg = _decoder_config(transformers.OlmoeConfig, num_experts=4, num_experts_per_tok=2)
+    model = transformers.OlmoeForCausalLM(cfg)
+    model.set_experts_implementation("batched_mm")
+    return _text_case("olmoe", "moe", model)
 
 
 # --- encoders ------------------------------------------------------------------------------------
@@ -642,6 +657,7 @@ def llama_kv() -> ArchModel:
             "input_ids": _ids(batch, seq, tag),
             "attention_mask": torch.ones(batch, past + seq, dtype=torch.long),
             "past_key_values": _dynamic_cache(layers),
+            "use_cache": True,  # as transformers' export_with_dynamic_cache passes it
         }
 
     batch, seq = _dims()
@@ -651,6 +667,7 @@ def llama_kv() -> ArchModel:
         "input_ids": {0: batch, 1: seq},
         "attention_mask": {0: batch, 1: torch.export.Dim("total", min=4, max=2 * POSITIONS)},
         "past_key_values": [[kv] * LAYERS, [kv] * LAYERS],
+        "use_cache": None,
     }
     # The pytree of a DynamicCache flattens all keys, then all values.
     names = [f"past_key_values.{i}.key" for i in range(LAYERS)] + [
@@ -686,6 +703,7 @@ ARCH_ZOO: dict[str, Callable[[], ArchModel]] = {
         gpt2,
         mixtral,
         qwen2_moe,
+        olmoe,
         bert,
         roberta,
         deberta_v2,

@@ -40,7 +40,12 @@ XFAIL: dict[str | tuple[str, str], str] = {
     "gemma2": _GRAD_REGION,
     "gpt_neox": _GRAD_REGION,
     "falcon": _GRAD_REGION,
-    "llama_kv": _GRAD_REGION,
+    "olmoe": _GRAD_REGION,
+    "llama_kv": (
+        f"{_GRAD_REGION}; behind it (seen under no_grad): the specialized keyword use_cache=True "
+        "is counted as a 7th user input (IrkitError: input_names has 6 names but the program "
+        "has 7)"
+    ),
     "mixtral": f"{_GRAD_REGION}; {_GROUPED_MM}",
     "qwen2_moe": f"{_GRAD_REGION}; {_GROUPED_MM}",
     "mobilenet_v2": (
@@ -105,6 +110,20 @@ def test_kv_cache_inputs_and_outputs_are_named_with_a_dynamic_past_length():
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
     assert shapes["input_ids"] == ["batch", "seq"]
     assert shapes["past_key_values.1.value"] == ["batch", "2", "past", "16"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        f"{XFAIL['llama_kv']}; and default output naming runs DynamicCache's pytree code on "
+        "integers (bare AttributeError: 'int' object has no attribute 'dtype', "
+        "transformers/cache_utils.py lazy_initialization)"
+    ),
+)
+def test_kv_cache_lowers_with_default_names():
+    model = irkit.lower(arch_zoo.export("llama_kv"))
+    # input_ids, attention_mask and four cache tensors; logits and four present tensors
+    assert (len(model.graph.inputs), len(model.graph.outputs)) == (6, 5)
 
 
 def test_zoo_exports_as_users_do_so_rotary_models_keep_their_grad_region():
