@@ -746,11 +746,15 @@ def export(name: str, no_grad: bool = False) -> torch.export.ExportedProgram:
         )
 
 
-def expected_outputs(name: str, size: int) -> list[Any]:
-    """Eager outputs of entry ``name`` at size 0 or 1, flattened like the program's outputs."""
+@functools.cache
+def expected_outputs(name: str, size: int) -> tuple[Any, ...]:
+    """Eager outputs of entry ``name`` at size 0 or 1, flattened like the program's outputs.
+
+    Cached per process (numpy arrays: do not mutate them).
+    """
     zm = load(name)
     out = zm.eager(zm.sizes()[size])
     if zm.family == "kv":
         register_cache_pytree()
     leaves, _ = torch.utils._pytree.tree_flatten(out)
-    return [leaf.detach().numpy() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    return tuple(leaf.detach().numpy() for leaf in leaves if isinstance(leaf, torch.Tensor))
