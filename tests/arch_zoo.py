@@ -77,6 +77,8 @@ class ArchModel:
 
     def feeds(self, inputs: dict[str, Any]) -> list[torch.Tensor]:
         """``inputs`` flattened to the program's tensor inputs, in graph-input order."""
+        if self.family == "kv":
+            register_cache_pytree()  # else the cache would be one opaque leaf
         leaves, _ = torch.utils._pytree.tree_flatten(list(inputs.values()))
         return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
