@@ -183,6 +183,7 @@ def _irkit_variant(ep, zm, variant: str, out: pathlib.Path) -> None:
         functions=variant != "flat",
         input_names=zm.input_names,
         output_names=zm.output_names,
+        **zm.lower_options,
     )
     if variant == "optimized":
         irkit.optimize(model)

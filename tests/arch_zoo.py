@@ -55,6 +55,8 @@ class ArchModel:
         dynamic_shapes: ``dynamic_shapes`` for ``torch.export.export`` (keyed like ``inputs``).
         input_names: ONNX input names to pass to ``irkit.lower`` (``None``: irkit's default).
         output_names: ONNX output names to pass to ``irkit.lower`` (``None``: irkit's default).
+        lower_options: More keyword arguments for ``irkit.lower`` (the switches a user of this
+            model needs, such as ``decompose_custom_ops``).
     """
 
     name: str
@@ -65,6 +67,7 @@ class ArchModel:
     dynamic_shapes: dict[str, Any]
     input_names: list[str] | None = None
     output_names: list[str] | None = None
+    lower_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def sizes(self) -> list[dict[str, Any]]:
         """Both input sets: the export size first."""
@@ -168,6 +171,11 @@ def _causal_lm(name: str, family: str, config_name: str, model_name: str, **over
 
     cfg = _decoder_config(getattr(transformers, config_name), **overrides)
     return _text_case(name, family, getattr(transformers, model_name)(cfg))
+
+
+# The default ``grouped_mm`` experts run the custom op ``transformers::grouped_mm_fallback`` on
+# CPU; it has no lowering, so a user opts in to tracing its Python implementation.
+_CUSTOM_OPS = {"decompose_custom_ops": True}
 
 
 # --- decoder LMs ---------------------------------------------------------------------------------
@@ -279,7 +287,7 @@ def gpt2() -> ArchModel:
 
 @_seeded
 def mixtral() -> ArchModel:
-    return _causal_lm(
+    zm = _causal_lm(
         "mixtral",
         "moe",
         "MixtralConfig",
@@ -287,11 +295,13 @@ def mixtral() -> ArchModel:
         num_local_experts=4,
         num_experts_per_tok=2,
     )
+    zm.lower_options = dict(_CUSTOM_OPS)
+    return zm
 
 
 @_seeded
 def qwen2_moe() -> ArchModel:
-    return _causal_lm(
+    zm = _causal_lm(
         "qwen2_moe",
         "moe",
         "Qwen2MoeConfig",
@@ -301,6 +311,8 @@ def qwen2_moe() -> ArchModel:
         moe_intermediate_size=HIDDEN,
         shared_expert_intermediate_size=HIDDEN,
     )
+    zm.lower_options = dict(_CUSTOM_OPS)
+    return zm
 
 
 @_seeded
