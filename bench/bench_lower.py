@@ -177,6 +177,15 @@ def _check(path: pathlib.Path, name: str) -> str:
     return "ok"
 
 
+def _input_shapes(ep) -> list[str]:
+    """The placeholders' shapes as text (symbolic dims print as their current value)."""
+    return [
+        str(getattr(n.meta.get("val"), "shape", None))
+        for n in ep.graph.nodes
+        if n.op == "placeholder"
+    ]
+
+
 def _irkit_variant(ep, zm, variant: str, out: pathlib.Path) -> None:
     model = irkit.lower(
         ep,
@@ -215,6 +224,7 @@ def _arch_zoo(args: argparse.Namespace) -> None:
             continue
         status = {}
         t_irkit = t_stock = None
+        before = _input_shapes(ep)
         try:
             t_irkit = _best(
                 functools.partial(_irkit_variant, ep, zm, "functions", tmp / f"{name}_i.onnx"),
@@ -230,6 +240,13 @@ def _arch_zoo(args: argparse.Namespace) -> None:
                 status[variant] = _check(path, name)
             except Exception as exc:
                 status[variant] = "lower " + _first_line(exc)
+        if _input_shapes(ep) != before:
+            for key in ("functions", "flat", "optimized"):
+                status[key] = (
+                    "irkit.lower changed the ExportedProgram's input shapes; " + status[key]
+                )
+            # The stock exporter gets an intact program: a fresh export.
+            ep = arch_zoo.export.__wrapped__(name, no_grad=args.no_grad)
         try:
             t_stock = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), 1)
             status["stock"] = _check(tmp / f"{name}_a.onnx", name)
