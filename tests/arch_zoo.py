@@ -7,7 +7,8 @@ wrote. :func:`export` exports each model as a user does::
     torch.export.export(model.eval(), (), inputs, dynamic_shapes=...)
 
 with named ``torch.export.Dim`` s (``batch``, ``seq``; image models ``batch``; audio ``batch`` and
-``frames``, samples = 10 · frames) and *without* an outer ``torch.no_grad()`` (``no_grad=True`` gives that variant).
+``frames``, samples = 10 · frames) and *without* an outer ``torch.no_grad()`` (``no_grad=True``
+gives that variant).
 Each entry also carries inputs at a second size so the dynamic dims are exercised.
 
 ``llama_kv`` is a Llama decoder with a KV cache as input and output, exported the way

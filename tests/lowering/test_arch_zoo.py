@@ -3,7 +3,8 @@
 Every model is exported once, the way users export (no outer ``torch.no_grad()``, dynamic batch and
 sequence dims), and lowered three ways: with module functions, flat (``functions=False``), and
 with functions after ``irkit.optimize``. Each ONNX model runs in onnxruntime (graph optimizations
-off) at the export size and at a second size, ≤1e-4 from eager PyTorch.
+off) at the export size and at a second size, ≤1e-4 from eager PyTorch; every lowering must leave
+the program's input shapes unchanged (irkit never mutates its input).
 
 Cases that fail today because of an irkit gap are listed in :data:`XFAIL` below — the one place
 to look — as strict expected failures: when a fix lands, the case passes, the strict xfail
