@@ -8,10 +8,17 @@ the same run, on the same machine, on the same program. Both are warmed up first
 construction and imports are not counted). Prints one row per model and the ratio
 anchor/irkit (higher is better for irkit), then the scaling of irkit's time with depth.
 
-Usage:  python bench/bench_lower.py [--quick] [--repeat N] [--control-flow]
-
 ``--control-flow`` times the control-flow models of ``tests/lowering/test_control_flow.py``
 (cond/while_loop/scan/map, nested, a strict-export ``nested_compile_region`` stack) instead.
+
+With ``--zoo arch`` it runs the architecture zoo (tests/arch_zoo.py: transformers models exported
+as users export them) instead: per model, irkit and the stock exporter on the same program, the
+time of each and the ratio, then each result checked in onnxruntime at two sizes against eager
+PyTorch; a failure shows where it happened (lower/export, onnxruntime load, numbers) and the
+first line of the error, so coverage and speed are reported side by side.
+
+Usage:  python bench/bench_lower.py [--quick] [--repeat N] [--control-flow]
+        python bench/bench_lower.py --zoo arch [--models a,b] [--no-grad] [--markdown]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import io
 import logging
 import math
 import pathlib
+import re
 import sys
 import tempfile
 import time
@@ -61,10 +69,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="stacks only, one repeat")
     parser.add_argument("--repeat", type=int, default=3, help="irkit repeats (best of)")
     parser.add_argument("--control-flow", action="store_true", help="control-flow models")
+    parser.add_argument("--zoo", choices=["stack", "arch"], default="stack", help="which zoo")
+    parser.add_argument("--models", default="", help="--zoo arch: comma-separated subset")
+    parser.add_argument("--no-grad", action="store_true", help="--zoo arch: export in no_grad")
+    parser.add_argument("--markdown", action="store_true", help="--zoo arch: a markdown table")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     if args.control_flow:
         _bench_control_flow(args.repeat)
+        return
+    if args.zoo == "arch":
+        _arch_zoo(args)
         return
     repeat = 1 if args.quick else args.repeat
     names = (
@@ -144,6 +159,187 @@ def _bench_control_flow(repeat: int) -> None:
             f"{name:12} {t_irkit:9.3f} {t_anchor:9.3f} {t_anchor / t_irkit:6.1f}x  "
             f"{counts[0]} / {counts[1]}"
         )
+
+
+# --- the architecture zoo: coverage and speed side by side ---------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Class: first line`` of an error; irkit errors say which FX node / op failed."""
+    from irkit.errors import LoweringError, UnsupportedOpError
+
+    if isinstance(exc, UnsupportedOpError):
+        text = "; ".join(f"{name} (node {node!r})" for name, _, node, _ in exc.ops)
+    elif isinstance(exc, LoweringError):
+        cause = exc.__cause__
+        why = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if cause else str(exc)
+        text = f"node {exc.fx_node!r} ({exc.target}): {why}"
+    else:
+        root = exc  # the stock exporter wraps the real error: report the innermost cause
+        while root.__cause__ is not None:
+            root = root.__cause__
+        lines = [line for line in str(root).splitlines() if line.strip()]
+        text = re.sub(r"\x1b\[[0-9;]*m", "", lines[0] if lines else "")
+        if root is not exc:
+            text = f"{type(root).__name__}: {text}"
+    return f"{type(exc).__name__}: {text}"[:240]
+
+
+def _check(path: pathlib.Path, name: str) -> str:
+    """``"ok"`` or where the file fails: onnxruntime load, run, or numbers (both sizes)."""
+    import numpy as np
+
+    from tests import arch_zoo, helpers
+
+    zm = arch_zoo.load(name)
+    try:
+        session = helpers.ort_session(path)
+    except Exception as exc:
+        return "ort-load " + re.sub(r"Load model from \S+ failed:", "", _first_line(exc))
+    names = [i.name for i in session.get_inputs()]
+    for size, inputs in enumerate(zm.sizes()):
+        feeds = zm.feeds(inputs)
+        if len(feeds) != len(names):
+            return f"inputs: model takes {names}, program has {len(feeds)} tensors"
+        try:
+            got = session.run(None, {n: t.numpy() for n, t in zip(names, feeds, strict=True)})
+        except Exception as exc:
+            return f"ort-run size {size} " + _first_line(exc)
+        want = arch_zoo.expected_outputs(name, size)
+        if len(got) != len(want):
+            return f"outputs: {len(got)} vs {len(want)} expected"
+        for a, e in zip(got, want, strict=True):
+            if a.shape != e.shape:
+                return f"numbers size {size}: shape {a.shape} vs {e.shape}"
+            diff = float(np.max(np.abs(a.astype(np.float64) - e))) if a.size else 0.0
+            if not diff <= helpers.FP32_ATOL:
+                return f"numbers size {size}: max abs diff {diff:.3g}"
+    return "ok"
+
+
+def _input_shapes(ep) -> list[str]:
+    """The placeholders' shapes as text (symbolic dims print as their current value)."""
+    return [
+        str(getattr(n.meta.get("val"), "shape", None))
+        for n in ep.graph.nodes
+        if n.op == "placeholder"
+    ]
+
+
+def _irkit_variant(ep, zm, variant: str, out: pathlib.Path) -> None:
+    model = irkit.lower(
+        ep,
+        functions=variant != "flat",
+        input_names=zm.input_names,
+        output_names=zm.output_names,
+        **zm.lower_options,
+    )
+    if variant == "optimized":
+        irkit.optimize(model)
+    irkit.save(model, out)
+
+
+def _arch_zoo(args: argparse.Namespace) -> None:
+    """Per model: irkit vs the stock exporter (time, ratio), then both checked in onnxruntime."""
+    from tests import arch_zoo
+
+    names = args.models.split(",") if args.models else list(arch_zoo.ARCH_ZOO)
+    repeat = 1 if args.quick else args.repeat
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    warm = zoo.export("mlp")
+    _irkit(warm, tmp / "warm_i.onnx")
+    _anchor(warm, tmp / "warm_a.onnx")
+    grad = "under torch.no_grad()" if args.no_grad else "without torch.no_grad() (as users do)"
+    print(
+        f"architecture zoo, exported {grad}; times: lower+save, best of {repeat} (irkit), 1 (stock)"
+    )
+    print(f"{'model':13} {'FX':>5} {'irkit s':>8} {'stock s':>8} {'ratio':>7}  irkit | stock")
+    rows = []
+    for name in names:
+        zm = arch_zoo.load(name)
+        try:
+            ep = arch_zoo.export(name, no_grad=args.no_grad)
+        except Exception as exc:
+            print(f"{name:13} torch.export fails: {_first_line(exc)}")
+            continue
+        status = {}
+        t_irkit = t_stock = None
+        before = _input_shapes(ep)
+        try:
+            t_irkit = _best(
+                functools.partial(_irkit_variant, ep, zm, "functions", tmp / f"{name}_i.onnx"),
+                repeat,
+            )
+            status["functions"] = _check(tmp / f"{name}_i.onnx", name)
+        except Exception as exc:
+            status["functions"] = "lower " + _first_line(exc)
+        for variant in ("flat", "optimized"):
+            path = tmp / f"{name}_{variant}.onnx"
+            try:
+                _irkit_variant(ep, zm, variant, path)
+                status[variant] = _check(path, name)
+            except Exception as exc:
+                status[variant] = "lower " + _first_line(exc)
+        if _input_shapes(ep) != before:
+            for key in ("functions", "flat", "optimized"):
+                status[key] = (
+                    "irkit.lower changed the ExportedProgram's input shapes; " + status[key]
+                )
+            # The stock exporter gets an intact program: a fresh export.
+            ep = arch_zoo.export.__wrapped__(name, no_grad=args.no_grad)
+        try:
+            t_stock = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), 1)
+            status["stock"] = _check(tmp / f"{name}_a.onnx", name)
+        except Exception as exc:
+            status["stock"] = "export " + _first_line(exc)
+        ratio = f"{t_stock / t_irkit:6.1f}x" if t_irkit and t_stock else f"{'-':>7}"
+        fmt = lambda t: f"{t:8.3f}" if t is not None else f"{'fails':>8}"  # noqa: E731
+        mark = lambda s: "ok" if s == "ok" else "FAIL"  # noqa: E731
+        print(
+            f"{name:13} {len(ep.graph.nodes):5d} {fmt(t_irkit)} {fmt(t_stock)} {ratio}  "
+            f"{mark(status['functions'])} | {mark(status['stock'])}",
+            flush=True,
+        )
+        for key in ("functions", "flat", "optimized", "stock"):
+            if status[key] != "ok":
+                print(f"{'':15}{key}: {status[key]}", flush=True)
+        rows.append((name, status, t_irkit, t_stock))
+    _arch_summary(rows, args.markdown)
+
+
+def _arch_summary(rows: list, markdown: bool) -> None:
+    variants = ("functions", "flat", "optimized")
+    n = len(rows)
+    print()
+    for key in (*variants, "stock"):
+        ok = sum(status[key] == "ok" for _, status, _, _ in rows)
+        print(f"{'irkit ' + key if key != 'stock' else 'stock exporter':22} passes {ok:2d} of {n}")
+    behind = [name for name, st, _, _ in rows if st["stock"] == "ok" and st["functions"] != "ok"]
+    ahead = [name for name, st, _, _ in rows if st["stock"] != "ok" and st["functions"] == "ok"]
+    print(
+        f"irkit fails where the stock exporter passes ({len(behind)}): {', '.join(behind) or '-'}"
+    )
+    print(f"irkit passes where the stock exporter fails ({len(ahead)}): {', '.join(ahead) or '-'}")
+    both = [
+        (ti, ts) for _, st, ti, ts in rows if ti and ts and st["functions"] == st["stock"] == "ok"
+    ]
+    if both:
+        ratios = sorted(ts / ti for ti, ts in both)
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(
+            f"speed-up where both pass ({len(both)} models): geometric mean {geo:.1f}x, "
+            f"min {ratios[0]:.1f}x, max {ratios[-1]:.1f}x"
+        )
+    if markdown:
+        print()
+        print(
+            "| model | irkit functions | irkit flat | irkit optimized | stock | irkit s | stock s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for name, st, ti, ts in rows:
+            cells = [("ok" if st[k] == "ok" else "fail") for k in (*variants, "stock")]
+            times = [f"{t:.2f}" if t is not None else "-" for t in (ti, ts)]
+            print(f"| {name} | " + " | ".join(cells + times) + " |")
 
 
 if __name__ == "__main__":

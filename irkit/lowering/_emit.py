@@ -70,6 +70,7 @@ class Emitter:
         self._tensors_by_storage: dict[tuple[Any, ...], ir.Value] = {}
         self.env: Env = {}
         self._required: dict[Any, frozenset[str]] = {}
+        self._alias_memo: dict[Any, bool] = {}
         self.control_flow = ControlFlowState()
         self._progress = progress
         self._handlers: Mapping[str, Callable[[_Frame, torch.fx.Node], None]] = {
@@ -337,7 +338,7 @@ class Emitter:
 
     def _cast_inputs(self, node: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> None:
         """Cast the inputs torch promotes to the dtype torch computes in (see ``_promotion``)."""
-        places, dtype = input_casts(node)
+        places, dtype = input_casts(node, self._alias_memo)
         if dtype is None:
             return
         to = onnx_dtype(dtype)

@@ -111,9 +111,14 @@ def _result(node: torch.fx.Node) -> torch.Tensor | None:
 
 
 def input_casts(
-    node: torch.fx.Node,
+    node: torch.fx.Node, memo: dict[Any, bool]
 ) -> tuple[list[tuple[str | int, int | None]], torch.dtype | None]:
     """Which inputs of ``node`` must be cast, and to which torch dtype.
+
+    Args:
+        node: The FX node about to be lowered.
+        memo: Per-lowering cache of what tracing composite kernels found (see
+            ``_pointwise_alias``).
 
     Returns:
         ``(places, dtype)``: each place is ``(args index or kwargs name, list index or None)``;
@@ -142,7 +147,7 @@ def input_casts(
     if dtype is not None or not result.dtype.is_floating_point:
         return places, dtype
     pointwise = torch.Tag.pointwise in target.tags or (
-        _promotes_non_float(node) and _pointwise_alias(target, node)
+        _promotes_non_float(node) and _pointwise_alias(target, node, memo)
     )
     places = []
     for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
@@ -185,18 +190,14 @@ def _promotes_non_float(node: torch.fx.Node) -> bool:
     return False
 
 
-# What an op's kernel shows about it depends only on the op: a process-wide cache, like
-# ``functools.cache`` on ``_rule`` (the answer needs one node's fake inputs to trace).
-_POINTWISE_ALIAS: dict[torch._ops.OpOverload, bool] = {}
-
-
-def _pointwise_alias(target: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
+def _pointwise_alias(
+    target: torch._ops.OpOverload, node: torch.fx.Node, memo: dict[Any, bool]
+) -> bool:
     """Whether ``target`` is a composite alias of one pointwise op (``divide`` is ``div``).
 
-    Aliases carry no tags; their ``CompositeImplicitAutograd`` kernel, traced once per op on the
-    node's fake inputs, shows the op they stand for.
+    Aliases carry no tags; their ``CompositeImplicitAutograd`` kernel, traced once per op (per
+    lowering: ``memo``) on the node's fake inputs, shows the op they stand for.
     """
-    memo = _POINTWISE_ALIAS
     known = memo.get(target)
     if known is not None:
         return known
