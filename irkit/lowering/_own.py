@@ -27,6 +27,9 @@ class OwnLowering:
 
     fn: Callable[..., Any]
     applies: Callable[[torch.fx.Node], bool] | None = None
+    # The lowering returns its input unchanged (eval-mode dropout): as an in-place op's
+    # counterpart it mutates nothing, so aliasing never forces functionalization.
+    identity: bool = False
 
 
 def _no_output(*args: Any, **kwargs: Any) -> None:
@@ -205,7 +208,7 @@ def own_lowerings(
         aten.__xor__.Tensor: OwnLowering(torchlib[aten.bitwise_xor.Tensor]),
         aten.split.Tensor: OwnLowering(_split_tensor, _split_tensor_applies),
         aten.split_with_sizes.default: OwnLowering(_split_with_sizes, _split_with_sizes_applies),
-        aten.dropout.default: OwnLowering(_dropout_eval, _dropout_applies),
+        aten.dropout.default: OwnLowering(_dropout_eval, _dropout_applies, identity=True),
         aten.conv1d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
         aten.conv2d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
         aten.conv3d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),

@@ -250,8 +250,8 @@ def needs_functionalization(graph: torch.fx.Graph, plan: Plan) -> list[torch.fx.
     """
     bad = []
     for node, choice in plan.choices.items():
-        if choice.functional is None:
-            continue
+        if choice.functional is None or choice.identity:
+            continue  # not in place, or computes nothing (``dropout_`` in eval mode)
         mutated = node.args[0]
         if (
             not isinstance(mutated, torch.fx.Node)

@@ -47,6 +47,7 @@ class Choice:
     functional: torch._ops.OpOverload | None = None
     # Via.DECOMPOSE: every decomposition torch has for the op, tried in order.
     candidates: tuple[Callable[..., Any], ...] = ()
+    identity: bool = False  # the lowering returns its input unchanged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +193,7 @@ class LoweringTable:
             return Choice(Via.CONTROL_FLOW)
         own = self._own.get(target)
         if own is not None and (own.applies is None or own.applies(node)):
-            return Choice(Via.IRKIT, own.fn)
+            return Choice(Via.IRKIT, own.fn, identity=own.identity)
         entry = self._torchlib.get(target)
         if entry is not None:
             fn = entry.complex if _has_complex_input(node) else entry.real

@@ -407,3 +407,19 @@ def test_custom_op_python_implementation_is_traced_only_when_asked():
     model = irkit.lower(ep, decompose_custom_ops=True)
     expected = helpers.flatten_outputs(module(x))
     helpers.assert_close(helpers.run_ort(model, [x]), expected, 1e-5)
+
+
+def test_eval_mode_in_place_dropout_on_a_view_needs_no_functionalization(caplog):
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+            self.drop = nn.Dropout(0.2, inplace=True)  # MobileNetV2's classifier
+
+        def forward(self, x):
+            return self.drop(self.fc(x).view(2, 2, 2))
+
+    with caplog.at_level("INFO", logger="irkit.lowering._lower"):
+        _check(Head(), torch.randn(2, 8))
+    assert "functionalizing" not in caplog.text
+    assert "functional counterpart of an in-place op: 1" in caplog.text
