@@ -10,8 +10,9 @@ agree and many are float-only. For every lowered node, before its lowering runs,
    FakeTensor values; else
 2. an op with a ``dtype`` argument and no tensor options (``sum``, ``cumsum``, ``softmax``)
    computes in its result's dtype, so its input is cast to it (``sum`` of a bool mask); else
-3. for pointwise ops, every non-bool input that differs from a floating result is cast to the
-   result's dtype (``div.Tensor`` on integers is true division); else
+3. for pointwise ops, every input that differs from a floating result is cast to the result's
+   dtype (``div.Tensor`` on integers is true division) — except bool masks next to non-bool
+   data (``masked_fill``); else
 4. for any other op with a floating result, floating inputs of another floating dtype are cast to
    the result's dtype (autocast regions, mixed-precision norms).
 
@@ -150,14 +151,19 @@ def input_casts(
         _promotes_non_float(node) and _pointwise_alias(target, node, memo)
     )
     places = []
-    for place, a in _flat(list(enumerate(node.args)) + list(node.kwargs.items())):
+    flat = _flat(list(enumerate(node.args)) + list(node.kwargs.items()))
+    tensors = [a.meta.get("val") for _, a in flat if isinstance(a, torch.fx.Node)]
+    tensors = [v for v in tensors if isinstance(v, torch.Tensor)]
+    # A bool input is a mask (``masked_fill``) unless every tensor input is bool (``div``).
+    all_bool = bool(tensors) and all(v.dtype == torch.bool for v in tensors)
+    for place, a in flat:
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         if pointwise and isinstance(val, (torch.SymInt, torch.SymFloat)):
             places.append(place)  # ``x / x.size(0)``: the emitter casts the ONNX scalar
             continue
         if not isinstance(val, torch.Tensor) or val.dtype == result.dtype or val.dtype.is_complex:
             continue
-        if val.dtype.is_floating_point or (pointwise and val.dtype != torch.bool):
+        if val.dtype.is_floating_point or (pointwise and (val.dtype != torch.bool or all_bool)):
             places.append(place)
     return places, result.dtype if places else None
 

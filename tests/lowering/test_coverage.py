@@ -139,6 +139,15 @@ def test_implicit_promotions_become_casts():
     assert [str(d) for d in outputs.values()] == ["FLOAT", "INT64", "FLOAT"]
 
 
+def test_true_division_of_masks_and_masked_fill_keep_their_meaning():
+    class Masks(nn.Module):
+        def forward(self, x):
+            ratio = torch.div(x > 0, x > -1)  # bool / bool → float (NaN where 0/0)
+            return torch.nan_to_num(ratio), x.masked_fill(x > 0, 2.0)
+
+    _check(Masks(), torch.randn(2, 3))
+
+
 def test_promotion_histogram_of_a_minimal_repro():
     class M(nn.Module):
         def forward(self, x):
