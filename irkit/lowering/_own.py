@@ -8,6 +8,7 @@ decompositions such as ``aten.diff``, in-place ops) are handled by the planner, 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -187,6 +188,32 @@ def _conv_no_bias_applies(node: torch.fx.Node) -> bool:
     )
 
 
+def _swap_last_two(transpose: Callable[..., Any]) -> Callable[..., Any]:
+    def lower(self):
+        return transpose(self, -2, -1)
+
+    return lower
+
+
+def _is_real(node: torch.fx.Node) -> bool:
+    """torchlib writes ``mT``/``mH`` as an ``Einsum``, which has no bool kernel; a real tensor's
+    ``mT`` (and ``mH``) is a ``Transpose`` of the last two dims, for every dtype."""
+    return not node.args[0].meta["val"].dtype.is_complex
+
+
+def _resize(self, size, memory_format=None):
+    return op.Reshape(self, list(size))
+
+
+def _resize_applies(node: torch.fx.Node) -> bool:
+    """Static sizes that keep the element count: ``resize`` is a reshape (otherwise torch hands
+    back uninitialized memory, which no graph reproduces)."""
+    size, val = node.args[1], node.args[0].meta["val"]
+    return all(isinstance(s, int) for s in size) and isinstance(val.numel(), int) and (
+        math.prod(size) == val.numel()
+    )
+
+
 def own_lowerings(
     torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
 ) -> dict[torch._ops.OpOverload, OwnLowering]:
@@ -216,6 +243,9 @@ def own_lowerings(
             _batch_norm(torchlib[aten._native_batch_norm_legit_no_training.default]),
             _batch_norm_applies,
         ),
+        aten.mT.default: OwnLowering(_swap_last_two(torchlib[aten.transpose.int]), _is_real),
+        aten.mH.default: OwnLowering(_swap_last_two(torchlib[aten.transpose.int]), _is_real),
+        aten.resize.default: OwnLowering(_resize, _resize_applies),
         aten.adaptive_avg_pool2d.default: OwnLowering(
             _adaptive_avg_pool2d, _adaptive_avg_pool2d_applies
         ),

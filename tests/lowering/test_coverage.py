@@ -256,6 +256,19 @@ def test_conversion_to_complex(fn, x):
     _check(_Fn(fn), x)
 
 
+@pytest.mark.parametrize(
+    "fn, x",
+    [
+        (lambda x: x.mT, torch.randn(2, 3, 4) > 0),  # torchlib's Einsum has no bool kernel
+        (lambda x: x.mH.float() + 1, torch.arange(6).reshape(2, 3)),
+        (lambda x: x.clone().resize_(3, 4) * 2, torch.randn(2, 6)),
+    ],
+    ids=["mT_bool", "mH_int", "resize_"],
+)
+def test_gaps_filled_by_own_lowerings(fn, x):
+    _check(_Fn(fn), x)
+
+
 def test_an_input_passed_through_gets_its_own_output_name():
     class PassThrough(nn.Module):
         def forward(self, x):
