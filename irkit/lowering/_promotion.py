@@ -34,6 +34,8 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 from torch._prims_common.wrappers import elementwise_type_promotion_wrapper
 
+from irkit.errors import LoweringError
+from irkit.lowering._trace import trace_decomposition
 from irkit.lowering._types import DTYPES
 
 __all__ = ["input_casts", "output_cast"]
@@ -209,9 +211,6 @@ def _pointwise_alias(
         return known
     result = False
     if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
-        from irkit.errors import LoweringError
-        from irkit.lowering._plan import trace_decomposition
-
         try:
             traced = trace_decomposition(node, target.decompose)
         except LoweringError:
