@@ -17,6 +17,7 @@ Usage:
     python bench/bench_opinfo.py [--ops add,nn.functional.conv2d] [--dtypes float32,int64,bool]
         [--samples 3] [--jobs 2] [--exporters irkit,stock] [--json out.json] [--write-expected]
     python bench/bench_opinfo.py --load out.json [--write-expected]   # report a saved sweep
+    python bench/bench_opinfo.py --load out.json --ops a,b --json out.json  # rerun some, merge
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def root_cause(r: Result) -> str:
     message, _, where = r.reason.partition(" @ ")
     message = message.split(" Fix: ")[0]
     message = re.sub(r"\bin aten\.[\w.]+: ", "", message)
+    message = re.sub(r"\baten::[\w.]+", "aten::…", message)
     message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
-    message = re.sub(r"\(\w+\)", "(…)", message)
+    message = re.sub(r"\([^()]*\)", "(…)", message)
     message = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b", "N", message)
     message = re.sub(r"\[[^\]]*\]", "[…]", message)
     return f"{r.outcome.value}: {message[:200]}" + (f" @ {where}" if where else "")
@@ -176,15 +178,16 @@ def report(results: Results, exporters: tuple[str, ...]) -> str:
     dtypes = sorted({c[2] for c in results}, key=list(opinfo.DTYPES).index)
     lines.append("Pass counts (applicable cases: torch.export succeeds on at least one sample)")
     lines.append(
-        f"  {'dtype':8s} {'cases':>6s} {'n/a':>5s} " + " ".join(f"{x:>7s}" for x in exporters)
+        f"  {'dtype':8s} {'cases':>6s} {'n/a':>5s} {'applicable':>10s} "
+        + " ".join(f"{x:>7s}" for x in exporters)
     )
     for d in dtypes:
         rows = [r for c, r in results.items() if c[2] == d]
         na = sum(1 for r in rows if r[exporters[0]].outcome in NOT_APPLICABLE)
         counts = [sum(1 for r in rows if r[x].passed) for x in exporters]
         lines.append(
-            f"  {d:8s} {len(rows):6d} {na:5d} "
-            + " ".join(f"{n:4d}/{len(rows) - na:<3d}"[:7].rjust(7) for n in counts)
+            f"  {d:8s} {len(rows):6d} {na:5d} {len(rows) - na:10d} "
+            + " ".join(f"{n:7d}" for n in counts)
         )
     for x in exporters:
         hist = collections.Counter(r[x].outcome.value for r in results.values())
@@ -225,7 +228,56 @@ def _grouped(cases: Results) -> list[str]:
 # The expected-failure table
 
 
-def classify(irkit_r: Result, stock_r: Result | None) -> str:
+# Reviewed: matrix factorizations and solvers have no standard ONNX op (ONNX has Det, nothing
+# for Cholesky/LU/QR/SVD/eig/inverse/solve); both exporters report them unsupported.
+_FACTORIZATIONS = [
+    "cholesky",
+    "cholesky_inverse",
+    "cholesky_solve",
+    "geqrf",
+    "ormqr",
+    "lu",
+    "lu_solve",
+    "lu_unpack",
+    "qr",
+    "svd",
+    "svd_lowrank",
+    "pca_lowrank",
+    "pinverse",
+    "triangular_solve",
+    "matrix_exp",
+    "linalg.cholesky",
+    "linalg.cholesky_ex",
+    "linalg.cond",
+    "linalg.eig",
+    "linalg.eigh",
+    "linalg.eigvals",
+    "linalg.eigvalsh",
+    "linalg.householder_product",
+    "linalg.inv",
+    "linalg.inv_ex",
+    "linalg.ldl_factor",
+    "linalg.ldl_factor_ex",
+    "linalg.ldl_solve",
+    "linalg.lu",
+    "linalg.lu_factor",
+    "linalg.lu_factor_ex",
+    "linalg.lu_solve",
+    "linalg.matrix_rank",
+    "linalg.pinv",
+    "linalg.qr",
+    "linalg.slogdet",
+    "linalg.solve",
+    "linalg.solve_ex",
+    "linalg.solve_triangular",
+    "linalg.svd",
+    "linalg.svdvals",
+    "linalg.tensorinv",
+    "linalg.tensorsolve",
+]
+
+
+def classify(irkit_r: Result, stock_r: Result | None, op_name: str = "") -> str:
     """The table's reason for a case irkit fails: reason class, then the one-line reason."""
     if irkit_r.outcome is Outcome.EXPORT_FAILED:
         return f"torch.export fails: {irkit_r.reason}"
@@ -236,6 +288,8 @@ def classify(irkit_r: Result, stock_r: Result | None) -> str:
         return f"irkit gap: {what}"
     if stock_r.passed:
         return f"irkit gap (stock passes): {what}"
+    if op_name in _FACTORIZATIONS and irkit_r.outcome is Outcome.UNSUPPORTED:
+        return f"no ONNX equivalent (matrix factorization/solve; stock fails too): {what}"
     if "NOT_IMPLEMENTED" in irkit_r.reason and "NOT_IMPLEMENTED" in stock_r.reason:
         return f"onnxruntime lacks a kernel: {what}"
     return f"irkit gap (stock fails too: {stock_r.outcome.value}): {what}"
@@ -255,7 +309,7 @@ def write_expected(results: Results, meta: dict[str, Any]) -> int:
     for case, r in results.items():
         table.pop(case, None)
         if not r["irkit"].passed:
-            table[case] = classify(r["irkit"], r.get("stock"))
+            table[case] = classify(r["irkit"], r.get("stock"), case[0])
     body = [
         '"""Cases irkit is expected to fail: ``{(op name, variant, dtype): reason}``.',
         "",
@@ -269,15 +323,16 @@ def write_expected(results: Results, meta: dict[str, Any]) -> int:
         f"{meta['samples']} samples per case).",
         '"""',
         "",
+        "# One line per case (generated; not reformatted).",
+        "# fmt: off",
         "EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {",
     ]
     for case in sorted(table):
-        body.append(f"    {case!r}: {table[case]!r},")
+        key = "(" + ", ".join(json.dumps(x) for x in case) + ")"
+        body.append(f"    {key}: {json.dumps(table[case][:240], ensure_ascii=False)},")
     body.append("}")
+    body.append("# fmt: on")
     EXPECTED_PATH.write_text("\n".join(body) + "\n")
-    subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "-q", str(EXPECTED_PATH)], check=False, cwd=ROOT
-    )
     return len(table)
 
 
@@ -330,6 +385,9 @@ def main() -> None:
     parser.add_argument("--write-expected", action="store_true")
     args = parser.parse_args()
 
+    results: Results = {}
+    meta: dict[str, Any] = {}
+    exporters = tuple(x.strip() for x in args.exporters.split(","))
     if args.load:
         data = json.loads(pathlib.Path(args.load).read_text())
         meta = data["meta"]
@@ -338,9 +396,8 @@ def main() -> None:
             tuple(v["case"]): {x: Result.from_json(v[x]) for x in exporters}
             for v in data["results"].values()
         }
-    else:
+    if args.ops or not args.load:
         dtypes = [d.strip() for d in args.dtypes.split(",")]
-        exporters = tuple(x.strip() for x in args.exporters.split(","))
         cases = _select(args.ops, dtypes)
         print(
             f"{len(cases)} cases ({', '.join(dtypes)}), {args.samples} samples, "
@@ -348,21 +405,27 @@ def main() -> None:
             file=sys.stderr,
         )
         t0 = time.perf_counter()
-        results = run_all(cases, exporters, args.samples, args.jobs, args.timeout)
-        meta = _meta(args, time.perf_counter() - t0) | {"exporters": list(exporters)}
-        if args.json:
-            payload = {
-                "meta": meta,
-                "results": {
-                    _name(c): {"case": list(c)} | {x: r[x].to_json() for x in exporters}
-                    for c, r in sorted(results.items())
-                },
-            }
-            pathlib.Path(args.json).write_text(json.dumps(payload, indent=1))
+        fresh = run_all(cases, exporters, args.samples, args.jobs, args.timeout)
+        seconds = time.perf_counter() - t0
+        if meta:  # --load with --ops: the new results replace those cases in the loaded sweep
+            meta |= {"rerun": f"{len(cases)} cases rerun {_meta(args, seconds)['date']}"}
+        else:
+            meta = _meta(args, seconds) | {"exporters": list(exporters)}
+        results |= fresh
+    if args.json:
+        payload = {
+            "meta": meta,
+            "results": {
+                _name(c): {"case": list(c)} | {x: r[x].to_json() for x in exporters}
+                for c, r in sorted(results.items())
+            },
+        }
+        pathlib.Path(args.json).write_text(json.dumps(payload, indent=1))
     print(report(results, exporters))
     print(
         f"\n{len(results)} cases in {meta['seconds']:.0f}s ({meta['jobs']} job(s), "
         f"{meta['samples']} samples) at {meta['commit']}, {meta['date']}"
+        + (f"; {meta['rerun']}" if "rerun" in meta else "")
     )
     if args.write_expected:
         n = write_expected(results, meta)

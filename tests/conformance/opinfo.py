@@ -155,6 +155,16 @@ class Sample:
     description: str
 
 
+class _TensorSlot:
+    """Marks where a forward input goes among a sample's leaves (``None`` is a real value)."""
+
+    def __repr__(self) -> str:
+        return "TENSOR_SLOT"
+
+
+TENSOR_SLOT = _TensorSlot()
+
+
 class OpModule(torch.nn.Module):
     """``forward(*tensors)`` calls ``fn(input, *args, **kwargs)`` with the tensors put back.
 
@@ -166,14 +176,14 @@ class OpModule(torch.nn.Module):
     def __init__(self, fn: Callable[..., Any], leaves: list[Any], spec: Any, clone: bool):
         super().__init__()
         self.fn = fn
-        self.leaves = leaves  # tensors replaced by None
+        self.leaves = leaves  # tensors replaced by TENSOR_SLOT
         self.spec = spec
         self.clone = clone
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         it = iter(tensors)
         leaves = [
-            (next(it).clone() if self.clone else next(it)) if leaf is None else leaf
+            (next(it).clone() if self.clone else next(it)) if leaf is TENSOR_SLOT else leaf
             for leaf in self.leaves
         ]
         inp, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
@@ -183,7 +193,7 @@ class OpModule(torch.nn.Module):
 def _split(sample: Any) -> tuple[list[Any], Any, list[torch.Tensor]]:
     leaves, spec = pytree.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    consts = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+    consts = [TENSOR_SLOT if isinstance(x, torch.Tensor) else x for x in leaves]
     return consts, spec, tensors
 
 
@@ -210,6 +220,7 @@ def _same(a: list[Any], b: list[Any]) -> bool:
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             if x.shape != y.shape or x.dtype != y.dtype:
                 return False
+            x, y = x.resolve_conj().resolve_neg(), y.resolve_conj().resolve_neg()
             if not torch.equal(
                 torch.view_as_real(x) if x.is_complex() else x,
                 torch.view_as_real(y) if y.is_complex() else y,
@@ -257,6 +268,10 @@ def samples(op: Any, dtype: str, n: int = DEFAULT_SAMPLES) -> Iterator[Sample | 
         if not out or not all(isinstance(x, torch.Tensor) for x in out):
             kinds = sorted({type(x).__name__ for x in out}) or ["nothing"]
             yield Result(Outcome.NO_SAMPLES, f"eager returns {', '.join(kinds)}, not tensors", i)
+            continue
+        sparse = sorted({str(x.layout) for x in out if x.layout != torch.strided})
+        if sparse:
+            yield Result(Outcome.NO_SAMPLES, f"eager returns {', '.join(sparse)} tensors", i)
             continue
         yield Sample(
             module=module,
@@ -480,9 +495,9 @@ def compare(actual: Sequence[np.ndarray], expected: Sequence[torch.Tensor], rand
     worst = 0.0
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         a = np.asarray(a)
+        e = e.detach().resolve_conj().resolve_neg()
         if e.is_complex():
             e = torch.view_as_real(e)
-        e = e.detach().resolve_conj().resolve_neg()
         want = _numpy_dtype(e)
         if a.dtype != want:
             return Result(Outcome.DTYPE_MISMATCH, f"output {i}: {a.dtype} vs eager {want}")
@@ -506,10 +521,12 @@ def _close(a: np.ndarray, e: np.ndarray) -> tuple[bool, float]:
         diff = 0.0 if equal else float(np.max(np.abs(a.astype(np.float64) - e.astype(np.float64))))
         return equal, diff
     a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        raw = np.abs(a64 - e64)
     nan_ok = np.isnan(a64) == np.isnan(e64)
     inf_ok = np.where(np.isinf(e64) | np.isinf(a64), a64 == e64, True)
     finite = np.isfinite(a64) & np.isfinite(e64)
-    absdiff = np.where(finite, np.abs(a64 - e64), 0.0)
+    absdiff = np.where(finite, raw, 0.0)
     within = absdiff <= FP32_ATOL + FP32_RTOL * np.abs(np.where(finite, e64, 0.0))
     diff = float(absdiff.max()) if absdiff.size else 0.0
     if not nan_ok.all():

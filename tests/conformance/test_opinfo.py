@@ -234,7 +234,7 @@ def test_expected_failures_are_real_cases_with_a_reason_class() -> None:
     classes = (
         "torch.export fails: ",
         "no applicable sample: ",
-        "no ONNX equivalent: ",
+        "no ONNX equivalent",
         "onnxruntime lacks a kernel: ",
         "irkit gap",
     )
@@ -312,3 +312,18 @@ def test_tensor_lists_become_inputs() -> None:
     assert len(sample.args) >= 2  # each tensor of the list is one input
     ep = opinfo.export(sample)
     assert len(ep.graph_signature.user_inputs) == len(sample.args)
+
+
+def test_none_arguments_stay_constants() -> None:
+    # interpolate's samples pass size=None or scale_factor=None: a None is a value, not an input.
+    sample = _one_sample("nn.functional.interpolate", "nearest")
+    assert len(sample.args) == 1
+    assert opinfo.export(sample).graph_signature.user_inputs
+
+
+def test_sparse_and_scalar_outputs_are_not_applicable() -> None:
+    op = opinfo.find_op("to_sparse")
+    reasons = [r.reason for r in opinfo.samples(op, F, 1)]
+    assert reasons == ["eager returns torch.sparse_coo tensors"], reasons
+    reasons = [r.reason for r in opinfo.samples(opinfo.find_op("item"), F, 1)]
+    assert reasons == ["eager returns float, not tensors"], reasons
