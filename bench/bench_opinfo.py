@@ -408,7 +408,8 @@ def main() -> None:
         fresh = run_all(cases, exporters, args.samples, args.jobs, args.timeout)
         seconds = time.perf_counter() - t0
         if meta:  # --load with --ops: the new results replace those cases in the loaded sweep
-            meta |= {"rerun": f"{len(cases)} cases rerun {_meta(args, seconds)['date']}"}
+            note = f"{len(cases)} cases rerun {_meta(args, seconds)['date']}"
+            meta["rerun"] = f"{meta['rerun']}; {note}" if "rerun" in meta else note
         else:
             meta = _meta(args, seconds) | {"exporters": list(exporters)}
         results |= fresh
