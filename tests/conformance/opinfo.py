@@ -29,11 +29,13 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import gc
 import io
 import itertools
 import logging
 import re
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -233,6 +235,24 @@ def _same(a: list[Any], b: list[Any]) -> bool:
     return True
 
 
+def _close_sample_generator(it: Any) -> None:
+    """Close the sample generator now.
+
+    Many ``sample_inputs`` functions are generators running under ``torch.no_grad()``. OpInfo
+    wraps them in a ``TrackedInputIter`` that sits in a reference cycle, so an unfinished
+    generator is finalized by the cyclic garbage collector at an arbitrary later moment — in the
+    middle of a later ``torch.export`` trace its ``no_grad`` exit turns into a
+    ``wrap_with_set_grad_enabled`` node (seen as a flaky ``unsupported`` result).
+    """
+    if isinstance(it, types.GeneratorType):
+        it.close()
+        return
+    child = getattr(it, "child_iter", None)  # TrackedInputIter: enumerate(generator)
+    for ref in gc.get_referents(child) if child is not None else ():
+        if isinstance(ref, types.GeneratorType):
+            ref.close()
+
+
 def samples(op: Any, dtype: str, n: int = DEFAULT_SAMPLES) -> Iterator[Sample | Result]:
     """The first ``n`` samples of ``op`` for ``dtype`` as :class:`Sample` s.
 
@@ -244,10 +264,7 @@ def samples(op: Any, dtype: str, n: int = DEFAULT_SAMPLES) -> Iterator[Sample | 
         warnings.simplefilter("ignore")
         gen = op.sample_inputs("cpu", DTYPES[dtype])
         raw = list(itertools.islice(gen, n))
-        # Close the generator now: left to the garbage collector, its ``no_grad`` exit can run in
-        # the middle of a later torch.export trace.
-        if hasattr(gen, "close"):
-            gen.close()
+        _close_sample_generator(gen)
     for i, sample in enumerate(raw):
         consts, spec, tensors = _split(sample)
         module = OpModule(op.op, consts, spec, clone=False).eval()
