@@ -58,7 +58,10 @@ def _add_verbosity(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``irkit`` argument parser with its subcommands (``view`` is dispatched separately)."""
+    """The ``irkit`` argument parser with its subcommands (``view`` is dispatched separately).
+
+    Each subcommand's parser is also in the returned parser's ``subcommands`` attribute.
+    """
     from irkit.cli import _files, _lower
 
     parser = _Parser(
@@ -67,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subcommands: dict[str, argparse.ArgumentParser] = {}
     for module in (_lower, _files):
         for name, (summary, epilog, add_arguments, _) in module.COMMANDS.items():
             p = sub.add_parser(
@@ -78,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
             add_arguments(p)
             _add_verbosity(p)
+            subcommands[name] = p
     sub.add_parser("view", help=_files.VIEW_SUMMARY, add_help=False)
+    parser.set_defaults(subcommands=subcommands)
     return parser
 
 
@@ -108,10 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "view":
         return _files.view(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if extra:
+        args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     _configure_logging(args)
     commands = {**_lower.COMMANDS, **_files.COMMANDS}
     run = commands[args.command][3]

@@ -89,6 +89,11 @@ def _load_program(path: pathlib.Path, imports: list[str]) -> Any:
             ) from exc
     import torch  # noqa: TID251 -- only `irkit lower` needs torch, imported when it runs
 
+    # torch logs a traceback (a warning) before it raises; the one-line error says it all.
+    torch_log = logging.getLogger("torch.export")
+    level = torch_log.level
+    if not logger.isEnabledFor(logging.DEBUG):
+        torch_log.setLevel(logging.ERROR)
     try:
         return torch.export.load(path)
     except Exception as exc:  # zipfile, pickle, torch and custom-op errors alike
@@ -98,6 +103,8 @@ def _load_program(path: pathlib.Path, imports: list[str]) -> Any:
             f"({type(exc).__name__}: {message}). Is it a file written by torch.export.save? "
             "If it uses custom ops, --import the module that defines them."
         ) from exc
+    finally:
+        torch_log.setLevel(level)
 
 
 def _lower(args: argparse.Namespace) -> int:
