@@ -174,7 +174,9 @@ def _summary(
         for i, line in enumerate(describe_values(values)):
             out.write(f"  {title if i == 0 else '':<11} {line}\n")
     if fired:
-        rules = ", ".join(f"{k} ×{v}" for k, v in sorted(fired.items(), key=lambda kv: -kv[1]))
+        rules = ", ".join(
+            f"{k} ×{v}" for k, v in sorted(fired.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
         out.write(f"  optimized   {rules}\n")
     out.write("  time        " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()) + "\n")
 
