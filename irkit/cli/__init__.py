@@ -96,7 +96,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
         level = logging.DEBUG
     elif args.verbose == 1:
         level = logging.INFO
-    logging.basicConfig(level=level, format="irkit: %(levelname)s: %(message)s", force=True)
+    logging.basicConfig(level=level, format="irkit: %(levelname)s: %(message)s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,12 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "view":
         return _files.view(argv[1:])
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    if extra:
-        args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        if extra:
+            args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     _configure_logging(args)
     commands = {**_lower.COMMANDS, **_files.COMMANDS}
     run = commands[args.command][3]

@@ -13,6 +13,7 @@ from typing import Any
 
 from irkit.cli._common import (
     EXIT_OK,
+    EXIT_PROBLEMS,
     CommandLineError,
     add_external_data,
     count_nodes,
@@ -20,8 +21,9 @@ from irkit.cli._common import (
     external_data,
     input_file,
     output_file,
+    report_error,
 )
-from irkit.errors import ModelLoadError
+from irkit.errors import ModelLoadError, UnsupportedOpError
 
 __all__ = ["COMMANDS"]
 
@@ -89,28 +91,67 @@ def _load_program(path: pathlib.Path, imports: list[str]) -> Any:
             ) from exc
     import torch  # noqa: TID251 -- only `irkit lower` needs torch, imported when it runs
 
-    # torch logs a traceback (a warning) before it raises; the one-line error says it all.
+    # On a bad file torch logs the real error (a warning with a traceback), then raises a
+    # generic one: keep its records out of the terminal and use them for the one-line error.
     torch_log = logging.getLogger("torch.export")
-    level = torch_log.level
-    if not logger.isEnabledFor(logging.DEBUG):
-        torch_log.setLevel(logging.ERROR)
+    records = _Records()
+    handlers, propagate = torch_log.handlers, torch_log.propagate
+    if not logger.isEnabledFor(logging.DEBUG):  # -vv shows torch's logs as they are
+        torch_log.handlers, torch_log.propagate = [], False
+    torch_log.addHandler(records)
     try:
         return torch.export.load(path)
     except Exception as exc:  # zipfile, pickle, torch and custom-op errors alike
-        message = " ".join(str(exc).split())[:300]
+        cause: BaseException = exc
+        logged = [r.exc_info[1] for r in records.records if r.exc_info and r.exc_info[1]]
+        if logged:
+            cause = logged[-1]
+        while cause.__cause__ is not None:  # the innermost error says what is wrong
+            cause = cause.__cause__
+        first = " ".join(str(cause).split()).split(". ")[0].rstrip(".")[:200]
+        message = f"{type(cause).__name__}: {first}"
         raise ModelLoadError(
             f"{str(path)!r}: cannot be loaded as a torch.export program "
-            f"({type(exc).__name__}: {message}). Is it a file written by torch.export.save? "
+            f"({message}). Is it a file written by torch.export.save? "
             "If it uses custom ops, --import the module that defines them."
         ) from exc
     finally:
-        torch_log.setLevel(level)
+        torch_log.handlers, torch_log.propagate = handlers, propagate
+
+
+class _Records(logging.Handler):
+    """Collects log records (torch's explanation of a failed load)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _lower_program(args: argparse.Namespace, program: Any) -> Any:
+    import irkit
+
+    return irkit.lower(
+        program,
+        opset=args.opset,
+        functions=args.functions,
+        max_depth=args.max_depth,
+        decompose_custom_ops=args.decompose_custom_ops,
+        verbose=not args.quiet and (args.verbose > 0 or sys.stderr.isatty()),
+    )
 
 
 def _lower(args: argparse.Namespace) -> int:
     import irkit
 
     source = input_file(args.model, "a .pt2 file")
+    if source.suffix.lower() == ".onnx":
+        raise CommandLineError(
+            f"{args.model!r}: is an ONNX file; irkit lower reads a .pt2 written by "
+            "torch.export.save (for ONNX files: irkit optimize, irkit check, irkit view)"
+        )
     destination = output_file(args.output or str(source.with_suffix(".onnx")), source)
     if args.opset is not None and args.opset < 1:
         raise CommandLineError(f"--opset {args.opset}: must be a positive opset number")
@@ -123,14 +164,18 @@ def _lower(args: argparse.Namespace) -> int:
     program = _load_program(source, args.imports)
     times["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model = irkit.lower(
-        program,
-        opset=args.opset,
-        functions=args.functions,
-        max_depth=args.max_depth,
-        decompose_custom_ops=args.decompose_custom_ops,
-        verbose=not args.quiet and (args.verbose > 0 or sys.stderr.isatty()),
-    )
+    try:
+        model = _lower_program(args, program)
+    except UnsupportedOpError as exc:
+        custom = [op[0] for op in exc.ops if not op[0].startswith("aten::")]
+        if args.decompose_custom_ops or not custom:
+            raise
+        status = report_error("irkit lower", exc, args.model)
+        sys.stderr.write(
+            "  or, on the command line: --decompose-custom-ops traces the Python "
+            f"implementation of {', '.join(custom)}\n"
+        )
+        return status or EXIT_PROBLEMS
     times["lower"] = time.perf_counter() - t0
     fired: dict[str, int] = {}
     if args.optimize or args.target:
@@ -166,7 +211,7 @@ def _summary(
     out.write(f"{args.model} → {destination}  ({size / 1e6:.1f} MB)\n")
     out.write(f"  opset       {model.opset_imports.get('', '?')}\n")
     out.write(
-        f"  nodes       {main_nodes} in the main graph ({calls} function calls), "
+        f"  nodes       {main_nodes} in the main graph ({calls} call(s)), "
         f"{function_nodes} in {len(model.functions)} function(s)\n"
     )
     out.write(f"  weights     {len(model.graph.initializers)} initializers\n")
