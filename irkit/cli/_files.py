@@ -241,7 +241,8 @@ def view(argv: Sequence[str]) -> int:
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
         parser.print_help()
         return EXIT_OK
-    return cli.main(list(argv))
+    status: int = cli.main(list(argv))
+    return status
 
 
 _Command = tuple[
