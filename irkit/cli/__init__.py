@@ -132,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `irkit check model.onnx | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
     except Exception as exc:
         if args.verbose >= 2:
             raise

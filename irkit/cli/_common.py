@@ -28,6 +28,8 @@ __all__ = [
     "output_file",
     "add_external_data",
     "external_data",
+    "side_file",
+    "refuse_overwriting_weights",
     "count_nodes",
     "describe_values",
 ]
@@ -124,8 +126,39 @@ def add_external_data(p: argparse.ArgumentParser) -> None:
 
 
 def external_data(args: argparse.Namespace) -> bool | str | None:
+    """The ``external_data=`` argument of :func:`irkit.save` the options ask for."""
     value: bool | str | None = args.external_data
     return value
+
+
+def side_file(
+    args: argparse.Namespace, destination: pathlib.Path, model: ir.Model
+) -> pathlib.Path | None:
+    """The weights file :func:`irkit.save` writes next to ``destination`` (``None``: none)."""
+    from irkit._io import EXTERNAL_DATA_THRESHOLD_BYTES
+
+    value = external_data(args)
+    if value is None:
+        size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value)
+        value = size > EXTERNAL_DATA_THRESHOLD_BYTES
+    if value is False:
+        return None
+    return destination.parent / (value if isinstance(value, str) else f"{destination.name}.data")
+
+
+def refuse_overwriting_weights(side: pathlib.Path | None, model: ir.Model) -> None:
+    """Refuse a weights file that is one the input model reads its weights from."""
+    if side is None:
+        return
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            used = pathlib.Path(tensor.base_dir) / tensor.location
+            if used.resolve() == side.resolve():
+                raise CommandLineError(
+                    f"--external-data: {str(side)!r} holds the input model's weights; irkit "
+                    "never overwrites its input. Choose another name."
+                )
 
 
 def count_nodes(model: ir.Model) -> tuple[int, int]:

@@ -20,6 +20,8 @@ from irkit.cli._common import (
     external_data,
     input_file,
     output_file,
+    refuse_overwriting_weights,
+    side_file,
 )
 from irkit.errors import ModelLoadError
 
@@ -163,6 +165,7 @@ def _optimize(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     model = load_onnx(args.model)
     loaded = time.perf_counter()
+    refuse_overwriting_weights(side_file(args, destination, model), model)
     main_before, functions_before = count_nodes(model)
     report = irkit.RewriteReport()
     irkit.optimize(

@@ -22,6 +22,7 @@ from irkit.cli._common import (
     input_file,
     output_file,
     report_error,
+    side_file,
 )
 from irkit.errors import ModelLoadError, UnsupportedOpError
 
@@ -202,10 +203,8 @@ def _summary(
     main_nodes, function_nodes = count_nodes(model)
     calls = sum(1 for n in model.graph if (n.domain, n.op_type, n.overload) in model.functions)
     size = destination.stat().st_size
-    side = destination.parent / f"{destination.name}.data"
-    if isinstance(args.external_data, str):
-        side = destination.parent / args.external_data
-    if side.exists():
+    side = side_file(args, destination, model)
+    if side is not None and side.exists():
         size += side.stat().st_size
     out = sys.stdout
     out.write(f"{args.model} → {destination}  ({size / 1e6:.1f} MB)\n")

@@ -202,3 +202,46 @@ def test_torch_is_not_needed_but_by_lower(relu):
     )
     assert r.returncode == 0, r.stderr
     assert ": ok — 2 nodes" in r.stdout
+
+
+def test_optimize_never_overwrites_the_input_weights(tmp_path, capsys):
+    import numpy as np
+    import onnx_ir as ir
+
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[4096] x) => (float[4096] y) '
+        "{ t = Identity(x)  y = Add(t, w) }"
+    )
+    w = ir.Value(name="w", const_value=ir.tensor(np.arange(4096, dtype=np.float32), name="w"))
+    model.graph.register_initializer(w)
+    model.graph.node(1).replace_input_with(1, w)
+    irkit.save(model, tmp_path / "ext.onnx", external_data=True)
+    data = (tmp_path / "ext.onnx.data").read_bytes()
+    assert len(data) == 4 * 4096
+    status = main(
+        [
+            "optimize",
+            str(tmp_path / "ext.onnx"),
+            "-o",
+            str(tmp_path / "out.onnx"),
+            "--external-data",
+            "ext.onnx.data",
+        ]
+    )
+    out, err = capsys.readouterr()
+    _assert_usage_error(status, out, err, "irkit optimize", "holds the input model's weights")
+    assert not (tmp_path / "out.onnx").exists()
+    status = main(
+        [
+            "optimize",
+            str(tmp_path / "ext.onnx"),
+            "-o",
+            str(tmp_path / "out.onnx"),
+            "--external-data",
+            "-q",
+        ]
+    )
+    assert (status, *capsys.readouterr()) == (0, "", "")
+    assert (tmp_path / "ext.onnx.data").read_bytes() == data
+    assert (tmp_path / "out.onnx.data").read_bytes() == data
+    assert [n.op_type for n in irkit.load(tmp_path / "out.onnx").graph] == ["Add"]
