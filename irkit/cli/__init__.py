@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from irkit import __version__
+
+    parser.add_argument("--version", action="version", version=f"irkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subcommands: dict[str, argparse.ArgumentParser] = {}
     for module in (_lower, _files):

@@ -176,6 +176,14 @@ def test_check_ok_and_optimize_in_process(relu, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_version_and_no_command(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"irkit {irkit.__version__}\n"
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: irkit [-h] [--version] COMMAND ...")
+
+
 def test_help_of_every_subcommand_has_examples(capsys):
     for command in ("lower", "optimize", "check", "view"):
         assert main([command, "--help"]) == 0
