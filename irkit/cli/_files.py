@@ -203,7 +203,10 @@ def _optimize(args: argparse.Namespace) -> int:
         f"(load {loaded - start:.2f} s, save {saved - optimized:.2f} s)\n"
     )
     if args.explain is not None:
-        out.write(f"  {args.explain}: {report.explain()}\n")
+        first, *rest = report.explain().splitlines()
+        out.write(f"  explain     {args.explain}: {first}\n")
+        for line in rest:
+            out.write(f"    {line.strip()}\n")
     if args.verbose:
         out.write(str(report) + "\n")
     return EXIT_OK
