@@ -171,6 +171,7 @@ def test_check_ok_and_optimize_in_process(relu, capsys):
     text = capsys.readouterr().out
     assert "  nodes       2 → 1 in the main graph\n" in text
     assert "    IdentityElimination              ×1\n" in text
+    assert "\n  explain     IdentityElimination: " in text
     assert [n.op_type for n in irkit.load(out_path).graph] == ["Relu"]
     assert main(["optimize", str(relu), "-o", str(out_path), "-q"]) == 0
     assert capsys.readouterr() == ("", "")
