@@ -16,9 +16,11 @@ Without torch, on any ONNX model:
 ['Relu']
 
 Only :func:`lower` needs torch, and it imports it on first call: rewriting, outlining and viz
-work on any ONNX file without torch. Dependencies point one way: ``irkit._pipeline`` (targets)
-→ ``irkit.rules`` (the rule library) → ``irkit.rewriting`` (the engine); ``irkit.hierarchy``
-and ``irkit.rewriting`` never import each other (ruff ``banned-api``, see ``ruff.toml`` files).
+work on any ONNX file without torch. Dependencies point one way: ``irkit._pipeline`` (``lower``
+= ``irkit.lowering`` then ``irkit.hierarchy``'s outlining; ``optimize`` = targets) →
+``irkit.rules`` (the rule library) → ``irkit.rewriting`` (the engine); ``irkit.lowering``,
+``irkit.hierarchy`` and ``irkit.rewriting`` never import each other (ruff ``banned-api``, see
+the ``ruff.toml`` files).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 from irkit import errors, metadata
 from irkit._io import check, load, save
 from irkit._lint import lint
-from irkit._pipeline import optimize
+from irkit._pipeline import lower, optimize
 from irkit.errors import (
     CheckError,
     FixedPointError,
@@ -51,7 +53,6 @@ from irkit.hierarchy import (
     inline,
     outline,
 )
-from irkit.lowering import lower
 from irkit.rewriting import (
     Const,
     ModuleRule,

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from irkit.errors import MetadataError
 
 __all__ = [
+    "function_domain",
     "PREFIX",
     "SCOPE",
     "FX_NODE",
@@ -261,3 +262,16 @@ def decode_list(text: str | None) -> list[str]:
         return [str(x) for x in json.loads(text)]
     except (ValueError, TypeError) as exc:
         raise MetadataError(f"malformed list metadata {text[:80]!r}: {exc}") from exc
+
+
+def function_domain(frame: Frame) -> str:
+    """The ONNX domain of a module's function: the Python package of its class.
+
+    Example:
+        >>> function_domain(Frame("l", 0, "transformers.models.llama.modeling_llama.LlamaMLP"))
+        'transformers.models.llama'
+        >>> function_domain(Frame("l", 0, "__main__.Block"))
+        'main'
+    """
+    package = frame.package.replace("__main__", "main").strip("_.")
+    return package or "irkit.local"

@@ -34,6 +34,7 @@ from irkit.hierarchy._dedupe import (
 )
 from irkit.hierarchy._replay import Pending, Template, make_template, relative_labels
 from irkit.hierarchy._select import FunctionsOption, make_predicate
+from irkit.metadata import function_domain
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -50,19 +51,6 @@ FUNCTION_OPSET_VERSION = 1
 
 class OutlineWarning(UserWarning):
     """A module call was split into convex parts, or left inline (control flow, no used output)."""
-
-
-def function_domain(frame: md.Frame) -> str:
-    """The ONNX domain of a module's function: the Python package of its class.
-
-    Example:
-        >>> function_domain(md.Frame("l", 0, "transformers.models.llama.modeling_llama.LlamaMLP"))
-        'transformers.models.llama'
-        >>> function_domain(md.Frame("l", 0, "__main__.Block"))
-        'main'
-    """
-    package = frame.package.replace("__main__", "main").strip("_.")
-    return package or "irkit.local"
 
 
 @dataclasses.dataclass(frozen=True)

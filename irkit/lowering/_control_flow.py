@@ -458,7 +458,7 @@ def _invoke_subgraph(ctx: _Context) -> Any:
 
 
 def _build_function(ctx: _Context, key: str) -> ir.Function:
-    from irkit.hierarchy._outline import function_domain  # (named like outlined modules)
+    from irkit.metadata import function_domain  # (named like outlined modules)
 
     scope = node_scope(ctx.node)
     if scope:

@@ -16,7 +16,6 @@ from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 
 from irkit import metadata
 from irkit.errors import LoweringError, LoweringOptionsError
-from irkit.hierarchy import outline
 from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
@@ -44,8 +43,6 @@ def lower_program(
     exported_program: torch.export.ExportedProgram,
     *,
     opset: int | None,
-    functions: Any,
-    max_depth: int | None,
     custom_lowerings: Mapping[Any, Callable[..., Any]] | None,
     decompose_custom_ops: bool = False,
     input_names: Sequence[str] | None,
@@ -97,14 +94,6 @@ def lower_program(
     if opset != TORCHLIB_OPSET:
         convert_keeping_functions(model, lambda m: _convert_opset(m, opset))
     store_call_signatures(model, emitter.call_signatures())
-    if functions is not False:
-        t0 = time.perf_counter()
-        outline(model, functions, max_depth=max_depth)
-        logger.info(
-            "irkit.lower: outlined %d function(s) in %.2fs",
-            len(model.functions),
-            time.perf_counter() - t0,
-        )
     logger.info(
         "irkit.lower: %d FX nodes -> %d ONNX nodes in %.2fs",
         len(ep.graph.nodes),
