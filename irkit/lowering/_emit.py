@@ -19,7 +19,13 @@ from irkit.lowering._promotion import input_casts, output_cast
 from irkit.lowering._recorder import Recorder, call_lowering
 from irkit.lowering._regions import region_op, region_operands
 from irkit.lowering._registry import Via
-from irkit.lowering._source import MetadataStamper, module_path, node_location, target_name
+from irkit.lowering._source import (
+    MetadataStamper,
+    module_path,
+    node_location,
+    op_name,
+    python_spelling,
+)
 from irkit.lowering._types import SymbolNames, onnx_dtype, torch_tensor_to_ir
 
 __all__ = ["Emitter"]
@@ -92,7 +98,7 @@ class Emitter:
                     f"{type(exc).__name__}: {exc}. This is likely a bug in irkit; please report "
                     "it with this message.",
                     fx_node=node.name,
-                    target=target_name(node.target) if node.op == "call_function" else node.op,
+                    target=op_name(node.target) if node.op == "call_function" else node.op,
                     module_path=module_path(node),
                     source=node_location(node),
                 ) from exc
@@ -290,9 +296,9 @@ class Emitter:
             self.recorder.take_nodes()
             raise LoweringError(
                 f"{type(exc).__name__}: {exc}. Fix: check the op's arguments, or pass "
-                f"custom_lowerings={{{target_name(node.target)}: fn}}.",
+                f"custom_lowerings={{{python_spelling(node.target)}: fn}}.",
                 fx_node=stamp_node.name,
-                target=target_name(node.target),
+                target=op_name(node.target),
                 module_path=module_path(stamp_node),
                 source=node_location(stamp_node),
             ) from exc

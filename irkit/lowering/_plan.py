@@ -20,7 +20,7 @@ from irkit.lowering._control_flow import plan_bodies
 from irkit.lowering._regions import region_body, region_op
 from irkit.lowering._registry import Choice, LoweringTable, Via
 from irkit.lowering._source import node_location
-from irkit.lowering._trace import op_name as _op_name
+from irkit.lowering._source import op_name as _op_name
 from irkit.lowering._trace import trace_decomposition
 
 __all__ = ["Plan", "make_plan", "needs_functionalization", "Decomposition"]

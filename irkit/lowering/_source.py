@@ -11,7 +11,15 @@ import torch
 
 from irkit import metadata
 
-__all__ = ["node_location", "node_scope", "module_path", "MetadataStamper"]
+__all__ = [
+    "node_location",
+    "node_scope",
+    "module_path",
+    "op_name",
+    "python_spelling",
+    "target_name",
+    "MetadataStamper",
+]
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -59,7 +67,22 @@ def module_path(node: torch.fx.Node) -> str:
     return scope[-1].call_id if scope else ""
 
 
+def op_name(target: Any) -> str:
+    """How errors name an op: its schema name, ``aten::add.Tensor`` (one spelling everywhere)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target._schema.name}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def python_spelling(target: Any) -> str:
+    """How a user writes the op in Python, for a fix hint: ``torch.ops.aten.add.Tensor``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"torch.ops.{target}"
+    return target_name(target)
+
+
 def target_name(target: Any) -> str:
+    """The ``irkit.fx_target`` metadata value: ``aten.add.Tensor``."""
     if isinstance(target, torch._ops.OpOverload):
         return str(target)
     return (

@@ -10,16 +10,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from irkit.errors import LoweringError
-from irkit.lowering._source import node_location
+from irkit.lowering._source import node_location, op_name
 
-__all__ = ["op_name", "trace_decomposition"]
-
-
-def op_name(target: Any) -> str:
-    """``aten::add.Tensor`` for an op overload (as ``UnsupportedOpError`` lists ops)."""
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target._schema.name}.{target._overloadname}"
-    return getattr(target, "__name__", str(target))
+__all__ = ["trace_decomposition"]
 
 
 def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx.GraphModule:

@@ -78,6 +78,10 @@ def test_lowering_error_names_node_module_and_source_and_chains_cause():
     assert "test_errors.py:" in err.source
     assert isinstance(err.__cause__, RuntimeError)
     assert "boom" in str(err) and "inner" in str(err)
+    # One spelling of op names in every error (as UnsupportedOpError lists them); the fix hint
+    # is the Python a user writes.
+    assert err.target == "irkit_test::frob.default"
+    assert "custom_lowerings={torch.ops.irkit_test.frob.default: fn}" in str(err)
 
 
 def test_not_an_exported_program():
