@@ -175,8 +175,7 @@ def _causal_lm(name: str, family: str, config_name: str, model_name: str, **over
 
 
 # The default ``grouped_mm`` experts run the custom op ``transformers::grouped_mm_fallback`` on
-# CPU; it has no lowering, so a user opts in to tracing its Python implementation.
-_CUSTOM_OPS = {"decompose_custom_ops": True}
+# CPU in float32 under torch.export: irkit lowers it as the ``aten._grouped_mm`` it computes.
 
 
 # --- decoder LMs ---------------------------------------------------------------------------------
@@ -296,7 +295,6 @@ def mixtral() -> ArchModel:
         num_local_experts=4,
         num_experts_per_tok=2,
     )
-    zm.lower_options = dict(_CUSTOM_OPS)
     return zm
 
 
@@ -312,7 +310,6 @@ def qwen2_moe() -> ArchModel:
         moe_intermediate_size=HIDDEN,
         shared_expert_intermediate_size=HIDDEN,
     )
-    zm.lower_options = dict(_CUSTOM_OPS)
     return zm
 
 

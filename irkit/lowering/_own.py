@@ -38,7 +38,10 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-_COMPLEX_PARTS = {ir.DataType.COMPLEX64: ir.DataType.FLOAT, ir.DataType.COMPLEX128: ir.DataType.DOUBLE}
+_COMPLEX_PARTS = {
+    ir.DataType.COMPLEX64: ir.DataType.FLOAT,
+    ir.DataType.COMPLEX128: ir.DataType.DOUBLE,
+}
 
 
 def _cast_to(x: ir.Value, dtype: Any = None) -> ir.Value:
@@ -209,9 +212,79 @@ def _resize_applies(node: torch.fx.Node) -> bool:
     """Static sizes that keep the element count: ``resize`` is a reshape (otherwise torch hands
     back uninitialized memory, which no graph reproduces)."""
     size, val = node.args[1], node.args[0].meta["val"]
-    return all(isinstance(s, int) for s in size) and isinstance(val.numel(), int) and (
-        math.prod(size) == val.numel()
+    return (
+        all(isinstance(s, int) for s in size)
+        and isinstance(val.numel(), int)
+        and (math.prod(size) == val.numel())
     )
+
+
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """``out[r] = self[r] @ mat2[g] (+ bias[g])`` for the rows ``offs[g-1] <= r < offs[g]``.
+
+    The ragged (mixture-of-experts) form of ``aten._grouped_mm``: ``self`` is ``(S, K)`` with its
+    rows sorted by group, ``mat2`` is ``(G, K, N)`` and ``offs`` holds each group's end row. The
+    number of groups is static, so this is one ``Slice``/``MatMul`` per group and a ``Concat``;
+    rows past the last offset are zero, as in torch's kernel.
+    """
+    groups = mat2.shape[0]
+    zero = op.Constant(value=ir.tensor([0], dtype=ir.DataType.INT64))
+    ends = op.Cast(offs, to=int(ir.DataType.INT64))
+    group_ends = op.Split(ends, axis=0, num_outputs=groups) if groups > 1 else (ends,)
+    weights = op.Split(mat2, axis=0, num_outputs=groups) if groups > 1 else (mat2,)
+    biases = None
+    if bias is not None:
+        biases = op.Split(bias, axis=0, num_outputs=groups) if groups > 1 else (bias,)
+    parts, start = [], zero
+    for g in range(groups):
+        rows = op.Slice(self, start, group_ends[g], zero)
+        out = op.MatMul(rows, op.Squeeze(weights[g], zero))
+        if biases is not None:
+            out = op.Add(out, op.Squeeze(biases[g], zero))
+        parts.append(out)
+        start = group_ends[g]
+    # Rows after the last group: zeros of shape (S - offs[-1], N).
+    tail_rows = op.Sub(op.Shape(self, start=0, end=1), start)
+    cols = op.Shape(mat2, start=2, end=3)
+    tail = op.Expand(op.CastLike(0, parts[0]), op.Concat(tail_rows, cols, axis=0))
+    result = op.Concat(*parts, tail, axis=0)
+    return _cast_to(result, out_dtype)
+
+
+def _grouped_mm_applies(node: torch.fx.Node) -> bool:
+    """Ragged rows (2-D ``self``, 3-D ``mat2``, ``offs`` given) with a static group count;
+    torchlib covers the dense forms."""
+    args = dict(zip(("self", "mat2", "offs"), node.args, strict=False))
+    args.update(node.kwargs)
+    a, b, offs = (
+        args.get("self", args.get("input")),
+        args.get("mat2", args.get("weight")),
+        args.get("offs"),
+    )
+    if not all(isinstance(v, torch.fx.Node) for v in (a, b, offs)):
+        return False
+    a_val, b_val = a.meta["val"], b.meta["val"]
+    return a_val.dim() == 2 and b_val.dim() == 3 and isinstance(b_val.shape[0], int)
+
+
+def _grouped_mm_fallback(input, weight, offs):
+    return _grouped_mm(input, weight, offs)
+
+
+# Custom ops of libraries that compute exactly an aten op irkit lowers, by registered name (the
+# library is never imported here; an op that is not registered is simply absent).
+# transformers' MoE experts call ``transformers::grouped_mm_fallback`` (a Python loop over the
+# data-dependent expert offsets, which no trace can follow) where ``aten._grouped_mm`` is unusable.
+_LIBRARY_OPS: Mapping[tuple[str, str], OwnLowering] = {
+    ("transformers", "grouped_mm_fallback"): OwnLowering(_grouped_mm_fallback, _grouped_mm_applies),
+}
+
+
+def _registered(namespace: str, name: str) -> torch._ops.OpOverload | None:
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def own_lowerings(
@@ -249,5 +322,10 @@ def own_lowerings(
         aten.adaptive_avg_pool2d.default: OwnLowering(
             _adaptive_avg_pool2d, _adaptive_avg_pool2d_applies
         ),
+        aten._grouped_mm.default: OwnLowering(_grouped_mm, _grouped_mm_applies),
     }
+    for (namespace, name), lowering in _LIBRARY_OPS.items():
+        target = _registered(namespace, name)
+        if target is not None:
+            table[target] = lowering
     return table

@@ -21,20 +21,11 @@ from tests import arch_zoo, helpers
 
 VARIANTS = ("functions", "flat", "optimized")
 
-# Known irkit gaps: {model: reason} for every variant, or {(model, variant): reason}. The reason is
-# the root cause (exception, FX node / op, first line) against main e1e61a7 (docs/conformance_zoo.md
-# has the history: the context regions, dtype promotion, hardtanh, Python-constant inputs and
-# pytree output names that failed here on 699d13d are fixed there).
-_GROUPED_MM = (
-    "UnsupportedOpError even with decompose_custom_ops=True: transformers::grouped_mm_fallback "
-    "(FX node 'grouped_mm_fallback', transformers/integrations/moe.py:634): tracing its Python "
-    "implementation fails with GuardOnDataDependentSymNode Eq(u0, 0) (a loop over the "
-    "data-dependent expert offsets)"
-)
-XFAIL: dict[str | tuple[str, str], str] = {
-    "mixtral": _GROUPED_MM,
-    "qwen2_moe": _GROUPED_MM,
-}
+# Known irkit gaps: {model: reason} for every variant, or {(model, variant): reason}, each the root
+# cause (exception, FX node / op, first line). None today: docs/conformance_zoo.md has the history
+# (the MoE grouped_mm custom op, context regions, dtype promotion, hardtanh, Python-constant inputs
+# and pytree output names that failed on earlier commits).
+XFAIL: dict[str | tuple[str, str], str] = {}
 
 
 def _shapes(ep: torch.export.ExportedProgram) -> list[str]:

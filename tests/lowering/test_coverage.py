@@ -6,6 +6,8 @@ optimizations off) and compares with eager PyTorch.
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -267,6 +269,48 @@ def test_conversion_to_complex(fn, x):
 )
 def test_gaps_filled_by_own_lowerings(fn, x):
     _check(_Fn(fn), x)
+
+
+class _Experts(nn.Module):
+    """Mixture-of-experts rows: ``x`` sorted by expert, ``offs`` each expert's end row."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 16, 8, dtype=dtype))
+
+    def forward(self, x, offs):
+        if x.dtype == torch.float32:  # what transformers' experts run on CPU under torch.export
+            return torch.ops.transformers.grouped_mm_fallback(x, self.weight, offs=offs)
+        return torch._grouped_mm(x, self.weight, offs=offs)
+
+
+@pytest.mark.parametrize("offs", [[2, 2, 6], [0, 3, 4], [1, 5, 7]], ids=["empty", "tail", "full"])
+def test_transformers_grouped_mm_custom_op_with_dynamic_rows(offs):
+    # A Python loop over data-dependent offsets (no trace follows it); irkit lowers it as the
+    # aten._grouped_mm it computes: one Slice/MatMul per expert, rows past the last are zero.
+    pytest.importorskip("transformers.integrations.moe")
+    module, rows = _Experts(), torch.export.Dim("rows")
+    x, offs_t = torch.randn(7, 16), torch.tensor(offs, dtype=torch.int32)
+    ep = torch.export.export(module, (x, offs_t), dynamic_shapes=({0: rows}, None))
+    model = irkit.lower(ep)
+    histogram = collections.Counter(n.op_type for n in model.graph)
+    assert (histogram["Slice"], histogram["MatMul"]) == (3, 3)
+    for n in (7, 9):
+        x = torch.randn(n, 16)
+        with torch.no_grad():
+            expected = module(x, offs_t)
+        helpers.assert_close(helpers.run_ort(model, [x, offs_t]), [expected.numpy()], 1e-5)
+
+
+def test_aten_ragged_grouped_mm_is_lowered_where_torchlib_refuses_offsets():
+    # bfloat16 only (torch's kernel); onnxruntime has no bfloat16 MatMul on CPU, so the graph is
+    # checked: the same lowering as the custom op above, whose numbers are checked.
+    module = _Experts(torch.bfloat16)
+    args = (torch.randn(7, 16, dtype=torch.bfloat16), torch.tensor([2, 2, 6], dtype=torch.int32))
+    model = irkit.lower(torch.export.export(module, args))
+    histogram = collections.Counter(n.op_type for n in model.graph)
+    assert (histogram["Slice"], histogram["MatMul"], histogram["Concat"]) == (3, 3, 2)
+    irkit.check(model)
 
 
 def test_an_input_passed_through_gets_its_own_output_name():
