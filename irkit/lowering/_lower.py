@@ -18,6 +18,7 @@ from irkit import metadata
 from irkit.errors import LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
+from irkit.lowering._legalize import legalize_kernel_types
 from irkit.lowering._plan import describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
 from irkit.lowering._registry import LoweringTable
@@ -93,6 +94,7 @@ def lower_program(
     opset = _runnable_opset(model, requested=opset_arg)
     if opset != TORCHLIB_OPSET:
         convert_keeping_functions(model, lambda m: _convert_opset(m, opset))
+    legalize_kernel_types(model)
     store_call_signatures(model, emitter.call_signatures())
     logger.info(
         "irkit.lower: %d FX nodes -> %d ONNX nodes in %.2fs",

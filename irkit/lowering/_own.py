@@ -16,6 +16,8 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from irkit.lowering._own_ordering import ordering_lowerings
+
 __all__ = ["OwnLowering", "own_lowerings"]
 
 
@@ -287,6 +289,44 @@ def _registered(namespace: str, name: str) -> torch._ops.OpOverload | None:
         return None
 
 
+def _hypot(self, other):
+    return op.Sqrt(op.Add(op.Mul(self, self), op.Mul(other, other)))
+
+
+def _nan_ignoring(pick: Callable[..., Any]) -> Callable[..., Any]:
+    """``fmax``/``fmin``: ``max``/``min`` where a NaN loses against a number."""
+
+    def lower(self, other):
+        both = pick(self, other)
+        if not self.dtype.is_floating_point():
+            return both
+        return op.Where(op.IsNaN(self), other, op.Where(op.IsNaN(other), self, both))
+
+    return lower
+
+
+def _uniform(self, from_=0.0, to=1.0, *, generator=None, **kwargs):
+    low, high = kwargs.get("from", from_), to
+    return op.RandomUniformLike(self, low=float(low), high=float(high))
+
+
+def _is_float(node: torch.fx.Node) -> bool:
+    return node.args[0].meta["val"].dtype.is_floating_point
+
+
+_SCATTER_REDUCTIONS = {"add": "add", "multiply": "mul"}
+
+
+def _scatter_reduce(self, dim, index, src, *, reduce):
+    if not isinstance(src, ir.Value):  # scatter.value_reduce: a scalar for every index
+        src = op.Expand(op.CastLike(src, self), op.Shape(index))
+    return op.ScatterElements(self, index, src, axis=dim, reduction=_SCATTER_REDUCTIONS[reduce])
+
+
+def _scatter_reduce_applies(node: torch.fx.Node) -> bool:
+    return node.kwargs.get("reduce") in _SCATTER_REDUCTIONS
+
+
 def own_lowerings(
     torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
 ) -> dict[torch._ops.OpOverload, OwnLowering]:
@@ -323,7 +363,15 @@ def own_lowerings(
             _adaptive_avg_pool2d, _adaptive_avg_pool2d_applies
         ),
         aten._grouped_mm.default: OwnLowering(_grouped_mm, _grouped_mm_applies),
+        aten.hypot.default: OwnLowering(_hypot),
+        aten.fmax.default: OwnLowering(_nan_ignoring(op.Max)),
+        aten.fmin.default: OwnLowering(_nan_ignoring(op.Min)),
+        aten.uniform.default: OwnLowering(_uniform, _is_float),
+        aten.scatter.reduce: OwnLowering(_scatter_reduce, _scatter_reduce_applies),
+        aten.scatter.value_reduce: OwnLowering(_scatter_reduce, _scatter_reduce_applies),
     }
+    for target, (fn, applies) in ordering_lowerings(torchlib).items():
+        table[target] = OwnLowering(fn, applies)
     for (namespace, name), lowering in _LIBRARY_OPS.items():
         target = _registered(namespace, name)
         if target is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -311,6 +312,73 @@ def test_aten_ragged_grouped_mm_is_lowered_where_torchlib_refuses_offsets():
     histogram = collections.Counter(n.op_type for n in model.graph)
     assert (histogram["Slice"], histogram["MatMul"], histogram["Concat"]) == (3, 3, 2)
     irkit.check(model)
+
+
+_TIES = torch.tensor([[3.0, 1.0, 2.0, 1.0, 0.5], [0.0, -1.0, 4.0, 2.0, 2.0]])
+_NAN = torch.tensor([[1.0, float("nan"), 2.0], [0.5, -1.0, 3.0]])
+_DISTINCT = torch.tensor([[3.0, 1.0, 2.0, -1.0, 0.5], [0.0, -2.0, 4.0, 2.5, 2.0]])
+_SORTED = torch.sort(torch.randn(3, 6)).values
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (torch.hypot, (torch.randn(3, 4), torch.randn(4))),
+        (torch.fmax, (_NAN, torch.randn(2, 3))),
+        (torch.fmin, (torch.arange(5), torch.arange(5).flip(0))),
+        (lambda x: torch.sort(x, stable=True, descending=True), (_TIES,)),
+        (lambda x: torch.argsort(x, dim=0, stable=True), (_TIES,)),
+        (lambda x: torch.kthvalue(x, 2), (_DISTINCT,)),  # torch breaks ties arbitrarily
+        (lambda x: torch.kthvalue(x, 2, 0, keepdim=True), (_DISTINCT,)),
+        (torch.median, (_DISTINCT,)),
+        (torch.median, (_NAN,)),
+        (lambda x: torch.median(x, 1, keepdim=True)[0], (_NAN,)),
+        (lambda s, v: torch.searchsorted(s, v, right=True), (_SORTED, torch.randn(3, 2))),
+        (lambda s, v: torch.searchsorted(s, v, out_int32=True), (_SORTED[0], torch.randn(4, 2))),
+        (torch.bucketize, (torch.randn(4, 2), _SORTED[0])),
+        (lambda x, m: torch.masked_select(x, m), (torch.randn(3, 1), torch.randn(3, 4) > 0)),
+        (
+            lambda x, i, s: x.scatter(0, i, s, reduce="add"),
+            (torch.randn(3, 4), torch.tensor([[0, 1, 2, 0]]), torch.randn(1, 4)),
+        ),
+        (
+            lambda x, i: x.scatter(1, i, 2.0, reduce="multiply"),
+            (torch.randn(3, 4), torch.tensor([[0], [1], [3]])),
+        ),
+    ],
+    ids=[
+        "hypot",
+        "fmax_nan",
+        "fmin_int",
+        "sort_stable_desc",
+        "argsort_stable",
+        "kthvalue",
+        "kthvalue_keepdim",
+        "median",
+        "median_nan",
+        "median_dim_nan",
+        "searchsorted_right",
+        "searchsorted_int32",
+        "bucketize",
+        "masked_select_broadcast",
+        "scatter_add",
+        "scatter_value_multiply",
+    ],
+)
+def test_ops_no_exporter_had_own_lowerings(fn, args):
+    # Ties check sort's stability; NaNs check fmax's and median's NaN rules.
+    module = _Fn(fn)
+    outputs = helpers.run_ort(irkit.lower(torch.export.export(module, args)), list(args))
+    expected = helpers.flatten_outputs(module(*args))
+    assert [(o.shape, o.dtype) for o in outputs] == [(e.shape, e.dtype) for e in expected]
+    for out, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(out, want, atol=1e-5, equal_nan=True)
+
+
+def test_uniform_in_place_draws_in_its_range():
+    ep = torch.export.export(_Fn(lambda x: x.clone().uniform_(2.0, 3.0)), (torch.randn(1000),))
+    (out,) = helpers.run_ort(irkit.lower(ep), [torch.randn(1000)])
+    assert out.dtype == np.float32 and 2.0 <= out.min() < 2.1 and 2.9 < out.max() <= 3.0
 
 
 def test_an_input_passed_through_gets_its_own_output_name():

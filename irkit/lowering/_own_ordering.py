@@ -1,0 +1,138 @@
+"""irkit's own lowerings of ordering and selection ops torchlib lacks.
+
+Each is a composition of standard ONNX ops with torch's semantics:
+
+- ``sort.stable`` / (through its decomposition) ``argsort.stable``: ``TopK`` over the whole axis
+  (ONNX breaks ties by the lower index, which *is* a stable sort in both directions);
+- ``kthvalue``, ``median`` (the lower median, NaN if any element is NaN), ``median.dim``:
+  ``TopK`` of the smallest ``k`` and its last element;
+- ``searchsorted`` / ``bucketize``: the insertion index counts the boundaries below the value
+  (``<`` for the left side, ``<=`` for the right);
+- ``masked_select``: ``Compress`` of the broadcast, flattened tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+__all__ = ["ordering_lowerings"]
+
+_INT64 = int(ir.DataType.INT64)
+_INT32 = int(ir.DataType.INT32)
+
+
+def _ints(*values: int) -> ir.Value:
+    return op.Constant(value=ir.tensor(list(values), dtype=ir.DataType.INT64))
+
+
+def _sort_stable(sort: Callable[..., Any]) -> Callable[..., Any]:
+    def lower(self, *, stable=None, dim=-1, descending=False):
+        return sort(self, dim, descending)
+
+    return lower
+
+
+def _smallest(x: ir.Value, k: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
+    """The ``k``-th smallest (1-based, ``k`` a 1-element tensor) along ``dim``, keeping ``dim``."""
+    values, indices = op.TopK(x, k, axis=dim, largest=0, sorted=1)
+    last = op.Sub(k, _ints(1))
+    return op.Gather(values, last, axis=dim), op.Gather(indices, last, axis=dim)
+
+
+def _squeeze_unless(keepdim: bool, dim: int, *values: ir.Value) -> tuple[ir.Value, ...]:
+    return values if keepdim else tuple(op.Squeeze(v, _ints(dim)) for v in values)
+
+
+def _kthvalue(self, k, dim=-1, keepdim=False):
+    if len(self.shape) == 0:  # a 0-d tensor is its own (only) value, at index 0
+        return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
+    values, indices = _smallest(self, _ints(k), dim)
+    return _squeeze_unless(keepdim, dim, values, indices)
+
+
+def _lower_median_k(size: ir.Value) -> ir.Value:
+    """``(n - 1) // 2 + 1``: the lower median's 1-based rank among ``n`` elements."""
+    return op.Add(op.Div(op.Sub(size, _ints(1)), _ints(2)), _ints(1))
+
+
+def _nan_if_any_nan(self: ir.Value, result: ir.Value, dim: int | None, keepdim: bool) -> ir.Value:
+    if not self.dtype.is_floating_point():
+        return result
+    axes = None if dim is None else _ints(dim)
+    has_nan = op.Cast(op.ReduceMax(op.Cast(op.IsNaN(self), to=_INT32), axes, keepdims=int(keepdim)), to=int(ir.DataType.BOOL))
+    return op.Where(has_nan, op.CastLike(float("nan"), self), result)
+
+
+def _median(self):
+    flat = op.Reshape(self, _ints(-1))
+    values, _ = _smallest(flat, _lower_median_k(op.Shape(flat)), 0)
+    return _nan_if_any_nan(self, op.Squeeze(values, _ints(0)), None, False)
+
+
+def _median_dim(self, dim, keepdim=False):
+    if len(self.shape) == 0:
+        return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
+    size = op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
+    values, indices = _smallest(self, _lower_median_k(size), dim)
+    values, indices = _squeeze_unless(keepdim, dim, values, indices)
+    return _nan_if_any_nan(self, values, dim, keepdim), indices
+
+
+def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = op.GatherElements(seq, sorter, axis=-1)
+    values = op.Unsqueeze(self, _ints(-1))  # (..., K, 1) against the boundaries (..., 1, M)
+    if len(seq.shape) > 1:
+        seq = op.Unsqueeze(seq, _ints(-2))
+    below = op.LessOrEqual(seq, values) if right or side == "right" else op.Less(seq, values)
+    count = op.ReduceSum(op.Cast(below, to=_INT64), _ints(-1), keepdims=0)
+    return op.Cast(count, to=_INT32) if out_int32 else count
+
+
+def _bucketize(self, boundaries, *, out_int32=False, right=False):
+    return _searchsorted(boundaries, self, out_int32=out_int32, right=right)
+
+
+def _searchsorted_applies(node: torch.fx.Node) -> bool:
+    """One boundary row (1-D) or batched rows whose leading dims match the values'."""
+    seq, values = (a.meta["val"] for a in node.args[:2])
+    return seq.dim() == 1 or tuple(seq.shape[:-1]) == tuple(values.shape[:-1])
+
+
+def _bucketize_applies(node: torch.fx.Node) -> bool:
+    return node.args[1].meta["val"].dim() == 1
+
+
+def _masked_select(self, mask):
+    both = op.Where(mask, self, self)  # self broadcast against mask
+    flat_mask = op.Reshape(op.Expand(mask, op.Shape(both)), _ints(-1))
+    return op.Compress(op.Reshape(both, _ints(-1)), flat_mask, axis=0)
+
+
+def _static_int_args(*positions: int) -> Callable[[torch.fx.Node], bool]:
+    def applies(node: torch.fx.Node) -> bool:
+        return all(isinstance(node.args[p], int) for p in positions if p < len(node.args))
+
+    return applies
+
+
+def ordering_lowerings(
+    torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
+) -> dict[torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]]:
+    """``{op: (lowering, applies)}`` for the ordering and selection ops above."""
+    aten = torch.ops.aten
+    return {
+        aten.sort.stable: (_sort_stable(torchlib[aten.sort.default]), None),
+        aten.kthvalue.default: (_kthvalue, _static_int_args(1, 2)),
+        aten.median.default: (_median, None),
+        aten.median.dim: (_median_dim, _static_int_args(1)),
+        aten.searchsorted.Tensor: (_searchsorted, _searchsorted_applies),
+        aten.bucketize.Tensor: (_bucketize, _bucketize_applies),
+        aten.masked_select.default: (_masked_select, None),
+    }
