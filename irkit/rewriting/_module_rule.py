@@ -59,11 +59,6 @@ class ModuleCall:
         return list(self.node.inputs)
 
 
-def call_frame(node: ir.Node) -> metadata.Frame | None:
-    """The :data:`~irkit.metadata.CALL_MODULE` frame of a call node, if it has one."""
-    return metadata.node_call(node.metadata_props)
-
-
 _Selector = tuple[Callable[[metadata.Frame], bool], Callable[[metadata.Frame], str]]
 """A predicate over a call's frame, and the failure reason when it says no."""
 
@@ -145,7 +140,7 @@ class ModuleRule(BaseRule):
             and fnmatch.fnmatchcase(fn.name, self.function[1])
         ):
             return MatchFailure(f"function {fn.domain}::{fn.name} not selected", None, node)
-        frame = call_frame(node)
+        frame = metadata.node_call(node.metadata_props)
         if not self._selectors:
             return ModuleCall(node, fn, frame)
         if frame is None:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
+from irkit.rewriting import const_ints, dims
+
 __all__ = ["Flops", "node_flops", "format_count", "derived_shape", "ShapeTracker"]
 
 Dim = int | str
@@ -74,10 +76,7 @@ def format_count(n: float) -> str:
 ShapeOf = Callable[[ir.Value], "tuple[int | str | None, ...] | None"]
 
 
-def _value_shape(value: ir.Value) -> tuple[int | str | None, ...] | None:
-    if value.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+_value_shape: ShapeOf = dims  # (value.shape, symbolic dims by name: irkit.rewriting.dims)
 
 
 def _dims(value: ir.Value | None, shape_of: ShapeOf) -> list[Dim] | None:
@@ -199,22 +198,9 @@ def _broadcast(shapes: list[tuple[int | str | None, ...] | None]) -> tuple[Dim |
     return tuple(result)
 
 
-def _constant_ints(value: ir.Value | None) -> list[int] | None:
-    if value is None:
-        return None
-    tensor = value.const_value
-    producer = value.producer()
-    if tensor is None and producer is not None and producer.op_type == "Constant":
-        attr = producer.attributes.get("value")
-        tensor = attr.as_tensor() if attr is not None else None
-    if tensor is None or len(tensor.shape) != 1:
-        return None
-    return [int(x) for x in tensor.numpy().tolist()]
-
-
 def _reshaped(node: ir.Node, shape: tuple[int | str | None, ...]) -> tuple[Dim, ...] | None:
     """The output shape of ``Reshape(x, constant)``: ``0`` copies a dim, ``-1`` is inferred."""
-    target = _constant_ints(node.inputs[1])
+    target = const_ints(node.inputs[1])
     if target is None:
         return None
     allowzero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0

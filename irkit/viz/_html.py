@@ -26,7 +26,14 @@ from irkit.viz._style import (
     group_calls,
     indexed_successor,
 )
-from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
+from irkit.viz._summary import (
+    Body,
+    Call,
+    ModelSummary,
+    TensorInfo,
+    function_key,
+    function_origin,
+)
 
 __all__ = ["HtmlOptions", "render_html", "render_diff_html", "page", "node_info", "body_about"]
 
@@ -367,12 +374,9 @@ def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
 
 def _origin(body: Body) -> str | None:
     """The module path a function body was built from (``irkit.outline.origin``)."""
-    if body.identifier is None:
+    if not isinstance(body.graph, ir.Function):
         return None
-    try:
-        scope = metadata.decode_scope(body.graph.metadata_props.get(metadata.OUTLINE_ORIGIN))
-    except (ValueError, TypeError):
-        return None
+    scope = function_origin(body.graph)
     return scope[-1].call_id if scope else None
 
 

@@ -88,40 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
-    """Load ``path`` without reading external weights; check that they are present.
+    """:func:`irkit.load` without reading external weights, but checking that they are present.
 
     Raises:
         ModelLoadError: Missing, not ONNX, truncated, or external data missing/short.
     """
-    import onnx_ir as ir
-
     import irkit
-    from irkit.errors import ModelLoadError
+    from irkit._io import check_external_data
 
     model = irkit.load(path, load_external_data=False)
-    if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
-        raise ModelLoadError(
-            f"{path!r}: not an ONNX model (no ir_version or no graph). "
-            "Is the file empty, truncated or of another format?"
-        )
-    if allow_missing_data:
-        return model
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if not isinstance(tensor, ir.ExternalTensor):
-            continue
-        location = pathlib.Path(tensor.base_dir) / tensor.location
-        if not location.is_file():
-            raise ModelLoadError(
-                f"{path!r}: external data file {str(location)!r} for initializer {value.name!r} "
-                "is missing. Copy it next to the model, or pass --allow-missing-data."
-            )
-        end = (tensor.offset or 0) + (tensor.length or 0)
-        if location.stat().st_size < end:
-            raise ModelLoadError(
-                f"{path!r}: external data file {str(location)!r} is truncated "
-                f"({location.stat().st_size} bytes, initializer {value.name!r} needs {end})."
-            )
+    if not allow_missing_data:
+        fix = "Copy it next to the model, or pass --allow-missing-data."
+        check_external_data(model, path, fix=fix)
     return model
 
 

@@ -165,3 +165,12 @@ def test_format_from_suffix(toy, tmp_path):
 def test_view_options_are_refused_where_they_do_not_apply(toy, tmp_path, flags, message):
     result = run_cli(str(toy), *flags, cwd=tmp_path)
     _assert_one_line_error(result, message)
+
+
+def test_irkit_load_makes_the_same_external_data_checks(external_model):
+    """The CLI's loading is ``irkit.load``'s: a short side file is refused there too."""
+    data = external_model.parent / "ext.onnx.data"
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(irkit.ModelLoadError, match=r"ext.onnx.data' is truncated \(100 bytes"):
+        irkit.load(external_model)
+    assert len(irkit.load(external_model, load_external_data=False).graph) > 0
