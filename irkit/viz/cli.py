@@ -1,8 +1,8 @@
 """``irkit-viz`` / ``python tools/viz.py``: read any ONNX file and show it.
 
 Errors a user can cause (missing or broken file, missing external data, ``--layout dot``
-without Graphviz) print one
-line ``irkit-viz: error: …`` and exit with status 2; ``--debug`` shows the traceback.
+without Graphviz) print one line ``irkit-viz: error: …`` (``irkit view: error: …`` when run as
+``irkit view``: :func:`main`'s ``prog``) and exit with status 2; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -32,9 +32,13 @@ _SUFFIX_FORMATS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "irkit-viz"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The argument parser; ``prog`` names the command in usage and error lines."""
     p = argparse.ArgumentParser(
-        prog="irkit-viz",
+        prog=prog,
         description="Show an ONNX model: call hierarchy, op histogram, inputs/outputs; "
         "DOT/SVG pictures, a one-file interactive HTML page, JSON, and diffs.",
     )
@@ -209,12 +213,18 @@ def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
     raise IrkitError(f"--diff supports --format text, json or html, not {fmt!r}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 user error)."""
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 user error).
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+        prog: The command's name in usage, log and error lines (``"irkit view"`` under
+            ``irkit``).
+    """
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING,
-        format="irkit-viz: %(levelname)s: %(message)s",
+        format=f"{prog}: %(levelname)s: %(message)s",
     )
     fmt = args.format or _SUFFIX_FORMATS.get(pathlib.Path(args.output or "").suffix, "text")
     stream = sys.stdout
@@ -228,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"irkit-viz: error: {message}", file=sys.stderr)
+            print(f"{prog}: error: {message}", file=sys.stderr)
             return 2
         if args.output:
             pathlib.Path(args.output).write_text(text, encoding="utf-8")
@@ -241,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if args.debug:
             raise
-        print(f"irkit-viz: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

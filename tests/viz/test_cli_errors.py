@@ -174,3 +174,15 @@ def test_irkit_load_makes_the_same_external_data_checks(external_model):
     with pytest.raises(irkit.ModelLoadError, match=r"ext.onnx.data' is truncated \(100 bytes"):
         irkit.load(external_model)
     assert len(irkit.load(external_model, load_external_data=False).graph) > 0
+
+
+def test_errors_under_irkit_view_name_that_command(tmp_path, monkeypatch, capsys):
+    from irkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["view", "nope.onnx"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "irkit view: error: 'nope.onnx': no such file\n")
+    with pytest.raises(SystemExit):
+        main(["view", "nope.onnx", "--format", "nope"])
+    assert capsys.readouterr().err.startswith("usage: irkit view ")
