@@ -61,7 +61,9 @@ _MAIN = """<main><nav id="tree"></nav>
 
 
 def asset(name: str) -> str:
-    return resources.files("irkit.viz").joinpath("assets", name).read_text(encoding="utf-8")
+    return (
+        resources.files("irkit.viz").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
+    )
 
 
 _SEARCH = (
@@ -84,7 +86,9 @@ def page(title: str, meta: str, body: str, data: object, js: str) -> str:
     )
 
 
-def _value_rows(values, params: set[ir.Value], known: Mapping[ir.Value, TensorInfo]):
+def _value_rows(
+    values: Sequence[ir.Value | None], params: set[ir.Value], known: Mapping[ir.Value, TensorInfo]
+) -> list[list[str]]:
     rows = []
     for v in values:
         if v is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -230,15 +231,14 @@ class ModelSummary:
 
 def numel_bytes(value: ir.Value) -> tuple[int, int]:
     """Element count and bytes of a parameter, from its shape and dtype (data not read)."""
-    shape = value.shape
     tensor = value.const_value
+    shape = dims(value)
     if tensor is not None and shape is None:
-        shape = tensor.shape
-    if shape is None or not all(isinstance(d, int) for d in shape):
+        shape = tuple(tensor.shape.numpy())
+    sizes = [d for d in shape or () if isinstance(d, int)]
+    if shape is None or len(sizes) != len(shape):
         return 0, 0
-    numel = 1
-    for d in shape:
-        numel *= int(d)
+    numel = math.prod(sizes)
     dtype = value.dtype if value.dtype is not None else (tensor.dtype if tensor else None)
     if dtype is None:
         return numel, 0
@@ -479,17 +479,15 @@ _PART = re.compile(r"/part(\d+)$")
 
 def _mark_parts(children: list[Call]) -> None:
     """Number the convex parts of split module calls (call nodes named ``"<path>/part<k>"``)."""
-    parts: dict[str, list[Call]] = {}
+    parts: dict[str, list[tuple[Call, int]]] = {}
     for child in children:
-        name = child.node.name if child.node is not None else ""
-        match = _PART.search(name or "")
+        name = (child.node.name if child.node is not None else None) or ""
+        match = _PART.search(name)
         if match and name[: match.start()] == child.path:
-            parts.setdefault(child.path, []).append(child)
+            parts.setdefault(child.path, []).append((child, int(match.group(1))))
     for group in parts.values():
-        for child in group:
-            match = _PART.search(child.node.name)  # type: ignore[union-attr,arg-type]
-            assert match is not None
-            child.part = (int(match.group(1)), len(group))
+        for child, k in group:
+            child.part = (k, len(group))
 
 
 def relative_name(path: str, parent: str) -> str:

@@ -13,7 +13,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -107,7 +107,7 @@ def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
     return model
 
 
-def _use_color(choice: str, stream) -> bool:
+def _use_color(choice: str, stream: TextIO) -> bool:
     if choice != "auto":
         return choice == "always"
     return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
@@ -173,11 +173,11 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
         return _svg.layout_graph_svg(_graph.body_graph(summary, body or summary.root.body))
     from irkit.viz import _html
 
-    options = _html.HtmlOptions(depth=args.depth, expand=tuple(args.expand), function=args.function)
-    return _html.render_html(summary, options=options, layout=args.layout)
+    page = _html.HtmlOptions(depth=args.depth, expand=tuple(args.expand), function=args.function)
+    return _html.render_html(summary, options=page, layout=args.layout)
 
 
-def _onnx_text(model, function: str | None) -> str:
+def _onnx_text(model: ir.Model, function: str | None) -> str:
     import onnx_ir as ir
 
     from irkit.errors import IrkitError
@@ -192,7 +192,9 @@ def _onnx_text(model, function: str | None) -> str:
     raise IrkitError(f"no function {function!r} (onnx-text takes a function name)")
 
 
-def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
+def _render_diff(
+    args: argparse.Namespace, fmt: str, color: bool, model: ir.Model, name: str
+) -> str:
     from irkit.errors import IrkitError
     from irkit.viz import _diff, _summary
 
