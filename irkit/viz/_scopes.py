@@ -21,7 +21,8 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.viz._style import Style, indexed_successor, plural, relative_path
+from irkit.viz._style import Style, indexed_successor, plural
+from irkit.viz._summary import relative_name
 
 logger = logging.getLogger(__name__)
 
@@ -163,9 +164,9 @@ def scope_lines(
             last = i == len(groups) - 1
             first = group[0]
             assert first.frame is not None
-            label = relative_path(first.path, node.path)
+            label = relative_name(first.path, node.path)
             if len(group) > 1:
-                label += f" … {relative_path(group[-1].path, node.path)}"
+                label += f" … {relative_name(group[-1].path, node.path)}"
             count = mult * len(group)
             cls = s(first.frame.class_name, "yellow") + (
                 s(f" ×{count}", "green") if count > 1 else ""
