@@ -228,7 +228,10 @@ def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, .
     """The first output's shape of a shape-preserving op or a ``Transpose``, from its input.
 
     Values inside ONNX function bodies usually carry no shapes (a ``Linear`` body is
-    ``MatMul(x, Transpose(weight))``); this recovers enough of them to estimate FLOPs.
+    ``MatMul(x, Transpose(weight))``); this recovers enough of them to estimate FLOPs. (ONNX's
+    shape inference, which onnx-ir's ``ShapeInferencePass`` runs, annotates main-graph values
+    only, and a function body's input shapes differ per call site; so viz derives these few ops
+    itself, with dims and constants read by :mod:`irkit.rewriting`'s helpers.)
 
     Example:
         >>> import onnx_ir as ir
