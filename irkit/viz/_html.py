@@ -17,7 +17,7 @@ from importlib import resources
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import IrkitError
+from irkit.errors import IrkitError, MetadataError
 from irkit.viz import _diff, _dot, _graph, _regions, _svg
 from irkit.viz._scopes import node_frames
 from irkit.viz._style import (
@@ -133,9 +133,11 @@ def node_info(
         if key in props:
             fields.append([label, props[key]])
     if metadata.REWRITE_SOURCES in props:
-        fields.append(
-            ["rule sources", ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))]
-        )
+        try:
+            sources = ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))
+        except MetadataError:  # a broken model is still shown, with the raw text
+            sources = props[metadata.REWRITE_SOURCES]
+        fields.append(["rule sources", sources])
     info: dict[str, object] = {
         "op": op,
         "name": node.name or "",

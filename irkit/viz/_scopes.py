@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit.viz._style import Style, indexed_successor, plural
-from irkit.viz._summary import relative_name
+from irkit.viz._summary import relative_name, scope_of
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,8 @@ def node_frames(node: ir.Node) -> tuple[metadata.Frame, ...]:
     PyTorch's ``pkg.torch.onnx.name_scopes`` (+ ``class_hierarchy``), else from ``namespace``.
     Malformed metadata counts as none (logged at debug level)."""
     props = node.metadata_props
-    try:
-        if metadata.SCOPE in props:
-            return metadata.node_scope(props)
-    except (ValueError, TypeError, KeyError):
-        logger.debug("ignoring malformed %s on node %r", metadata.SCOPE, node.name)
-        return ()
+    if metadata.SCOPE in props:
+        return scope_of(node)
     if TORCH_NAME_SCOPES in props:
         names = _literal_list(props[TORCH_NAME_SCOPES]) or []
         classes = _literal_list(props.get(TORCH_CLASS_HIERARCHY, "[]")) or []

@@ -41,6 +41,7 @@ __all__ = [
     "function_key",
     "call_frame",
     "function_origin",
+    "scope_of",
     "numel_bytes",
 ]
 
@@ -255,7 +256,7 @@ def call_frame(node: ir.Node) -> metadata.Frame | None:
         return None
 
 
-def _node_scope(node: ir.Node) -> tuple[metadata.Frame, ...]:
+def scope_of(node: ir.Node) -> tuple[metadata.Frame, ...]:
     """:func:`irkit.metadata.node_scope`, malformed metadata counting as the root scope."""
     try:
         return metadata.node_scope(node.metadata_props)
@@ -326,7 +327,7 @@ class _Builder:
             body.ops.update(callee.ops)
             frame = call_frame(node)
             if frame is not None:
-                site = (*_node_scope(node), frame)
+                site = (*scope_of(node), frame)
                 self.call_sites.setdefault(function.identifier(), []).append(site)
         if identifier is not None:
             self._stack.pop()
@@ -389,7 +390,7 @@ class _Builder:
         if frame is None:
             name = node.name or f"{node.op_type}_{index}"
             return (f"{parent.path}.{name}" if parent.path else name), cls, parent.scope
-        scope = (*_node_scope(node), frame)
+        scope = (*scope_of(node), frame)
         parent_fn = self.callee(parent.node) if parent.node is not None else None
         if parent_fn is not None and parent.scope:
             # Inside a shared body the stored scope is that of the call the body was made from;

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "build_parser", "load_model"]
 
+logger = logging.getLogger(__name__)
+
 FORMATS = ("text", "onnx-text", "dot", "svg", "html", "json")
 _SUFFIX_FORMATS = {
     ".svg": "svg",
@@ -92,7 +94,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
-    """:func:`irkit.load` without reading external weights, but checking that they are present.
+    """:func:`irkit.load` without reading external weights, but checking that they are present;
+    what :func:`irkit.lint` finds broken is logged as a warning (the model is still shown).
 
     Raises:
         ModelLoadError: Missing, not ONNX, truncated, or external data missing/short.
@@ -104,6 +107,13 @@ def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
     if not allow_missing_data:
         fix = "Copy it next to the model, or pass --allow-missing-data."
         check_external_data(model, path, fix=fix)
+    try:
+        irkit.lint(model, allow_unused_functions=True)
+    except irkit.CheckError as exc:  # show a broken model anyway, and say what is broken
+        problems = exc.problems or [str(exc)]
+        first, more = problems[0], len(problems) - 1
+        others = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        logger.warning("%r is broken (irkit.lint): %s%s", path, first, others)
     return model
 
 
