@@ -38,10 +38,10 @@ import warnings
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import irkit  # noqa: E402
-from tests import zoo  # noqa: E402
+import irkit
+from tests import zoo
 
 
 def _best(fn, repeat: int) -> float:

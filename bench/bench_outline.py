@@ -29,10 +29,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import onnx_ir as ir  # noqa: E402
+import onnx_ir as ir
 
-import irkit  # noqa: E402
-from tests import zoo  # noqa: E402
+import irkit
+from tests import zoo
 
 
 def _graph_bytes(model: ir.Model) -> int:

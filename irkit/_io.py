@@ -11,7 +11,7 @@ import onnx_ir as ir
 from irkit._lint import lint
 from irkit.errors import CheckError, ModelLoadError, SaveError
 
-__all__ = ["save", "load", "check", "EXTERNAL_DATA_THRESHOLD_BYTES"]
+__all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 
 EXTERNAL_DATA_THRESHOLD_BYTES = 1_500_000_000
 """Above this total initializer size :func:`save` writes weights to ``<file>.data``.
@@ -95,7 +95,8 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
 
     Raises:
         ModelLoadError: The file is missing, is not an ONNX model, is truncated, or (with
-            ``load_external_data=True``) references an external data file that is missing.
+            ``load_external_data=True``) references an external data file that is missing or
+            shorter than the weights it should hold.
     """
     path = pathlib.Path(path)
     if not path.exists():
@@ -109,17 +110,46 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
             f"{str(path)!r}: not a valid ONNX model ({type(exc).__name__}: {exc}). "
             "Is the file truncated or of another format?"
         ) from exc
+    if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
+        raise ModelLoadError(  # (protobuf parses an empty or cut file as an empty model)
+            f"{str(path)!r}: not an ONNX model (no ir_version or no graph). "
+            "Is the file empty, truncated or of another format?"
+        )
     if load_external_data:
-        for value in model.graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                location = pathlib.Path(tensor.base_dir) / tensor.location
-                if not location.exists():
-                    raise ModelLoadError(
-                        f"{str(path)!r}: external data file {str(location)!r} for initializer "
-                        f"{value.name!r} is missing. Copy it next to the model."
-                    )
+        check_external_data(model, path)
     return model
+
+
+def check_external_data(
+    model: ir.Model, path: str | os.PathLike[str], *, fix: str = "Copy it next to the model."
+) -> None:
+    """Check that every external weight file of ``model`` exists and is long enough.
+
+    Args:
+        model: A model loaded from ``path``.
+        path: The ``.onnx`` file (named in the message).
+        fix: The how-to-fix sentence for a missing file (``irkit view`` adds its option).
+
+    Raises:
+        ModelLoadError: An external data file is missing or shorter than a weight needs.
+    """
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        location = pathlib.Path(tensor.base_dir) / tensor.location
+        if not location.is_file():
+            raise ModelLoadError(
+                f"{str(path)!r}: external data file {str(location)!r} for initializer "
+                f"{value.name!r} is missing. {fix}"
+            )
+        end = (tensor.offset or 0) + (tensor.length or 0)
+        size = location.stat().st_size
+        if size < end:
+            raise ModelLoadError(
+                f"{str(path)!r}: external data file {str(location)!r} is truncated "
+                f"({size} bytes, initializer {value.name!r} needs {end})."
+            )
 
 
 def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:

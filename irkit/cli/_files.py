@@ -241,13 +241,12 @@ def view(argv: Sequence[str]) -> int:
     from irkit.viz import cli
 
     if any(a in ("-h", "--help") for a in argv):
-        parser = cli.build_parser()
-        parser.prog = "irkit view"
+        parser = cli.build_parser("irkit view")
         parser.epilog = _VIEW_EPILOG
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
         parser.print_help()
         return EXIT_OK
-    status: int = cli.main(list(argv))
+    status: int = cli.main(list(argv), prog="irkit view")
     return status
 
 

@@ -3,8 +3,11 @@
 After outlining, each module call is a node whose ``(domain, op_type, overload)`` names an entry
 of ``model.functions`` (domain = the module's Python package, name = its class) and which carries
 :data:`irkit.metadata.CALL_MODULE` (the :class:`~irkit.metadata.Frame` of the call). A
-:class:`ModuleRule` selects such calls by class, module path glob or function name and replaces
-each by one node of another op — a fused kernel, a contrib op, or another function:
+:class:`ModuleRule` selects such calls by module — in the selector language of
+``irkit.outline(functions=...)`` (``modules=``: a :class:`~irkit.ModuleSelector`, classes, a
+predicate; ``cls=`` / ``path=`` are sugar for one class glob / one path glob) — or by the called
+function's name, and replaces each by one node of another op — a fused kernel, a contrib op, or
+another function:
 
 >>> rule = ModuleRule(
 ...     "RMSNormKernel", cls="LlamaRMSNorm",
@@ -28,6 +31,7 @@ from typing import Any
 import onnx_ir as ir
 
 from irkit import metadata
+from irkit._select import FunctionsOption, ModuleSelector, is_glob, make_predicate
 from irkit.errors import RuleDefinitionError
 from irkit.rewriting._builder import RewriteBuilder
 from irkit.rewriting._match import Match, MatchFailure
@@ -55,13 +59,8 @@ class ModuleCall:
         return list(self.node.inputs)
 
 
-def call_frame(node: ir.Node) -> metadata.Frame | None:
-    """The :data:`~irkit.metadata.CALL_MODULE` frame of a call node, if it has one."""
-    return metadata.node_call(node.metadata_props)
-
-
-def _glob(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
+_Selector = tuple[Callable[[metadata.Frame], bool], Callable[[metadata.Frame], str]]
+"""A predicate over a call's frame, and the failure reason when it says no."""
 
 
 class ModuleRule(BaseRule):
@@ -69,33 +68,43 @@ class ModuleRule(BaseRule):
 
     Args:
         name: Stable rule name.
-        cls: Glob over the module class, qualified (``transformers.*.LlamaRMSNorm``) or not
-            (``LlamaRMSNorm``).
-        path: Glob over the module path (``layers.*.attn``).
+        cls: A class, or a glob over the module class, qualified
+            (``transformers.*.LlamaRMSNorm``) or not (``LlamaRMSNorm``); sugar for
+            ``modules=ModuleSelector(classes=[cls])``.
+        path: Glob over the module path (``layers.*.attn``); sugar for
+            ``modules=ModuleSelector(paths=[path])``.
+        modules: Which module calls, in the selector language of ``irkit.outline``'s
+            ``functions=`` (a :class:`~irkit.ModuleSelector`, a list of classes or class names,
+            a predicate ``(path, qualified_class) -> bool``, ``True`` for all).
         function: ``(domain, name)`` globs over the called function.
         replace_with: ``(domain, op_type)`` of the new op, or ``fn(op, call) -> outputs``
             building the replacement with a :class:`RewriteBuilder`.
         attributes: Attributes of the new op: a dict, or ``fn(call) -> dict``.
         min_opset: Fire only at ONNX opset ≥ this.
 
+    A call is replaced when every selector given (``cls``, ``path``, ``modules``, ``function``)
+    selects it.
+
     Raises:
-        RuleDefinitionError: No selector given, or ``replace_with`` is malformed.
+        RuleDefinitionError: No selector given, a selector is malformed, or ``replace_with`` is
+            malformed.
     """
 
     def __init__(
         self,
         name: str,
         *,
-        cls: str | None = None,
+        cls: type | str | None = None,
         path: str | None = None,
+        modules: FunctionsOption | None = None,
         function: tuple[str, str] | None = None,
         replace_with: tuple[str, str] | Callable[[RewriteBuilder, ModuleCall], Any],
         attributes: dict[str, Any] | Callable[[ModuleCall], dict[str, Any]] | None = None,
         min_opset: int | None = None,
     ):
-        if cls is None and path is None and function is None:
+        if cls is None and path is None and modules is None and function is None:
             raise RuleDefinitionError(
-                f"module rule {name!r} selects nothing: give cls=, path= or function="
+                f"module rule {name!r} selects nothing: give cls=, path=, modules= or function="
             )
         if not callable(replace_with) and not (
             isinstance(replace_with, tuple) and len(replace_with) == 2
@@ -107,11 +116,13 @@ class ModuleRule(BaseRule):
         self.name = name
         self.cls = cls
         self.path = path
+        self.modules = modules
         self.function = function
+        self._selectors = _module_selectors(name, cls, path, modules)
         self.replace_with = replace_with
         self.attributes = attributes
         self.min_opset = min_opset
-        if function is not None and not any(_glob(p) for p in function):
+        if function is not None and not any(is_glob(p) for p in function):
             self.anchors = frozenset({(function[0], function[1])})
 
     def applies_to(self, node: ir.Node, ctx: RewriteContext) -> bool:
@@ -129,18 +140,14 @@ class ModuleRule(BaseRule):
             and fnmatch.fnmatchcase(fn.name, self.function[1])
         ):
             return MatchFailure(f"function {fn.domain}::{fn.name} not selected", None, node)
-        frame = call_frame(node)
-        if self.cls is None and self.path is None:
+        frame = metadata.node_call(node.metadata_props)
+        if not self._selectors:
             return ModuleCall(node, fn, frame)
         if frame is None:
             return MatchFailure("call node has no irkit.call metadata", None, node)
-        if self.cls is not None and not (
-            fnmatch.fnmatchcase(frame.cls, self.cls)
-            or fnmatch.fnmatchcase(frame.class_name, self.cls)
-        ):
-            return MatchFailure(f"class {frame.cls} not selected", None, node)
-        if self.path is not None and not fnmatch.fnmatchcase(frame.path, self.path):
-            return MatchFailure(f"module path {frame.path} not selected", None, node)
+        for selected, reason in self._selectors:
+            if not selected(frame):
+                return MatchFailure(reason(frame), None, node)
         return ModuleCall(node, fn, frame)
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
@@ -174,7 +181,12 @@ class ModuleRule(BaseRule):
     def __str__(self) -> str:
         sel = [
             f"{k}={v!r}"
-            for k, v in (("cls", self.cls), ("path", self.path), ("function", self.function))
+            for k, v in (
+                ("cls", self.cls),
+                ("path", self.path),
+                ("modules", self.modules),
+                ("function", self.function),
+            )
             if v is not None
         ]
         target = (
@@ -186,3 +198,41 @@ class ModuleRule(BaseRule):
 
     def __repr__(self) -> str:
         return f"ModuleRule({self.name!r})"
+
+
+def _module_selectors(
+    name: str, cls: type | str | None, path: str | None, modules: FunctionsOption | None
+) -> list[_Selector]:
+    """The module-call selectors of a rule, each with its failure reason (all must say yes)."""
+    selectors: list[_Selector] = []
+
+    def select(option: str, selection: FunctionsOption) -> Callable[[metadata.Frame], bool]:
+        return make_predicate(
+            selection, error=RuleDefinitionError, option=f"module rule {name!r}: {option}"
+        )
+
+    if cls is not None:
+        if not isinstance(cls, (str, type)) or not cls:
+            raise RuleDefinitionError(
+                f"module rule {name!r}: cls={cls!r} is neither a class nor a class name (glob)"
+            )
+        selectors.append(
+            (select("cls", ModuleSelector(classes=[cls])), lambda f: f"class {f.cls} not selected")
+        )
+    if path is not None:
+        if not isinstance(path, str):
+            raise RuleDefinitionError(f"module rule {name!r}: path={path!r} is not a string glob")
+        selectors.append(
+            (
+                select("path", ModuleSelector(paths=[path])),
+                lambda f: f"module path {f.path} not selected",
+            )
+        )
+    if modules is not None:
+        selectors.append(
+            (
+                select("modules", modules),
+                lambda f: f"module call {f.call_id} ({f.cls}) not selected",
+            )
+        )
+    return selectors

@@ -91,8 +91,9 @@ def call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     cls = frame.class_name if frame is not None else callee.identifier[1]
     if frame is not None and callee.identifier[1] != cls:
         cls += f" ({callee.identifier[1]})"
-    if frame is not None and (node.name or "").startswith(frame.call_id + "/part"):
-        name += f" [{node.name[len(frame.call_id) + 1 :]}]"  # a split call: "enc [part0]"
+    node_name = node.name or ""
+    if frame is not None and node_name.startswith(frame.call_id + "/part"):
+        name += f" [{node_name[len(frame.call_id) + 1 :]}]"  # a split call: "enc [part0]"
     shared = f" · body ×{callee.calls}" if callee.calls > 1 else ""
     return f"{name}\n{cls}\n{callee.node_count} nodes{shared}"
 
@@ -210,21 +211,21 @@ def body_dot(
         statement = _node_stmt(summary, node, ident, highlight.get(node))
         frames = _scope(node) if body.is_main and not large else ()
         clusters.at(frames).statements.append(statement)
-        for value in node.outputs:
-            producer[value] = ident
+        for output in node.outputs:
+            producer[output] = ident
     lines.extend(clusters.emit("  "))
     for node, ident in node_ids.items():
         lines.extend(_subgraph_clusters(summary, node, ident, "  "))
     input_index = {v: i for i, v in enumerate(body.graph.inputs)}
     for node, ident in node_ids.items():
-        for value in node.inputs:
-            if value is not None and value in producer:
-                info = TensorInfo.of(value)
-                if value in input_index:
-                    info = body.input_infos[input_index[value]]
+        for arg in node.inputs:
+            if arg is not None and arg in producer:
+                info = TensorInfo.of(arg)
+                if arg in input_index:
+                    info = body.input_infos[input_index[arg]]
                 label = info.type_text()
                 attr = "edgetooltip" if large else "label"
-                lines.append(f"  {producer[value]} -> {ident} [{attr}={quote(label)}];")
+                lines.append(f"  {producer[arg]} -> {ident} [{attr}={quote(label)}];")
     for k, value in enumerate(body.graph.outputs):
         ident = f"o{k}"
         info = TensorInfo.of(value)

@@ -7,10 +7,13 @@ whose shapes are not known well enough is counted in :attr:`Flops.unknown` inste
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
+
+from irkit.rewriting import const_ints, dims
 
 __all__ = ["Flops", "node_flops", "format_count", "derived_shape", "ShapeTracker"]
 
@@ -74,17 +77,16 @@ def format_count(n: float) -> str:
 ShapeOf = Callable[[ir.Value], "tuple[int | str | None, ...] | None"]
 
 
-def _value_shape(value: ir.Value) -> tuple[int | str | None, ...] | None:
-    if value.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+_value_shape: ShapeOf = dims  # (value.shape, symbolic dims by name: irkit.rewriting.dims)
 
 
 def _dims(value: ir.Value | None, shape_of: ShapeOf) -> list[Dim] | None:
+    """The dims of ``value`` if every one is known (an int or a symbol)."""
     shape = None if value is None else shape_of(value)
-    if shape is None or any(d is None for d in shape):
+    if shape is None:
         return None
-    return [d if isinstance(d, int) else str(d) for d in shape]  # type: ignore[misc]
+    known = [d for d in shape if d is not None]
+    return known if len(known) == len(shape) else None
 
 
 def _product(dims: Sequence[Dim], factor: int = 1) -> Flops:
@@ -130,10 +132,10 @@ def node_flops(node: ir.Node, shape_of: ShapeOf = _value_shape) -> Flops:
         return _product([m, k, n], factor=2)
     out = _dims(node.outputs[0], shape_of)
     if out is None:  # out[..., M, N]: batch dims from the longer operand (broadcasting)
-        m = a[-2:-1] if len(a) >= 2 else []
-        n = b[-1:] if len(b) >= 2 else []
+        rows = a[-2:-1] if len(a) >= 2 else []
+        cols = b[-1:] if len(b) >= 2 else []
         batch = a[:-2] if len(a) >= len(b) else b[:-2]
-        out = [*batch, *m, *n]
+        out = [*batch, *rows, *cols]
     # Each output element costs K = a[-1] multiply-adds.
     return _product([*out, a[-1]], factor=2)
 
@@ -188,33 +190,21 @@ _BROADCAST = frozenset(
 
 def _broadcast(shapes: list[tuple[int | str | None, ...] | None]) -> tuple[Dim | None, ...] | None:
     """Numpy broadcasting of known shapes; ``None`` if a shape or a needed dim is unknown."""
-    if not shapes or any(s is None for s in shapes):
+    known = [s for s in shapes if s is not None]
+    if not shapes or len(known) != len(shapes):
         return None
-    rank = max(len(s) for s in shapes)  # type: ignore[arg-type]
+    rank = max(len(s) for s in known)
     result: list[Dim | None] = []
     for i in range(rank):
-        dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0}  # type: ignore[arg-type]
-        dims.discard(1)
-        result.append(dims.pop() if len(dims) == 1 else (1 if not dims else None))
+        seen = {s[i - rank + len(s)] for s in known if i - rank + len(s) >= 0}
+        seen.discard(1)
+        result.append(seen.pop() if len(seen) == 1 else (1 if not seen else None))
     return tuple(result)
-
-
-def _constant_ints(value: ir.Value | None) -> list[int] | None:
-    if value is None:
-        return None
-    tensor = value.const_value
-    producer = value.producer()
-    if tensor is None and producer is not None and producer.op_type == "Constant":
-        attr = producer.attributes.get("value")
-        tensor = attr.as_tensor() if attr is not None else None
-    if tensor is None or len(tensor.shape) != 1:
-        return None
-    return [int(x) for x in tensor.numpy().tolist()]
 
 
 def _reshaped(node: ir.Node, shape: tuple[int | str | None, ...]) -> tuple[Dim, ...] | None:
     """The output shape of ``Reshape(x, constant)``: ``0`` copies a dim, ``-1`` is inferred."""
-    target = _constant_ints(node.inputs[1])
+    target = const_ints(node.inputs[1])
     if target is None:
         return None
     allowzero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0
@@ -223,24 +213,25 @@ def _reshaped(node: ir.Node, shape: tuple[int | str | None, ...]) -> tuple[Dim, 
         for i, d in enumerate(target)
     ]
     if -1 in out:
-        known = [d for d in out if d != -1]
-        if not all(isinstance(d, int) for d in (*shape, *known)):
+        sizes = [d for d in shape if isinstance(d, int)]
+        others = [d for d in out if d != -1]
+        known = [d for d in others if isinstance(d, int)]
+        if len(sizes) != len(shape) or len(known) != len(others):
             return None
-        total = 1
-        for d in shape:
-            total *= d  # type: ignore[operator]
-        rest = 1
-        for d in known:
-            rest *= d  # type: ignore[operator]
-        out[out.index(-1)] = total // rest if rest else None
-    return None if None in out else tuple(out)  # type: ignore[arg-type]
+        rest = math.prod(known)
+        out[out.index(-1)] = math.prod(sizes) // rest if rest else None
+    resolved = [d for d in out if d is not None]
+    return tuple(resolved) if len(resolved) == len(out) else None
 
 
 def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, ...] | None:
     """The first output's shape of a shape-preserving op or a ``Transpose``, from its input.
 
     Values inside ONNX function bodies usually carry no shapes (a ``Linear`` body is
-    ``MatMul(x, Transpose(weight))``); this recovers enough of them to estimate FLOPs.
+    ``MatMul(x, Transpose(weight))``); this recovers enough of them to estimate FLOPs. (ONNX's
+    shape inference, which onnx-ir's ``ShapeInferencePass`` runs, annotates main-graph values
+    only, and a function body's input shapes differ per call site; so viz derives these few ops
+    itself, with dims and constants read by :mod:`irkit.rewriting`'s helpers.)
 
     Example:
         >>> import onnx_ir as ir
@@ -251,7 +242,7 @@ def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, .
     if node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "Constant" and "value" in node.attributes:
-        return tuple(node.attributes["value"].as_tensor().shape)
+        return tuple(node.attributes["value"].as_tensor().shape.numpy())
     if not node.inputs or node.inputs[0] is None:
         return None
     if node.op_type in _BROADCAST:

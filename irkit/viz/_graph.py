@@ -50,7 +50,7 @@ class GraphData:
         }
 
 
-class TypeMemo(dict):
+class TypeMemo(dict[ir.Value, TensorInfo]):
     """``{value: TensorInfo}`` filled on first lookup (a 20k-node page asks for each type
     several times)."""
 

@@ -17,7 +17,7 @@ from importlib import resources
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import IrkitError
+from irkit.errors import IrkitError, MetadataError
 from irkit.viz import _diff, _dot, _graph, _regions, _svg
 from irkit.viz._scopes import node_frames
 from irkit.viz._style import (
@@ -26,7 +26,14 @@ from irkit.viz._style import (
     group_calls,
     indexed_successor,
 )
-from irkit.viz._summary import Body, Call, ModelSummary, TensorInfo, function_key
+from irkit.viz._summary import (
+    Body,
+    Call,
+    ModelSummary,
+    TensorInfo,
+    function_key,
+    function_origin,
+)
 
 __all__ = ["HtmlOptions", "render_html", "render_diff_html", "page", "node_info", "body_about"]
 
@@ -54,7 +61,9 @@ _MAIN = """<main><nav id="tree"></nav>
 
 
 def asset(name: str) -> str:
-    return resources.files("irkit.viz").joinpath("assets", name).read_text(encoding="utf-8")
+    return (
+        resources.files("irkit.viz").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
+    )
 
 
 _SEARCH = (
@@ -77,7 +86,9 @@ def page(title: str, meta: str, body: str, data: object, js: str) -> str:
     )
 
 
-def _value_rows(values, params: set[ir.Value], known: Mapping[ir.Value, TensorInfo]):
+def _value_rows(
+    values: Sequence[ir.Value | None], params: set[ir.Value], known: Mapping[ir.Value, TensorInfo]
+) -> list[list[str]]:
     rows = []
     for v in values:
         if v is None:
@@ -122,9 +133,11 @@ def node_info(
         if key in props:
             fields.append([label, props[key]])
     if metadata.REWRITE_SOURCES in props:
-        fields.append(
-            ["rule sources", ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))]
-        )
+        try:
+            sources = ", ".join(metadata.decode_list(props[metadata.REWRITE_SOURCES]))
+        except MetadataError:  # a broken model is still shown, with the raw text
+            sources = props[metadata.REWRITE_SOURCES]
+        fields.append(["rule sources", sources])
     info: dict[str, object] = {
         "op": op,
         "name": node.name or "",
@@ -367,12 +380,9 @@ def _body_params(summary: ModelSummary, body: Body) -> set[ir.Value]:
 
 def _origin(body: Body) -> str | None:
     """The module path a function body was built from (``irkit.outline.origin``)."""
-    if body.identifier is None:
+    if not isinstance(body.graph, ir.Function):
         return None
-    try:
-        scope = metadata.decode_scope(body.graph.metadata_props.get(metadata.OUTLINE_ORIGIN))
-    except (ValueError, TypeError):
-        return None
+    scope = function_origin(body.graph)
     return scope[-1].call_id if scope else None
 
 

@@ -47,7 +47,9 @@ def _call(call: Call, scopes: _scopes.ScopeNode | None = None) -> dict[str, obje
         "children": [_call(c) for c in call.children],
     }
     if scopes is not None:
-        params = {v: numel_bytes(v) for v in call.body.graph.initializers.values()}  # type: ignore[union-attr]
+        graph = call.body.graph  # (the main graph: scopes are those of a flat model)
+        weights = graph.initializers.values() if isinstance(graph, ir.Graph) else ()
+        params = {v: numel_bytes(v) for v in weights}
         data["children"] = [_scope(s, params) for s in scopes.children.values()]
     return data
 

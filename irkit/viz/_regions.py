@@ -12,6 +12,7 @@ into consecutive runs of nodes, ``nodes 0–399``, ``nodes 400–799``, ….
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import onnx_ir as ir
 
@@ -53,7 +54,7 @@ class Region:
     def class_name(self) -> str:
         return self.cls.rsplit(".", 1)[-1]
 
-    def walk(self):
+    def walk(self) -> Iterator[Region]:
         yield self
         for child in self.children.values():
             yield from child.walk()

@@ -21,7 +21,8 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.viz._style import Style, indexed_successor, plural, relative_path
+from irkit.viz._style import Style, indexed_successor, plural
+from irkit.viz._summary import relative_name, scope_of
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +65,8 @@ def node_frames(node: ir.Node) -> tuple[metadata.Frame, ...]:
     PyTorch's ``pkg.torch.onnx.name_scopes`` (+ ``class_hierarchy``), else from ``namespace``.
     Malformed metadata counts as none (logged at debug level)."""
     props = node.metadata_props
-    try:
-        if metadata.SCOPE in props:
-            return metadata.node_scope(props)
-    except (ValueError, TypeError, KeyError):
-        logger.debug("ignoring malformed %s on node %r", metadata.SCOPE, node.name)
-        return ()
+    if metadata.SCOPE in props:
+        return scope_of(node)
     if TORCH_NAME_SCOPES in props:
         names = _literal_list(props[TORCH_NAME_SCOPES]) or []
         classes = _literal_list(props.get(TORCH_CLASS_HIERARCHY, "[]")) or []
@@ -163,9 +160,9 @@ def scope_lines(
             last = i == len(groups) - 1
             first = group[0]
             assert first.frame is not None
-            label = relative_path(first.path, node.path)
+            label = relative_name(first.path, node.path)
             if len(group) > 1:
-                label += f" … {relative_path(group[-1].path, node.path)}"
+                label += f" … {relative_name(group[-1].path, node.path)}"
             count = mult * len(group)
             cls = s(first.frame.class_name, "yellow") + (
                 s(f" ×{count}", "green") if count > 1 else ""

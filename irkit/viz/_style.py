@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from irkit.viz._flops import format_count
 from irkit.viz._summary import Call
-from irkit.viz._summary import relative_name as relative_path
 
 __all__ = [
     "Style",
@@ -17,7 +16,6 @@ __all__ = [
     "group_calls",
     "format_bytes",
     "format_count",
-    "relative_path",
     "plural",
 ]
 

@@ -5,13 +5,19 @@ A call node is a node whose ``(domain, op_type, overload)`` names an entry of
 analysed once; every call *instance* gets its own :class:`Call` (its module path, parameter
 count, outputs) in the tree. Models not made by irkit (no ``irkit.call`` metadata) fall back to
 function names and node names.
+
+Nothing here re-implements another stage: call frames are read with
+:func:`irkit.metadata.node_call`, the module paths inside a shared body are re-rooted at each
+call site with :func:`irkit.hierarchy.reroot_scope` (as :func:`irkit.inline` and
+:func:`irkit.function_tree` do, so ``enc@1``'s submodules read ``enc.lin@1`` everywhere), and
+dims are :func:`irkit.rewriting.dims`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -19,7 +25,9 @@ from collections.abc import Iterator, Sequence
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import IrkitError
+from irkit.errors import IrkitError, MetadataError
+from irkit.hierarchy import reroot_scope
+from irkit.rewriting import dims
 from irkit.viz import _flops
 
 logger = logging.getLogger(__name__)
@@ -32,6 +40,8 @@ __all__ = [
     "summarize",
     "function_key",
     "call_frame",
+    "function_origin",
+    "scope_of",
     "numel_bytes",
 ]
 
@@ -58,10 +68,7 @@ class TensorInfo:
         if value is None:
             return cls("", None, None)
         dtype = value.dtype.short_name() if value.dtype is not None else None
-        shape = None
-        if value.shape is not None:
-            shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
-        return cls(value.name or "", dtype, shape)
+        return cls(value.name or "", dtype, dims(value))
 
     def type_text(self) -> str:
         """``f32[B,S,64]``; ``?`` for what is unknown."""
@@ -136,6 +143,8 @@ class Call:
             this call node is part ``k`` (0-based; its node is named ``"<path>/part<k>"``).
         subgraph: For a control-flow subgraph (``node`` is its If/Loop/Scan): the attribute
             (``"then_branch"``); its path is ``"<caller path>/<node name>.<attribute>"``.
+        scope: The module calls enclosing this instance, itself last (``()`` for the root and
+            for calls without ``irkit.call``): the call site its body is re-rooted at.
     """
 
     path: str
@@ -149,6 +158,7 @@ class Call:
     depth: int = 0
     part: tuple[int, int] | None = None
     subgraph: str | None = None
+    scope: tuple[metadata.Frame, ...] = ()
 
     @property
     def class_name(self) -> str:
@@ -222,15 +232,14 @@ class ModelSummary:
 
 def numel_bytes(value: ir.Value) -> tuple[int, int]:
     """Element count and bytes of a parameter, from its shape and dtype (data not read)."""
-    shape = value.shape
     tensor = value.const_value
+    shape = dims(value)
     if tensor is not None and shape is None:
-        shape = tensor.shape
-    if shape is None or not all(isinstance(d, int) for d in shape):
+        shape = tuple(tensor.shape.numpy())
+    sizes = [d for d in shape or () if isinstance(d, int)]
+    if shape is None or len(sizes) != len(shape):
         return 0, 0
-    numel = 1
-    for d in shape:
-        numel *= int(d)
+    numel = math.prod(sizes)
     dtype = value.dtype if value.dtype is not None else (tensor.dtype if tensor else None)
     if dtype is None:
         return numel, 0
@@ -238,14 +247,32 @@ def numel_bytes(value: ir.Value) -> tuple[int, int]:
 
 
 def call_frame(node: ir.Node) -> metadata.Frame | None:
-    text = node.metadata_props.get(metadata.CALL_MODULE)
-    if not text:
-        return None
+    """:func:`irkit.metadata.node_call`, where malformed metadata counts as none (logged at debug
+    level): a broken model is still shown."""
     try:
-        return metadata.Frame.from_json(json.loads(text))
-    except (ValueError, TypeError):
+        return metadata.node_call(node.metadata_props)
+    except MetadataError:
         logger.debug("ignoring malformed %s on node %r", metadata.CALL_MODULE, node.name)
         return None
+
+
+def scope_of(node: ir.Node) -> tuple[metadata.Frame, ...]:
+    """:func:`irkit.metadata.node_scope`, malformed metadata counting as the root scope."""
+    try:
+        return metadata.node_scope(node.metadata_props)
+    except MetadataError:
+        logger.debug("ignoring malformed %s on node %r", metadata.SCOPE, node.name)
+        return ()
+
+
+def function_origin(function: ir.Function) -> tuple[metadata.Frame, ...]:
+    """The scope of the module call ``function``'s body was built from (``irkit.outline.origin``,
+    ending with that call's frame); ``()`` when absent or malformed."""
+    try:
+        return metadata.decode_scope(function.metadata_props.get(metadata.OUTLINE_ORIGIN))
+    except MetadataError:
+        logger.debug("ignoring malformed %s on %s", metadata.OUTLINE_ORIGIN, function.name)
+        return ()
 
 
 def _borrow_input_types(caller: Body, callee: Body, node: ir.Node) -> None:
@@ -266,7 +293,7 @@ class _Builder:
         self.model = model
         self.functions: dict[FunctionId, ir.Function] = dict(model.functions)
         self.bodies: dict[str, Body] = {}
-        self.canonical_paths: dict[FunctionId, list[str]] = {}
+        self.call_sites: dict[FunctionId, list[tuple[metadata.Frame, ...]]] = {}
         self.call_names: dict[ir.Node, str] = {}
         self.subgraphs: dict[tuple[ir.Node, str], str] = {}
         self.node_subgraphs: dict[ir.Node, list[tuple[str, str]]] = {}
@@ -300,7 +327,8 @@ class _Builder:
             body.ops.update(callee.ops)
             frame = call_frame(node)
             if frame is not None:
-                self.canonical_paths.setdefault(function.identifier(), []).append(frame.path)
+                site = (*scope_of(node), frame)
+                self.call_sites.setdefault(function.identifier(), []).append(site)
         if identifier is not None:
             self._stack.pop()
         return body
@@ -351,37 +379,41 @@ class _Builder:
                 body.flops += self.flops(self.bodies[function_key(function.identifier())], done)
         return body.flops
 
-    def instance_path(self, node: ir.Node, parent: Call, index: int) -> tuple[str, str]:
-        """(module path, class) of a call node called from ``parent``'s body."""
+    def instance_scope(
+        self, node: ir.Node, parent: Call, index: int
+    ) -> tuple[str, str, tuple[metadata.Frame, ...]]:
+        """(module path, class, scope) of a call node called from ``parent``'s body."""
         frame = call_frame(node)
         function = self.callee(node)
         assert function is not None
         cls = f"{function.domain}.{function.name}" if function.domain else function.name
         if frame is None:
             name = node.name or f"{node.op_type}_{index}"
-            return (f"{parent.path}.{name}" if parent.path else name), cls
-        path = frame.call_id
-        if parent.node is not None:
-            # Inside a shared body the stored path is that of the instance the body was made
-            # from (irkit.outline.origin); re-root it under this instance's own path.
-            parent_fn = self.callee(parent.node)
-            assert parent_fn is not None
-            for owner in self.owners(parent_fn):
-                if path.startswith(owner + "."):
-                    path = f"{parent.path}.{path[len(owner) + 1 :]}"
-                    break
-        return path, frame.cls
+            return (f"{parent.path}.{name}" if parent.path else name), cls, parent.scope
+        scope = (*scope_of(node), frame)
+        parent_fn = self.callee(parent.node) if parent.node is not None else None
+        if parent_fn is not None and parent.scope:
+            # Inside a shared body the stored scope is that of the call the body was made from;
+            # re-root it at this instance, the way irkit.inline does.
+            origin = self.origin(parent_fn, frame)
+            if origin and len(scope) == 1 and frame.path.startswith(origin[-1].path + "."):
+                scope = (*origin, frame)  # a call node without irkit.scope (other tools)
+            if origin and scope[: len(origin)] == origin:
+                scope = reroot_scope(scope, origin, parent.scope)
+        return scope[-1].call_id, frame.cls, scope
 
-    def owners(self, function: ir.Function) -> list[str]:
-        """Module paths the body of ``function`` may have been built from: its recorded origin
-        first, then the paths of its call sites (models outlined by other tools)."""
-        origin = function.metadata_props.get(metadata.OUTLINE_ORIGIN)
-        try:
-            first = [metadata.decode_scope(origin)[-1].call_id] if origin else []
-        except (ValueError, TypeError, IndexError):
-            logger.debug("ignoring malformed %s on %s", metadata.OUTLINE_ORIGIN, function.name)
-            first = []
-        return first + self.canonical_paths.get(function.identifier(), [])
+    def origin(self, function: ir.Function, inner: metadata.Frame) -> tuple[metadata.Frame, ...]:
+        """The scope of the call the body of ``function`` was built from: its recorded origin,
+        else (models outlined by other tools) the first of its call sites that encloses
+        ``inner``."""
+        recorded = function_origin(function)
+        if recorded:
+            return recorded
+        sites = self.call_sites.get(function.identifier(), [])
+        for site in sites:
+            if inner.path.startswith(site[-1].path + "."):
+                return site
+        return sites[0] if sites else ()
 
     def expand(self, call: Call, params: dict[ir.Value, tuple[int, int]]) -> None:
         """Fill ``call.children`` recursively; ``params`` maps body values to parameter sizes."""
@@ -391,7 +423,7 @@ class _Builder:
             function = self.callee(node)
             if function is None:
                 continue
-            path, cls = self.instance_path(node, call, index)
+            path, cls, scope = self.instance_scope(node, call, index)
             _borrow_input_types(call.body, self.bodies[function_key(function.identifier())], node)
             self.call_names.setdefault(node, relative_name(path, call.path))
             child = Call(
@@ -401,6 +433,7 @@ class _Builder:
                 node,
                 depth=call.depth + 1,
                 outputs=[TensorInfo.of(v) for v in node.outputs],
+                scope=scope,
             )
             inner: dict[ir.Value, tuple[int, int]] = {}
             seen: set[ir.Value] = set()
@@ -436,6 +469,7 @@ class _Builder:
             depth=call.depth + 1,
             outputs=[TensorInfo.of(v) for v in body.graph.outputs],
             subgraph=label,
+            scope=call.scope,
         )
         call.children.append(child)
         self.expand(child, params)
@@ -446,17 +480,15 @@ _PART = re.compile(r"/part(\d+)$")
 
 def _mark_parts(children: list[Call]) -> None:
     """Number the convex parts of split module calls (call nodes named ``"<path>/part<k>"``)."""
-    parts: dict[str, list[Call]] = {}
+    parts: dict[str, list[tuple[Call, int]]] = {}
     for child in children:
-        name = child.node.name if child.node is not None else ""
-        match = _PART.search(name or "")
+        name = (child.node.name if child.node is not None else None) or ""
+        match = _PART.search(name)
         if match and name[: match.start()] == child.path:
-            parts.setdefault(child.path, []).append(child)
+            parts.setdefault(child.path, []).append((child, int(match.group(1))))
     for group in parts.values():
-        for child in group:
-            match = _PART.search(child.node.name)  # type: ignore[union-attr,arg-type]
-            assert match is not None
-            child.part = (int(match.group(1)), len(group))
+        for child, k in group:
+            child.part = (k, len(group))
 
 
 def relative_name(path: str, parent: str) -> str:

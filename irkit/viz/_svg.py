@@ -82,9 +82,15 @@ def _layers(n: int, edges: list[tuple[int, int]]) -> list[int] | None:
     return layer
 
 
-def _layout(graph: GraphData, sizes: list[tuple[float, float]]):
+_Routing = list[list[tuple[float, float]]]
+
+
+def _layout(
+    graph: GraphData, sizes: list[tuple[float, float]]
+) -> tuple[list[tuple[float, ...]], _Routing, float]:
+    """igraph's Sugiyama layout: node centres, edge routes (bend points), the column gap."""
     try:
-        import igraph  # type: ignore[import-untyped]
+        import igraph
     except ImportError as exc:  # a broken install: igraph is a dependency
         raise IrkitError(f"SVG output needs the igraph package. {IGRAPH_INSTALL_HINT}") from exc
     index = {n.id: k for k, n in enumerate(graph.nodes)}

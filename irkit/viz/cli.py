@@ -1,8 +1,8 @@
 """``irkit-viz`` / ``python tools/viz.py``: read any ONNX file and show it.
 
 Errors a user can cause (missing or broken file, missing external data, ``--layout dot``
-without Graphviz) print one
-line ``irkit-viz: error: …`` and exit with status 2; ``--debug`` shows the traceback.
+without Graphviz) print one line ``irkit-viz: error: …`` (``irkit view: error: …`` when run as
+``irkit view``: :func:`main`'s ``prog``) and exit with status 2; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
 __all__ = ["main", "build_parser", "load_model"]
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("text", "onnx-text", "dot", "svg", "html", "json")
 _SUFFIX_FORMATS = {
@@ -32,9 +34,13 @@ _SUFFIX_FORMATS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "irkit-viz"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The argument parser; ``prog`` names the command in usage and error lines."""
     p = argparse.ArgumentParser(
-        prog="irkit-viz",
+        prog=prog,
         description="Show an ONNX model: call hierarchy, op histogram, inputs/outputs; "
         "DOT/SVG pictures, a one-file interactive HTML page, JSON, and diffs.",
     )
@@ -88,44 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
-    """Load ``path`` without reading external weights; check that they are present.
+    """:func:`irkit.load` without reading external weights, but checking that they are present;
+    what :func:`irkit.lint` finds broken is logged as a warning (the model is still shown).
 
     Raises:
         ModelLoadError: Missing, not ONNX, truncated, or external data missing/short.
     """
-    import onnx_ir as ir
-
     import irkit
-    from irkit.errors import ModelLoadError
+    from irkit._io import check_external_data
 
     model = irkit.load(path, load_external_data=False)
-    if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
-        raise ModelLoadError(
-            f"{path!r}: not an ONNX model (no ir_version or no graph). "
-            "Is the file empty, truncated or of another format?"
-        )
-    if allow_missing_data:
-        return model
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if not isinstance(tensor, ir.ExternalTensor):
-            continue
-        location = pathlib.Path(tensor.base_dir) / tensor.location
-        if not location.is_file():
-            raise ModelLoadError(
-                f"{path!r}: external data file {str(location)!r} for initializer {value.name!r} "
-                "is missing. Copy it next to the model, or pass --allow-missing-data."
-            )
-        end = (tensor.offset or 0) + (tensor.length or 0)
-        if location.stat().st_size < end:
-            raise ModelLoadError(
-                f"{path!r}: external data file {str(location)!r} is truncated "
-                f"({location.stat().st_size} bytes, initializer {value.name!r} needs {end})."
-            )
+    if not allow_missing_data:
+        fix = "Copy it next to the model, or pass --allow-missing-data."
+        check_external_data(model, path, fix=fix)
+    try:
+        irkit.lint(model, allow_unused_functions=True)
+    except irkit.CheckError as exc:  # show a broken model anyway, and say what is broken
+        problems = exc.problems or [str(exc)]
+        first, more = problems[0], len(problems) - 1
+        others = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        logger.warning("%r is broken (irkit.lint): %s%s", path, first, others)
     return model
 
 
-def _use_color(choice: str, stream) -> bool:
+def _use_color(choice: str, stream: TextIO) -> bool:
     if choice != "auto":
         return choice == "always"
     return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
@@ -191,11 +183,11 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
         return _svg.layout_graph_svg(_graph.body_graph(summary, body or summary.root.body))
     from irkit.viz import _html
 
-    options = _html.HtmlOptions(depth=args.depth, expand=tuple(args.expand), function=args.function)
-    return _html.render_html(summary, options=options, layout=args.layout)
+    page = _html.HtmlOptions(depth=args.depth, expand=tuple(args.expand), function=args.function)
+    return _html.render_html(summary, options=page, layout=args.layout)
 
 
-def _onnx_text(model, function: str | None) -> str:
+def _onnx_text(model: ir.Model, function: str | None) -> str:
     import onnx_ir as ir
 
     from irkit.errors import IrkitError
@@ -210,7 +202,9 @@ def _onnx_text(model, function: str | None) -> str:
     raise IrkitError(f"no function {function!r} (onnx-text takes a function name)")
 
 
-def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
+def _render_diff(
+    args: argparse.Namespace, fmt: str, color: bool, model: ir.Model, name: str
+) -> str:
     from irkit.errors import IrkitError
     from irkit.viz import _diff, _summary
 
@@ -231,12 +225,18 @@ def _render_diff(args, fmt: str, color: bool, model, name: str) -> str:
     raise IrkitError(f"--diff supports --format text, json or html, not {fmt!r}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 user error)."""
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 user error).
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+        prog: The command's name in usage, log and error lines (``"irkit view"`` under
+            ``irkit``).
+    """
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING,
-        format="irkit-viz: %(levelname)s: %(message)s",
+        format=f"{prog}: %(levelname)s: %(message)s",
     )
     fmt = args.format or _SUFFIX_FORMATS.get(pathlib.Path(args.output or "").suffix, "text")
     stream = sys.stdout
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"irkit-viz: error: {message}", file=sys.stderr)
+            print(f"{prog}: error: {message}", file=sys.stderr)
             return 2
         if args.output:
             pathlib.Path(args.output).write_text(text, encoding="utf-8")
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if args.debug:
             raise
-        print(f"irkit-viz: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

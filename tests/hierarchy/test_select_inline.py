@@ -147,3 +147,12 @@ def test_inline_by_module_leaves_foreign_functions_alone():
     assert list(model.functions.values()) == [relu]
     irkit.inline(model)
     assert len(model.functions) == 0
+
+
+def test_class_globs_select_like_module_rule_cls():
+    """Outlining and ``ModuleRule`` share one selector: class strings may be globs."""
+    assert names(irkit.outline(B.stack(1), ["*.Lin*"])) == ["torch.nn.modules::Linear"]
+    assert names(irkit.outline(B.stack(1), irkit.ModuleSelector(classes=["Re?U"]))) == [
+        "torch.nn.modules::ReLU"
+    ]
+    assert irkit.ModuleSelector is irkit.hierarchy.ModuleSelector

@@ -111,3 +111,68 @@ def test_calls_without_metadata_are_reported():
     report = util.rewrite(m, ModuleRule("X", cls="LlamaRMSNorm", replace_with=("a", "B")))
     assert report.rules["X"].failures == {"call node has no irkit.call metadata": 1}
     np.testing.assert_equal(len(m.graph), 1)
+
+
+def _fired_layers(rule: ModuleRule) -> list[str]:
+    m = _model()
+    util.rewrite(m, rule)
+    return [n.op_type for n in m.graph]
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        irkit.ModuleSelector(paths=["layers.[02].*"]),
+        irkit.ModuleSelector(classes=["Nothing"], paths=["layers.[02].*"]),
+        lambda path, cls: path.startswith(("layers.0.", "layers.2.")) and cls == CLS,
+    ],
+)
+def test_modules_takes_the_selectors_outline_takes(modules):
+    """``modules=`` speaks outline's ``functions=`` language; ``path=`` is sugar for it."""
+    rule = ModuleRule("K", modules=modules, replace_with=("com.example", "K"))
+    sugar = ModuleRule("K", path="layers.[02].*", replace_with=("com.example", "K"))
+    assert _fired_layers(rule) == _fired_layers(sugar) == ["K", "LlamaRMSNorm", "K"]
+    m = _model()
+    report = util.rewrite(m, rule)
+    assert set(report.rules["K"].failures) == {
+        f"module call layers.1.input_layernorm ({CLS}) not selected"
+    }
+
+
+@pytest.mark.parametrize(
+    "classes", [["LlamaRMSNorm"], [CLS], ["*.LlamaRMSNorm"], ["Llama*Norm"], True]
+)
+def test_class_spellings_select_every_call(classes):
+    selections = [classes] if classes is True else [classes, irkit.ModuleSelector(classes)]
+    for modules in selections:
+        rule = ModuleRule("K", modules=modules, replace_with=("com.example", "K"))
+        assert _fired_layers(rule) == ["K", "K", "K"]
+    if classes is not True:
+        sugar = ModuleRule("K", cls=classes[0], replace_with=("com.example", "K"))
+        assert _fired_layers(sugar) == ["K", "K", "K"]
+
+
+def test_all_given_selectors_must_agree():
+    rule = ModuleRule("K", cls="LlamaRMSNorm", modules=["Other"], replace_with=("com.example", "K"))
+    assert _fired_layers(rule) == ["LlamaRMSNorm"] * 3
+    rule = ModuleRule("K", cls="Other", path="layers.*", replace_with=("com.example", "K"))
+    m = _model()
+    assert util.rewrite(m, rule).rules["K"].failures == {f"class {CLS} not selected": 3}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"modules": "layers.*"},
+            "module rule 'X': modules='layers.*': a single string is ambiguous",
+        ),
+        ({"modules": [3]}, r"module rule 'X': modules=\.\.\.: 3 is neither a class"),
+        ({"modules": 3}, "module rule 'X': modules=3 \\(int\\) is not supported"),
+        ({"path": 3}, "module rule 'X': path=3 is not a string glob"),
+        ({"cls": ""}, "module rule 'X': cls='' is neither a class nor a class name"),
+    ],
+)
+def test_malformed_selectors_are_rule_definition_errors(kwargs, message):
+    with pytest.raises(RuleDefinitionError, match=message):
+        ModuleRule("X", replace_with=("a", "B"), **kwargs)

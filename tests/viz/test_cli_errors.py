@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 import irkit
@@ -165,3 +167,44 @@ def test_format_from_suffix(toy, tmp_path):
 def test_view_options_are_refused_where_they_do_not_apply(toy, tmp_path, flags, message):
     result = run_cli(str(toy), *flags, cwd=tmp_path)
     _assert_one_line_error(result, message)
+
+
+def test_irkit_load_makes_the_same_external_data_checks(external_model):
+    """The CLI's loading is ``irkit.load``'s: a short side file is refused there too."""
+    data = external_model.parent / "ext.onnx.data"
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(irkit.ModelLoadError, match=r"ext.onnx.data' is truncated \(100 bytes"):
+        irkit.load(external_model)
+    assert len(irkit.load(external_model, load_external_data=False).graph) > 0
+
+
+def test_errors_under_irkit_view_name_that_command(tmp_path, monkeypatch, capsys):
+    from irkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["view", "nope.onnx"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "irkit view: error: 'nope.onnx': no such file\n")
+    with pytest.raises(SystemExit):
+        main(["view", "nope.onnx", "--format", "nope"])
+    assert capsys.readouterr().err.startswith("usage: irkit view ")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "html"])
+def test_a_broken_model_is_shown_and_what_is_broken_is_said(tmp_path, fmt, caplog):
+    from irkit import metadata
+    from irkit.viz import cli
+
+    model = irkit.inline(models.stack(2))
+    model.graph.node(0).metadata_props[metadata.SCOPE] = "[[1, 2]"
+    model.graph.node(1).metadata_props[metadata.REWRITE_SOURCES] = "not a list"
+    path = irkit.save(model, tmp_path / "broken.onnx")
+    out = tmp_path / f"out.{fmt}"
+    with caplog.at_level(logging.WARNING, logger="irkit.viz.cli"):
+        assert cli.main([str(path), "--format", fmt, "-o", str(out)]) == 0
+    assert "layers.1" in out.read_text()  # the rest of the hierarchy is shown
+    (record,) = [r for r in caplog.records if r.name == "irkit.viz.cli"]
+    message = record.getMessage()
+    assert "broken.onnx' is broken (irkit.lint): node 'attn/MatMul_0' (MatMul)" in message
+    assert "malformed irkit.scope metadata '[[1, 2]'" in message
+    assert message.endswith("(and 1 more problem)")
