@@ -43,6 +43,7 @@ from irkit.errors import (
     SaveError,
     UnknownRuleError,
     UnsupportedOpError,
+    VizError,
 )
 from irkit.hierarchy import (
     CallSignatures,
@@ -115,4 +116,5 @@ __all__ = [
     "CheckError",
     "MetadataError",
     "UnknownRuleError",
+    "VizError",
 ]

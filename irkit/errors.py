@@ -148,3 +148,8 @@ class CheckError(IrkitError):
 
 class MetadataError(IrkitError):
     """An ``irkit.*`` metadata value is malformed (not what :mod:`irkit.metadata` writes)."""
+
+
+class VizError(IrkitError):
+    """The viewer cannot render what was asked: an option combination it does not support, a
+    function or module the model does not have, or a missing layout tool (igraph, Graphviz)."""

@@ -192,7 +192,10 @@ class _Legalizer:
         return bound
 
     def _legalize(
-        self, node: ir.Node, schema: onnx.defs.OpSchema, bound: dict[str, list[tuple[int, ir.Value]]]
+        self,
+        node: ir.Node,
+        schema: onnx.defs.OpSchema,
+        bound: dict[str, list[tuple[int, ir.Value]]],
     ) -> None:
         for param, inputs in bound.items():
             dtypes = {self.dtype(v) for _, v in inputs}
@@ -236,7 +239,9 @@ class _Legalizer:
             self.graph.insert_after(node, cast)
         return cast.outputs[0]
 
-    def _cast_back(self, out: ir.Value, dtype: ir.DataType, wide: ir.DataType, node: ir.Node) -> None:
+    def _cast_back(
+        self, out: ir.Value, dtype: ir.DataType, wide: ir.DataType, node: ir.Node
+    ) -> None:
         """``out`` becomes the wide result; a Cast back takes over its name, type and uses."""
         uses = list(out.uses())
         outputs = self.graph.outputs
@@ -252,7 +257,10 @@ class _Legalizer:
                 outputs[k] = back
 
     def _infer_outputs(
-        self, node: ir.Node, schema: onnx.defs.OpSchema, bound: dict[str, list[tuple[int, ir.Value]]]
+        self,
+        node: ir.Node,
+        schema: onnx.defs.OpSchema,
+        bound: dict[str, list[tuple[int, ir.Value]]],
     ) -> None:
         for j, out in enumerate(node.outputs):
             if out.dtype is not None:
@@ -304,5 +312,7 @@ def legalize_kernel_types(model: ir.Model) -> int:
             changed += _Legalizer(graph, opset, names).run()
         changed += _Legalizer(function, opset, names).run()
     if changed:
-        logger.info("irkit.lower: %d node(s) computed in a wider dtype their kernel accepts", changed)
+        logger.info(
+            "irkit.lower: %d node(s) computed in a wider dtype their kernel accepts", changed
+        )
     return changed

@@ -64,7 +64,10 @@ def _nan_if_any_nan(self: ir.Value, result: ir.Value, dim: int | None, keepdim: 
     if not self.dtype.is_floating_point():
         return result
     axes = None if dim is None else _ints(dim)
-    has_nan = op.Cast(op.ReduceMax(op.Cast(op.IsNaN(self), to=_INT32), axes, keepdims=int(keepdim)), to=int(ir.DataType.BOOL))
+    has_nan = op.Cast(
+        op.ReduceMax(op.Cast(op.IsNaN(self), to=_INT32), axes, keepdims=int(keepdim)),
+        to=int(ir.DataType.BOOL),
+    )
     return op.Where(has_nan, op.CastLike(float("nan"), self), result)
 
 

@@ -68,5 +68,3 @@ def _mutable(arg: Any) -> Any:
     if isinstance(arg, tuple):
         return tuple(_mutable(a) for a in arg)
     return arg
-
-

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import IrkitError
+from irkit.errors import VizError
 from irkit.viz._summary import Body, ModelSummary, TensorInfo, call_frame, function_key
 
 __all__ = ["DotGraph", "body_dot", "layout_svg", "GRAPHVIZ_INSTALL_HINT"]
@@ -283,7 +283,7 @@ def layout_svg(sources: Sequence[str]) -> list[str]:
     """Lay out DOT sources with Graphviz ``dot`` (one process for all) and return the SVGs.
 
     Raises:
-        IrkitError: The ``graphviz`` Python package or the ``dot`` program is missing, or
+        VizError: The ``graphviz`` Python package or the ``dot`` program is missing, or
             ``dot`` failed.
     """
     if not sources:
@@ -291,18 +291,18 @@ def layout_svg(sources: Sequence[str]) -> list[str]:
     try:
         import graphviz
     except ImportError as exc:
-        raise IrkitError(
+        raise VizError(
             f"--layout dot needs the graphviz Python package. {GRAPHVIZ_INSTALL_HINT}"
         ) from exc
     try:
         out = graphviz.pipe("dot", "svg", "".join(sources).encode(), quiet=True)
     except graphviz.ExecutableNotFound as exc:
-        raise IrkitError(
+        raise VizError(
             f"Graphviz's `dot` program was not found on PATH. {GRAPHVIZ_INSTALL_HINT}"
         ) from exc
     except graphviz.CalledProcessError as exc:
         stderr = (exc.stderr or b"").decode(errors="replace").strip()
-        raise IrkitError(f"Graphviz `dot` failed: {stderr or exc}") from exc
+        raise VizError(f"Graphviz `dot` failed: {stderr or exc}") from exc
     text = out.decode("utf-8")
     starts = [m.start() for m in re.finditer(r"<\?xml", text)]
     svgs = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]

@@ -17,7 +17,7 @@ from importlib import resources
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import IrkitError, MetadataError
+from irkit.errors import MetadataError, VizError
 from irkit.viz import _diff, _dot, _graph, _regions, _svg
 from irkit.viz._scopes import node_frames
 from irkit.viz._style import (
@@ -492,7 +492,7 @@ def _start(summary: ModelSummary, state: _TreeState) -> list[list[str]]:
     body = summary.find_body(name)
     if body is None:
         names = ", ".join(sorted(summary.bodies))
-        raise IrkitError(f"the model has no function or module {name!r}. Functions: {names}")
+        raise VizError(f"the model has no function or module {name!r}. Functions: {names}")
     return state.trails[body.key]
 
 
@@ -517,7 +517,7 @@ def render_html(
         The HTML text (no external resources).
 
     Raises:
-        IrkitError: ``layout="dot"`` and Graphviz is not installed (see
+        VizError: ``layout="dot"`` and Graphviz is not installed (see
             :data:`irkit.viz._dot.GRAPHVIZ_INSTALL_HINT`), or ``options.function`` names no body.
 
     Example:

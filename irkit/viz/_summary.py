@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 import onnx_ir as ir
 
 from irkit import metadata
-from irkit.errors import IrkitError, MetadataError
+from irkit.errors import MetadataError, VizError
 from irkit.hierarchy import reroot_scope
 from irkit.rewriting import dims
 from irkit.viz import _flops
@@ -305,7 +305,7 @@ class _Builder:
     def body(self, graph: ir.Graph | ir.Function, identifier: FunctionId | None) -> Body:
         key = "main" if identifier is None else function_key(identifier)
         if identifier is not None and identifier in self._stack:
-            raise IrkitError(
+            raise VizError(
                 f"function {key!r} calls itself (directly or through other functions); "
                 "recursion is not valid ONNX. Fix the model's functions."
             )
@@ -514,7 +514,7 @@ def summarize(model: ir.Model, *, name: str | None = None) -> ModelSummary:
         The :class:`ModelSummary`.
 
     Raises:
-        IrkitError: A function calls itself (directly or through others).
+        VizError: A function calls itself (directly or through others).
 
     Example:
         >>> import onnx_ir as ir

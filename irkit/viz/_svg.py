@@ -17,7 +17,7 @@ import html
 import logging
 import math
 
-from irkit.errors import IrkitError
+from irkit.errors import VizError
 from irkit.viz._graph import GraphData, GraphNode, text_width
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _layout(
     try:
         import igraph
     except ImportError as exc:  # a broken install: igraph is a dependency
-        raise IrkitError(f"SVG output needs the igraph package. {IGRAPH_INSTALL_HINT}") from exc
+        raise VizError(f"SVG output needs the igraph package. {IGRAPH_INSTALL_HINT}") from exc
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     edges = [(index[a], index[b]) for a, b, _ in graph.edges]
     g = igraph.Graph(n=len(graph.nodes), edges=edges, directed=True)
@@ -136,7 +136,7 @@ def layout_graph_svg(graph: GraphData) -> str:
     """Lay ``graph`` out (top to bottom) with igraph's Sugiyama layout and return the SVG.
 
     Raises:
-        IrkitError: igraph is not installed (a broken install).
+        VizError: igraph is not installed (a broken install).
     """
     sizes = [box_size(n) for n in graph.nodes]
     coords, routing, _ = _layout(graph, sizes) if graph.nodes else ([], [], 0.0)

@@ -133,20 +133,20 @@ _OPTION_FORMATS = {
 
 
 def _check_options(args: argparse.Namespace, fmt: str) -> None:
-    from irkit.errors import IrkitError
+    from irkit.errors import VizError
 
     if args.layout == "dot" and fmt not in ("svg", "html"):
-        raise IrkitError(f"--layout dot does not apply with --format {fmt}; it lays out svg / html")
+        raise VizError(f"--layout dot does not apply with --format {fmt}; it lays out svg / html")
     for option, formats in _OPTION_FORMATS.items():
         if getattr(args, option) and (fmt not in formats or args.diff):
             where = "with --diff" if args.diff else f"with --format {fmt}"
-            raise IrkitError(
+            raise VizError(
                 f"--{option} does not apply {where}; it shapes --format {' / '.join(formats)}"
             )
 
 
 def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
-    from irkit.errors import IrkitError
+    from irkit.errors import VizError
     from irkit.viz import _dot, _json, _summary, _text
 
     _check_options(args, fmt)
@@ -162,7 +162,7 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
         body = summary.find_body(args.function)
         if body is None:
             names = ", ".join(sorted(b.key for b in summary.bodies.values()))
-            raise IrkitError(
+            raise VizError(
                 f"{args.model!r} has no function or module {args.function!r}. Functions: {names}"
             )
     if fmt == "text":
@@ -190,7 +190,7 @@ def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
 def _onnx_text(model: ir.Model, function: str | None) -> str:
     import onnx_ir as ir
 
-    from irkit.errors import IrkitError
+    from irkit.errors import VizError
 
     if function is None:
         return ir.to_onnx_text(model, exclude_initializers=True) + "\n"
@@ -199,13 +199,13 @@ def _onnx_text(model: ir.Model, function: str | None) -> str:
     for f in model.functions.values():
         if function in (f.name, f"{f.domain}::{f.name}"):
             return onnx.printer.to_text(ir.to_proto(f)) + "\n"
-    raise IrkitError(f"no function {function!r} (onnx-text takes a function name)")
+    raise VizError(f"no function {function!r} (onnx-text takes a function name)")
 
 
 def _render_diff(
     args: argparse.Namespace, fmt: str, color: bool, model: ir.Model, name: str
 ) -> str:
-    from irkit.errors import IrkitError
+    from irkit.errors import VizError
     from irkit.viz import _diff, _summary
 
     other = load_model(args.diff, allow_missing_data=args.allow_missing_data)
@@ -222,7 +222,7 @@ def _render_diff(
         from irkit.viz import _html
 
         return _html.render_diff_html(diff, layout=args.layout)
-    raise IrkitError(f"--diff supports --format text, json or html, not {fmt!r}")
+    raise VizError(f"--diff supports --format text, json or html, not {fmt!r}")
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
