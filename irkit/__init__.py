@@ -43,6 +43,7 @@ from irkit.errors import (
     SaveError,
     UnknownRuleError,
     UnsupportedOpError,
+    WeightsError,
 )
 from irkit.hierarchy import (
     CallSignatures,
@@ -115,4 +116,5 @@ __all__ = [
     "CheckError",
     "MetadataError",
     "UnknownRuleError",
+    "WeightsError",
 ]
