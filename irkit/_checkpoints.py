@@ -78,7 +78,9 @@ class FileTensor:
 
     def renamed(self, name: str) -> FileTensor:
         """The same bytes under the initializer's name."""
-        return FileTensor(self.path, self.offset, self.length, self._dtype, tuple(self._shape), name)
+        return FileTensor(
+            self.path, self.offset, self.length, self._dtype, tuple(self._shape), name
+        )
 
     @property
     def dtype(self) -> ir.DataType:
@@ -194,7 +196,8 @@ class WeightSource:
         """The file (or ``"the state_dict"``) that holds ``key``."""
         return self._where.get(key, self.description)
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
+        """The checkpoint keys."""
         return list(self._tensors)
 
     def __len__(self) -> int:
@@ -228,13 +231,15 @@ def open_weights(weights: object) -> WeightSource:
         return source
     if path.is_dir():
         return _from_folder(path)
-    raise WeightsError(f"weights: {str(path)!r} does not exist. Give a .safetensors file or folder.")
+    raise WeightsError(
+        f"weights: {str(path)!r} does not exist. Give a .safetensors file or folder."
+    )
 
 
 def _merged(sources: list[WeightSource]) -> WeightSource:
     merged = WeightSource(" + ".join(s.description for s in sources))
     for source in reversed(sources):
-        for key in source.keys():
+        for key in source.names():
             tensor = source.get(key)
             assert tensor is not None
             merged.add(key, tensor, source.where(key))
@@ -251,7 +256,9 @@ def _from_mapping(weights: Mapping[Any, Any]) -> WeightSource:
 def _adapt(value: Any, key: str) -> ir.TensorProtocol:
     if type(value).__module__.startswith("torch"):
         if getattr(getattr(value, "device", None), "type", "cpu") == "meta":
-            raise WeightsError(f"weights[{key!r}] is a meta tensor: it holds no data either.", [key])
+            raise WeightsError(
+                f"weights[{key!r}] is a meta tensor: it holds no data either.", [key]
+            )
         return ir.tensor_adapters.TorchTensor(value.detach().cpu().contiguous(), name=key)
     if isinstance(value, np.ndarray):
         return ir.Tensor(np.ascontiguousarray(value), name=key)
@@ -283,7 +290,9 @@ def _from_folder(folder: pathlib.Path) -> WeightSource:
     for name in files:
         file = folder / name
         if not file.is_file():
-            raise WeightsError(f"{str(index)!r} lists {name!r}, which is missing in {str(folder)!r}.")
+            raise WeightsError(
+                f"{str(index)!r} lists {name!r}, which is missing in {str(folder)!r}."
+            )
         _read_safetensors_header(file, source)
     return source
 
@@ -309,7 +318,9 @@ def _read_safetensors_header(path: pathlib.Path, source: WeightSource) -> None:
             if base + end > size:
                 raise WeightsError(f"{str(path)!r} is truncated (tensor {key!r}).", [key])
             shape = tuple(int(d) for d in info["shape"])
-            source.add(key, FileTensor(path, base + begin, end - begin, dtype, shape, key), str(path))
+            source.add(
+                key, FileTensor(path, base + begin, end - begin, dtype, shape, key), str(path)
+            )
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         if isinstance(exc, WeightsError):
             raise

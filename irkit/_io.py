@@ -13,7 +13,7 @@ import onnx_ir as ir
 
 from irkit._lint import lint
 from irkit._stream import Rename, parse_size, resolve_weights, write_external
-from irkit._weights import WeightlessTensor, from_marker, weightless_initializers, weightless_marker
+from irkit._weights import WeightlessTensor, from_marker, weightless_initializers
 from irkit.errors import CheckError, ModelLoadError, SaveError
 
 __all__ = ["save", "load", "check", "EXTERNAL_DATA_THRESHOLD_BYTES"]
@@ -95,8 +95,10 @@ def save(
     shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     if alignment is not None and (not isinstance(alignment, int) or alignment <= 0):
         raise SaveError(f"alignment={alignment!r}: give a positive number of bytes, e.g. 4096.")
-    if weights is not None and rename is not None and not (
-        callable(rename) or isinstance(rename, Mapping)
+    if (
+        weights is not None
+        and rename is not None
+        and not (callable(rename) or isinstance(rename, Mapping))
     ):
         raise SaveError(f"rename must be a mapping or a function, got {type(rename).__name__}.")
     filled = {} if weights is None else resolve_weights(model, weights, rename, override)
@@ -106,8 +108,7 @@ def save(
         for value in graph.initializers.values():
             tensor = filled.get(value, value.const_value)
             if isinstance(tensor, WeightlessTensor):
-                unfilled.append(value)
-                tensor = weightless_marker(tensor, value.name or "")
+                unfilled.append(value)  # serialized as dims and dtype only
             if tensor is not None:
                 tensors[value] = tensor
     if unfilled:
@@ -148,9 +149,7 @@ def _externalize(
 ) -> None:
     """Write the large tensors to external data; ``tensors`` then maps to the written copies
     (small external tensors are read into memory: they are stored inline)."""
-    large = [
-        v for v, t in tensors.items() if v not in unfilled and t.nbytes > _INLINE_LIMIT_BYTES
-    ]
+    large = [v for v, t in tensors.items() if v not in unfilled and t.nbytes > _INLINE_LIMIT_BYTES]
     for value, tensor in tensors.items():
         if value not in large and isinstance(tensor, ir.ExternalTensor):
             tensors[value] = ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=tensor.name)
@@ -272,9 +271,7 @@ def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
             weightless[0].name,
         )
     try:
-        markers = {v: weightless_marker(v.const_value, v.name or "") for v in weightless}  # type: ignore[arg-type]
-        with _swapped(markers):
-            proto = ir.serde.serialize_model(model)
+        proto = ir.serde.serialize_model(model)
         _weightless_as_inputs(proto, {v.name for v in weightless if v.graph is model.graph})
     except Exception as exc:  # onnx-ir raises SerdeError (and others) on malformed models
         raise CheckError(

@@ -83,7 +83,7 @@ def resolve_weights(
         )
     if missing or mismatched:
         raise WeightsError(
-            _problems(missing, mismatched, source.description, source.keys()),
+            _problems(missing, mismatched, source.description, source.names()),
             [v.name or "" for v in missing] + [m.split("'")[1] for m in mismatched],
         )
     logger.info("irkit.save: %d initializer(s) from %s", len(found), source.description)
@@ -153,7 +153,10 @@ def _aligned(offset: int, nbytes: int, alignment: int | None, threshold: int) ->
 
 
 def _shards(
-    tensors: Sequence[ir.TensorProtocol], max_bytes: int | None, alignment: int | None, threshold: int
+    tensors: Sequence[ir.TensorProtocol],
+    max_bytes: int | None,
+    alignment: int | None,
+    threshold: int,
 ) -> list[list[int]]:
     groups: list[list[int]] = [[]]
     end = 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -29,22 +29,25 @@ __all__ = [
     "is_weightless",
     "weightless_initializers",
     "hide_weightless",
-    "weightless_marker",
     "from_marker",
 ]
 
 logger = logging.getLogger(__name__)
 
 WEIGHTLESS_KEY = "irkit.weightless"
-"""``metadata_props`` key of an initializer saved without its data (the ``TensorProto`` holds
-dims and dtype only). :func:`irkit.load` recognizes it."""
+"""``metadata_props`` key of a tensor without data (its ``TensorProto`` holds dims and dtype
+only). :func:`irkit.load` recognizes it."""
 
 
-class WeightlessTensor:
+class WeightlessTensor(ir.serde.TensorProtoTensor):
     """A tensor with a name, dtype and shape and no data (onnx-ir's ``TensorProtocol``).
 
     Reading the data (``numpy()``, ``tobytes()``, ``__array__``, DLPack, ``tofile``) raises
     :class:`~irkit.errors.WeightsError` naming the tensor and saying how to supply the weights.
+    It is not an ``onnx_ir.Tensor``. It is backed by a ``TensorProto`` with dims and dtype only
+    and the :data:`WEIGHTLESS_KEY` metadata, so it serializes without its data:
+    ``onnx_ir.to_onnx_text`` and ``onnx_ir.save`` work, and the file says what it lacks
+    (``onnx.checker`` and runtimes refuse it; :func:`irkit.load` explains).
 
     Args:
         dtype: The element type.
@@ -55,16 +58,16 @@ class WeightlessTensor:
 
     Example:
         >>> import onnx_ir as ir
-        >>> t = WeightlessTensor(ir.DataType.FLOAT, ir.Shape([4, 2]), name="fc.weight")
+        >>> t = WeightlessTensor(ir.DataType.FLOAT, [4, 2], name="fc.weight")
         >>> t.nbytes, isinstance(t, ir.Tensor)
         (32, False)
         >>> t.numpy()
         Traceback (most recent call last):
         ...
-        irkit.errors.WeightsError: initializer 'fc.weight' (FLOAT[4,2]) has no data: ...
+        irkit.errors.WeightsError: initializer 'fc.weight' (FLOAT[4, 2]) has no data: ...
     """
 
-    __slots__ = ("_dtype", "_shape", "name", "aliases", "doc_string", "_metadata_props", "_meta")
+    __slots__ = ("aliases",)
 
     def __init__(
         self,
@@ -73,63 +76,23 @@ class WeightlessTensor:
         *,
         name: str | None = None,
         aliases: Sequence[str] = (),
-        doc_string: str | None = None,
     ) -> None:
-        self._dtype = dtype
-        shape = shape if isinstance(shape, ir.Shape) else ir.Shape(shape)
-        shape.freeze()
-        self._shape = shape
-        self.name = name
+        proto = onnx.TensorProto()
+        if name:
+            proto.name = name
+        proto.data_type = dtype.value
+        proto.dims.extend(int(d) for d in (shape.numpy() if isinstance(shape, ir.Shape) else shape))
+        super().__init__(proto)
+        self.metadata_props[WEIGHTLESS_KEY] = _NOTE
         self.aliases = list(aliases)
-        self.doc_string = doc_string
-        self._metadata_props: dict[str, str] | None = None
-        self._meta: MutableMapping[str, Any] | None = None
-
-    @property
-    def dtype(self) -> ir.DataType:
-        """The element type."""
-        return self._dtype
-
-    @property
-    def shape(self) -> ir.Shape:
-        """The (frozen) shape."""
-        return self._shape
-
-    @property
-    def raw(self) -> None:
-        """No backing data: always ``None``."""
-        return None
-
-    @property
-    def metadata_props(self) -> dict[str, str]:
-        """Serialized metadata (kept for the protocol; irkit writes none here)."""
-        if self._metadata_props is None:
-            self._metadata_props = {}
-        return self._metadata_props
-
-    @property
-    def meta(self) -> MutableMapping[str, Any]:
-        """Pass-local metadata (the protocol's ``meta``)."""
-        if self._meta is None:
-            self._meta = {}
-        return self._meta
-
-    @property
-    def size(self) -> int:
-        """The number of elements."""
-        return int(np.prod(self._shape.numpy(), dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        """The number of bytes the data will take (``ceil`` for sub-byte types)."""
-        return (self.size * self._dtype.bitwidth + 7) // 8
 
     def _no_data(self) -> NoReturn:
         raise WeightsError(
-            f"initializer {self.name!r} ({self._dtype.name}{list(self._shape.numpy())}) has no "
+            f"initializer {self.name!r} ({self.dtype.name}{list(self.shape.numpy())}) has no "
             "data: the model was lowered from a program on the meta device (or saved without "
             "weights). Fix: pass the weights when saving, irkit.save(model, path, "
-            "weights=<state_dict | model.safetensors | save_pretrained folder>)."
+            "weights=<state_dict | model.safetensors | save_pretrained folder>).",
+            [self.name or ""],
         )
 
     def numpy(self) -> np.ndarray:
@@ -154,7 +117,10 @@ class WeightlessTensor:
         self._no_data()
 
     def __repr__(self) -> str:
-        return f"WeightlessTensor<{self._dtype.name},{self._shape}>(name={self.name!r})"
+        return f"WeightlessTensor<{self.dtype.name},{self.shape}>(name={self.name!r})"
+
+
+_NOTE = "no data: save with irkit.save(..., weights=...)"
 
 
 def is_weightless(tensor: object) -> bool:
@@ -222,20 +188,10 @@ class _DropNoValueWarnings(logging.Filter):
         )
 
 
-def weightless_marker(tensor: WeightlessTensor, name: str) -> ir.TensorProtocol:
-    """What a weightless initializer is saved as: a ``TensorProto`` with dims, dtype and the
-    :data:`WEIGHTLESS_KEY` metadata, and no data (``onnx.checker`` and runtimes refuse it)."""
-    proto = onnx.TensorProto()
-    proto.name = name
-    proto.data_type = tensor.dtype.value
-    proto.dims.extend(int(d) for d in tensor.shape.numpy())
-    marker = ir.serde.TensorProtoTensor(proto)
-    marker.metadata_props[WEIGHTLESS_KEY] = "no data: save with irkit.save(..., weights=...)"
-    return marker
-
-
 def from_marker(tensor: ir.TensorProtocol | None) -> WeightlessTensor | None:
     """The :class:`WeightlessTensor` a loaded initializer stands for, if it was saved weightless."""
-    if tensor is None or WEIGHTLESS_KEY not in tensor.metadata_props:
+    if tensor is None or isinstance(tensor, WeightlessTensor):
+        return tensor
+    if WEIGHTLESS_KEY not in tensor.metadata_props:
         return None
-    return WeightlessTensor(tensor.dtype, ir.Shape(tensor.shape.numpy()), name=tensor.name)
+    return WeightlessTensor(tensor.dtype, tensor.shape, name=tensor.name)
