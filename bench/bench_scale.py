@@ -89,7 +89,9 @@ def _lower_figures(layers: int, stock: bool) -> object:
     ep, t_export = _meta_program(layers)
     params = sum(v.numel() for v in ep.state_dict.values())
     print(f"Llama-2-7B-shaped, {layers} layers, {params / 1e9:.2f} B parameters on meta (fp16)")
-    print(f"  torch.export                      {t_export:8.2f} s   ({len(ep.graph.nodes)} FX nodes)")
+    print(
+        f"  torch.export                      {t_export:8.2f} s   ({len(ep.graph.nodes)} FX nodes)"
+    )
     model, t_irkit = _timed(lambda: irkit.lower(ep))
     print(f"  irkit.lower                       {t_irkit:8.2f} s")
     if stock:

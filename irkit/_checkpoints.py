@@ -19,7 +19,7 @@ import os
 import pathlib
 import struct
 from collections.abc import Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -57,7 +57,17 @@ class FileTensor:
     the fallback when weights are stored inline).
     """
 
-    __slots__ = ("path", "offset", "length", "_dtype", "_shape", "name", "doc_string", "_props")
+    __slots__ = (
+        "path",
+        "offset",
+        "length",
+        "_dtype",
+        "_dims",
+        "_shape",
+        "name",
+        "doc_string",
+        "_props",
+    )
 
     def __init__(
         self,
@@ -70,6 +80,7 @@ class FileTensor:
     ) -> None:
         self.path, self.offset, self.length = path, offset, length
         self._dtype = dtype
+        self._dims = shape
         self._shape = ir.Shape(shape)
         self._shape.freeze()
         self.name = name
@@ -78,9 +89,7 @@ class FileTensor:
 
     def renamed(self, name: str) -> FileTensor:
         """The same bytes under the initializer's name."""
-        return FileTensor(
-            self.path, self.offset, self.length, self._dtype, tuple(self._shape), name
-        )
+        return FileTensor(self.path, self.offset, self.length, self._dtype, self._dims, name)
 
     @property
     def dtype(self) -> ir.DataType:
@@ -318,9 +327,8 @@ def _read_safetensors_header(path: pathlib.Path, source: WeightSource) -> None:
             if base + end > size:
                 raise WeightsError(f"{str(path)!r} is truncated (tensor {key!r}).", [key])
             shape = tuple(int(d) for d in info["shape"])
-            source.add(
-                key, FileTensor(path, base + begin, end - begin, dtype, shape, key), str(path)
-            )
+            tensor = FileTensor(path, base + begin, end - begin, dtype, shape, key)
+            source.add(key, cast(ir.TensorProtocol, tensor), str(path))  # (read-only properties)
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         if isinstance(exc, WeightsError):
             raise

@@ -176,8 +176,8 @@ def _swapped(tensors: Mapping[ir.Value, ir.TensorProtocol]) -> Iterator[None]:
             value.const_value = tensor
         yield
     finally:
-        for value, tensor in before.items():
-            value.const_value = tensor
+        for value, old in before.items():
+            value.const_value = old
 
 
 def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir.Model:
@@ -212,10 +212,10 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     weightless = []
     for graph in model.graphs():
         for value in graph.initializers.values():
-            tensor = from_marker(value.const_value)
-            if tensor is not None:
+            marker = from_marker(value.const_value)
+            if marker is not None:
                 weightless.append(value)
-                value.const_value = tensor
+                value.const_value = marker
     if weightless and load_external_data:
         raise ModelLoadError(
             f"{str(path)!r} was saved without weights: {len(weightless)} initializer(s) have no "

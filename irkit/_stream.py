@@ -56,7 +56,7 @@ def resolve_weights(
             weightless = isinstance(tensor, WeightlessTensor)
             name = value.name or ""
             keys = [_renamed(name, rename)]
-            if weightless:
+            if isinstance(tensor, WeightlessTensor):
                 keys += [_renamed(a, rename) for a in tensor.aliases]
             key = next((k for k in keys if k is not None and source.get(k) is not None), None)
             if key is None:

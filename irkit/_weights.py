@@ -194,4 +194,4 @@ def from_marker(tensor: ir.TensorProtocol | None) -> WeightlessTensor | None:
         return tensor
     if WEIGHTLESS_KEY not in tensor.metadata_props:
         return None
-    return WeightlessTensor(tensor.dtype, tensor.shape, name=tensor.name)
+    return WeightlessTensor(tensor.dtype, list(tensor.shape.numpy()), name=tensor.name)

@@ -116,3 +116,28 @@ def test_optimized_outlined_weightless_model_saves_with_sharded_aligned_data(
     with torch.no_grad():
         expected = real(_ids(), use_cache=False).logits.numpy()
     np.testing.assert_allclose(got, expected, atol=FP32_ATOL, rtol=0)
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids))
+
+
+@pytest.mark.parametrize("key", ["emb.weight", "head.weight"])
+def test_tied_weights_are_one_initializer_found_under_either_name(tmp_path, key):
+    torch.manual_seed(0)
+    real = _Tied().eval()
+    with torch.device("meta"):
+        meta = _Tied().eval()
+    ids = torch.tensor([[1, 7, 49]])
+    model = irkit.lower(torch.export.export(meta, (ids.to("meta"),)))
+    assert len(model.graph.initializers) == 1
+    path = irkit.save(model, tmp_path / "t.onnx", weights={key: real.emb.weight})
+    (got,) = run_ort(path, [ids.numpy()])
+    np.testing.assert_allclose(got, real(ids).detach().numpy(), atol=FP32_ATOL, rtol=0)
