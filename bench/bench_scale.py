@@ -194,42 +194,102 @@ print(json.dumps({"seconds": seconds, "peak": peak, "before": before,
 """
 
 
+def _shards(folder: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(folder.glob("model-*.safetensors"))
+
+
+def _drop_cache(paths: list[pathlib.Path]) -> None:
+    """Evict these (clean) files from the page cache: the next read comes from the disk."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def _read_speed(paths: list[pathlib.Path]) -> float:
+    """GB/s of sequential 64 MiB reads (also leaves the files in the page cache)."""
+    t0 = time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+    return sum(p.stat().st_size for p in paths) / (time.perf_counter() - t0) / 1e9
+
+
+def _copy_speed(paths: list[pathlib.Path], out_dir: pathlib.Path) -> float:
+    """GB/s of ``shutil.copyfile`` (kernel copy) + fsync of the shards: the plain-copy reference."""
+    t0 = time.perf_counter()
+    copies = []
+    for path in paths:
+        copy = out_dir / f"copy_{path.name}"
+        shutil.copyfile(path, copy)
+        fd = os.open(copy, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        copies.append(copy)
+    seconds = time.perf_counter() - t0
+    for copy in copies:
+        copy.unlink()
+    return sum(p.stat().st_size for p in paths) / seconds / 1e9
+
+
+def _save(graph: pathlib.Path, out_dir: pathlib.Path, folder: pathlib.Path, extra: pathlib.Path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = out_dir / "model.onnx"
+    result = subprocess.run(
+        [sys.executable, "-c", SAVE, str(graph), str(out), str(folder), str(extra)],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise SystemExit(result.stderr)
+    m = json.loads(result.stdout.strip().splitlines()[-1])
+    m["written"] = sum(p.stat().st_size for p in out_dir.glob("model.onnx*"))
+    m["speed"] = m["written"] / m["seconds"] / 1e9
+    for path in out_dir.glob("model.onnx*"):
+        path.unlink()
+    os.sync()
+    return m
+
+
 def _save_figures(model, layers: int, cache: pathlib.Path) -> None:
     folder = cache / f"llama7b-{layers}L-fp16"
     print(f"Weights: {folder}")
     total = _write_checkpoint(layers, folder)
     extra = folder / "extra_buffers.safetensors"
     _extra_buffers(layers, extra)
+    shards = _shards(folder)
     out_dir = cache / "out"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     graph = irkit.save(model, out_dir / "graph.onnx")  # weightless: dims and dtypes only
     os.sync()  # the checkpoint's dirty pages must not be flushed during a measurement
-    disk_before = _disk_write_speed(out_dir / "disk_test.bin", total)
-    os.sync()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", SAVE, str(graph), str(out_dir / "model.onnx"), str(folder), str(extra)],
-        capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise SystemExit(result.stderr)
-    os.sync()
-    disk = max(disk_before, _disk_write_speed(out_dir / "disk_test.bin", total))
-    m = json.loads(result.stdout.strip().splitlines()[-1])
-    written = sum(p.stat().st_size for p in out_dir.glob("model.onnx*"))
-    speed = written / m["seconds"] / 1e9
+    write_1 = _disk_write_speed(out_dir / "disk_test.bin", total)
+    _drop_cache(shards)
+    read = _read_speed(shards)
+    _drop_cache(shards)
+    copy = _copy_speed(shards, out_dir)
+    _drop_cache(shards)
+    cold = _save(graph, out_dir, folder, extra)
+    _read_speed(shards)  # into the page cache
+    warm = _save(graph, out_dir, folder, extra)
+    write_2 = _disk_write_speed(out_dir / "disk_test.bin", total)
+    disk = max(write_1, write_2)
+    print(f"  {total / 1e9:.2f} GB of weights in {len(shards)} shards; references, same run:")
     print(
-        f"  disk: sequential write + fsync    {disk:8.2f} GB/s ({total / 1e9:.2f} GB; best of "
-        f"before and after the save: {disk_before:.2f}, {disk:.2f})"
+        f"  disk: sequential write + fsync     {disk:6.2f} GB/s  (runs: {write_1:.2f}, {write_2:.2f})"
     )
+    print(f"  disk: sequential read (cold)       {read:6.2f} GB/s")
+    print(f"  copy: shutil.copyfile + fsync      {copy:6.2f} GB/s  (source read from the disk)")
+    for label, m in (("checkpoint on disk (cold)", cold), ("checkpoint in page cache", warm)):
+        print(
+            f"  irkit.save, {label:26} {m['seconds']:7.1f} s  {m['speed']:.2f} GB/s = "
+            f"{100 * m['speed'] / disk:3.0f}% of disk write, {100 * m['speed'] / copy:3.0f}% of copy;"
+            f" peak RSS {m['peak'] / 2**30:.2f} GiB"
+        )
     print(
-        f"  irkit.save(weights=folder)        {m['seconds']:8.2f} s   {speed:.2f} GB/s "
-        f"= {100 * speed / disk:.0f}% of the disk's speed ({written / 1e9:.2f} GB written)"
-    )
-    print(
-        f"  peak RSS of the save subprocess   {m['peak'] / 2**30:8.2f} GiB "
-        f"(before the save: {m['before'] / 2**30:.2f} GiB; torch imported: {m['torch']})"
+        f"  (peak RSS = VmHWM of the save's process: {cold['before'] / 2**30:.2f} GiB before the "
+        f"save; torch imported: {cold['torch']})"
     )
     shutil.rmtree(out_dir)
 
