@@ -50,8 +50,9 @@ def save(
     written by ``save_pretrained`` (shards and ``model.safetensors.index.json``). Initializers
     are matched by name (the parameter's fully qualified name), through ``rename`` if given.
     Each tensor is copied from the checkpoint into the external data file on its own, file to
-    file: memory use does not grow with the model. Without ``weights``, a weightless model is
-    saved as a graph whose initializers have no data; :func:`load` says so when reading it.
+    file: memory use does not grow with the model. External data files are fsynced: when
+    ``save`` returns, the weights are on disk. Without ``weights``, a weightless model is saved
+    as a graph whose initializers have no data; :func:`load` says so when reading it.
 
     Args:
         model: The model to save.
@@ -119,7 +120,8 @@ def save(
             unfilled[0].name,
             str(path),
         )
-    size = sum(t.nbytes for v, t in tensors.items() if v not in unfilled)
+    without = set(unfilled)
+    size = sum(t.nbytes for v, t in tensors.items() if v not in without)
     if external_data is None:
         external_data = size > EXTERNAL_DATA_THRESHOLD_BYTES or shard_bytes is not None
     if external_data is False and size > EXTERNAL_DATA_THRESHOLD_BYTES:
@@ -132,10 +134,7 @@ def save(
         _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment)
     with _swapped(tensors):
         proto = ir.serde.serialize_model(model)
-    with open(path, "wb") as f:
-        f.write(proto.SerializeToString())
-        f.flush()
-        os.fsync(f.fileno())
+    path.write_bytes(proto.SerializeToString())
     return path
 
 
@@ -149,13 +148,13 @@ def _externalize(
 ) -> None:
     """Write the large tensors to external data; ``tensors`` then maps to the written copies
     (small external tensors are read into memory: they are stored inline)."""
-    large = [v for v, t in tensors.items() if v not in unfilled and t.nbytes > _INLINE_LIMIT_BYTES]
+    skip = set(unfilled)
+    large = [v for v, t in tensors.items() if v not in skip and t.nbytes > _INLINE_LIMIT_BYTES]
+    external = set(large)
     for value, tensor in tensors.items():
-        if value not in large and isinstance(tensor, ir.ExternalTensor):
+        if value not in external and isinstance(tensor, ir.ExternalTensor):
             tensors[value] = ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=tensor.name)
-    if not large:
-        return
-    written = write_external(
+    written = write_external(  # (an empty data file when nothing is large, as onnx_ir.save does)
         [tensors[v] for v in large],
         directory,
         data_name,

@@ -141,3 +141,29 @@ def test_tied_weights_are_one_initializer_found_under_either_name(tmp_path, key)
     path = irkit.save(model, tmp_path / "t.onnx", weights={key: real.emb.weight})
     (got,) = run_ort(path, [ids.numpy()])
     np.testing.assert_allclose(got, real(ids).detach().numpy(), atol=FP32_ATOL, rtol=0)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scale
+
+
+def test_program_captured_under_fake_tensor_mode(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ep = torch.export.export(_Scaled(), (torch.randn(2, 8),))
+    model = irkit.lower(ep)
+    kinds = {k: type(v.const_value) for k, v in model.graph.initializers.items()}
+    assert kinds == dict.fromkeys(["fc.weight", "fc.bias", "scale"], WeightlessTensor)
+    torch.manual_seed(0)
+    real = _Scaled()
+    path = irkit.save(model, tmp_path / "s.onnx", weights=real.state_dict())
+    x = torch.randn(2, 8)
+    (got,) = run_ort(path, [x.numpy()])
+    np.testing.assert_allclose(got, real(x).detach().numpy(), atol=FP32_ATOL, rtol=0)
