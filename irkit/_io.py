@@ -16,7 +16,7 @@ from irkit._stream import Rename, parse_size, resolve_weights, write_external
 from irkit._weights import WeightlessTensor, from_marker, weightless_initializers
 from irkit.errors import CheckError, ModelLoadError, SaveError
 
-__all__ = ["save", "load", "check", "EXTERNAL_DATA_THRESHOLD_BYTES"]
+__all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 
 EXTERNAL_DATA_THRESHOLD_BYTES = 1_500_000_000
 """Above this total initializer size :func:`save` writes weights to ``<file>.data``.
@@ -186,7 +186,8 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
         path: The ``.onnx`` file.
         load_external_data: If False, weights stored in side files are referenced lazily and
             not checked (what ``tools/viz.py`` wants), and a model saved without weights loads
-            with weightless initializers (to save with ``weights=`` later).
+            with weightless initializers (to save with ``weights=`` later; with True, that is a
+            :class:`~irkit.errors.ModelLoadError`).
 
     Returns:
         The model; external weights are memory-mapped on first use.
@@ -194,7 +195,7 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     Raises:
         ModelLoadError: The file is missing, is not an ONNX model, is truncated, or (with
             ``load_external_data=True``) references an external data file that is missing or
-            was saved without weights.
+            shorter than the weights it should hold.
     """
     path = pathlib.Path(path)
     if not path.exists():
@@ -202,12 +203,58 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     if path.is_dir():
         raise ModelLoadError(f"{str(path)!r}: is a directory, not an ONNX file")
     try:
-        model = ir.load(path)
+        model = _with_weightless(ir.load(path), path, load_external_data)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises various
         raise ModelLoadError(
             f"{str(path)!r}: not a valid ONNX model ({type(exc).__name__}: {exc}). "
             "Is the file truncated or of another format?"
         ) from exc
+    if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
+        raise ModelLoadError(  # (protobuf parses an empty or cut file as an empty model)
+            f"{str(path)!r}: not an ONNX model (no ir_version or no graph). "
+            "Is the file empty, truncated or of another format?"
+        )
+    if load_external_data:
+        check_external_data(model, path)
+    return model
+
+
+def check_external_data(
+    model: ir.Model, path: str | os.PathLike[str], *, fix: str = "Copy it next to the model."
+) -> None:
+    """Check that every external weight file of ``model`` exists and is long enough.
+
+    Args:
+        model: A model loaded from ``path``.
+        path: The ``.onnx`` file (named in the message).
+        fix: The how-to-fix sentence for a missing file (``irkit view`` adds its option).
+
+    Raises:
+        ModelLoadError: An external data file is missing or shorter than a weight needs.
+    """
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        location = pathlib.Path(tensor.base_dir) / tensor.location
+        if not location.is_file():
+            raise ModelLoadError(
+                f"{str(path)!r}: external data file {str(location)!r} for initializer "
+                f"{value.name!r} is missing. {fix}"
+            )
+        end = (tensor.offset or 0) + (tensor.length or 0)
+        size = location.stat().st_size
+        if size < end:
+            raise ModelLoadError(
+                f"{str(path)!r}: external data file {str(location)!r} is truncated "
+                f"({size} bytes, initializer {value.name!r} needs {end})."
+            )
+
+
+def _with_weightless(model: ir.Model, path: pathlib.Path, load_external_data: bool) -> ir.Model:
+    """Initializers saved without data become weightless again (or an error, if data is wanted)."""
     weightless = []
     for graph in model.graphs():
         for value in graph.initializers.values():
@@ -222,16 +269,6 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
             "irkit.load(path, load_external_data=False) and write the weights with "
             "irkit.save(model, path, weights=<state_dict | .safetensors | folder>)."
         )
-    if load_external_data:
-        for value in model.graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                location = pathlib.Path(tensor.base_dir) / tensor.location
-                if not location.exists():
-                    raise ModelLoadError(
-                        f"{str(path)!r}: external data file {str(location)!r} for initializer "
-                        f"{value.name!r} is missing. Copy it next to the model."
-                    )
     return model
 
 
