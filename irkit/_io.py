@@ -253,25 +253,6 @@ def check_external_data(
             )
 
 
-def _with_weightless(model: ir.Model, path: pathlib.Path, load_external_data: bool) -> ir.Model:
-    """Initializers saved without data become weightless again (or an error, if data is wanted)."""
-    weightless = []
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            marker = from_marker(value.const_value)
-            if marker is not None:
-                weightless.append(value)
-                value.const_value = marker
-    if weightless and load_external_data:
-        raise ModelLoadError(
-            f"{str(path)!r} was saved without weights: {len(weightless)} initializer(s) have no "
-            f"data (first: {weightless[0].name!r}). Fix: load the graph with "
-            "irkit.load(path, load_external_data=False) and write the weights with "
-            "irkit.save(model, path, weights=<state_dict | .safetensors | folder>)."
-        )
-    return model
-
-
 def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
     """Check ``model``: irkit's own invariants (:func:`irkit.lint`), then ``onnx.checker``.
 
@@ -342,3 +323,22 @@ def _weightless_as_inputs(proto: onnx.ModelProto, names: set[str | None]) -> Non
             graph.input.append(
                 onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
             )
+
+
+def _with_weightless(model: ir.Model, path: pathlib.Path, load_external_data: bool) -> ir.Model:
+    """Initializers saved without data become weightless again (or an error, if data is wanted)."""
+    weightless = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            marker = from_marker(value.const_value)
+            if marker is not None:
+                weightless.append(value)
+                value.const_value = marker
+    if weightless and load_external_data:
+        raise ModelLoadError(
+            f"{str(path)!r} was saved without weights: {len(weightless)} initializer(s) have no "
+            f"data (first: {weightless[0].name!r}). Fix: load the graph with "
+            "irkit.load(path, load_external_data=False) and write the weights with "
+            "irkit.save(model, path, weights=<state_dict | .safetensors | folder>)."
+        )
+    return model
