@@ -44,6 +44,7 @@ from irkit.errors import (
     UnknownRuleError,
     UnsupportedOpError,
     VizError,
+    WeightsError,
 )
 from irkit.hierarchy import (
     CallSignatures,
@@ -117,4 +118,5 @@ __all__ = [
     "MetadataError",
     "UnknownRuleError",
     "VizError",
+    "WeightsError",
 ]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pathlib
+from collections.abc import Iterator, Mapping
 
 import onnx
 import onnx_ir as ir
 
 from irkit._lint import lint
+from irkit._stream import Rename, parse_size, resolve_weights, write_external
+from irkit._weights import WeightlessTensor, from_marker, weightless_initializers
 from irkit.errors import CheckError, ModelLoadError, SaveError
 
 __all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
@@ -19,14 +24,9 @@ EXTERNAL_DATA_THRESHOLD_BYTES = 1_500_000_000
 Protobuf cannot serialize messages of 2 GiB or more, so a margin below that is kept.
 """
 
+_INLINE_LIMIT_BYTES = 256  # smaller tensors stay in the .onnx file (as onnx_ir.save does)
 
-def _initializer_bytes(model: ir.Model) -> int:
-    total = 0
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if tensor is not None:
-            total += tensor.nbytes
-    return total
+logger = logging.getLogger(__name__)
 
 
 def save(
@@ -34,10 +34,25 @@ def save(
     path: str | os.PathLike[str],
     *,
     external_data: bool | str | None = None,
+    weights: object = None,
+    rename: Rename | None = None,
+    override: bool = False,
+    max_shard_size: int | str | None = None,
+    alignment: int | None = None,
 ) -> pathlib.Path:
-    """Serialize ``model`` to ``path``. The model is not modified.
+    """Serialize ``model`` to ``path``, streaming weights from a checkpoint if given.
 
-    The output is deterministic: the same model gives a byte-identical file.
+    The model is not modified, and the output is deterministic: the same model (and weights)
+    gives byte-identical files.
+
+    A model lowered from a program on the ``meta`` device has weightless initializers (dtype and
+    shape, no data). ``weights`` fills them: a state_dict, a ``.safetensors`` file, or a folder
+    written by ``save_pretrained`` (shards and ``model.safetensors.index.json``). Initializers
+    are matched by name (the parameter's fully qualified name), through ``rename`` if given.
+    Each tensor is copied from the checkpoint into the external data file on its own, file to
+    file: memory use does not grow with the model. External data files are fsynced: when
+    ``save`` returns, the weights are on disk. Without ``weights``, a weightless model is saved
+    as a graph whose initializers have no data; :func:`load` says so when reading it.
 
     Args:
         model: The model to save.
@@ -45,13 +60,25 @@ def save(
         external_data: ``None`` (default) stores weights in a side file ``<name>.data`` only when
             they exceed :data:`EXTERNAL_DATA_THRESHOLD_BYTES`; ``True`` always does; ``False``
             never does; a string names the side file (relative to ``path``'s directory).
+        weights: Where the weights of weightless initializers are (see above).
+        rename: Initializer name → checkpoint key: a mapping (names not in it are kept) or a
+            function (returning ``None`` skips the name).
+        override: Also take the checkpoint's tensor for initializers that have data already
+            (by default they keep their own).
+        max_shard_size: Split external data into files of at most this many bytes (an int, or
+            text like ``"5GB"``), named ``<name>-00001-of-0000N.data``. A larger tensor gets
+            a file of its own.
+        alignment: Align the offset of each tensor larger than this many bytes (at least 4096)
+            in the data files to a multiple of it, so that runtimes can memory-map them.
 
     Returns:
         The path written.
 
     Raises:
-        SaveError: The destination directory does not exist, or the model is too large for a
-            single file and ``external_data=False`` was given.
+        SaveError: The destination directory does not exist, the model is too large for a
+            single file and ``external_data=False`` was given, or an option is invalid.
+        WeightsError: ``weights`` lacks a weightless initializer's tensor, or holds one with
+            another shape or dtype (the message lists them, with the file), or is unreadable.
 
     Example:
         >>> import irkit, onnx_ir as ir
@@ -66,20 +93,90 @@ def save(
             f"Cannot save to {str(path)!r}: directory {str(path.parent)!r} does not exist. "
             "Create it first."
         )
-    size = _initializer_bytes(model)
+    shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
+    if alignment is not None and (not isinstance(alignment, int) or alignment <= 0):
+        raise SaveError(f"alignment={alignment!r}: give a positive number of bytes, e.g. 4096.")
+    if (
+        weights is not None
+        and rename is not None
+        and not (callable(rename) or isinstance(rename, Mapping))
+    ):
+        raise SaveError(f"rename must be a mapping or a function, got {type(rename).__name__}.")
+    filled = {} if weights is None else resolve_weights(model, weights, rename, override)
+    tensors: dict[ir.Value, ir.TensorProtocol] = {}
+    unfilled: list[ir.Value] = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = filled.get(value, value.const_value)
+            if isinstance(tensor, WeightlessTensor):
+                unfilled.append(value)  # serialized as dims and dtype only
+            if tensor is not None:
+                tensors[value] = tensor
+    if unfilled:
+        logger.warning(
+            "irkit.save: %d initializer(s) have no data (first: %r): %s is saved without them; "
+            "pass weights=... to irkit.save to write them.",
+            len(unfilled),
+            unfilled[0].name,
+            str(path),
+        )
+    without = set(unfilled)
+    size = sum(t.nbytes for v, t in tensors.items() if v not in without)
     if external_data is None:
-        external_data = size > EXTERNAL_DATA_THRESHOLD_BYTES
+        external_data = size > EXTERNAL_DATA_THRESHOLD_BYTES or shard_bytes is not None
     if external_data is False and size > EXTERNAL_DATA_THRESHOLD_BYTES:
         raise SaveError(
             f"Model weights take {size / 2**30:.2f} GiB, too large for one protobuf file "
             f"({str(path)!r}). Pass external_data=True (or None) to irkit.save."
         )
-    if external_data is False:
-        ir.save(model, path)
-    else:
+    if external_data is not False:
         data_name = external_data if isinstance(external_data, str) else f"{path.name}.data"
-        ir.save(model, path, external_data=data_name)
+        _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment)
+    with _swapped(tensors):
+        proto = ir.serde.serialize_model(model)
+    path.write_bytes(proto.SerializeToString())
     return path
+
+
+def _externalize(
+    tensors: dict[ir.Value, ir.TensorProtocol],
+    unfilled: list[ir.Value],
+    directory: pathlib.Path,
+    data_name: str,
+    shard_bytes: int | None,
+    alignment: int | None,
+) -> None:
+    """Write the large tensors to external data; ``tensors`` then maps to the written copies
+    (small external tensors are read into memory: they are stored inline)."""
+    skip = set(unfilled)
+    large = [v for v, t in tensors.items() if v not in skip and t.nbytes > _INLINE_LIMIT_BYTES]
+    external = set(large)
+    for value, tensor in tensors.items():
+        if value not in external and isinstance(tensor, ir.ExternalTensor):
+            tensors[value] = ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=tensor.name)
+    written = write_external(  # (an empty data file when nothing is large, as onnx_ir.save does)
+        [tensors[v] for v in large],
+        directory,
+        data_name,
+        max_shard_size=shard_bytes,
+        alignment=alignment,
+        align_threshold=max(4096, alignment or 0),  # smaller tensors are packed
+    )
+    for value, tensor in zip(large, written, strict=True):
+        tensors[value] = tensor
+
+
+@contextlib.contextmanager
+def _swapped(tensors: Mapping[ir.Value, ir.TensorProtocol]) -> Iterator[None]:
+    """Within the block, each initializer holds the tensor to serialize; restored on exit."""
+    before = {value: value.const_value for value in tensors}
+    try:
+        for value, tensor in tensors.items():
+            value.const_value = tensor
+        yield
+    finally:
+        for value, old in before.items():
+            value.const_value = old
 
 
 def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir.Model:
@@ -88,7 +185,9 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     Args:
         path: The ``.onnx`` file.
         load_external_data: If False, weights stored in side files are referenced lazily and
-            not checked (what ``tools/viz.py`` wants).
+            not checked (what ``tools/viz.py`` wants), and a model saved without weights loads
+            with weightless initializers (to save with ``weights=`` later; with True, that is a
+            :class:`~irkit.errors.ModelLoadError`).
 
     Returns:
         The model; external weights are memory-mapped on first use.
@@ -104,7 +203,9 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     if path.is_dir():
         raise ModelLoadError(f"{str(path)!r}: is a directory, not an ONNX file")
     try:
-        model = ir.load(path)
+        model = _with_weightless(ir.load(path), path, load_external_data)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises various
         raise ModelLoadError(
             f"{str(path)!r}: not a valid ONNX model ({type(exc).__name__}: {exc}). "
@@ -178,8 +279,17 @@ def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
           - node ... calls function pkg::Missing (overload ''), which the model does not define. ...
     """
     lint(model, allow_unused_functions=True)
+    weightless = weightless_initializers(model)
+    if weightless:
+        logger.warning(
+            "irkit.check: %d initializer(s) have no data (first: %r); the graph is checked with "
+            "them as inputs. Save with irkit.save(model, path, weights=...) to add the data.",
+            len(weightless),
+            weightless[0].name,
+        )
     try:
         proto = ir.serde.serialize_model(model)
+        _weightless_as_inputs(proto, {v.name for v in weightless if v.graph is model.graph})
     except Exception as exc:  # onnx-ir raises SerdeError (and others) on malformed models
         raise CheckError(
             f"the model cannot be serialized ({type(exc).__name__}: {exc}); it is malformed."
@@ -195,4 +305,40 @@ def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
         raise CheckError(f"onnx.checker rejected the model: {exc}") from exc
     except onnx.shape_inference.InferenceError as exc:
         raise CheckError(f"ONNX shape inference rejected the model: {exc}") from exc
+    return model
+
+
+def _weightless_as_inputs(proto: onnx.ModelProto, names: set[str | None]) -> None:
+    """Turn the main graph's data-less initializers into typed inputs (the checker wants data)."""
+    if not names:
+        return
+    graph = proto.graph
+    kept = [t for t in graph.initializer if t.name not in names]
+    dropped = [t for t in graph.initializer if t.name in names]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    declared = {i.name for i in graph.input}
+    for tensor in dropped:
+        if tensor.name not in declared:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+
+
+def _with_weightless(model: ir.Model, path: pathlib.Path, load_external_data: bool) -> ir.Model:
+    """Initializers saved without data become weightless again (or an error, if data is wanted)."""
+    weightless = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            marker = from_marker(value.const_value)
+            if marker is not None:
+                weightless.append(value)
+                value.const_value = marker
+    if weightless and load_external_data:
+        raise ModelLoadError(
+            f"{str(path)!r} was saved without weights: {len(weightless)} initializer(s) have no "
+            f"data (first: {weightless[0].name!r}). Fix: load the graph with "
+            "irkit.load(path, load_external_data=False) and write the weights with "
+            "irkit.save(model, path, weights=<state_dict | .safetensors | folder>)."
+        )
     return model

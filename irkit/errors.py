@@ -21,6 +21,7 @@ __all__ = [
     "FixedPointError",
     "ModelLoadError",
     "SaveError",
+    "WeightsError",
     "CheckError",
     "MetadataError",
     "UnknownRuleError",
@@ -132,6 +133,21 @@ class ModelLoadError(IrkitError):
 
 class SaveError(IrkitError):
     """A model could not be written (missing directory, too large for one file)."""
+
+
+class WeightsError(IrkitError, ValueError):
+    """Weights are missing or do not fit the model: a weightless initializer's data was read
+    (the model was lowered on the meta device), or a checkpoint given to ``irkit.save(...,
+    weights=...)`` lacks a tensor, holds it with another shape or dtype, or cannot be read. Also a
+    ``ValueError``, so code that tolerates unreadable tensors (previews, folding) skips it.
+
+    Attributes:
+        names: The initializers concerned (``[]`` when the message is about a file).
+    """
+
+    def __init__(self, message: str, names: Sequence[str] = ()):
+        self.names = list(names)
+        super().__init__(message)
 
 
 class CheckError(IrkitError):

@@ -12,6 +12,7 @@ import torch
 from onnxscript import evaluator as os_evaluator
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
+from irkit._weights import WeightlessTensor
 from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
 from irkit.lowering._plan import Decomposition, Plan
@@ -26,7 +27,7 @@ from irkit.lowering._source import (
     op_name,
     python_spelling,
 )
-from irkit.lowering._types import SymbolNames, onnx_dtype, torch_tensor_to_ir
+from irkit.lowering._types import SymbolNames, has_no_data, onnx_dtype, torch_tensor_to_ir
 
 __all__ = ["Emitter"]
 
@@ -160,8 +161,9 @@ class Emitter:
                 target="placeholder",
             )
         # Tied weights: several FQNs, one storage → one initializer.
+        storage = tensor.untyped_storage()
         key = (
-            tensor.untyped_storage().data_ptr(),
+            storage._cdata if has_no_data(tensor) else storage.data_ptr(),  # meta: all 0
             tensor.storage_offset(),
             tuple(tensor.shape),
             tuple(tensor.stride()),
@@ -169,6 +171,8 @@ class Emitter:
         )
         existing = self._tensors_by_storage.get(key)
         if existing is not None and tensor.numel() > 0:
+            if isinstance(existing.const_value, WeightlessTensor):
+                existing.const_value.aliases.append(fqn)  # the checkpoint may name it so
             return existing
         ir_tensor = torch_tensor_to_ir(tensor, fqn)
         value = self.recorder.new_value(

@@ -9,7 +9,9 @@ import onnx_ir as ir
 import sympy
 import torch
 
-__all__ = ["DTYPES", "onnx_dtype", "SymbolNames", "torch_tensor_to_ir"]
+from irkit._weights import WeightlessTensor
+
+__all__ = ["DTYPES", "onnx_dtype", "SymbolNames", "has_no_data", "torch_tensor_to_ir"]
 
 DTYPES: Mapping[torch.dtype, ir.DataType] = {
     torch.float32: ir.DataType.FLOAT,
@@ -98,12 +100,22 @@ def _find_shape_env(ep: torch.export.ExportedProgram):
     return None
 
 
-def torch_tensor_to_ir(tensor: torch.Tensor, name: str) -> ir.Tensor:
+def has_no_data(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a ``meta`` tensor or a ``FakeTensor`` (dtype and shape, no data)."""
+    return tensor.device.type == "meta" or isinstance(tensor, torch._subclasses.FakeTensor)
+
+
+def torch_tensor_to_ir(tensor: torch.Tensor, name: str) -> ir.Tensor | WeightlessTensor:
     """Wrap a real torch tensor as an ``ir.Tensor`` *without copying* its data.
 
     The numpy array shares the tensor's storage (contiguous CPU tensors); dtypes numpy lacks are
-    reinterpreted bitwise through an unsigned view of the same storage.
+    reinterpreted bitwise through an unsigned view of the same storage. A ``meta`` or fake
+    tensor becomes a :class:`~irkit._weights.WeightlessTensor` of the same dtype and shape.
     """
+    if has_no_data(tensor):
+        shape = list(tensor.shape) + ([2] if tensor.dtype.is_complex else [])
+        real = tensor.dtype.to_real() if tensor.dtype.is_complex else tensor.dtype
+        return WeightlessTensor(onnx_dtype(real), [int(d) for d in shape], name=name)
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()

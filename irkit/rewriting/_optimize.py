@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from irkit._weights import hide_weightless
 from irkit.errors import IrkitError, RewriteError
 from irkit.rewriting._apply import count_nodes, rewrite
 from irkit.rewriting._report import RewriteReport
@@ -100,7 +101,11 @@ def optimize_with(
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
-        timed("fold_constants", lambda: fold(model))
+        def fold_known() -> None:
+            with hide_weightless(model, "optimize: fold_constants"):  # never read (or invent) them
+                fold(model)
+
+        timed("fold_constants", fold_known)
     result = RewriteReport()
     timed("rewrite", lambda: rewrite(model, rules, max_opset=opset, explain=explain, report=result))
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
@@ -112,7 +117,12 @@ def optimize_with(
             lift_all_constants=True, size_limit=0
         )(model),
     )
-    timed("dedupe_initializers", lambda: common_passes.DeduplicateInitializersPass()(model))
+
+    def dedupe_known() -> None:
+        with hide_weightless(model, "optimize: dedupe_initializers"):
+            common_passes.DeduplicateInitializersPass()(model)
+
+    timed("dedupe_initializers", dedupe_known)
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
     result.passes = timings
     result.nodes_before = nodes_before
