@@ -25,6 +25,7 @@ __all__ = [
     "CheckError",
     "MetadataError",
     "UnknownRuleError",
+    "VizError",
 ]
 
 
