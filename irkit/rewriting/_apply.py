@@ -78,6 +78,7 @@ def rewrite(
     max_opset: int | None = None,
     max_rewrites_per_node: int = DEFAULT_MAX_REWRITES_PER_NODE,
     report: RewriteReport | None = None,
+    keep_hierarchy: bool = False,
 ) -> ir.Model:
     """Apply ``rules`` to ``model`` **in place** until no rule fires.
 
@@ -95,6 +96,9 @@ def rewrite(
         max_opset: Rules needing a newer ONNX opset than this do not fire.
         max_rewrites_per_node: Iteration cap per graph: ``max_rewrites_per_node × nodes + 64``.
         report: If given, filled with the :class:`RewriteReport` (per-rule statistics).
+        keep_hierarchy: Refuse rewrites that would take nodes out of a module call that keeps
+            other nodes while also taking nodes of a sibling call (see :func:`hierarchy_guard`):
+            used when module calls were inlined to be re-outlined after the rewrite.
 
     Returns:
         ``model`` itself, so stages compose.
@@ -132,7 +136,9 @@ def rewrite(
             else main_opset
         )
         ctx = RewriteContext(model, graph_like, opset, max_opset)
-        _Worklist(ctx, index, result, explain, where, max_rewrites_per_node).run()
+        worklist = _Worklist(ctx, index, result, explain, where, max_rewrites_per_node)
+        worklist.keep_hierarchy = keep_hierarchy
+        worklist.run()
         result.graphs += 1
     result.nodes_after = count_nodes(model)
     result.seconds = time.perf_counter() - start
@@ -193,6 +199,7 @@ class _Worklist:
         self.queue: collections.deque[ir.Node] = collections.deque(reversed(graph))
         self.queued = set(self.queue)
         self.needs_sort = False
+        self.keep_hierarchy = False
 
     def run(self) -> None:
         budget = self.per_node * len(self.queue) + 64
@@ -213,6 +220,8 @@ class _Worklist:
                 s.tried += 1
                 if not isinstance(result, MatchFailure):
                     refused = graph_io_guard(result)
+                    if refused is None and self.keep_hierarchy:
+                        refused = hierarchy_guard(result, self.ctx.graph)
                     result = result if refused is None else refused
                 if isinstance(result, MatchFailure):
                     s.seconds += perf() - t0
@@ -355,6 +364,70 @@ def graph_io_guard(result: Rewrite) -> MatchFailure | None:
             "needed: connects a graph input/initializer/output to a graph output", needed[0]
         )
     return None
+
+
+def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadata.Frame, ...]:
+    common: tuple[metadata.Frame, ...] | None = None
+    for scope in scopes:
+        if common is None:
+            common = scope
+            continue
+        k = 0
+        while k < min(len(common), len(scope)) and common[k] == scope[k]:
+            k += 1
+        common = common[:k]
+    return common or ()
+
+
+def hierarchy_guard(result: Rewrite, graph: GraphLike) -> MatchFailure | None:
+    """Refuse a rewrite that would make calls of one module differ (used with ``keep_hierarchy``).
+
+    The replacement nodes get the deepest scope that contains every replaced node (see
+    :func:`provenance`). When the replaced nodes come from two or more sibling module calls
+    (children of that scope), the replacement leaves those calls; a call that keeps other nodes
+    would then have a different body than its other instances (``layers.0``'s residual ``Add``
+    fused with ``layers.1``'s input norm leaves ``layers.0`` and ``layers.1`` without nodes the
+    last layer keeps), and their functions would no longer be shared. Such a rewrite is refused
+    unless every sibling call it touches is replaced whole (``q_proj``/``k_proj``/``v_proj``
+    packed into one ``MatMul``). Constants feeding only replaced nodes count as replaced.
+
+    Returns:
+        A failure (the rule does not fire here) or ``None``.
+    """
+    matched = set(result.match.nodes)
+    scopes = [metadata.node_scope(n.metadata_props) for n in matched]
+    common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
+    depth = len(common)
+    children = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
+    if len(children) < 2:
+        return None
+    memo: dict[str, tuple[metadata.Frame, ...]] = {}
+    kept: set[metadata.Frame] = set()
+    for node in graph:
+        if node in matched:
+            continue
+        text = node.metadata_props.get(metadata.SCOPE)
+        if not text:
+            continue
+        scope = memo.get(text)
+        if scope is None:
+            scope = memo[text] = metadata.decode_scope(text)
+        if len(scope) > depth and scope[depth] in children and scope[:depth] == common:
+            if not node.inputs and all(u.node in matched for o in node.outputs for u in o.uses()):
+                continue  # a constant only the replaced nodes read
+            kept.add(scope[depth])
+    if not kept:
+        return None
+    names = ", ".join(sorted(f.call_id for f in children))
+    partial = ", ".join(sorted(f.call_id for f in kept))
+    return MatchFailure(
+        f"spans module calls {names} but leaves other nodes in {partial}: the fused node would "
+        "take nodes out of those calls, so calls of one module would no longer share a function"
+    )
+
+
+def _scoped(node: ir.Node) -> bool:
+    return metadata.SCOPE in node.metadata_props
 
 
 def commit(

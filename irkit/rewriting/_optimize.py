@@ -23,12 +23,13 @@ from irkit.rewriting._apply import count_nodes, rewrite
 from irkit.rewriting._report import RewriteReport
 from irkit.rewriting._rule import BaseRule, RuleSet
 
-__all__ = ["optimize_with"]
+__all__ = ["optimize_with", "cse"]
 
 logger = logging.getLogger(__name__)
 
 
-def _cse(model: ir.Model) -> None:
+def cse(model: ir.Model) -> None:
+    """Common-subexpression elimination in the main graph and in every function body."""
     cse = common_passes.CommonSubexpressionEliminationPass()
     cse(model)
     # The pass only visits the main graph; run its graph routine on each function body too.
@@ -44,6 +45,7 @@ def optimize_with(
     fold_constants: bool = True,
     explain: str | None = None,
     report: RewriteReport | None = None,
+    keep_hierarchy: bool = False,
 ) -> ir.Model:
     """Optimize ``model`` **in place** with ``rules``: fold constants, rules to a fixed point, clean up.
 
@@ -63,6 +65,10 @@ def optimize_with(
         explain: Record near misses of this rule (see :meth:`RewriteReport.explain`).
         report: If given, filled with the rewrite's :class:`RewriteReport`, with the time of each
             pass in ``passes``.
+        keep_hierarchy: For models whose module calls were inlined to be outlined again:
+            :func:`irkit.rewrite` refuses rewrites that would make calls of one module differ,
+            and common-subexpression elimination is skipped (it would merge identical nodes of
+            different calls); run :func:`cse` after re-outlining.
 
     Returns:
         ``model`` itself, so stages compose.
@@ -102,9 +108,20 @@ def optimize_with(
 
         timed("fold_constants", lambda: fold(model))
     result = RewriteReport()
-    timed("rewrite", lambda: rewrite(model, rules, max_opset=opset, explain=explain, report=result))
+    timed(
+        "rewrite",
+        lambda: rewrite(
+            model,
+            rules,
+            max_opset=opset,
+            explain=explain,
+            report=result,
+            keep_hierarchy=keep_hierarchy,
+        ),
+    )
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
-    timed("cse", lambda: _cse(model))
+    if not keep_hierarchy:  # (across calls opened for re-outlining, CSE would merge them)
+        timed("cse", lambda: cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
     timed(
         "lift_constants",
