@@ -1,0 +1,41 @@
+"""The ``"ort"`` target's rule library: onnxruntime ``com.microsoft`` contrib ops (ORT ≥ 1.20).
+
+Each module exports ``rules`` (its docstring states the identity and the preconditions):
+
+=====================================  ====================================================
+module                                 identity
+=====================================  ====================================================
+:mod:`irkit.rules.ort.packed`          ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (QKV, gate/up)
+:mod:`irkit.rules.ort.skip_norm`       residual add + RMS/layer norm → ``SkipSimplifiedLayerNormalization``
+                                       / ``SkipLayerNormalization`` (the sum is an output too)
+:mod:`irkit.rules.ort.matmul`          ``MatMul`` with transposed operands → ``FusedMatMul``
+:mod:`irkit.rules.ort.gelu`            ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
+=====================================  ====================================================
+
+:func:`default_rules` is what ``irkit.optimize(model, target="ort")`` applies: the ``"onnx"``
+fusions first (``RMSNormalization``, ``LayerNormalization``, ``Gelu`` … that these rules start
+from), then the contrib-op rules. The pipeline opens the module calls for the rewrite, so the
+rules see across module boundaries (``docs/fusion_across_modules.md``).
+
+>>> from irkit.rules.ort import default_rules
+>>> [n for n in default_rules().names() if n.startswith("Skip")]
+['SkipSimplifiedLayerNormalization', 'SkipLayerNormalization']
+"""
+
+from __future__ import annotations
+
+from irkit import rules as library
+from irkit.rewriting import RuleSet
+from irkit.rules.ort import gelu, matmul, packed, skip_norm
+
+__all__ = ["gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
+
+
+def contrib_rules() -> RuleSet:
+    """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``)."""
+    return RuleSet("ort_contrib", [packed.rules, skip_norm.rules, gelu.rules, matmul.rules])
+
+
+def default_rules() -> RuleSet:
+    """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`."""
+    return RuleSet("ort", [library.default_rules(), contrib_rules()])
