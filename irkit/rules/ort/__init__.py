@@ -5,6 +5,8 @@ Each module exports ``rules`` (its docstring states the identity and the precond
 =====================================  ====================================================
 module                                 identity
 =====================================  ====================================================
+:mod:`irkit.rules.ort.attention`       opset-23 ``Attention`` / ``RotaryEmbedding`` → ``GroupQueryAttention``
+                                       (``do_rotary``), ``MultiHeadAttention``, contrib ``RotaryEmbedding``
 :mod:`irkit.rules.ort.packed`          ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (QKV, gate/up)
 :mod:`irkit.rules.ort.skip_norm`       residual add + RMS/layer norm → ``SkipSimplifiedLayerNormalization``
                                        / ``SkipLayerNormalization`` (the sum is an output too)
@@ -26,14 +28,16 @@ from __future__ import annotations
 
 from irkit import rules as library
 from irkit.rewriting import RuleSet
-from irkit.rules.ort import gelu, matmul, packed, skip_norm
+from irkit.rules.ort import attention, gelu, matmul, packed, skip_norm
 
-__all__ = ["gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
+__all__ = ["attention", "gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
 
 
 def contrib_rules() -> RuleSet:
     """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``)."""
-    return RuleSet("ort_contrib", [packed.rules, skip_norm.rules, gelu.rules, matmul.rules])
+    return RuleSet(
+        "ort_contrib", [attention.rules, packed.rules, skip_norm.rules, gelu.rules, matmul.rules]
+    )
 
 
 def default_rules() -> RuleSet:

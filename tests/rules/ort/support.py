@@ -37,7 +37,11 @@ def feeds(model: ir.Model, seed: int = 0) -> list[np.ndarray]:
     out = []
     for v in model.graph.inputs:
         shape = [int(d) for d in v.shape]
-        out.append(rng.standard_normal(shape).astype(v.dtype.numpy()))
+        dtype = v.dtype.numpy()
+        if dtype.kind == "f":
+            out.append(rng.standard_normal(shape).astype(dtype))
+        else:  # (position ids: small non-negative)
+            out.append(rng.integers(0, 8, shape).astype(dtype))
     return out
 
 
@@ -48,6 +52,11 @@ def rewrite(model: ir.Model, explain: str | None = None) -> RewriteReport:
 
 
 def fire(model: ir.Model, rule: str, expect_ops: dict[str, int], dtype: str = "float"):
+    """(See below.)"""
+    return _fire(model, rule, expect_ops, dtype)
+
+
+def _fire(model: ir.Model, rule: str, expect_ops: dict[str, int], dtype: str):
     """The ``"ort"`` rules rewrite ``model``: ``rule`` fires, the ops are exactly ``expect_ops``,
     and onnxruntime computes the same numbers before and after."""
     before = clone(model)

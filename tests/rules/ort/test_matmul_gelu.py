@@ -12,7 +12,7 @@ DTYPES = st.sampled_from(["float", "float16"])
 DIM = st.integers(1, 6)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(DIM, DIM, DIM, DIM, DTYPES)
 def test_fused_matmul_linear(b, s, k, n, t):
     """torchlib's 3-D linear: MatMul(x, Transpose(w)), w a parameter (a graph input here)."""
@@ -21,7 +21,7 @@ def test_fused_matmul_linear(b, s, k, n, t):
     fire(m, "FusedMatMul", {"FusedMatMul": 1}, t)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(DIM, DIM, DIM, DIM, DTYPES)
 def test_fused_matmul_trans_a_batched(b, s, k, n, t):
     m = parse(f"""g ({t}[{b},{k},{s}] a, {t}[{b},{k},{n}] c) => ({t}[{b},{s},{n}] y) {{
@@ -47,7 +47,7 @@ def test_fused_matmul_declines_int():
     no_fire(m, "FusedMatMul", "FusedMatMul runs float16/float32")
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(DIM, DIM, st.sampled_from([4, 8]), DTYPES, st.sampled_from(["none", "tanh"]))
 def test_gelu_with_bias(b, s, h, t, approximate):
     m = parse(f"""g ({t}[{b},{s},{h}] x, {t}[{h}] c) => ({t}[{b},{s},{h}] y) {{

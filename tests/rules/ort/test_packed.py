@@ -39,7 +39,7 @@ def _qkv(t: str, b: int, s: int, k: int, sizes: list[int], transposed: bool, see
     return m
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     st.integers(1, 3),
     st.integers(1, 4),

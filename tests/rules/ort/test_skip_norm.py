@@ -18,7 +18,7 @@ def _rms(t: str, b: int, s: int, h: int, skip: str = "", axis: int = -1) -> str:
       z = Add(x, r)  y = RMSNormalization<axis={axis}, epsilon=1e-5>(z, w) }}"""
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(SHAPES, DTYPES)
 def test_skip_simplified_layer_norm(shape, t):
     fire(
@@ -57,7 +57,7 @@ def _ln(t: str, b: int, s: int, h: int, bias: bool) -> str:
       z = Add(x, r)  y = LayerNormalization<axis=-1, epsilon=1e-5>(z, {args}) }}"""
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(SHAPES, DTYPES, st.booleans())
 def test_skip_layer_norm(shape, t, bias):
     fire(parse(_ln(t, *shape, bias)), "SkipLayerNormalization", {"SkipLayerNormalization": 1}, t)
