@@ -28,6 +28,24 @@ __all__ = ["optimize_with", "cse"]
 logger = logging.getLogger(__name__)
 
 
+def _default_folding(node: ir.Node) -> bool | None:
+    return None
+
+
+def _keeps_weight_transposes(node: ir.Node) -> bool | None:
+    """Leave ``Transpose(initializer)`` alone in a model whose module calls were opened.
+
+    In the outlined model the weight is a function parameter, so nothing folds its
+    ``Transpose`` (torchlib's 3-D ``linear``); folding it in the opened model would copy every
+    weight. Rules see ``MatMul(x, Transpose(w))`` and fold it without a copy (``FusedMatMul``).
+    """
+    if node.op_type == "Transpose" and node.domain == "" and node.inputs:
+        weight = node.inputs[0]
+        if weight is not None and weight.is_initializer():
+            return False
+    return None
+
+
 def cse(model: ir.Model) -> None:
     """Common-subexpression elimination in the main graph and in every function body."""
     cse = common_passes.CommonSubexpressionEliminationPass()
@@ -67,8 +85,10 @@ def optimize_with(
             pass in ``passes``.
         keep_hierarchy: For models whose module calls were inlined to be outlined again:
             :func:`irkit.rewrite` refuses rewrites that would make calls of one module differ,
-            and common-subexpression elimination is skipped (it would merge identical nodes of
-            different calls); run :func:`cse` after re-outlining.
+            common-subexpression elimination is skipped (it would merge identical nodes of
+            different calls; run :func:`cse` after re-outlining), and folding leaves
+            ``Transpose(initializer)`` alone (it would copy weights that are function
+            parameters in the outlined model).
 
     Returns:
         ``model`` itself, so stages compose.
@@ -106,7 +126,8 @@ def optimize_with(
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
-        timed("fold_constants", lambda: fold(model))
+        should_fold = _keeps_weight_transposes if keep_hierarchy else _default_folding
+        timed("fold_constants", lambda: fold(model, should_fold=should_fold))
     result = RewriteReport()
     timed(
         "rewrite",

@@ -56,6 +56,15 @@ def test_llama_kv_ort_keeps_one_decoder_layer_function():
     attention_ops = collections.Counter(n.op_type for n in attention)
     assert attention_ops["Split"] == 1 and attention_ops["MatMul"] == 3  # packed QKV, QK, PV
     assert report.fired["PackedMatMul"] == 2 * arch_zoo.LAYERS  # QKV and gate/up per layer
+    # o_proj, down_proj (shared functions) and lm_head: the transposed weight folded, no copy
+    linears = [f for f in model.functions.values() if f.name.startswith("Linear")]
+    assert [collections.Counter(n.op_type for n in f) for f in linears] == [{"FusedMatMul": 1}] * 3
+    call = next(n for n in model.graph if n.op_type == "LlamaModel")
+    passed = {v.name for v in call.inputs if v is not None and v.is_initializer()}
+    # the parameters themselves are passed down (not transposed copies) …
+    assert {f"model.layers.{i}.self_attn.o_proj.weight" for i in range(arch_zoo.LAYERS)} <= passed
+    # … and the packed QKV weights replace q_proj/k_proj/v_proj's
+    assert not any(".q_proj." in name for name in passed)
     for size in (0, 1):
         actual = run_ort(model, _feeds(size))
         assert_close(actual, arch_zoo.expected_outputs("llama_kv", size), atol=1e-4)
@@ -70,6 +79,19 @@ def test_llama_kv_ort_flat_stays_flat():
     assert ops["Split"] >= 2 * arch_zoo.LAYERS
     actual = run_ort(model, _feeds(1))
     assert_close(actual, arch_zoo.expected_outputs("llama_kv", 1), atol=1e-4)
+
+
+def test_cli_optimize_target_ort(tmp_path):
+    from irkit.cli import main
+
+    source, optimized = tmp_path / "llama.onnx", tmp_path / "llama_ort.onnx"
+    irkit.save(_lowered(), source)
+    assert main(["optimize", str(source), "-o", str(optimized), "--target", "ort", "-q"]) == 0
+    model = irkit.load(optimized)
+    layer = model.functions[("transformers.models.llama", "LlamaDecoderLayer", "")]
+    assert collections.Counter(n.op_type for n in layer)["SkipSimplifiedLayerNormalization"] == 1
+    actual = run_ort(model, _feeds(0))
+    assert_close(actual, arch_zoo.expected_outputs("llama_kv", 0), atol=1e-4)
 
 
 def test_llama_kv_ort_explains_the_refused_cross_layer_fusion():
