@@ -33,13 +33,33 @@ from irkit.rules.ort import attention, gelu, matmul, packed, skip_norm
 __all__ = ["attention", "gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
 
 
-def contrib_rules() -> RuleSet:
-    """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``)."""
+def contrib_rules(*, gqa_dynamic_past: bool = False) -> RuleSet:
+    """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
+
+    Args:
+        gqa_dynamic_past: Fuse ``GroupQueryAttention`` also for dynamic batch and sequence with
+            a past (see :func:`irkit.rules.ort.attention.group_query_attention`).
+    """
     return RuleSet(
-        "ort_contrib", [attention.rules, packed.rules, skip_norm.rules, gelu.rules, matmul.rules]
+        "ort_contrib",
+        [
+            attention.attention_rules(gqa_dynamic_past),
+            packed.rules,
+            skip_norm.rules,
+            gelu.rules,
+            matmul.rules,
+        ],
     )
 
 
-def default_rules() -> RuleSet:
-    """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`."""
-    return RuleSet("ort", [library.default_rules(), contrib_rules()])
+def default_rules(*, gqa_dynamic_past: bool = False) -> RuleSet:
+    """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.
+
+    ``irkit.optimize(m, target="ort", rules=default_rules(gqa_dynamic_past=True))`` lets a
+    decoder exported with dynamic batch and sequence use ``GroupQueryAttention`` (prefill with an
+    empty past and one-token decoding work at any batch size; see
+    :func:`irkit.rules.ort.attention.group_query_attention`).
+    """
+    return RuleSet(
+        "ort", [library.default_rules(), contrib_rules(gqa_dynamic_past=gqa_dynamic_past)]
+    )

@@ -27,7 +27,8 @@ Preconditions: float16/float32; 4-D ``Q``/``K``/``V`` with known head counts and
 (for ``GroupQueryAttention`` a multiple of 8 — onnxruntime's CPU kernel —, as many new keys
 as queries, and with a past a static batch of 1 or a static single new token: onnxruntime
 refuses a past with several new tokens in a batch, so a model with dynamic batch and sequence
-keeps the standard ``Attention``); no ``softcap`` (``MultiHeadAttention``), no ``qk_matmul_output`` used; a past given
+keeps the standard ``Attention`` unless :func:`group_query_attention` is asked for
+``dynamic_past``); no ``softcap`` (``MultiHeadAttention``), no ``qk_matmul_output`` used; a past given
 as both key and value or not at all. Every refusal says why (see ``explain``).
 """
 
@@ -155,6 +156,31 @@ def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int):
 
 def _gqa(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     """GroupQueryAttention from a causal opset-23 Attention (see the module docstring)."""
+    return _gqa_rewrite(op, node, dynamic_past=False)
+
+
+def _gqa_dynamic_past(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
+    """GroupQueryAttention, also for dynamic batch and sequence with a past."""
+    return _gqa_rewrite(op, node, dynamic_past=True)
+
+
+def group_query_attention(dynamic_past: bool = False) -> NodeRule:
+    """The ``GroupQueryAttention`` rule.
+
+    Args:
+        dynamic_past: Also fuse when batch and new-token count are dynamic and there is a past.
+            onnxruntime then runs prefill (empty past) and decoding (one new token) at any batch
+            size, but raises an error for a step with several new tokens, a non-empty past and
+            batch > 1 (chunked prefill in a batch). Off by default: the fusion must not make a
+            valid input fail.
+    """
+    fn = _gqa_dynamic_past if dynamic_past else _gqa
+    return NodeRule("GroupQueryAttention", ["Attention"], fn, min_opset=23)
+
+
+def _gqa_rewrite(
+    op: RewriteBuilder, node: ir.Node, dynamic_past: bool
+) -> list[ir.Value] | MatchFailure:
     heads = _common(node)
     if isinstance(heads, MatchFailure):
         return heads
@@ -172,10 +198,11 @@ def _gqa(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     if dq is None or dk is None or dq[2] is None or dq[2] != dk[2]:
         return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
     past_k, past_v = _input(node, 4), _input(node, 5)
-    if past_k is not None and dq[0] != 1 and dq[2] != 1:
+    if past_k is not None and dq[0] != 1 and dq[2] != 1 and not dynamic_past:
         return fail(
             f"batch {dq[0]} and {dq[2]} new tokens with a past: onnxruntime's "
-            "GroupQueryAttention runs a past only with batch 1 or one new token",
+            "GroupQueryAttention runs a past only with batch 1 or one new token "
+            "(ort.default_rules(gqa_dynamic_past=True) fuses anyway)",
             q,
         )
     rotary = _fold_rotary(q, k, heads.head_size)  # type: ignore[arg-type]
@@ -276,6 +303,18 @@ def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailur
         interleaved=a.get("interleaved"),
         num_heads=a.get("num_heads"),
         rotary_embedding_dim=a.get("rotary_embedding_dim"),
+    )
+
+
+def attention_rules(gqa_dynamic_past: bool = False) -> RuleSet:
+    """The attention rules; ``gqa_dynamic_past``: see :func:`group_query_attention`."""
+    return RuleSet(
+        "ort_attention",
+        [
+            group_query_attention(gqa_dynamic_past),
+            NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
+            NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
+        ],
     )
 
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.rules.ort.support import TYPES, fire, no_fire, parse
+import irkit
+from irkit.rewriting import RewriteReport
+from irkit.rules import ort
+from tests.helpers import run_ort
+from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, parse
 
 DTYPES = st.sampled_from(["float", "float16"])
 MAX_POS = 32
@@ -179,3 +184,29 @@ def test_group_query_attention_absorbs_rotary(b, heads, s, p, t, interleaved):
     gqa = next(node for node in m.graph if node.op_type == "GroupQueryAttention")
     assert gqa.attributes["do_rotary"].value == 1
     assert gqa.inputs[7].const_value is not None and gqa.inputs[9].name == "pos"
+
+
+def _dynamic_gqa(t: str = "float") -> ir.Model:
+    return parse(f"""g ({t}[b,4,s,16] q, {t}[b,2,s,16] k, {t}[b,2,s,16] v, {t}[b,2,p,16] pk,
+                       {t}[b,2,p,16] pv) => ({t}[b,4,s,16] y, {t}[b,2,t,16] ko, {t}[b,2,t,16] vo) {{
+      y, ko, vo = Attention<is_causal=1>(q, k, v, , pk, pv) }}""")
+
+
+def test_group_query_attention_dynamic_past_is_opt_in():
+    no_fire(_dynamic_gqa(), "GroupQueryAttention", "batch b and s new tokens with a past")
+
+
+@pytest.mark.parametrize("t", ["float", "float16"])
+def test_group_query_attention_dynamic_past_prefill_and_decode(t):
+    before = _dynamic_gqa(t)
+    m = clone(before)
+    report = RewriteReport()
+    irkit.rewrite(m, ort.default_rules(gqa_dynamic_past=True), report=report)
+    assert report.fired["GroupQueryAttention"] == 1
+    rng = np.random.default_rng(0)
+    for b, s, p in ((3, 5, 0), (3, 1, 6)):  # prefill (empty past), then one decoding step
+        shapes = [(b, 4, s, 16), (b, 2, s, 16), (b, 2, s, 16), (b, 2, p, 16), (b, 2, p, 16)]
+        inputs = [rng.standard_normal(x).astype(TYPES[t]) for x in shapes]
+        for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
