@@ -2,17 +2,20 @@
 
 Each module exports ``rules`` (its docstring states the identity and the preconditions):
 
-=====================================  ====================================================
-module                                 identity
-=====================================  ====================================================
-:mod:`irkit.rules.ort.attention`       opset-23 ``Attention`` / ``RotaryEmbedding`` → ``GroupQueryAttention``
-                                       (``do_rotary``), ``MultiHeadAttention``, contrib ``RotaryEmbedding``
-:mod:`irkit.rules.ort.packed`          ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (QKV, gate/up)
-:mod:`irkit.rules.ort.skip_norm`       residual add + RMS/layer norm → ``SkipSimplifiedLayerNormalization``
-                                       / ``SkipLayerNormalization`` (the sum is an output too)
-:mod:`irkit.rules.ort.matmul`          ``MatMul`` with transposed operands → ``FusedMatMul``
-:mod:`irkit.rules.ort.gelu`            ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
-=====================================  ====================================================
+================================  ===========================================================
+module                            identity
+================================  ===========================================================
+:mod:`irkit.rules.ort.attention`  opset-23 ``Attention`` / ``RotaryEmbedding`` →
+                                  ``GroupQueryAttention`` (``do_rotary``),
+                                  ``MultiHeadAttention``, contrib ``RotaryEmbedding``
+:mod:`irkit.rules.ort.packed`     ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split``
+                                  (Q/K/V, gate/up)
+:mod:`irkit.rules.ort.skip_norm`  residual add + RMS / layer norm →
+                                  ``SkipSimplifiedLayerNormalization`` /
+                                  ``SkipLayerNormalization`` (the sum is an output too)
+:mod:`irkit.rules.ort.matmul`     ``MatMul`` with transposed operands → ``FusedMatMul``
+:mod:`irkit.rules.ort.gelu`       ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
+================================  ===========================================================
 
 :func:`default_rules` is what ``irkit.optimize(model, target="ort")`` applies: the ``"onnx"``
 fusions first (``RMSNormalization``, ``LayerNormalization``, ``Gelu`` … that these rules start

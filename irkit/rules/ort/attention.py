@@ -116,7 +116,7 @@ def _rotary(value: ir.Value) -> ir.Node | None:
 
 def _rotary_parts(
     node: ir.Node,
-) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value, dict] | None:
+) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value, dict[str, Any]] | None:
     """``(x, position_ids, cos, sin, attributes)`` of an ONNX or contrib RotaryEmbedding."""
     if node.domain == MS:
         x, pos, cos, sin = (_input(node, i) for i in range(4))
@@ -127,7 +127,10 @@ def _rotary_parts(
     return x, pos, cos, sin, _attrs(node)
 
 
-def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int):
+_Folded = tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value, int]
+
+
+def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int) -> _Folded | None:
     """The inputs of ``do_rotary``: un-rotated Q, K, cos, sin, position ids, interleaved."""
     rq, rk = _rotary(q), _rotary(k)
     if head_size % 16:  # (onnxruntime's CPU kernel rotates only such heads)
@@ -151,7 +154,7 @@ def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int):
         return None
     if cd[1] != head_size // 2:
         return None
-    return pq[0], pk[0], cos, sin, pq[1], interleaved
+    return pq[0], pk[0], cos, sin, pq[1], interleaved  # (pq[1] checked above)
 
 
 def _gqa(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
