@@ -382,14 +382,16 @@ def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadat
 def hierarchy_guard(result: Rewrite, graph: GraphLike) -> MatchFailure | None:
     """Refuse a rewrite that would make calls of one module differ (used with ``keep_hierarchy``).
 
-    The replacement nodes get the deepest scope that contains every replaced node (see
-    :func:`provenance`). When the replaced nodes come from two or more sibling module calls
-    (children of that scope), the replacement leaves those calls; a call that keeps other nodes
-    would then have a different body than its other instances (``layers.0``'s residual ``Add``
-    fused with ``layers.1``'s input norm leaves ``layers.0`` and ``layers.1`` without nodes the
-    last layer keeps), and their functions would no longer be shared. Such a rewrite is refused
-    unless every sibling call it touches is replaced whole (``q_proj``/``k_proj``/``v_proj``
-    packed into one ``MatMul``). Constants feeding only replaced nodes count as replaced.
+    The replacement nodes get the deepest scope ``C`` that contains every replaced node (see
+    :func:`provenance`); replaced nodes of child calls of ``C`` leave those calls. That is
+    harmless when the call is replaced whole (``q_proj``/``k_proj``/``v_proj`` packed into one
+    ``MatMul``), or when it is the only call of its class among ``C``'s children (the bias
+    ``Add`` of ``intermediate.dense`` fused with the ``Gelu`` of ``intermediate.act``: every
+    instance of ``C``'s body changes alike). It breaks sharing when the call is one of several
+    sibling calls of one class — a stack of layers: fusing layer *i*'s last residual ``Add`` with
+    layer *i+1*'s input norm, or the last layer's with the final norm, changes the first or last
+    layer only, and the layers would no longer share one function. Such a rewrite is refused.
+    Constants feeding only replaced nodes count as replaced.
 
     Returns:
         A failure (the rule does not fire here) or ``None``.
@@ -398,31 +400,35 @@ def hierarchy_guard(result: Rewrite, graph: GraphLike) -> MatchFailure | None:
     scopes = [metadata.node_scope(n.metadata_props) for n in matched]
     common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
     depth = len(common)
-    children = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
-    if len(children) < 2:
+    touched = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
+    if not touched:
         return None
     memo: dict[str, tuple[metadata.Frame, ...]] = {}
     kept: set[metadata.Frame] = set()
+    siblings: set[metadata.Frame] = set()
     for node in graph:
-        if node in matched:
-            continue
         text = node.metadata_props.get(metadata.SCOPE)
         if not text:
             continue
         scope = memo.get(text)
         if scope is None:
             scope = memo[text] = metadata.decode_scope(text)
-        if len(scope) > depth and scope[depth] in children and scope[:depth] == common:
-            if not node.inputs and all(u.node in matched for o in node.outputs for u in o.uses()):
-                continue  # a constant only the replaced nodes read
-            kept.add(scope[depth])
-    if not kept:
+        if len(scope) <= depth or scope[:depth] != common:
+            continue
+        siblings.add(scope[depth])
+        if node in matched or scope[depth] not in touched:
+            continue
+        if not node.inputs and all(u.node in matched for o in node.outputs for u in o.uses()):
+            continue  # a constant only the replaced nodes read
+        kept.add(scope[depth])
+    classes = collections.Counter(f.cls for f in siblings)
+    repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
+    if not repeated:
         return None
-    names = ", ".join(sorted(f.call_id for f in children))
-    partial = ", ".join(sorted(f.call_id for f in kept))
+    names = ", ".join(sorted(f.call_id for f in touched))
     return MatchFailure(
-        f"spans module calls {names} but leaves other nodes in {partial}: the fused node would "
-        "take nodes out of those calls, so calls of one module would no longer share a function"
+        f"spans module calls {names} but leaves other nodes in {', '.join(repeated)}, one of "
+        "several sibling calls of its class: they would no longer share one function"
     )
 
 

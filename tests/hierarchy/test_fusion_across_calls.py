@@ -117,3 +117,23 @@ def test_ort_target_respects_the_functions_choice():
     flat = _blocks(2)
     irkit.optimize(flat, target="ort")
     assert not flat.functions
+
+
+def test_fusion_with_the_only_call_of_its_class_is_allowed():
+    """dense's bias Add + act's Gelu → BiasGelu in the parent: every parent changes alike."""
+    b = Builder(opset=23)
+    h = b.input("x", [2, 3, D])
+    for i in range(2):
+        with b.module(f"layers.{i}", BLOCK):
+            with b.module(f"layers.{i}.dense", "torch.nn.Linear"):
+                y = b.op("MatMul", h, b.weight(f"layers.{i}.dense.weight", [D, D]))
+                y = b.op("Add", y, b.weight(f"layers.{i}.dense.bias", [D]))
+            with b.module(f"layers.{i}.act", "pkg.GELU"):
+                h = b.op("Gelu", y)
+    model = irkit.outline(b.model([h]))
+    before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    irkit.optimize(model, target="ort")
+    assert _functions(model) == {"Linear": {"MatMul": 1}, "Block": {"Linear": 1, "BiasGelu": 1}}
+    assert collections.Counter(n.op_type for n in model.graph) == {"Block": 2}
+    inputs = [np.random.default_rng(2).standard_normal((2, 3, D)).astype(np.float32)]
+    np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)

@@ -31,14 +31,30 @@ def _check_x(x: ir.Value) -> Verdict:
     return True
 
 
+def _last_dim(x: ir.Value) -> int | str | None:
+    """``x``'s last dim: from its shape, else from the weight of the product computing it."""
+    d = dims(x)
+    if d:
+        return d[-1]
+    p = x.producer()
+    if p is None or p.op_type not in ("MatMul", "FusedMatMul") or len(p.inputs) != 2:
+        return None
+    w = dims(p.inputs[1])
+    if not w or len(w) < 2:
+        return None
+    trans_b = p.attributes.get("transB")
+    return w[-2] if trans_b is not None and trans_b.value else w[-1]
+
+
 def _check_bias(x: ir.Value, bias: ir.Value) -> Verdict:
-    ok = _check_x(x)
-    if ok is not True:
-        return ok
-    dx, db = dims(x) or (None,), dims(bias)
-    if db is None or len(db) != 1 or db[0] is None or db[0] != dx[-1]:
-        return fail(f"bias shape {db} is not [{dx[-1]}] (the last axis of the input)", bias)
-    if bias.dtype != x.dtype:
+    if x.dtype not in _TYPES and not (x.dtype is None and bias.dtype in _TYPES):
+        return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
+    last, db = _last_dim(x), dims(bias)
+    if last is None:
+        return fail("input's last dim unknown", x)
+    if db is None or len(db) != 1 or db[0] is None or db[0] != last:
+        return fail(f"bias shape {db} is not [{last}] (the last axis of the input)", bias)
+    if x.dtype is not None and bias.dtype != x.dtype:
         return fail(f"bias dtype {bias.dtype} differs from input dtype {x.dtype}", bias)
     return True
 

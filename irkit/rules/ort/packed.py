@@ -6,7 +6,10 @@ Identity (``x`` read by several matrix products with constant weights ``W₁ …
 ``x @ W₁, …, x @ Wₙ = Split(x @ Concat(W₁, …, Wₙ, axis=1), [N₁ … Nₙ], axis=-1)``
 
 The products are matched as ``MatMul(x, W)``, ``MatMul(x, Transpose(w))`` (torchlib's 3-D
-``linear``) and ``FusedMatMul(x, w, transB=1)``. The concatenated weight is built once, from
+``linear``) and ``FusedMatMul(x, w, transB=1)``. When every product is followed by the ``Add`` of
+a constant 1-D bias (its only use), the biases are packed too:
+``x @ Wᵢ + bᵢ = Split(x @ Concat(Wᵢ) + Concat(bᵢ))`` — so biased ``Linear`` calls are replaced
+whole. The concatenated weight is built once, from
 the weights' data (each weight copied once, into the packed tensor), as a constant the
 pipeline lifts to an initializer. With ``irkit.optimize(target="ort")`` the module calls are
 opened for the rewrite, so weights that were function parameters are initializers here; the
@@ -133,14 +136,38 @@ class PackedMatMul(BaseRule):
             return fail("the weights differ in inner size or dtype", products[0].weight)
         if isinstance(dx[-1], int) and dx[-1] != k:
             return fail(f"input size {dx[-1]} differs from the weights' {k}", x)
+        biases = [_bias(p.node, a.shape[1]) for p, a in zip(products, arrays, strict=True)]
+        with_bias = all(b is not None for b in biases)
         packed = np.concatenate(arrays, axis=1)  # each weight copied once, into the packed one
         op = RewriteBuilder()
         y = op.MatMul(x, op.const(packed))
+        outputs = [p.node.outputs[0] for p in products]
+        nodes = [n for p in products for n in p.nodes if n is not node]
+        if with_bias:  # x @ Wᵢ + bᵢ: the biases packed too (the Linear calls are replaced whole)
+            y = op.Add(y, op.const(np.concatenate([b[1] for b in biases if b is not None])))
+            nodes += [b[0] for b in biases if b is not None]
+            outputs = [b[0].outputs[0] for b in biases if b is not None]
         sizes = op.const(np.array([a.shape[1] for a in arrays], dtype=np.int64))
         outs = op.Split(y, sizes, axis=-1, _outputs=len(arrays))
-        nodes = [n for p in products for n in p.nodes if n is not node]
-        match = Match([node, *nodes], [p.node.outputs[0] for p in products], {}, ctx.opset)
+        match = Match([node, *nodes], outputs, {}, ctx.opset)
         return Rewrite(match, op.nodes, list(outs))
+
+
+def _bias(product: ir.Node, size: int) -> tuple[ir.Node, np.ndarray] | None:
+    """The ``Add`` of a constant 1-D bias of ``size`` that is the product's only use, if any."""
+    out = product.outputs[0]
+    uses = list(out.uses())
+    if len(uses) != 1 or out.is_graph_output():
+        return None
+    add = uses[0].node
+    if add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2:
+        return None
+    other = add.inputs[1 - uses[0].idx]
+    tensor = None if other is None else other.const_value
+    if not isinstance(tensor, (ir.Tensor, ir.ExternalTensor)) or tensor.shape.dims != (size,):
+        return None
+    data = tensor.numpy()
+    return (add, data) if data.dtype == tensor.dtype.numpy() else None
 
 
 rules = RuleSet("ort_packed", [PackedMatMul()])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,3 +80,24 @@ def test_packed_declines_weightless_initializers():
 def test_packed_declines_single_product():
     m = _qkv("float", 1, 2, 4, [3], transposed=False)
     no_fire(m, "PackedMatMul", "no other product of the same input with a constant weight")
+
+
+@pytest.mark.parametrize("t", ["float", "float16"])
+def test_packed_matmul_with_biases(t):
+    m = _qkv(t, 2, 3, 8, [4, 2, 2], transposed=True)
+    rng = np.random.default_rng(3)
+    for i, out in enumerate(list(m.graph.outputs)):
+        n = out.shape[-1]
+        bias = ir.Value(
+            name=f"b{i}",
+            type=out.type,
+            shape=ir.Shape([n]),
+            const_value=ir.tensor(rng.standard_normal(n).astype(TYPES[t]), name=f"b{i}"),
+        )
+        m.graph.register_initializer(bias)
+        add = ir.Node("", "Add", [out, bias])
+        add.outputs[0].type, add.outputs[0].shape = out.type, out.shape
+        m.graph.append(add)
+        m.graph.outputs[i] = add.outputs[0]
+        add.outputs[0].name, out.name = f"z{i}", f"y{i}"
+    fire(m, "PackedMatMul", {"Add": 1, "Constant": 3, "MatMul": 1, "Split": 1}, t)
