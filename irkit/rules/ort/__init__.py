@@ -36,17 +36,19 @@ from irkit.rules.ort import attention, gelu, matmul, packed, skip_norm
 __all__ = ["attention", "gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
 
 
-def contrib_rules(*, gqa_dynamic_past: bool = False) -> RuleSet:
+def contrib_rules(*, gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
     """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
 
     Args:
         gqa_dynamic_past: Fuse ``GroupQueryAttention`` also for dynamic batch and sequence with
             a past (see :func:`irkit.rules.ort.attention.group_query_attention`).
+        gqa_masked: Fuse ``GroupQueryAttention`` also for ``Attention`` with an additive mask
+            or without ``is_causal`` (``attention_bias`` / ``causal=0``: onnxruntime > 1.20).
     """
     return RuleSet(
         "ort_contrib",
         [
-            attention.attention_rules(gqa_dynamic_past),
+            attention.attention_rules(gqa_dynamic_past, gqa_masked),
             packed.rules,
             skip_norm.rules,
             gelu.rules,
@@ -55,14 +57,19 @@ def contrib_rules(*, gqa_dynamic_past: bool = False) -> RuleSet:
     )
 
 
-def default_rules(*, gqa_dynamic_past: bool = False) -> RuleSet:
+def default_rules(*, gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
     """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.
 
-    ``irkit.optimize(m, target="ort", rules=default_rules(gqa_dynamic_past=True))`` lets a
-    decoder exported with dynamic batch and sequence use ``GroupQueryAttention`` (prefill with an
+    ``irkit.optimize(m, target="ort", rules=default_rules(gqa_dynamic_past=True,
+    gqa_masked=True))`` lets a Hugging Face decoder exported with dynamic batch and sequence and
+    its attention mask use ``GroupQueryAttention`` on a recent onnxruntime (prefill with an
     empty past and one-token decoding work at any batch size; see
     :func:`irkit.rules.ort.attention.group_query_attention`).
     """
     return RuleSet(
-        "ort", [library.default_rules(), contrib_rules(gqa_dynamic_past=gqa_dynamic_past)]
+        "ort",
+        [
+            library.default_rules(),
+            contrib_rules(gqa_dynamic_past=gqa_dynamic_past, gqa_masked=gqa_masked),
+        ],
     )

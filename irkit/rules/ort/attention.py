@@ -17,6 +17,10 @@ Identities:
   constant caches and position ids, and the head size is a multiple of 16 (onnxruntime's CPU
   kernel), the rotations move into the op (``do_rotary=1``, the caches
   as initializers, ``position_ids`` passed).
+- opt-in (``group_query_attention(masked=True)``, onnxruntime > 1.20): any such ``Attention``
+  with an additive float ``mask`` and/or ``is_causal=0`` → ``GroupQueryAttention(…,
+  attention_bias=mask, causal=is_causal)`` — HF decoders hand the attention their causal +
+  padding mask, which is exact this way.
 - ``Attention(Q, K, V, bias?, past_k?, past_v?, is_causal=0)
   = to4(MultiHeadAttention(to3(Q), to3(K), to3(V), , , bias, past_k, past_v))`` (same number
   of query and key/value heads; ``bias`` additive, broadcast to 4-D).
@@ -102,6 +106,18 @@ def _common(node: ir.Node) -> _Heads | MatchFailure:
     return _Heads(int(dq[1]), int(dk[1]), int(dq[3]))  # type: ignore[arg-type]
 
 
+def _bias4(op: RewriteBuilder, mask: ir.Value, q: ir.Value) -> ir.Value | MatchFailure:
+    """An additive float mask as the contrib ops' 4-D ``attention_bias``, or why not."""
+    db = dims(mask)
+    if mask.dtype != q.dtype:
+        return fail(f"mask dtype {mask.dtype}: only an additive mask of the input dtype", mask)
+    if db is None or len(db) > 4:
+        return fail(f"mask rank {None if db is None else len(db)} unknown or > 4", mask)
+    if len(db) == 4:
+        return mask
+    return op.Unsqueeze(mask, op.const(np.arange(4 - len(db), dtype=np.int64)))
+
+
 def _present(node: ir.Node, outs: list[ir.Value]) -> list[ir.Value]:
     """Replacements for the node's outputs: ``Y`` and the presents it has."""
     return outs[: min(len(node.outputs), 3)]
@@ -157,18 +173,8 @@ def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int) -> _Folded | None:
     return pq[0], pk[0], cos, sin, pq[1], interleaved  # (pq[1] checked above)
 
 
-def _gqa(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
-    """GroupQueryAttention from a causal opset-23 Attention (see the module docstring)."""
-    return _gqa_rewrite(op, node, dynamic_past=False)
-
-
-def _gqa_dynamic_past(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
-    """GroupQueryAttention, also for dynamic batch and sequence with a past."""
-    return _gqa_rewrite(op, node, dynamic_past=True)
-
-
-def group_query_attention(dynamic_past: bool = False) -> NodeRule:
-    """The ``GroupQueryAttention`` rule.
+def group_query_attention(dynamic_past: bool = False, masked: bool = False) -> NodeRule:
+    """The ``GroupQueryAttention`` rule (by default: causal ``Attention`` without a mask).
 
     Args:
         dynamic_past: Also fuse when batch and new-token count are dynamic and there is a past.
@@ -176,22 +182,44 @@ def group_query_attention(dynamic_past: bool = False) -> NodeRule:
             size, but raises an error for a step with several new tokens, a non-empty past and
             batch > 1 (chunked prefill in a batch). Off by default: the fusion must not make a
             valid input fail.
+        masked: Also fuse ``Attention`` with an additive float mask (HF's causal + padding
+            mask) or without ``is_causal``: the mask becomes the op's ``attention_bias`` input
+            and ``causal`` is the node's ``is_causal``. Both are newer than onnxruntime 1.20
+            (tested with 1.32), so this is opt-in.
     """
-    fn = _gqa_dynamic_past if dynamic_past else _gqa
+
+    def fn(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
+        return _gqa_rewrite(op, node, dynamic_past, masked)
+
     return NodeRule("GroupQueryAttention", ["Attention"], fn, min_opset=23)
 
 
 def _gqa_rewrite(
-    op: RewriteBuilder, node: ir.Node, dynamic_past: bool
+    op: RewriteBuilder, node: ir.Node, dynamic_past: bool, masked: bool
 ) -> list[ir.Value] | MatchFailure:
+    """GroupQueryAttention from an opset-23 Attention (see the module docstring)."""
     heads = _common(node)
     if isinstance(heads, MatchFailure):
         return heads
     a = _attrs(node)
-    if not a.get("is_causal", 0):
-        return fail("not causal (is_causal=0): GroupQueryAttention is causal", None, node)
-    if _input(node, 3) is not None:
-        return fail("has an attention mask besides the causal one", node.inputs[3])
+    causal = int(a.get("is_causal", 0))
+    mask = _input(node, 3)
+    if not masked and not causal:
+        return fail(
+            "not causal (is_causal=0): GroupQueryAttention is causal "
+            "(ort.default_rules(gqa_masked=True) sets causal=0: onnxruntime > 1.20)",
+            None,
+            node,
+        )
+    if not masked and mask is not None:
+        return fail(
+            "has an attention mask besides the causal one (ort.default_rules(gqa_masked=True) "
+            "passes it as attention_bias: onnxruntime > 1.20)",
+            mask,
+        )
+    bias = None if mask is None else _bias4(op, mask, node.inputs[0])  # type: ignore[arg-type]
+    if isinstance(bias, MatchFailure):
+        return bias
     if heads.head_size % 8:
         return fail(
             f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
@@ -232,8 +260,10 @@ def _gqa_rewrite(
         cos,
         sin,
         pos,
+        bias,
         num_heads=heads.q_heads,
         kv_num_heads=heads.kv_heads,
+        causal=None if causal else 0,
         scale=a.get("scale"),
         softcap=a.get("softcap") or None,
         do_rotary=1 if rotary is not None else None,
@@ -256,16 +286,10 @@ def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     if heads.q_heads != heads.kv_heads:
         return fail(f"{heads.q_heads} query heads but {heads.kv_heads} key/value heads", None, node)
     q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
-    bias = _input(node, 3)
-    if bias is not None:
-        db = dims(bias)
-        if bias.dtype != q.dtype:  # type: ignore[union-attr]
-            return fail(f"mask dtype {bias.dtype}: only an additive mask of the input dtype", bias)
-        if db is None or len(db) > 4:
-            return fail(f"mask rank {None if db is None else len(db)} unknown or > 4", bias)
-        if len(db) < 4:
-            axes = op.const(np.arange(4 - len(db), dtype=np.int64))
-            bias = op.Unsqueeze(bias, axes)
+    mask = _input(node, 3)
+    bias = None if mask is None else _bias4(op, mask, q)  # type: ignore[arg-type]
+    if isinstance(bias, MatchFailure):
+        return bias
     past_k, past_v = _input(node, 4), _input(node, 5)
     y, present_k, present_v = op.domain(MS).MultiHeadAttention(
         _to3(op, q),  # type: ignore[arg-type]
@@ -309,24 +333,17 @@ def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailur
     )
 
 
-def attention_rules(gqa_dynamic_past: bool = False) -> RuleSet:
-    """The attention rules; ``gqa_dynamic_past``: see :func:`group_query_attention`."""
+def attention_rules(gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
+    """The attention rules; the options: see :func:`group_query_attention`."""
     return RuleSet(
         "ort_attention",
         [
-            group_query_attention(gqa_dynamic_past),
+            group_query_attention(gqa_dynamic_past, gqa_masked),
             NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
             NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
         ],
     )
 
 
-rules = RuleSet(
-    "ort_attention",
-    [
-        NodeRule("GroupQueryAttention", ["Attention"], _gqa, min_opset=23),
-        NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
-        NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
-    ],
-)
+rules = attention_rules()
 """The attention rules (``GroupQueryAttention`` first: it also absorbs the rotations)."""

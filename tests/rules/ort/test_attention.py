@@ -210,3 +210,31 @@ def test_group_query_attention_dynamic_past_prefill_and_decode(t):
         for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
             assert a.shape == e.shape
             np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.sampled_from([(4, 2), (2, 2)]),
+    st.integers(1, 4),
+    st.integers(0, 5),
+    DTYPES,
+    st.booleans(),
+)
+def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
+    """HF's form: a float (causal + padding) mask, no is_causal → attention_bias, causal=0."""
+    s = s if b == 1 or p == 0 else 1
+    m = _gqa(t, b, heads[0], heads[1], s, p, 16, causal=int(causal), mask=True)
+    before = clone(m)
+    report = RewriteReport()
+    irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
+    assert report.fired["GroupQueryAttention"] == 1
+    gqa = next(n for n in m.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.inputs[10] is not None and gqa.inputs[10].name == "m"
+    rng = np.random.default_rng(0)
+    inputs = [
+        rng.standard_normal([int(d) for d in v.shape]).astype(TYPES[t]) for v in before.graph.inputs
+    ]
+    inputs[-1] = np.where(rng.random(inputs[-1].shape) < 0.3, -1e4, 0).astype(TYPES[t])
+    for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+        np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
