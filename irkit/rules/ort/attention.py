@@ -106,16 +106,42 @@ def _common(node: ir.Node) -> _Heads | MatchFailure:
     return _Heads(int(dq[1]), int(dk[1]), int(dq[3]))  # type: ignore[arg-type]
 
 
+_ELEMENTWISE = frozenset({"Where", "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Cast"})
+
+
+def _mask_type(v: ir.Value, depth: int = 4) -> tuple[ir.DataType | None, int | None]:
+    """Dtype and rank of a mask, also when it is an untyped intermediate (torchlib's ``Where``):
+    read through elementwise producers (broadcast: the largest input rank)."""
+    d = dims(v)
+    if v.dtype is None and (const := const_value(v)) is not None:  # (an untyped Constant)
+        return ir.DataType.from_numpy(const.dtype), const.ndim
+    if v.dtype is not None and d is not None:
+        return v.dtype, len(d)
+    p = v.producer()
+    if depth == 0 or p is None or p.domain != "" or p.op_type not in _ELEMENTWISE:
+        return v.dtype, None if d is None else len(d)
+    found = [_mask_type(i, depth - 1) for i in p.inputs if i is not None]
+    ranks = [r for _, r in found]
+    rank = None if d is None and None in ranks else (len(d) if d is not None else max(ranks))  # type: ignore[type-var]
+    if v.dtype is not None:
+        return v.dtype, rank
+    if p.op_type == "Cast":
+        return ir.DataType(p.attributes["to"].value), rank
+    values = found[1:] if p.op_type == "Where" else found
+    dtypes = {t for t, _ in values}
+    return (dtypes.pop() if len(dtypes) == 1 else None), rank
+
+
 def _bias4(op: RewriteBuilder, mask: ir.Value, q: ir.Value) -> ir.Value | MatchFailure:
     """An additive float mask as the contrib ops' 4-D ``attention_bias``, or why not."""
-    db = dims(mask)
-    if mask.dtype != q.dtype:
-        return fail(f"mask dtype {mask.dtype}: only an additive mask of the input dtype", mask)
-    if db is None or len(db) > 4:
-        return fail(f"mask rank {None if db is None else len(db)} unknown or > 4", mask)
-    if len(db) == 4:
+    dtype, rank = _mask_type(mask)
+    if dtype != q.dtype:
+        return fail(f"mask dtype {dtype}: only an additive mask of the input dtype", mask)
+    if rank is None or rank > 4:
+        return fail(f"mask rank {rank} unknown or > 4", mask)
+    if rank == 4:
         return mask
-    return op.Unsqueeze(mask, op.const(np.arange(4 - len(db), dtype=np.int64)))
+    return op.Unsqueeze(mask, op.const(np.arange(4 - rank, dtype=np.int64)))
 
 
 def _present(node: ir.Node, outs: list[ir.Value]) -> list[ir.Value]:

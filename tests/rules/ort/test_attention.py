@@ -238,3 +238,25 @@ def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
     inputs[-1] = np.where(rng.random(inputs[-1].shape) < 0.3, -1e4, 0).astype(TYPES[t])
     for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
         np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
+
+
+def test_group_query_attention_masked_reads_an_untyped_where_mask():
+    """torchlib's SDPA builds the float mask with an untyped Where: dtype/rank read through it."""
+    m = parse("""g (float[1,4,3,16] q, float[1,2,3,16] k, float[1,2,3,16] v, float[1,2,5,16] pk,
+                   float[1,2,5,16] pv, bool[1,1,3,8] keep)
+      => (float[1,4,3,16] y, float[1,2,8,16] ko, float[1,2,8,16] vo) {
+      zero = Constant<value=float {0.0}>()  low = Constant<value=float {-10000.0}>()
+      m = Where(keep, zero, low)
+      y, ko, vo = Attention(q, k, v, m, pk, pv) }""")
+    before = clone(m)
+    report = RewriteReport()
+    irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
+    assert report.fired["GroupQueryAttention"] == 1
+    rng = np.random.default_rng(4)
+    inputs = [
+        rng.standard_normal([int(d) for d in v.shape]).astype(np.float32)
+        for v in before.graph.inputs[:5]
+    ]
+    inputs.append(rng.random((1, 1, 3, 8)) < 0.7)
+    for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+        np.testing.assert_allclose(a, e, atol=1e-4, rtol=1e-4)
