@@ -52,11 +52,6 @@ def rewrite(model: ir.Model, explain: str | None = None) -> RewriteReport:
 
 
 def fire(model: ir.Model, rule: str, expect_ops: dict[str, int], dtype: str = "float"):
-    """(See below.)"""
-    return _fire(model, rule, expect_ops, dtype)
-
-
-def _fire(model: ir.Model, rule: str, expect_ops: dict[str, int], dtype: str):
     """The ``"ort"`` rules rewrite ``model``: ``rule`` fires, the ops are exactly ``expect_ops``,
     and onnxruntime computes the same numbers before and after."""
     before = clone(model)
