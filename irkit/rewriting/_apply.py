@@ -200,6 +200,7 @@ class _Worklist:
         self.queued = set(self.queue)
         self.needs_sort = False
         self.keep_hierarchy = False
+        self.scopes: ScopeIndex | None = None  # (built on the first guarded rewrite)
 
     def run(self) -> None:
         budget = self.per_node * len(self.queue) + 64
@@ -221,7 +222,9 @@ class _Worklist:
                 if not isinstance(result, MatchFailure):
                     refused = graph_io_guard(result)
                     if refused is None and self.keep_hierarchy:
-                        refused = hierarchy_guard(result, self.ctx.graph)
+                        if self.scopes is None:
+                            self.scopes = ScopeIndex(self.ctx.graph)
+                        refused = hierarchy_guard(result, self.ctx.graph, self.scopes)
                     result = result if refused is None else refused
                 if isinstance(result, MatchFailure):
                     s.seconds += perf() - t0
@@ -231,6 +234,8 @@ class _Worklist:
                     continue
                 where = _where(node, self.where)
                 commit(self.ctx.graph, node, result, rule.name, self.ctx.model)
+                if self.scopes is not None:
+                    self.scopes.add(result.nodes)
                 s.seconds += perf() - t0
                 s.fired += 1
                 s.where[where] += 1
@@ -379,7 +384,47 @@ def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadat
     return common or ()
 
 
-def hierarchy_guard(result: Rewrite, graph: GraphLike) -> MatchFailure | None:
+class ScopeIndex:
+    """The nodes of each module call in a graph (every frame of a node's scope), and the child
+    calls of each scope: what :func:`hierarchy_guard` reads instead of scanning the graph.
+
+    Removed nodes are dropped lazily (a node whose ``graph`` is no longer the graph is skipped);
+    replacement nodes are added with :meth:`add` after each commit.
+    """
+
+    def __init__(self, graph: GraphLike):
+        self.owner = graph.graph if isinstance(graph, ir.Function) else graph
+        self.nodes: dict[metadata.Frame, list[ir.Node]] = collections.defaultdict(list)
+        self.children: dict[tuple[metadata.Frame, ...], set[metadata.Frame]] = (
+            collections.defaultdict(set)
+        )
+        self._memo: dict[str, tuple[metadata.Frame, ...]] = {}
+        self.add(graph)
+
+    def scope(self, node: ir.Node) -> tuple[metadata.Frame, ...]:
+        text = node.metadata_props.get(metadata.SCOPE)
+        if not text:
+            return ()
+        scope = self._memo.get(text)
+        if scope is None:
+            scope = self._memo[text] = metadata.decode_scope(text)
+        return scope
+
+    def add(self, nodes: Iterable[ir.Node]) -> None:
+        for node in nodes:
+            scope = self.scope(node)
+            for k, frame in enumerate(scope):
+                self.nodes[frame].append(node)
+                self.children[scope[:k]].add(frame)
+
+    def live(self, frame: metadata.Frame) -> Iterator[ir.Node]:
+        """The nodes of call ``frame`` still in the graph."""
+        return (n for n in self.nodes.get(frame, ()) if n.graph is self.owner)
+
+
+def hierarchy_guard(
+    result: Rewrite, graph: GraphLike, index: ScopeIndex | None = None
+) -> MatchFailure | None:
     """Refuse a rewrite that would make calls of one module differ (used with ``keep_hierarchy``).
 
     The replacement nodes get the deepest scope ``C`` that contains every replaced node (see
@@ -393,35 +438,33 @@ def hierarchy_guard(result: Rewrite, graph: GraphLike) -> MatchFailure | None:
     layer only, and the layers would no longer share one function. Such a rewrite is refused.
     Constants feeding only replaced nodes count as replaced.
 
+    Args:
+        result: The rewrite about to be committed.
+        graph: The graph it is committed to.
+        index: The graph's :class:`ScopeIndex` (kept up to date by the caller); built here if
+            not given.
+
     Returns:
         A failure (the rule does not fire here) or ``None``.
     """
     matched = set(result.match.nodes)
-    scopes = [metadata.node_scope(n.metadata_props) for n in matched]
+    index = ScopeIndex(graph) if index is None else index
+    scopes = [index.scope(n) for n in matched]
     common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
     depth = len(common)
     touched = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
     if not touched:
         return None
-    memo: dict[str, tuple[metadata.Frame, ...]] = {}
-    kept: set[metadata.Frame] = set()
-    siblings: set[metadata.Frame] = set()
-    for node in graph:
-        text = node.metadata_props.get(metadata.SCOPE)
-        if not text:
-            continue
-        scope = memo.get(text)
-        if scope is None:
-            scope = memo[text] = metadata.decode_scope(text)
-        if len(scope) <= depth or scope[:depth] != common:
-            continue
-        siblings.add(scope[depth])
-        if node in matched or scope[depth] not in touched:
-            continue
-        if not node.inputs and all(u.node in matched for o in node.outputs for u in o.uses()):
-            continue  # a constant only the replaced nodes read
-        kept.add(scope[depth])
-    classes = collections.Counter(f.cls for f in siblings)
+    kept = {
+        frame
+        for frame in touched
+        if any(
+            node not in matched
+            and (node.inputs or not all(u.node in matched for o in node.outputs for u in o.uses()))
+            for node in index.live(frame)
+        )  # (a constant only the replaced nodes read counts as replaced)
+    }
+    classes = collections.Counter(f.cls for f in index.children.get(common, ()))
     repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
     if not repeated:
         return None
