@@ -20,8 +20,9 @@ import onnx_ir as ir
 from irkit import rules as library
 from irkit.errors import RewriteError
 from irkit.hierarchy import FunctionsOption, outline
+from irkit.hierarchy._inline import open_module_calls
 from irkit.rewriting import BaseRule, RewriteReport, RuleSet
-from irkit.rewriting._optimize import optimize_with
+from irkit.rewriting._optimize import cse, optimize_with
 
 __all__ = ["Target", "TARGETS", "lower", "optimize"]
 
@@ -138,16 +139,30 @@ class Target:
     Attributes:
         name: The name users pass (``"onnx"``).
         rules: Returns the default rule set for this target.
+        across_calls: Rewrite across module boundaries: the module calls are opened (inlined)
+            for the rewrite and outlined again after it (see ``docs/fusion_across_modules.md``).
     """
 
     name: str
     rules: Callable[[], RuleSet]
+    across_calls: bool = False
+
+
+def _ort_rules() -> RuleSet:
+    from irkit.rules import ort  # (the contrib-op library is loaded only for this target)
+
+    return ort.default_rules()
 
 
 TARGETS: Mapping[str, Target] = types.MappingProxyType(
-    {"onnx": Target("onnx", library.default_rules)}
+    {
+        "onnx": Target("onnx", library.default_rules),
+        "ort": Target("ort", _ort_rules, across_calls=True),
+    }
 )
-"""Known targets (read-only). ``"onnx"``: standard ONNX ops only (fusions such as ``Gelu``)."""
+"""Known targets (read-only). ``"onnx"``: standard ONNX ops only (fusions such as ``Gelu``).
+``"ort"``: the ``"onnx"`` fusions, then onnxruntime's ``com.microsoft`` contrib ops
+(:mod:`irkit.rules.ort`), fused across module boundaries with the hierarchy kept."""
 
 
 def optimize(
@@ -170,7 +185,12 @@ def optimize(
 
     Args:
         model: The model; modified in place.
-        target: ``"onnx"`` (standard ONNX ops only).
+        target: ``"onnx"`` (standard ONNX ops only) or ``"ort"`` (onnxruntime ≥ 1.20: the
+            ``"onnx"`` fusions, then ``com.microsoft`` contrib ops). For ``"ort"`` the module
+            calls are inlined for the rewrite, so rules see across module boundaries, and
+            outlined again afterwards: the same modules become functions (a flat model stays
+            flat), each fused node belonging to the deepest module that contains all the
+            nodes it replaced.
         rules: Rules to use instead of the target's defaults.
         opset: The highest ONNX opset the target runtime supports: fusions into newer ops (e.g.
             ``Gelu`` at 20, ``RMSNormalization`` at 23) do not fire above it. The model's own
@@ -196,12 +216,39 @@ def optimize(
     """
     if target not in TARGETS:
         raise RewriteError(f"unknown optimize target {target!r}; known targets: {sorted(TARGETS)}")
-    rule_set = TARGETS[target].rules() if rules is None else rules
-    return optimize_with(
+    chosen = TARGETS[target]
+    rule_set = chosen.rules() if rules is None else rules
+    if not chosen.across_calls:
+        return optimize_with(
+            model,
+            rule_set,
+            opset=opset,
+            fold_constants=fold_constants,
+            explain=explain,
+            report=report,
+        )
+    start = time.perf_counter()
+    opened = open_module_calls(model)
+    optimize_with(
         model,
         rule_set,
         opset=opset,
         fold_constants=fold_constants,
         explain=explain,
         report=report,
+        keep_hierarchy=True,
     )
+    t0 = time.perf_counter()
+    if opened:
+        outline(model, lambda path, cls: (path, cls) in opened)
+    t1 = time.perf_counter()
+    cse(model)
+    if report is not None:
+        report.passes.update(outline=t1 - t0, cse=time.perf_counter() - t1)
+    logger.info(
+        "irkit.optimize(target=%r): %d module calls opened and re-outlined in %.2fs",
+        target,
+        len(opened),
+        time.perf_counter() - start,
+    )
+    return model

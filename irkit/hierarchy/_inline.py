@@ -20,7 +20,7 @@ from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import Scope
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
-__all__ = ["inline", "call_frame", "reroot_scope"]
+__all__ = ["inline", "open_module_calls", "call_frame", "reroot_scope"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,32 @@ def inline(
     RemoveUnusedFunctionsPass()(model)
     logger.info("inlined %d calls", count)
     return model
+
+
+def open_module_calls(model: ir.Model) -> set[tuple[str, str]]:
+    """Inline every module call of the main graph (nested ones too), to be re-outlined later.
+
+    Only call nodes that stand for a module call (``irkit.call``) are opened; calls of other
+    local functions stay. Functions no longer called are removed. In place.
+
+    Returns:
+        ``(path, qualified class)`` of every opened module call: the selection that makes
+        :func:`irkit.outline` outline exactly these modules again.
+    """
+    opened: set[tuple[str, str]] = set()
+
+    def wanted(node: ir.Node) -> ir.Function | None:
+        frame = call_frame(node)
+        function = model.functions.get(node.op_identifier())
+        if frame is None or function is None:
+            return None
+        opened.add((frame.path, frame.cls))
+        return function
+
+    count = _inline_in(model.graph, wanted)
+    RemoveUnusedFunctionsPass()(model)
+    logger.info("opened %d module calls", count)
+    return opened
 
 
 def _inline_in(

@@ -78,6 +78,7 @@ def rewrite(
     max_opset: int | None = None,
     max_rewrites_per_node: int = DEFAULT_MAX_REWRITES_PER_NODE,
     report: RewriteReport | None = None,
+    keep_hierarchy: bool = False,
 ) -> ir.Model:
     """Apply ``rules`` to ``model`` **in place** until no rule fires.
 
@@ -95,6 +96,9 @@ def rewrite(
         max_opset: Rules needing a newer ONNX opset than this do not fire.
         max_rewrites_per_node: Iteration cap per graph: ``max_rewrites_per_node × nodes + 64``.
         report: If given, filled with the :class:`RewriteReport` (per-rule statistics).
+        keep_hierarchy: Refuse rewrites that would take nodes out of a module call that keeps
+            other nodes while also taking nodes of a sibling call (see :func:`hierarchy_guard`):
+            used when module calls were inlined to be re-outlined after the rewrite.
 
     Returns:
         ``model`` itself, so stages compose.
@@ -132,7 +136,9 @@ def rewrite(
             else main_opset
         )
         ctx = RewriteContext(model, graph_like, opset, max_opset)
-        _Worklist(ctx, index, result, explain, where, max_rewrites_per_node).run()
+        worklist = _Worklist(ctx, index, result, explain, where, max_rewrites_per_node)
+        worklist.keep_hierarchy = keep_hierarchy
+        worklist.run()
         result.graphs += 1
     result.nodes_after = count_nodes(model)
     result.seconds = time.perf_counter() - start
@@ -193,6 +199,8 @@ class _Worklist:
         self.queue: collections.deque[ir.Node] = collections.deque(reversed(graph))
         self.queued = set(self.queue)
         self.needs_sort = False
+        self.keep_hierarchy = False
+        self.scopes: ScopeIndex | None = None  # (built on the first guarded rewrite)
 
     def run(self) -> None:
         budget = self.per_node * len(self.queue) + 64
@@ -213,6 +221,10 @@ class _Worklist:
                 s.tried += 1
                 if not isinstance(result, MatchFailure):
                     refused = graph_io_guard(result)
+                    if refused is None and self.keep_hierarchy:
+                        if self.scopes is None:
+                            self.scopes = ScopeIndex(self.ctx.graph)
+                        refused = hierarchy_guard(result, self.ctx.graph, self.scopes)
                     result = result if refused is None else refused
                 if isinstance(result, MatchFailure):
                     s.seconds += perf() - t0
@@ -222,6 +234,8 @@ class _Worklist:
                     continue
                 where = _where(node, self.where)
                 commit(self.ctx.graph, node, result, rule.name, self.ctx.model)
+                if self.scopes is not None:
+                    self.scopes.add(result.nodes)
                 s.seconds += perf() - t0
                 s.fired += 1
                 s.where[where] += 1
@@ -355,6 +369,114 @@ def graph_io_guard(result: Rewrite) -> MatchFailure | None:
             "needed: connects a graph input/initializer/output to a graph output", needed[0]
         )
     return None
+
+
+def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadata.Frame, ...]:
+    common: tuple[metadata.Frame, ...] | None = None
+    for scope in scopes:
+        if common is None:
+            common = scope
+            continue
+        k = 0
+        while k < min(len(common), len(scope)) and common[k] == scope[k]:
+            k += 1
+        common = common[:k]
+    return common or ()
+
+
+class ScopeIndex:
+    """The nodes of each module call in a graph (every frame of a node's scope), and the child
+    calls of each scope: what :func:`hierarchy_guard` reads instead of scanning the graph.
+
+    Removed nodes are dropped lazily (a node whose ``graph`` is no longer the graph is skipped);
+    replacement nodes are added with :meth:`add` after each commit.
+    """
+
+    def __init__(self, graph: GraphLike):
+        self.owner = graph.graph if isinstance(graph, ir.Function) else graph
+        self.nodes: dict[metadata.Frame, list[ir.Node]] = collections.defaultdict(list)
+        self.children: dict[tuple[metadata.Frame, ...], set[metadata.Frame]] = (
+            collections.defaultdict(set)
+        )
+        self._memo: dict[str, tuple[metadata.Frame, ...]] = {}
+        self.add(graph)
+
+    def scope(self, node: ir.Node) -> tuple[metadata.Frame, ...]:
+        text = node.metadata_props.get(metadata.SCOPE)
+        if not text:
+            return ()
+        scope = self._memo.get(text)
+        if scope is None:
+            scope = self._memo[text] = metadata.decode_scope(text)
+        return scope
+
+    def add(self, nodes: Iterable[ir.Node]) -> None:
+        for node in nodes:
+            scope = self.scope(node)
+            for k, frame in enumerate(scope):
+                self.nodes[frame].append(node)
+                self.children[scope[:k]].add(frame)
+
+    def live(self, frame: metadata.Frame) -> Iterator[ir.Node]:
+        """The nodes of call ``frame`` still in the graph."""
+        return (n for n in self.nodes.get(frame, ()) if n.graph is self.owner)
+
+
+def hierarchy_guard(
+    result: Rewrite, graph: GraphLike, index: ScopeIndex | None = None
+) -> MatchFailure | None:
+    """Refuse a rewrite that would make calls of one module differ (used with ``keep_hierarchy``).
+
+    The replacement nodes get the deepest scope ``C`` that contains every replaced node (see
+    :func:`provenance`); replaced nodes of child calls of ``C`` leave those calls. That is
+    harmless when the call is replaced whole (``q_proj``/``k_proj``/``v_proj`` packed into one
+    ``MatMul``), or when it is the only call of its class among ``C``'s children (the bias
+    ``Add`` of ``intermediate.dense`` fused with the ``Gelu`` of ``intermediate.act``: every
+    instance of ``C``'s body changes alike). It breaks sharing when the call is one of several
+    sibling calls of one class — a stack of layers: fusing layer *i*'s last residual ``Add`` with
+    layer *i+1*'s input norm, or the last layer's with the final norm, changes the first or last
+    layer only, and the layers would no longer share one function. Such a rewrite is refused.
+    Constants feeding only replaced nodes count as replaced.
+
+    Args:
+        result: The rewrite about to be committed.
+        graph: The graph it is committed to.
+        index: The graph's :class:`ScopeIndex` (kept up to date by the caller); built here if
+            not given.
+
+    Returns:
+        A failure (the rule does not fire here) or ``None``.
+    """
+    matched = set(result.match.nodes)
+    index = ScopeIndex(graph) if index is None else index
+    scopes = [index.scope(n) for n in matched]
+    common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
+    depth = len(common)
+    touched = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
+    if not touched:
+        return None
+    kept = {
+        frame
+        for frame in touched
+        if any(
+            node not in matched
+            and (node.inputs or not all(u.node in matched for o in node.outputs for u in o.uses()))
+            for node in index.live(frame)
+        )  # (a constant only the replaced nodes read counts as replaced)
+    }
+    classes = collections.Counter(f.cls for f in index.children.get(common, ()))
+    repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
+    if not repeated:
+        return None
+    names = ", ".join(sorted(f.call_id for f in touched))
+    return MatchFailure(
+        f"spans module calls {names} but leaves other nodes in {', '.join(repeated)}, one of "
+        "several sibling calls of its class: they would no longer share one function"
+    )
+
+
+def _scoped(node: ir.Node) -> bool:
+    return metadata.SCOPE in node.metadata_props
 
 
 def commit(

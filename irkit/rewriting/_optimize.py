@@ -24,12 +24,31 @@ from irkit.rewriting._apply import count_nodes, rewrite
 from irkit.rewriting._report import RewriteReport
 from irkit.rewriting._rule import BaseRule, RuleSet
 
-__all__ = ["optimize_with"]
+__all__ = ["optimize_with", "cse"]
 
 logger = logging.getLogger(__name__)
 
 
-def _cse(model: ir.Model) -> None:
+def _default_folding(node: ir.Node) -> bool | None:
+    return None
+
+
+def _keeps_weight_transposes(node: ir.Node) -> bool | None:
+    """Leave ``Transpose(initializer)`` alone in a model whose module calls were opened.
+
+    In the outlined model the weight is a function parameter, so nothing folds its
+    ``Transpose`` (torchlib's 3-D ``linear``); folding it in the opened model would copy every
+    weight. Rules see ``MatMul(x, Transpose(w))`` and fold it without a copy (``FusedMatMul``).
+    """
+    if node.op_type == "Transpose" and node.domain == "" and node.inputs:
+        weight = node.inputs[0]
+        if weight is not None and weight.is_initializer():
+            return False
+    return None
+
+
+def cse(model: ir.Model) -> None:
+    """Common-subexpression elimination in the main graph and in every function body."""
     cse = common_passes.CommonSubexpressionEliminationPass()
     cse(model)
     # The pass only visits the main graph; run its graph routine on each function body too.
@@ -45,6 +64,7 @@ def optimize_with(
     fold_constants: bool = True,
     explain: str | None = None,
     report: RewriteReport | None = None,
+    keep_hierarchy: bool = False,
 ) -> ir.Model:
     """Optimize ``model`` **in place** with ``rules``: fold constants, rules to a fixed point, clean up.
 
@@ -64,6 +84,12 @@ def optimize_with(
         explain: Record near misses of this rule (see :meth:`RewriteReport.explain`).
         report: If given, filled with the rewrite's :class:`RewriteReport`, with the time of each
             pass in ``passes``.
+        keep_hierarchy: For models whose module calls were inlined to be outlined again:
+            :func:`irkit.rewrite` refuses rewrites that would make calls of one module differ,
+            common-subexpression elimination is skipped (it would merge identical nodes of
+            different calls; run :func:`cse` after re-outlining), and folding leaves
+            ``Transpose(initializer)`` alone (it would copy weights that are function
+            parameters in the outlined model).
 
     Returns:
         ``model`` itself, so stages compose.
@@ -101,15 +127,28 @@ def optimize_with(
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
+        should_fold = _keeps_weight_transposes if keep_hierarchy else _default_folding
+
         def fold_known() -> None:
             with hide_weightless(model, "optimize: fold_constants"):  # never read (or invent) them
-                fold(model)
+                fold(model, should_fold=should_fold)
 
         timed("fold_constants", fold_known)
     result = RewriteReport()
-    timed("rewrite", lambda: rewrite(model, rules, max_opset=opset, explain=explain, report=result))
+    timed(
+        "rewrite",
+        lambda: rewrite(
+            model,
+            rules,
+            max_opset=opset,
+            explain=explain,
+            report=result,
+            keep_hierarchy=keep_hierarchy,
+        ),
+    )
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
-    timed("cse", lambda: _cse(model))
+    if not keep_hierarchy:  # (across calls opened for re-outlining, CSE would merge them)
+        timed("cse", lambda: cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
     timed(
         "lift_constants",

@@ -13,6 +13,8 @@ module                        identity
 :mod:`irkit.rules.rms_norm`    decomposed RMS norm → ``RMSNormalization`` (opset ≥ 23)
 ============================  ======================================================
 
+The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported on demand).
+
 >>> from irkit.rules import default_rules
 >>> default_rules().names()[:2]
 ['IdentityElimination', 'NoOpCast']

@@ -62,7 +62,7 @@ def test_unknown_target():
     )
     with pytest.raises(irkit.RewriteError) as info:
         irkit.optimize(model, target="tpu")
-    assert str(info.value) == "unknown optimize target 'tpu'; known targets: ['onnx']"
+    assert str(info.value) == "unknown optimize target 'tpu'; known targets: ['onnx', 'ort']"
 
 
 @pytest.mark.slow

@@ -1,0 +1,75 @@
+"""The ``"ort"`` target's rule library: onnxruntime ``com.microsoft`` contrib ops (ORT ≥ 1.20).
+
+Each module exports ``rules`` (its docstring states the identity and the preconditions):
+
+================================  ===========================================================
+module                            identity
+================================  ===========================================================
+:mod:`irkit.rules.ort.attention`  opset-23 ``Attention`` / ``RotaryEmbedding`` →
+                                  ``GroupQueryAttention`` (``do_rotary``),
+                                  ``MultiHeadAttention``, contrib ``RotaryEmbedding``
+:mod:`irkit.rules.ort.packed`     ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split``
+                                  (Q/K/V, gate/up)
+:mod:`irkit.rules.ort.skip_norm`  residual add + RMS / layer norm →
+                                  ``SkipSimplifiedLayerNormalization`` /
+                                  ``SkipLayerNormalization`` (the sum is an output too)
+:mod:`irkit.rules.ort.matmul`     ``MatMul`` with transposed operands → ``FusedMatMul``
+:mod:`irkit.rules.ort.gelu`       ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
+================================  ===========================================================
+
+:func:`default_rules` is what ``irkit.optimize(model, target="ort")`` applies: the ``"onnx"``
+fusions first (``RMSNormalization``, ``LayerNormalization``, ``Gelu`` … that these rules start
+from), then the contrib-op rules. The pipeline opens the module calls for the rewrite, so the
+rules see across module boundaries (``docs/fusion_across_modules.md``).
+
+>>> from irkit.rules.ort import default_rules
+>>> [n for n in default_rules().names() if n.startswith("Skip")]
+['SkipSimplifiedLayerNormalization', 'SkipLayerNormalization']
+"""
+
+from __future__ import annotations
+
+from irkit import rules as library
+from irkit.rewriting import RuleSet
+from irkit.rules.ort import attention, gelu, matmul, packed, skip_norm
+
+__all__ = ["attention", "gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
+
+
+def contrib_rules(*, gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
+    """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
+
+    Args:
+        gqa_dynamic_past: Fuse ``GroupQueryAttention`` also for dynamic batch and sequence with
+            a past (see :func:`irkit.rules.ort.attention.group_query_attention`).
+        gqa_masked: Fuse ``GroupQueryAttention`` also for ``Attention`` with an additive mask
+            or without ``is_causal`` (``attention_bias`` / ``causal=0``: onnxruntime > 1.20).
+    """
+    return RuleSet(
+        "ort_contrib",
+        [
+            attention.attention_rules(gqa_dynamic_past, gqa_masked),
+            packed.rules,
+            skip_norm.rules,
+            gelu.rules,
+            matmul.rules,
+        ],
+    )
+
+
+def default_rules(*, gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
+    """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.
+
+    ``irkit.optimize(m, target="ort", rules=default_rules(gqa_dynamic_past=True,
+    gqa_masked=True))`` lets a Hugging Face decoder exported with dynamic batch and sequence and
+    its attention mask use ``GroupQueryAttention`` on a recent onnxruntime (prefill with an
+    empty past and one-token decoding work at any batch size; see
+    :func:`irkit.rules.ort.attention.group_query_attention`).
+    """
+    return RuleSet(
+        "ort",
+        [
+            library.default_rules(),
+            contrib_rules(gqa_dynamic_past=gqa_dynamic_past, gqa_masked=gqa_masked),
+        ],
+    )

@@ -1,0 +1,375 @@
+"""Opset-23 ``Attention`` / ``RotaryEmbedding`` → onnxruntime's ``GroupQueryAttention``,
+``MultiHeadAttention`` and contrib ``RotaryEmbedding`` (``com.microsoft``).
+
+These start from the standard ops the ``"onnx"`` fusions produce (4-D ``Q``/``K``/``V`` of shape
+``(batch, heads, seq, head_size)``, ``past_key``/``past_value`` → ``present_key``/``present_value``
+of shape ``(batch, kv_heads, past, head_size)``). ``to3(t) = Reshape(Transpose(t, [0,2,1,3]),
+[0,0,-1])`` and ``to4`` its inverse.
+
+Identities:
+
+- ``Attention(Q, K, V, , past_k, past_v, is_causal=1)
+  = to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_k, past_v, seqlens_k, total_len))``
+  with ``total_len = past + seq`` (int32 scalar) and ``seqlens_k = total_len - 1`` per batch row
+  (no padding: the causal ``Attention`` has no other mask). onnxruntime aligns the causal mask
+  bottom-right when there is a past, as ``GroupQueryAttention`` does.
+  When ``Q`` and ``K`` are both ``RotaryEmbedding(·, cos, sin, position_ids)`` with the same
+  constant caches and position ids, and the head size is a multiple of 16 (onnxruntime's CPU
+  kernel), the rotations move into the op (``do_rotary=1``, the caches
+  as initializers, ``position_ids`` passed).
+- opt-in (``group_query_attention(masked=True)``, onnxruntime > 1.20): any such ``Attention``
+  with an additive float ``mask`` and/or ``is_causal=0`` → ``GroupQueryAttention(…,
+  attention_bias=mask, causal=is_causal)`` — HF decoders hand the attention their causal +
+  padding mask, which is exact this way.
+- ``Attention(Q, K, V, bias?, past_k?, past_v?, is_causal=0)
+  = to4(MultiHeadAttention(to3(Q), to3(K), to3(V), , , bias, past_k, past_v))`` (same number
+  of query and key/value heads; ``bias`` additive, broadcast to 4-D).
+- ``RotaryEmbedding(x, cos, sin, position_ids) = com.microsoft.RotaryEmbedding(x, position_ids,
+  cos, sin)`` (same attributes; the contrib op takes the position ids second).
+
+Preconditions: float16/float32; 4-D ``Q``/``K``/``V`` with known head counts and one head size
+(for ``GroupQueryAttention`` a multiple of 8 — onnxruntime's CPU kernel —, as many new keys
+as queries, and with a past a static batch of 1 or a static single new token: onnxruntime
+refuses a past with several new tokens in a batch, so a model with dynamic batch and sequence
+keeps the standard ``Attention`` unless :func:`group_query_attention` is asked for
+``dynamic_past``); no ``softcap`` (``MultiHeadAttention``), no ``qk_matmul_output`` used; a past given
+as both key and value or not at all. Every refusal says why (see ``explain``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from irkit.rewriting import MatchFailure, NodeRule, RewriteBuilder, RuleSet, const_value, dims, fail
+
+MS = "com.microsoft"
+_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
+
+
+def _attrs(node: ir.Node) -> dict[str, Any]:
+    return {k: a.value for k, a in node.attributes.items()}
+
+
+def _input(node: ir.Node, i: int) -> ir.Value | None:
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+def _to3(op: RewriteBuilder, t: ir.Value) -> ir.Value:
+    """``(B, N, S, H)`` → ``(B, S, N·H)``."""
+    shape = op.const(np.array([0, 0, -1], dtype=np.int64))
+    return op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), shape)
+
+
+def _to4(op: RewriteBuilder, t: ir.Value, heads: int) -> ir.Value:
+    """``(B, S, N·H)`` → ``(B, N, S, H)``."""
+    shape = op.const(np.array([0, 0, heads, -1], dtype=np.int64))
+    return op.Transpose(op.Reshape(t, shape), perm=[0, 2, 1, 3])
+
+
+class _Heads:
+    """The head layout of an ``Attention`` node with 4-D inputs, or why it has none."""
+
+    def __init__(self, q_heads: int, kv_heads: int, head_size: int):
+        self.q_heads = q_heads
+        self.kv_heads = kv_heads
+        self.head_size = head_size
+
+
+def _common(node: ir.Node) -> _Heads | MatchFailure:
+    """Checks shared by both attention rules."""
+    q, k, v = (_input(node, i) for i in range(3))
+    if q is None or k is None or v is None:
+        return fail("Q, K or V absent", None, node)
+    if q.dtype not in _TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return fail(f"dtype {q.dtype}: the contrib ops run float16/float32", q)
+    dq, dk, dv = dims(q), dims(k), dims(v)
+    if dq is None or dk is None or dv is None or not len(dq) == len(dk) == len(dv) == 4:
+        return fail("Q, K, V must be 4-D (batch, heads, seq, head_size) with known rank", q)
+    heads = (dq[1], dk[1], dv[1])
+    sizes = (dq[3], dk[3], dv[3])
+    if not all(isinstance(d, int) for d in (*heads, *sizes)):
+        return fail(f"head counts {heads} / head sizes {sizes} not static", q)
+    if len(set(sizes)) != 1:
+        return fail(f"head sizes differ: {sizes}", v)
+    if dk[1] != dv[1] or dq[1] % dk[1]:  # type: ignore[operator]
+        return fail(f"{dq[1]} query heads do not group over {dk[1]} / {dv[1]} key/value heads", k)
+    if len(node.outputs) > 3 and (node.outputs[3].uses() or node.outputs[3].is_graph_output()):
+        return fail("qk_matmul_output is used", node.outputs[3])
+    past_k, past_v = _input(node, 4), _input(node, 5)
+    if (past_k is None) != (past_v is None):
+        return fail("only one of past_key / past_value given", past_k or past_v)
+    if len(node.inputs) > 6 and node.inputs[6] is not None:
+        return fail("nonpad_kv_seqlen is not supported", node.inputs[6])
+    return _Heads(int(dq[1]), int(dk[1]), int(dq[3]))  # type: ignore[arg-type]
+
+
+_ELEMENTWISE = frozenset({"Where", "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Cast"})
+
+
+def _mask_type(v: ir.Value, depth: int = 4) -> tuple[ir.DataType | None, int | None]:
+    """Dtype and rank of a mask, also when it is an untyped intermediate (torchlib's ``Where``):
+    read through elementwise producers (broadcast: the largest input rank)."""
+    d = dims(v)
+    if v.dtype is None and (const := const_value(v)) is not None:  # (an untyped Constant)
+        return ir.DataType.from_numpy(const.dtype), const.ndim
+    if v.dtype is not None and d is not None:
+        return v.dtype, len(d)
+    p = v.producer()
+    if depth == 0 or p is None or p.domain != "" or p.op_type not in _ELEMENTWISE:
+        return v.dtype, None if d is None else len(d)
+    found = [_mask_type(i, depth - 1) for i in p.inputs if i is not None]
+    ranks = [r for _, r in found]
+    rank = None if d is None and None in ranks else (len(d) if d is not None else max(ranks))  # type: ignore[type-var]
+    if v.dtype is not None:
+        return v.dtype, rank
+    if p.op_type == "Cast":
+        return ir.DataType(p.attributes["to"].value), rank
+    values = found[1:] if p.op_type == "Where" else found
+    dtypes = {t for t, _ in values}
+    return (dtypes.pop() if len(dtypes) == 1 else None), rank
+
+
+def _bias4(op: RewriteBuilder, mask: ir.Value, q: ir.Value) -> ir.Value | MatchFailure:
+    """An additive float mask as the contrib ops' 4-D ``attention_bias``, or why not."""
+    dtype, rank = _mask_type(mask)
+    if dtype != q.dtype:
+        return fail(f"mask dtype {dtype}: only an additive mask of the input dtype", mask)
+    if rank is None or rank > 4:
+        return fail(f"mask rank {rank} unknown or > 4", mask)
+    if rank == 4:
+        return mask
+    return op.Unsqueeze(mask, op.const(np.arange(4 - rank, dtype=np.int64)))
+
+
+def _present(node: ir.Node, outs: list[ir.Value]) -> list[ir.Value]:
+    """Replacements for the node's outputs: ``Y`` and the presents it has."""
+    return outs[: min(len(node.outputs), 3)]
+
+
+def _rotary(value: ir.Value) -> ir.Node | None:
+    p = value.producer()
+    if p is None or p.op_type != "RotaryEmbedding" or p.domain not in ("", MS):
+        return None
+    return p
+
+
+def _rotary_parts(
+    node: ir.Node,
+) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value, dict[str, Any]] | None:
+    """``(x, position_ids, cos, sin, attributes)`` of an ONNX or contrib RotaryEmbedding."""
+    if node.domain == MS:
+        x, pos, cos, sin = (_input(node, i) for i in range(4))
+    else:
+        x, cos, sin, pos = (_input(node, i) for i in range(4))
+    if x is None or cos is None or sin is None:
+        return None
+    return x, pos, cos, sin, _attrs(node)
+
+
+_Folded = tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value, int]
+
+
+def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int) -> _Folded | None:
+    """The inputs of ``do_rotary``: un-rotated Q, K, cos, sin, position ids, interleaved."""
+    rq, rk = _rotary(q), _rotary(k)
+    if head_size % 16:  # (onnxruntime's CPU kernel rotates only such heads)
+        return None
+    if rq is None or rk is None or len(q.uses()) != 1 or len(k.uses()) != 1:
+        return None
+    pq, pk = _rotary_parts(rq), _rotary_parts(rk)
+    if pq is None or pk is None:
+        return None
+    if pq[1:4] != pk[1:4] or pq[1] is None:
+        return None  # different caches / positions, or per-token cos/sin
+    aq, ak = pq[4], pk[4]
+    interleaved = int(aq.get("interleaved", 0))
+    if interleaved != int(ak.get("interleaved", 0)) or float(aq.get("scale", 1.0)) != 1.0:
+        return None
+    if aq.get("rotary_embedding_dim", 0) not in (0, head_size):
+        return None
+    cos, sin = pq[2], pq[3]
+    cd = dims(cos)
+    if const_value(cos) is None or const_value(sin) is None or cd is None or len(cd) != 2:
+        return None
+    if cd[1] != head_size // 2:
+        return None
+    return pq[0], pk[0], cos, sin, pq[1], interleaved  # (pq[1] checked above)
+
+
+def group_query_attention(dynamic_past: bool = False, masked: bool = False) -> NodeRule:
+    """The ``GroupQueryAttention`` rule (by default: causal ``Attention`` without a mask).
+
+    Args:
+        dynamic_past: Also fuse when batch and new-token count are dynamic and there is a past.
+            onnxruntime then runs prefill (empty past) and decoding (one new token) at any batch
+            size, but raises an error for a step with several new tokens, a non-empty past and
+            batch > 1 (chunked prefill in a batch). Off by default: the fusion must not make a
+            valid input fail.
+        masked: Also fuse ``Attention`` with an additive float mask (HF's causal + padding
+            mask) or without ``is_causal``: the mask becomes the op's ``attention_bias`` input
+            and ``causal`` is the node's ``is_causal``. Both are newer than onnxruntime 1.20
+            (tested with 1.32), so this is opt-in.
+    """
+
+    def fn(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
+        return _gqa_rewrite(op, node, dynamic_past, masked)
+
+    return NodeRule("GroupQueryAttention", ["Attention"], fn, min_opset=23)
+
+
+def _gqa_rewrite(
+    op: RewriteBuilder, node: ir.Node, dynamic_past: bool, masked: bool
+) -> list[ir.Value] | MatchFailure:
+    """GroupQueryAttention from an opset-23 Attention (see the module docstring)."""
+    heads = _common(node)
+    if isinstance(heads, MatchFailure):
+        return heads
+    a = _attrs(node)
+    causal = int(a.get("is_causal", 0))
+    mask = _input(node, 3)
+    if not masked and not causal:
+        return fail(
+            "not causal (is_causal=0): GroupQueryAttention is causal "
+            "(ort.default_rules(gqa_masked=True) sets causal=0: onnxruntime > 1.20)",
+            None,
+            node,
+        )
+    if not masked and mask is not None:
+        return fail(
+            "has an attention mask besides the causal one (ort.default_rules(gqa_masked=True) "
+            "passes it as attention_bias: onnxruntime > 1.20)",
+            mask,
+        )
+    bias = None if mask is None else _bias4(op, mask, node.inputs[0])  # type: ignore[arg-type]
+    if isinstance(bias, MatchFailure):
+        return bias
+    if heads.head_size % 8:
+        return fail(
+            f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
+        )
+    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+    dq, dk = dims(q), dims(k)
+    if dq is None or dk is None or dq[2] is None or dq[2] != dk[2]:
+        return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
+    past_k, past_v = _input(node, 4), _input(node, 5)
+    if past_k is not None and dq[0] != 1 and dq[2] != 1 and not dynamic_past:
+        return fail(
+            f"batch {dq[0]} and {dq[2]} new tokens with a past: onnxruntime's "
+            "GroupQueryAttention runs a past only with batch 1 or one new token "
+            "(ort.default_rules(gqa_dynamic_past=True) fuses anyway)",
+            q,
+        )
+    rotary = _fold_rotary(q, k, heads.head_size)  # type: ignore[arg-type]
+    cos = sin = pos = None
+    interleaved = 0
+    if rotary is not None:
+        q, k, cos, sin, pos, interleaved = rotary
+    i32 = ir.DataType.INT32
+    new = op.Shape(k, start=2, end=3)
+    total = new if past_k is None else op.Add(new, op.Shape(past_k, start=2, end=3))
+    total32 = op.Cast(total, to=i32)
+    batch = op.Shape(q, start=0, end=1)
+    one = op.const(np.array([1], dtype=np.int32))
+    seqlens = op.Expand(op.Sub(total32, one), batch)
+    total_scalar = op.Squeeze(total32)
+    y, present_k, present_v = op.domain(MS).GroupQueryAttention(
+        _to3(op, q),  # type: ignore[arg-type]
+        _to3(op, k),  # type: ignore[arg-type]
+        _to3(op, v),  # type: ignore[arg-type]
+        past_k,
+        past_v,
+        seqlens,
+        total_scalar,
+        cos,
+        sin,
+        pos,
+        bias,
+        num_heads=heads.q_heads,
+        kv_num_heads=heads.kv_heads,
+        causal=None if causal else 0,
+        scale=a.get("scale"),
+        softcap=a.get("softcap") or None,
+        do_rotary=1 if rotary is not None else None,
+        rotary_interleaved=interleaved if rotary is not None else None,
+        _outputs=3,
+    )
+    return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
+
+
+def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
+    """MultiHeadAttention from a non-causal opset-23 Attention (see the module docstring)."""
+    heads = _common(node)
+    if isinstance(heads, MatchFailure):
+        return heads
+    a = _attrs(node)
+    if a.get("is_causal", 0):
+        return fail("causal (is_causal=1): left to GroupQueryAttention", None, node)
+    if a.get("softcap", 0.0):
+        return fail("softcap is not supported by MultiHeadAttention", None, node)
+    if heads.q_heads != heads.kv_heads:
+        return fail(f"{heads.q_heads} query heads but {heads.kv_heads} key/value heads", None, node)
+    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+    mask = _input(node, 3)
+    bias = None if mask is None else _bias4(op, mask, q)  # type: ignore[arg-type]
+    if isinstance(bias, MatchFailure):
+        return bias
+    past_k, past_v = _input(node, 4), _input(node, 5)
+    y, present_k, present_v = op.domain(MS).MultiHeadAttention(
+        _to3(op, q),  # type: ignore[arg-type]
+        _to3(op, k),  # type: ignore[arg-type]
+        _to3(op, v),  # type: ignore[arg-type]
+        None,
+        None,
+        bias,
+        past_k,
+        past_v,
+        num_heads=heads.q_heads,
+        scale=a.get("scale"),
+        _outputs=3,
+    )
+    return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
+
+
+def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailure:
+    """com.microsoft.RotaryEmbedding(x, position_ids, cos, sin)"""
+    x, cos, sin, pos = (_input(node, i) for i in range(4))
+    if x is None or cos is None or sin is None:
+        return fail("input or caches absent", None, node)
+    if pos is None:
+        return fail("no position_ids: per-token cos/sin, the contrib op needs caches", None, node)
+    if x.dtype not in _TYPES or cos.dtype != x.dtype:
+        return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
+    dx = dims(x)
+    if dx is None or len(dx) not in (3, 4):
+        return fail("input must be 3-D or 4-D with known rank", x)
+    a = _attrs(node)
+    if len(dx) == 3 and not a.get("num_heads"):
+        return fail("3-D input without num_heads", x)
+    return op.domain(MS).RotaryEmbedding(
+        x,
+        pos,
+        cos,
+        sin,
+        interleaved=a.get("interleaved"),
+        num_heads=a.get("num_heads"),
+        rotary_embedding_dim=a.get("rotary_embedding_dim"),
+    )
+
+
+def attention_rules(gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
+    """The attention rules; the options: see :func:`group_query_attention`."""
+    return RuleSet(
+        "ort_attention",
+        [
+            group_query_attention(gqa_dynamic_past, gqa_masked),
+            NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
+            NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
+        ],
+    )
+
+
+rules = attention_rules()
+"""The attention rules (``GroupQueryAttention`` first: it also absorbs the rotations)."""

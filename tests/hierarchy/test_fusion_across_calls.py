@@ -1,0 +1,139 @@
+"""Fusion across module boundaries with the hierarchy kept (``irkit.optimize(target="ort")``).
+
+The pipeline opens the module calls (:func:`open_module_calls`), rewrites the flat graph with
+the hierarchy guard on, and outlines the same modules again; each fused node belongs to the
+deepest module containing all the nodes it replaced.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import irkit
+from irkit import metadata as md
+from irkit.hierarchy._inline import open_module_calls
+from irkit.rewriting import RewriteReport
+from irkit.rules import ort
+from tests.helpers import run_ort
+from tests.hierarchy.builders import Builder
+
+BLOCK = "pkg.Block"
+NORM = "pkg.RMSNorm"
+D = 8
+
+
+def _norm(b: Builder, path: str, x: ir.Value) -> ir.Value:
+    with b.module(path, NORM):
+        return b.op("RMSNormalization", x, b.weight(f"{path}.weight", [D]), axis=-1, epsilon=1e-5)
+
+
+def _blocks(n: int) -> ir.Model:
+    """``n`` pre-norm residual blocks: ``h = x + relu(norm(x) @ W)``, then ``out = norm(h)``.
+
+    Each block's residual ``Add`` (in the block) feeds the next block's norm (in a child of the
+    next block) — a fusion across two calls of ``Block`` — and the last one the final norm.
+    """
+    b = Builder(opset=23)
+    h = b.input("x", [2, 3, D])
+    for i in range(n):
+        with b.module(f"layers.{i}", BLOCK):
+            y = _norm(b, f"layers.{i}.norm", h)
+            y = b.op("Relu", b.op("MatMul", y, b.weight(f"layers.{i}.w", [D, D])))
+            h = b.op("Add", h, y)
+    return b.model([_norm(b, "norm", h)])
+
+
+def _functions(model: ir.Model) -> dict[str, dict[str, int]]:
+    return {
+        f.name: dict(collections.Counter(n.op_type for n in f)) for f in model.functions.values()
+    }
+
+
+def test_residual_add_and_child_norm_fuse_into_the_parent_function():
+    b = Builder(opset=23)
+    x = b.input("x", [2, 3, D])
+    r = b.input("r", [2, 3, D])
+    with b.module("block", BLOCK):
+        s = b.op("Add", x, r)
+        y = _norm(b, "block.norm", s)
+        out = b.op("Mul", y, s)
+    model = irkit.outline(b.model([out]))
+    before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    assert _functions(model) == {
+        "RMSNorm": {"RMSNormalization": 1},
+        "Block": {"Add": 1, "RMSNorm": 1, "Mul": 1},
+    }
+    irkit.optimize(model, target="ort")
+    assert _functions(model) == {"Block": {"SkipSimplifiedLayerNormalization": 1, "Mul": 1}}
+    fused = next(n for n in model.functions[("pkg", "Block", "")] if n.domain == "com.microsoft")
+    assert [f.path for f in md.node_scope(fused.metadata_props)] == ["block"]
+    inputs = [np.random.default_rng(0).standard_normal((2, 3, D)).astype(np.float32)] * 2
+    np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fusion_across_two_calls_of_one_module_is_refused(n):
+    model = irkit.outline(_blocks(n))
+    before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    report = RewriteReport()
+    irkit.optimize(model, target="ort", explain="SkipSimplifiedLayerNormalization", report=report)
+    assert _functions(model) == {
+        "RMSNorm": {"RMSNormalization": 1},
+        "Block": {"RMSNorm": 1, "MatMul": 1, "Relu": 1, "Add": 1},
+    }
+    assert collections.Counter(n.op_type for n in model.graph) == {"Block": n, "RMSNorm": 1}
+    assert "spans module calls layers.0, layers.1 but leaves other nodes in layers.0, layers.1" in (
+        report.explain(limit=50)
+    )
+    inputs = [np.random.default_rng(1).standard_normal((2, 3, D)).astype(np.float32)]
+    np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)
+
+
+def test_without_the_guard_the_flat_graph_fuses_across_calls():
+    """(What the guard prevents: on a flat graph, the ``"onnx"``-style rewrite fuses freely.)"""
+    model = _blocks(2)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(), report=report)
+    assert report.fired["SkipSimplifiedLayerNormalization"] == 2
+
+
+def test_open_module_calls_returns_the_selection_that_outlines_them_again():
+    model = irkit.outline(_blocks(2), ["Block"])  # the user's choice: blocks only
+    tree, functions = irkit.function_tree(model), _functions(model)
+    opened = open_module_calls(model)
+    assert not model.functions and opened == {("layers.0", BLOCK), ("layers.1", BLOCK)}
+    irkit.outline(model, lambda path, cls: (path, cls) in opened)
+    assert (irkit.function_tree(model), _functions(model)) == (tree, functions)
+
+
+def test_ort_target_respects_the_functions_choice():
+    model = irkit.outline(_blocks(2), ["Block"])
+    irkit.optimize(model, target="ort")
+    assert list(_functions(model)) == ["Block"]
+    flat = _blocks(2)
+    irkit.optimize(flat, target="ort")
+    assert not flat.functions
+
+
+def test_fusion_with_the_only_call_of_its_class_is_allowed():
+    """dense's bias Add + act's Gelu → BiasGelu in the parent: every parent changes alike."""
+    b = Builder(opset=23)
+    h = b.input("x", [2, 3, D])
+    for i in range(2):
+        with b.module(f"layers.{i}", BLOCK):
+            with b.module(f"layers.{i}.dense", "torch.nn.Linear"):
+                y = b.op("MatMul", h, b.weight(f"layers.{i}.dense.weight", [D, D]))
+                y = b.op("Add", y, b.weight(f"layers.{i}.dense.bias", [D]))
+            with b.module(f"layers.{i}.act", "pkg.GELU"):
+                h = b.op("Gelu", y)
+    model = irkit.outline(b.model([h]))
+    before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    irkit.optimize(model, target="ort")
+    assert _functions(model) == {"Linear": {"MatMul": 1}, "Block": {"Linear": 1, "BiasGelu": 1}}
+    assert collections.Counter(n.op_type for n in model.graph) == {"Block": 2}
+    inputs = [np.random.default_rng(2).standard_normal((2, 3, D)).astype(np.float32)]
+    np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)

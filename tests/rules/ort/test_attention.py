@@ -1,0 +1,262 @@
+"""GroupQueryAttention, MultiHeadAttention and contrib RotaryEmbedding from the opset-23 ops (the
+ONNX spec's 4-D Q/K/V): fire (onnxruntime numbers on random shapes, fp32 and fp16) and decline
+(the reason, visible in ``explain``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import irkit
+from irkit.rewriting import RewriteReport
+from irkit.rules import ort
+from tests.helpers import run_ort
+from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, parse
+
+DTYPES = st.sampled_from(["float", "float16"])
+MAX_POS = 32
+
+
+def _gqa(t, b, n, kv, s, p, h, causal=1, mask=False, past=True, mask_shape=None):
+    past_in = f", {t}[{b},{kv},{p},{h}] pk, {t}[{b},{kv},{p},{h}] pv" if past else ""
+    total = s + p if past else s
+    mask_in = f", {t}[{mask_shape or f'{b},1,{s},{total}'}] m" if mask else ""
+    outs = f"{t}[{b},{n},{s},{h}] y"
+    if past:
+        outs += f", {t}[{b},{kv},{total},{h}] ko, {t}[{b},{kv},{total},{h}] vo"
+    args = f"q, k, v, {'m' if mask else ''}" + (", pk, pv" if past else "")
+    res = "y, ko, vo" if past else "y"
+    return parse(f"""g ({t}[{b},{n},{s},{h}] q, {t}[{b},{kv},{s},{h}] k, {t}[{b},{kv},{s},{h}] v{past_in}{mask_in})
+      => ({outs}) {{ {res} = Attention<is_causal={causal}>({args}) }}""")
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.sampled_from([(2, 1), (4, 2), (2, 2)]),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.sampled_from([8, 16]),
+    DTYPES,
+    st.booleans(),
+)
+def test_group_query_attention(b, heads, s, p, h, t, past):
+    if past and b > 1:
+        s = 1  # (onnxruntime: a past with several new tokens only at batch 1)
+    m = _gqa(t, b, heads[0], heads[1], s, p, h, past=past)
+    report = fire(m, "GroupQueryAttention", _ops_with("GroupQueryAttention", past), t)
+    assert report.fired["GroupQueryAttention"] == 1
+
+
+def _ops_with(op: str, past: bool) -> dict[str, int]:
+    """The graph after the rewrite: Q/K/V to 3-D and back, the lengths GQA needs."""
+    ops = {op: 1, "Constant": 4, "Reshape": 4, "Transpose": 4}
+    if op == "GroupQueryAttention":
+        ops.update(Shape=3 if past else 2, Cast=1, Sub=1, Expand=1, Squeeze=1, Constant=5)
+        if past:
+            ops["Add"] = 1
+    return dict(sorted(ops.items()))
+
+
+def test_group_query_attention_declines_head_size_4():
+    no_fire(
+        _gqa("float", 1, 2, 1, 3, 2, 4),
+        "GroupQueryAttention",
+        "head size 4 is not a multiple of 8 (onnxruntime CPU)",
+    )
+
+
+def test_group_query_attention_declines_chunks_with_past_in_a_batch():
+    no_fire(
+        _gqa("float", 2, 2, 1, 3, 2, 8),
+        "GroupQueryAttention",
+        "batch 2 and 3 new tokens with a past",
+    )
+
+
+def test_group_query_attention_declines_a_mask():
+    no_fire(
+        _gqa("float", 1, 2, 1, 3, 2, 8, mask=True),
+        "GroupQueryAttention",
+        "has an attention mask besides the causal one",
+    )
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.sampled_from([4, 8]),
+    DTYPES,
+    st.booleans(),
+    st.booleans(),
+)
+def test_multi_head_attention(b, n, s, p, h, t, mask, past):
+    m = _gqa(t, b, n, n, s, p, h, causal=0, mask=mask, past=past)
+    fire(m, "MultiHeadAttention", _ops_with("MultiHeadAttention", past), t)
+
+
+def test_multi_head_attention_2d_mask():
+    m = _gqa("float", 2, 2, 2, 3, 4, 8, causal=0, mask=True, mask_shape="3,7")
+    ops = {**_ops_with("MultiHeadAttention", True), "Unsqueeze": 1}
+    ops["Constant"] += 1
+    fire(m, "MultiHeadAttention", dict(sorted(ops.items())))
+
+
+def test_multi_head_attention_declines_grouped_heads():
+    no_fire(
+        _gqa("float", 1, 4, 2, 3, 2, 8, causal=0),
+        "MultiHeadAttention",
+        "4 query heads but 2 key/value heads",
+    )
+
+
+def _caches(t: str, h: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    angles = rng.uniform(0, 3, (MAX_POS, h // 2))
+    return np.cos(angles).astype(TYPES[t]), np.sin(angles).astype(TYPES[t])
+
+
+def _with_caches(m: ir.Model, t: str, h: int) -> ir.Model:
+    cos, sin = _caches(t, h)
+    for name, arr in (("cos", cos), ("sin", sin)):
+        v = m.graph.initializers.get(name) or ir.Value(name=name)
+        v.const_value = ir.tensor(arr, name=name)
+        v.type, v.shape = ir.TensorType(ir.DataType.from_numpy(arr.dtype)), ir.Shape(arr.shape)
+        for node in m.graph:
+            for i, inp in enumerate(node.inputs):
+                if inp is not None and inp.name == name and inp is not v:
+                    node.replace_input_with(i, v)
+        m.graph.register_initializer(v)
+    return m
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.sampled_from([4, 8]),
+    DTYPES,
+    st.integers(0, 1),
+)
+def test_contrib_rotary_embedding(b, n, s, h, t, interleaved):
+    m = parse(f"""g ({t}[{b},{n},{s},{h}] x, int64[{b},{s}] pos) => ({t}[{b},{n},{s},{h}] y) {{
+      y = RotaryEmbedding<interleaved={interleaved}>(x, cos, sin, pos) }}""")
+    m = _with_caches(m, t, h)
+    fire(m, "ContribRotaryEmbedding", {"RotaryEmbedding": 1}, t)
+    assert next(iter(m.graph)).domain == "com.microsoft"
+
+
+def test_contrib_rotary_declines_per_token_cos_sin():
+    m = parse("""g (float[1,2,3,8] x, float[1,3,4] cos, float[1,3,4] sin) => (float[1,2,3,8] y) {
+      y = RotaryEmbedding(x, cos, sin) }""")
+    no_fire(m, "ContribRotaryEmbedding", "no position_ids: per-token cos/sin")
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.sampled_from([(2, 1), (4, 2)]),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    DTYPES,
+    st.integers(0, 1),
+)
+def test_group_query_attention_absorbs_rotary(b, heads, s, p, t, interleaved):
+    s = s if b == 1 else 1
+    n, kv, h = heads[0], heads[1], 16
+    m = parse(f"""g ({t}[{b},{n},{s},{h}] q0, {t}[{b},{kv},{s},{h}] k0, {t}[{b},{kv},{s},{h}] v,
+                     {t}[{b},{kv},{p},{h}] pk, {t}[{b},{kv},{p},{h}] pv, int64[{b},{s}] pos)
+      => ({t}[{b},{n},{s},{h}] y, {t}[{b},{kv},{s + p},{h}] ko, {t}[{b},{kv},{s + p},{h}] vo)
+      <{t}[{b},{n},{s},{h}] q, {t}[{b},{kv},{s},{h}] k> {{
+      q = RotaryEmbedding<interleaved={interleaved}>(q0, cos, sin, pos)
+      k = RotaryEmbedding<interleaved={interleaved}>(k0, cos, sin, pos)
+      y, ko, vo = Attention<is_causal=1>(q, k, v, , pk, pv) }}""")
+    m = _with_caches(m, t, h)
+    report = fire(m, "GroupQueryAttention", _ops_with("GroupQueryAttention", True), t)
+    assert report.fired.get("ContribRotaryEmbedding", 0) == 0
+    gqa = next(node for node in m.graph if node.op_type == "GroupQueryAttention")
+    assert gqa.attributes["do_rotary"].value == 1
+    assert gqa.inputs[7].const_value is not None and gqa.inputs[9].name == "pos"
+
+
+def _dynamic_gqa(t: str = "float") -> ir.Model:
+    return parse(f"""g ({t}[b,4,s,16] q, {t}[b,2,s,16] k, {t}[b,2,s,16] v, {t}[b,2,p,16] pk,
+                       {t}[b,2,p,16] pv) => ({t}[b,4,s,16] y, {t}[b,2,t,16] ko, {t}[b,2,t,16] vo) {{
+      y, ko, vo = Attention<is_causal=1>(q, k, v, , pk, pv) }}""")
+
+
+def test_group_query_attention_dynamic_past_is_opt_in():
+    no_fire(_dynamic_gqa(), "GroupQueryAttention", "batch b and s new tokens with a past")
+
+
+@pytest.mark.parametrize("t", ["float", "float16"])
+def test_group_query_attention_dynamic_past_prefill_and_decode(t):
+    before = _dynamic_gqa(t)
+    m = clone(before)
+    report = RewriteReport()
+    irkit.rewrite(m, ort.default_rules(gqa_dynamic_past=True), report=report)
+    assert report.fired["GroupQueryAttention"] == 1
+    rng = np.random.default_rng(0)
+    for b, s, p in ((3, 5, 0), (3, 1, 6)):  # prefill (empty past), then one decoding step
+        shapes = [(b, 4, s, 16), (b, 2, s, 16), (b, 2, s, 16), (b, 2, p, 16), (b, 2, p, 16)]
+        inputs = [rng.standard_normal(x).astype(TYPES[t]) for x in shapes]
+        for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.sampled_from([(4, 2), (2, 2)]),
+    st.integers(1, 4),
+    st.integers(0, 5),
+    DTYPES,
+    st.booleans(),
+)
+def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
+    """HF's form: a float (causal + padding) mask, no is_causal → attention_bias, causal=0."""
+    s = s if b == 1 or p == 0 else 1
+    m = _gqa(t, b, heads[0], heads[1], s, p, 16, causal=int(causal), mask=True)
+    before = clone(m)
+    report = RewriteReport()
+    irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
+    assert report.fired["GroupQueryAttention"] == 1
+    gqa = next(n for n in m.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.inputs[10] is not None and gqa.inputs[10].name == "m"
+    rng = np.random.default_rng(0)
+    inputs = [
+        rng.standard_normal([int(d) for d in v.shape]).astype(TYPES[t]) for v in before.graph.inputs
+    ]
+    inputs[-1] = np.where(rng.random(inputs[-1].shape) < 0.3, -1e4, 0).astype(TYPES[t])
+    for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+        np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
+
+
+def test_group_query_attention_masked_reads_an_untyped_where_mask():
+    """torchlib's SDPA builds the float mask with an untyped Where: dtype/rank read through it."""
+    m = parse("""g (float[1,4,3,16] q, float[1,2,3,16] k, float[1,2,3,16] v, float[1,2,5,16] pk,
+                   float[1,2,5,16] pv, bool[1,1,3,8] keep)
+      => (float[1,4,3,16] y, float[1,2,8,16] ko, float[1,2,8,16] vo) {
+      zero = Constant<value=float {0.0}>()  low = Constant<value=float {-10000.0}>()
+      m = Where(keep, zero, low)
+      y, ko, vo = Attention(q, k, v, m, pk, pv) }""")
+    before = clone(m)
+    report = RewriteReport()
+    irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
+    assert report.fired["GroupQueryAttention"] == 1
+    rng = np.random.default_rng(4)
+    inputs = [
+        rng.standard_normal([int(d) for d in v.shape]).astype(np.float32)
+        for v in before.graph.inputs[:5]
+    ]
+    inputs.append(rng.random((1, 1, 3, 8)) < 0.7)
+    for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+        np.testing.assert_allclose(a, e, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,102 @@
+"""``irkit.optimize(target="ort")`` end to end on the zoo's Llama with a KV cache.
+
+The calls are opened for the rewrite and re-outlined: one decoder-layer function called N
+times, holding the fused contrib ops; numbers within 1e-4 of eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import irkit
+from tests import arch_zoo
+from tests.helpers import assert_close, run_ort
+
+pytestmark = pytest.mark.slow
+
+
+def _lowered(functions: bool = True):
+    zm = arch_zoo.load("llama_kv")
+    ep = arch_zoo.export("llama_kv")
+    return irkit.lower(
+        ep, functions=functions, input_names=zm.input_names, output_names=zm.output_names
+    )
+
+
+def _feeds(size: int) -> list[np.ndarray]:
+    zm = arch_zoo.load("llama_kv")
+    return [t.numpy() for t in zm.feeds(zm.sizes()[size])]
+
+
+def _calls(model) -> collections.Counter:
+    return collections.Counter(
+        n.op_type for g in (model.graph, *(f for f in model.functions.values())) for n in g
+    )
+
+
+def test_llama_kv_ort_keeps_one_decoder_layer_function():
+    model = _lowered()
+    report = irkit.RewriteReport()
+    irkit.optimize(model, target="ort", report=report)
+    layers = [f for f in model.functions.values() if f.name.startswith("LlamaDecoderLayer")]
+    assert [f.name for f in layers] == ["LlamaDecoderLayer"]
+    assert _calls(model)["LlamaDecoderLayer"] == arch_zoo.LAYERS
+    body = collections.Counter(n.op_type for n in layers[0])
+    assert body == {
+        "LlamaAttention": 1,
+        "LlamaMLP": 1,
+        "LlamaRMSNorm": 1,
+        "SkipSimplifiedLayerNormalization": 1,
+        "Add": 1,
+    }
+    attention = model.functions[("transformers.models.llama", "LlamaAttention", "")]
+    attention_ops = collections.Counter(n.op_type for n in attention)
+    assert attention_ops["Split"] == 1 and attention_ops["MatMul"] == 3  # packed QKV, QK, PV
+    assert report.fired["PackedMatMul"] == 2 * arch_zoo.LAYERS  # QKV and gate/up per layer
+    # o_proj, down_proj (shared functions) and lm_head: the transposed weight folded, no copy
+    linears = [f for f in model.functions.values() if f.name.startswith("Linear")]
+    assert [collections.Counter(n.op_type for n in f) for f in linears] == [{"FusedMatMul": 1}] * 3
+    call = next(n for n in model.graph if n.op_type == "LlamaModel")
+    passed = {v.name for v in call.inputs if v is not None and v.is_initializer()}
+    # the parameters themselves are passed down (not transposed copies) …
+    assert {f"model.layers.{i}.self_attn.o_proj.weight" for i in range(arch_zoo.LAYERS)} <= passed
+    # … and the packed QKV weights replace q_proj/k_proj/v_proj's
+    assert not any(".q_proj." in name for name in passed)
+    for size in (0, 1):
+        actual = run_ort(model, _feeds(size))
+        assert_close(actual, arch_zoo.expected_outputs("llama_kv", size), atol=1e-4)
+
+
+def test_llama_kv_ort_flat_stays_flat():
+    model = _lowered(functions=False)
+    irkit.optimize(model, target="ort")
+    assert not model.functions
+    ops = collections.Counter(n.op_type for n in model.graph)
+    assert ops["SkipSimplifiedLayerNormalization"] == arch_zoo.LAYERS
+    assert ops["Split"] >= 2 * arch_zoo.LAYERS
+    actual = run_ort(model, _feeds(1))
+    assert_close(actual, arch_zoo.expected_outputs("llama_kv", 1), atol=1e-4)
+
+
+def test_cli_optimize_target_ort(tmp_path):
+    from irkit.cli import main
+
+    source, optimized = tmp_path / "llama.onnx", tmp_path / "llama_ort.onnx"
+    irkit.save(_lowered(), source)
+    assert main(["optimize", str(source), "-o", str(optimized), "--target", "ort", "-q"]) == 0
+    model = irkit.load(optimized)
+    layer = model.functions[("transformers.models.llama", "LlamaDecoderLayer", "")]
+    assert collections.Counter(n.op_type for n in layer)["SkipSimplifiedLayerNormalization"] == 1
+    actual = run_ort(model, _feeds(0))
+    assert_close(actual, arch_zoo.expected_outputs("llama_kv", 0), atol=1e-4)
+
+
+def test_llama_kv_ort_explains_the_refused_cross_layer_fusion():
+    model = _lowered()
+    report = irkit.RewriteReport()
+    irkit.optimize(model, target="ort", explain="SkipSimplifiedLayerNormalization", report=report)
+    text = report.explain(limit=100)
+    assert "spans module calls model.layers.0, model.layers.1 but leaves other nodes" in text

@@ -1,0 +1,103 @@
+"""PackedMatMul (Q/K/V, gate/up): fire (onnxruntime numbers on random shapes, fp32 and fp16,
+each weight copied once) and decline (the reason, visible in ``explain``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.rules.ort.support import TYPES, fire, no_fire, parse, rewrite
+
+
+def _qkv(t: str, b: int, s: int, k: int, sizes: list[int], transposed: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    outs = ", ".join(f"{t}[{b},{s},{n}] y{i}" for i, n in enumerate(sizes))
+    if transposed:
+        body = "  ".join(
+            f"wt{i} = Transpose<perm=[1,0]>(w{i})  y{i} = MatMul(x, wt{i})"
+            for i in range(len(sizes))
+        )
+    else:
+        body = "  ".join(f"y{i} = MatMul(x, w{i})" for i in range(len(sizes)))
+    m = parse(f"g ({t}[{b},{s},{k}] x) => ({outs}) {{ {body} }}")
+    for i, n in enumerate(sizes):
+        shape = (n, k) if transposed else (k, n)
+        arr = rng.standard_normal(shape).astype(TYPES[t])
+        v = ir.Value(
+            name=f"w{i}",
+            type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
+            shape=ir.Shape(shape),
+            const_value=ir.tensor(arr, name=f"w{i}"),
+        )
+        m.graph.register_initializer(v)
+        for node in m.graph:
+            for j, inp in enumerate(node.inputs):
+                if inp is not None and inp.name == f"w{i}" and inp is not v:
+                    node.replace_input_with(j, v)
+    return m
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.sampled_from([4, 8]),
+    st.lists(st.integers(1, 8), min_size=2, max_size=3),
+    st.booleans(),
+    st.sampled_from(["float", "float16"]),
+)
+def test_packed_matmul(b, s, k, sizes, transposed, t):
+    m = _qkv(t, b, s, k, sizes, transposed)
+    fire(m, "PackedMatMul", {"Constant": 2, "MatMul": 1, "Split": 1}, t)
+
+
+def test_packed_weight_is_the_concatenation():
+    m = _qkv("float", 1, 2, 4, [3, 2, 2], transposed=True)
+    weights = [m.graph.initializers[f"w{i}"].const_value.numpy() for i in range(3)]
+    rewrite(m)
+    matmul = next(n for n in m.graph if n.op_type == "MatMul")
+    packed = matmul.inputs[1].const_value.numpy()
+    np.testing.assert_array_equal(packed, np.concatenate([w.T for w in weights], axis=1))
+
+
+def test_packed_declines_function_parameter_weights():
+    m = parse("""g (float[2,4] x, float[4,3] w0, float[4,3] w1) => (float[2,3] y0, float[2,3] y1) {
+      y0 = MatMul(x, w0)  y1 = MatMul(x, w1) }""")
+    no_fire(m, "PackedMatMul", "weight 'w1' is not a constant (a function input?)")
+
+
+def test_packed_declines_weightless_initializers():
+    m = _qkv("float", 1, 2, 4, [3, 3], transposed=False)
+    w = m.graph.initializers["w1"]
+    data = w.const_value.numpy()
+    w.const_value = ir.LazyTensor(lambda: ir.tensor(data), dtype=w.dtype, shape=w.shape)
+    no_fire(m, "PackedMatMul", "is a LazyTensor, not an onnx_ir.Tensor with data")
+
+
+def test_packed_declines_single_product():
+    m = _qkv("float", 1, 2, 4, [3], transposed=False)
+    no_fire(m, "PackedMatMul", "no other product of the same input with a constant weight")
+
+
+@pytest.mark.parametrize("t", ["float", "float16"])
+def test_packed_matmul_with_biases(t):
+    m = _qkv(t, 2, 3, 8, [4, 2, 2], transposed=True)
+    rng = np.random.default_rng(3)
+    for i, out in enumerate(list(m.graph.outputs)):
+        n = out.shape[-1]
+        bias = ir.Value(
+            name=f"b{i}",
+            type=out.type,
+            shape=ir.Shape([n]),
+            const_value=ir.tensor(rng.standard_normal(n).astype(TYPES[t]), name=f"b{i}"),
+        )
+        m.graph.register_initializer(bias)
+        add = ir.Node("", "Add", [out, bias])
+        add.outputs[0].type, add.outputs[0].shape = out.type, out.shape
+        m.graph.append(add)
+        m.graph.outputs[i] = add.outputs[0]
+        add.outputs[0].name, out.name = f"z{i}", f"y{i}"
+    fire(m, "PackedMatMul", {"Add": 1, "Constant": 3, "MatMul": 1, "Split": 1}, t)

@@ -1,0 +1,69 @@
+"""SkipSimplifiedLayerNormalization / SkipLayerNormalization: fire (onnxruntime numbers on random
+shapes, fp32 and fp16) and decline (the reason, visible in ``explain``)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.rules.ort.support import fire, no_fire, parse
+
+SHAPES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.sampled_from([4, 8, 16]))
+DTYPES = st.sampled_from(["float", "float16"])
+
+
+def _rms(t: str, b: int, s: int, h: int, skip: str = "", axis: int = -1) -> str:
+    skip = skip or f"{b},{s},{h}"
+    return f"""g ({t}[{b},{s},{h}] x, {t}[{skip}] r, {t}[{h}] w) => ({t}[{b},{s},{h}] y, {t}[{b},{s},{h}] z) {{
+      z = Add(x, r)  y = RMSNormalization<axis={axis}, epsilon=1e-5>(z, w) }}"""
+
+
+@settings(max_examples=4, deadline=None)
+@given(SHAPES, DTYPES)
+def test_skip_simplified_layer_norm(shape, t):
+    fire(
+        parse(_rms(t, *shape)),
+        "SkipSimplifiedLayerNormalization",
+        {"SkipSimplifiedLayerNormalization": 1},
+        t,
+    )
+
+
+def test_skip_simplified_from_decomposed_rms_norm():
+    m = parse("""g (float[2,3,8] x, float[2,3,8] r, float[8] w) => (float[2,3,8] y, float[2,3,8] z) {
+      z = Add(x, r)  two = Constant<value=float {2.0}>()  ax = Constant<value=int64[1] {-1}>()
+      eps = Constant<value=float {1e-6}>()  p = Pow(z, two)  v = ReduceMean(p, ax)
+      ve = Add(v, eps)  s = Sqrt(ve)  q = Reciprocal(s)  n = Mul(z, q)  y = Mul(w, n) }""")
+    fire(m, "SkipSimplifiedLayerNormalization", {"SkipSimplifiedLayerNormalization": 1})
+
+
+def test_skip_simplified_declines_broadcast_skip():
+    no_fire(
+        parse(_rms("float", 2, 3, 8, skip="3,8")),
+        "SkipSimplifiedLayerNormalization",
+        "residual shapes",
+    )
+
+
+def test_skip_simplified_declines_other_axis():
+    m = parse("""g (float[2,3,8] x, float[2,3,8] r, float[3,8] w) => (float[2,3,8] y) {
+      z = Add(x, r)  y = RMSNormalization<axis=1, epsilon=1e-5>(z, w) }""")
+    no_fire(m, "SkipSimplifiedLayerNormalization", "normalizes from axis 1")
+
+
+def _ln(t: str, b: int, s: int, h: int, bias: bool) -> str:
+    args = "w, bb" if bias else "w"
+    return f"""g ({t}[{b},{s},{h}] x, {t}[{b},{s},{h}] r, {t}[{h}] w, {t}[{h}] bb) => ({t}[{b},{s},{h}] y, {t}[{b},{s},{h}] z) {{
+      z = Add(x, r)  y = LayerNormalization<axis=-1, epsilon=1e-5>(z, {args}) }}"""
+
+
+@settings(max_examples=4, deadline=None)
+@given(SHAPES, DTYPES, st.booleans())
+def test_skip_layer_norm(shape, t, bias):
+    fire(parse(_ln(t, *shape, bias)), "SkipLayerNormalization", {"SkipLayerNormalization": 1}, t)
+
+
+def test_skip_layer_norm_declines_rank_4():
+    m = parse("""g (float[2,2,3,8] x, float[2,2,3,8] r, float[8] w) => (float[2,2,3,8] y) {
+      z = Add(x, r)  y = LayerNormalization<axis=-1, epsilon=1e-5>(z, w) }""")
+    no_fire(m, "SkipLayerNormalization", "input has rank 4")
