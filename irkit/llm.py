@@ -32,7 +32,7 @@ import numpy as np
 
 from irkit.errors import LoweringOptionsError
 
-__all__ = ["CausalLMExport", "export_causal_lm", "causal_lm_feeds", "run_eager"]
+__all__ = ["CausalLMExport", "export_causal_lm", "causal_lm_feeds", "torch_inputs", "run_eager"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,8 @@ class CausalLMExport:
         num_kv_heads: Key/value heads of the cache tensors.
         head_dim: Last dim of the cache tensors.
         position_ids: Whether ``position_ids`` is an input.
+        dynamic_shapes: The ``dynamic_shapes`` given to ``torch.export.export`` (keyed like
+            :func:`torch_inputs`), e.g. to export the same way with ``torch.onnx.export``.
     """
 
     program: Any
@@ -56,6 +58,7 @@ class CausalLMExport:
     num_kv_heads: int
     head_dim: int
     position_ids: bool
+    dynamic_shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def lower_kwargs(self) -> dict[str, list[str]]:
         """``{"input_names": ..., "output_names": ...}`` for ``irkit.lower(program, **kw)``."""
@@ -137,7 +140,16 @@ def _cache(tensors: list[tuple[Any, Any]]) -> Any:
     return cache
 
 
-def _torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The keyword arguments of ``model`` for ``feeds`` (a fresh ``DynamicCache``, ``use_cache``).
+
+    Args:
+        model: The transformers causal LM.
+        feeds: Inputs keyed by ONNX name (as from :func:`causal_lm_feeds`).
+
+    Returns:
+        ``{"input_ids": tensor, ..., "past_key_values": DynamicCache, "use_cache": True}``.
+    """
     import torch
 
     layers, _, _ = _cache_geometry(model)
@@ -171,7 +183,7 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     import torch
 
     with torch.no_grad():
-        out = model(**_torch_inputs(model, feeds))
+        out = model(**torch_inputs(model, feeds))
     cache = out.past_key_values
     keys = [layer.keys.numpy() for layer in cache.layers]
     values = [layer.values.numpy() for layer in cache.layers]
@@ -241,7 +253,7 @@ def export_causal_lm(
     d_past = torch.export.Dim("past_sequence", max=limit)
     d_total = torch.export.Dim("total_sequence", min=4, max=2 * limit)  # a guard of the mask code
     feeds = causal_lm_feeds(model, batch=batch, seq=seq, past=past, position_ids=position_ids)
-    inputs = _torch_inputs(model, feeds)
+    inputs = torch_inputs(model, feeds)
     kv = {0: d_batch, 2: d_past}
     dynamic: dict[str, Any] = {
         "input_ids": {0: d_batch, 1: d_seq},
@@ -265,4 +277,5 @@ def export_causal_lm(
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         position_ids=bool(position_ids),
+        dynamic_shapes=dynamic,
     )
