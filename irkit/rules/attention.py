@@ -90,15 +90,15 @@ _KT = either(op.Transpose(k, perm=[0, 1, 3, 2]), _KT_SYMBOLIC, _KT_CONST)
 
 # torchlib's SDPA: √s on both operands, optional additive mask, softmax, NaN guard.
 _SDPA_SCORES = op.MatMul(q * s1, _KT * s2)
-_SDPA_PROBS = op.Softmax(either(_SDPA_SCORES + mask, _SDPA_SCORES), axis=-1)
+_SDPA_PROBS = op.Softmax(either(_SDPA_SCORES + mask, _SDPA_SCORES), axis=attr("softmax_axis"))
 _SDPA = op.MatMul(either(op.Where(op.IsNaN(_SDPA_PROBS), 0.0, _SDPA_PROBS), _SDPA_PROBS), v)
 
 # Eager attention: (q @ kᵀ) · s (or / c), optional mask, softmax (maybe computed in float32).
 _EAGER_SCORES = either(op.MatMul(q, _KT) * s1, op.MatMul(q, _KT) / s2)
 _EAGER_LOGITS = either(_EAGER_SCORES + mask, _EAGER_SCORES)
 _EAGER_PROBS = either(
-    op.Cast(op.Softmax(op.Cast(_EAGER_LOGITS, to=1), axis=-1), to=attr("to")),
-    op.Softmax(_EAGER_LOGITS, axis=-1),
+    op.Cast(op.Softmax(op.Cast(_EAGER_LOGITS, to=1), axis=attr("softmax_axis")), to=attr("to")),
+    op.Softmax(_EAGER_LOGITS, axis=attr("softmax_axis")),
 )
 _EAGER = op.MatMul(_EAGER_PROBS, v)
 
@@ -134,7 +134,10 @@ def _check_core(
     s2: ir.Value | None,
     shape1: ir.Value | None,
     shape2: ir.Value | None,
+    softmax_axis: int | None,
 ) -> Verdict | dict[str, float]:
+    if softmax_axis not in (None, -1, 3):
+        return fail(f"softmax over axis {softmax_axis}, not the last (keys) axis", q)
     ok = _rank4(q, k, v)
     if ok is not True:
         return ok
