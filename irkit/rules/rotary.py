@@ -243,7 +243,7 @@ def _duplicated(
             if interleaved
             else np.array_equal(a[..., :h], a[..., h:])
         )
-        return None if same else "cos/sin constant halves differ"
+        return None if same else f"cos/sin constant {'lanes' if interleaved else 'halves'} differ"
     node = value.producer()
     if node is None:
         if isinstance(owner, ir.Function) and value in owner.inputs:

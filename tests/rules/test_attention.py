@@ -253,3 +253,74 @@ def test_inconsistent_repeat_is_not_gqa():
             node.outputs[0].shape = ir.Shape([2, 2, 3, 3, 8])
     failures = _reason(m, "AttentionGQA")
     assert "dims (2, 2, 3, 8) → (2, 4, 3, 8) are not a head repeat by 3" in failures
+
+
+# --- the real thing: transformers decoders exported with their KV cache ------------------------
+
+
+def _histogram(model: ir.Model, fn: ir.Function) -> dict[str, int]:
+    """Ops of ``fn`` including every function it calls (recursively), calls themselves excluded."""
+    counts: dict[str, int] = {}
+    for node in fn:
+        callee = model.functions.get((node.domain, node.op_type, node.overload))
+        items = _histogram(model, callee).items() if callee is not None else [(node.op_type, 1)]
+        for op_type, n in items:
+            counts[op_type] = counts.get(op_type, 0) + n
+    return counts
+
+
+def _decoder(arch: str, impl: str):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{arch}Config")(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        attn_implementation=impl,
+    )
+    return getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
+
+
+@pytest.mark.parametrize(
+    ("arch", "impl"),
+    [
+        pytest.param("Llama", "sdpa", id="llama-sdpa"),
+        pytest.param("Llama", "eager", id="llama-eager", marks=pytest.mark.slow),
+        pytest.param("Qwen2", "sdpa", id="qwen2-sdpa", marks=pytest.mark.slow),
+    ],
+)
+def test_decoder_with_kv_cache(arch, impl):
+    import irkit
+    from irkit.llm import causal_lm_feeds, export_causal_lm, run_eager
+    from tests.helpers import FP32_ATOL, assert_close, ort_session
+
+    lm = _decoder(arch, impl)
+    exported = export_causal_lm(lm)
+    model = irkit.lower(exported.program, **exported.lower_kwargs())
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
+    assert report.fired["Attention"] == report.fired["AttentionKVCache"] == 1  # once per function
+    assert report.fired["AttentionGQA"] == 1 and report.fired["RotaryEmbedding"] == 2
+    layers = [f for f in model.functions.values() if f.name == f"{arch}DecoderLayer"]
+    assert len(layers) == 1  # still one decoder-layer function...
+    (layer,) = layers
+    calls = [
+        n
+        for fn in (model.graph, *model.functions.values())
+        for n in fn
+        if (n.domain, n.op_type) == (layer.domain, layer.name)
+    ]
+    assert len(calls) == 2  # ...called once per layer
+    ops = _histogram(model, layer)
+    assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2
+    assert not {"Softmax", "IsNaN", "Expand", "Neg"} & set(ops)
+    assert ops.get("MatMul", 0) == 7  # q, k, v, o projections and the MLP: no attention MatMul
+    session = ort_session(model)
+    for batch, seq, past in [(2, 4, 0), (1, 1, 6), (2, 3, 9)]:
+        feeds = causal_lm_feeds(lm, batch=batch, seq=seq, past=past, seed=past)
+        assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=FP32_ATOL)
