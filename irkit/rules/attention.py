@@ -15,6 +15,12 @@ Three rules, applied in stages (each fires on what the previous one produced):
     ``Reshape(Transpose(Reshape(k, [-1, L, D]), [0, 2, 1]), [..., D, L])`` (symbolic shape
     from ``Shape(k)`` or a constant equal to ``k``'s static shape). ``mask`` (float, additive) is
     passed unchanged as ``attn_mask``; no mask, no ``attn_mask``.
+``AttentionCausal``
+    ``Attention(q, k, v, causal) = Attention(q, k, v, is_causal=1)`` where ``causal`` is
+    torchlib's ``is_causal=True`` mask (``Where(Equal(Trilu(Expand(1, [S, L]), upper=0), 0),
+    lowest, 0)`` on ``Shape(q)``/``Shape(k)``, or that mask folded to a constant): both are
+    top-left aligned, as ``is_causal`` is without a cache. Runs before the GQA rule (the mask
+    reads the shape of the repeated ``k``).
 ``AttentionGQA``
     ``Attention(q, repeat(k), repeat(v), …) = Attention(q, k, v, …)``: the K/V head repeat of
     grouped-query attention (``Reshape(Expand(Unsqueeze(x, 2), (B, Hkv, n, L, D)), (B, Hkv·n,
@@ -31,7 +37,8 @@ The form emitted (what the ``"ort"`` target's rules consume): **4-D** ``Attentio
 ``(Q, K, V[, attn_mask[, past_key, past_value]])`` — ``Q`` ``(B, Hq, S, D)``, ``K``/``V``
 ``(B, Hkv, L, D)`` (no head repeat), ``attn_mask`` the original additive float mask (any shape
 broadcastable to ``(B, Hq, S, past + L)``; absent when the model had none), ``past_*``
-``(B, Hkv, P, D)`` — attributes ``scale`` (always set) and nothing else (``is_causal=0``,
+``(B, Hkv, P, D)`` — attributes ``scale`` (always set), ``is_causal=1`` only for the causal form (never together
+with ``past_*``), and nothing else (
 ``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)`` or
 ``(Y, present_key, present_value)`` with ``Y`` ``(B, Hq, S, D)``.
 
@@ -60,6 +67,7 @@ from irkit.rewriting import (
     RuleSet,
     Verdict,
     attr,
+    const_ints,
     const_value,
     dims,
     either,
@@ -103,10 +111,78 @@ _EAGER_PROBS = either(
 _EAGER = op.MatMul(_EAGER_PROBS, v)
 
 
+# Values computed inside torchlib's own expansions carry no shape; read what their producers say.
+_SAME_RANK = frozenset({"Mul", "Add", "Sub", "Div", "Cast", "Identity", "Neg", "Softmax", "Where"})
+
+
+def _dims(value: ir.Value | None, depth: int = 0) -> tuple[int | str | None, ...] | None:
+    """``dims(value)``, else the constant target shape of the ``Reshape``/``Expand`` producing it."""
+    known = dims(value)
+    if known is not None or value is None or depth > 4:
+        return known
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Reshape" and len(node.inputs) > 1:
+        shape = const_ints(node.inputs[1])
+        if shape is not None and all(d > 0 for d in shape):
+            return tuple(shape)
+    if node.op_type == "Expand":
+        shape, src = const_ints(node.inputs[1]), _dims(node.inputs[0], depth + 1)
+        if shape is not None and src is not None and len(src) == len(shape):
+            return tuple(t if t != 1 else d for t, d in zip(shape, src, strict=True))
+        if shape is not None and all(d > 1 for d in shape):
+            return tuple(shape)
+    if node.op_type == "Unsqueeze" and len(node.inputs) > 1:
+        src, axes = _dims(node.inputs[0], depth + 1), const_ints(node.inputs[1])
+        if src is not None and axes is not None:
+            out: list[int | str | None] = list(src)
+            for a in sorted(a % (len(src) + len(axes)) for a in axes):
+                out.insert(a, 1)
+            return tuple(out)
+    return None
+
+
+def _length(value: ir.Value | None, depth: int = 0) -> int | None:
+    """Number of elements of a 1-D shape tensor (constant, ``Shape``, ``Slice`` of it, ``Concat``)."""
+    if value is None or depth > 6:
+        return None
+    arr = const_value(value)
+    if arr is not None:
+        return int(np.asarray(arr).size)
+    node = value.producer()
+    if node is None:
+        return None
+    if node.op_type == "Concat":
+        parts = [_length(i, depth + 1) for i in node.inputs]
+        return None if None in parts else sum(parts)  # type: ignore[arg-type]
+    if node.op_type == "Shape":
+        r = _rank(node.inputs[0]) if depth < 3 else rank(node.inputs[0])
+        if r is None:
+            return None
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", r)
+        start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
+        return max(0, min(end, r) - max(start, 0))
+    return None
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    d = _dims(value)
+    if d is not None:
+        return len(d)
+    if rank(value) is not None:
+        return rank(value)
+    node = value.producer() if value is not None else None
+    if node is not None and node.op_type in ("Reshape", "Expand") and len(node.inputs) > 1:
+        return _length(node.inputs[1])  # a computed target shape of known length
+    return None
+
+
 def _rank4(*values: ir.Value | None) -> Verdict:
     for name, value in zip("qkv", values, strict=False):
-        if rank(value) != 4:
-            return fail(f"{name} must be 4-D (B, H, S, D), rank is {rank(value)}", value)
+        if _rank(value) != 4:
+            return fail(f"{name} must be 4-D (B, H, S, D), rank is {_rank(value)}", value)
     return True
 
 
@@ -162,6 +238,89 @@ def _core(
     return op.Attention(*inputs, scale=scale)
 
 
+# --- stage 1b: a causal mask becomes is_causal=1 -------------------------------------------------
+
+cm = var("cmask")
+_CAUSAL_ATTENTION = op.Attention(q, k, v, cm)
+
+
+def _is_top_left_causal(mask: ir.Value, q: ir.Value, k: ir.Value) -> str | None:
+    """``None`` if ``mask`` is torchlib's ``is_causal`` mask for ``q``/``k``, else why not.
+
+    Constant: a 2-D ``(S, L)`` array with 0 on and below the diagonal and a value ≤ -1e4 (the
+    dtype's lowest) above it. Computed: ``Where(Equal(Trilu(Expand(1, [S, L]), upper=0), 0),
+    lowest, 0)`` with ``[S, L]`` read from ``Shape(q)[-2]`` and ``Shape(k)[-2]``.
+    """
+    arr = const_value(mask)
+    if arr is not None:
+        a = np.asarray(arr, dtype=np.float64)
+        if a.ndim != 2:
+            return "the constant mask is not 2-D"
+        lower = np.tril(np.ones(a.shape, dtype=bool))
+        if np.all(a[lower] == 0) and np.all(a[~lower] <= -1e4):
+            return None
+        return "the constant mask is not top-left causal"
+    where = mask.producer()
+    if where is None or where.op_type != "Where" or len(where.inputs) != 3:
+        return "the mask is not a Where"
+    lo, zero = scalar(where.inputs[1]), scalar(where.inputs[2])
+    eq = where.inputs[0].producer() if where.inputs[0] is not None else None
+    if lo is None or lo > -1e4 or zero != 0.0 or eq is None or eq.op_type != "Equal":
+        return "the mask is not Where(Equal(·, 0), lowest, 0)"
+    tri = eq.inputs[0].producer() if eq.inputs[0] is not None else None
+    if tri is None or tri.op_type != "Trilu" or tri.attributes.get_int("upper", 1) != 0:
+        return "the mask does not come from a lower Trilu"
+    if len(tri.inputs) > 1 and tri.inputs[1] is not None and const_ints(tri.inputs[1]) != [0]:
+        return "the Trilu has a diagonal offset"
+    if scalar(eq.inputs[1]) != 0.0:
+        return "the mask compares with a non-zero value"
+    ones = tri.inputs[0].producer() if tri.inputs[0] is not None else None
+    if ones is None or ones.op_type != "Expand" or scalar(ones.inputs[0]) != 1.0:
+        return "the Trilu input is not Expand(1, shape)"
+    cat = ones.inputs[1].producer() if ones.inputs[1] is not None else None
+    if cat is None or cat.op_type != "Concat" or len(cat.inputs) != 2:
+        return "the mask shape is not Concat(S, L)"
+    for part, source in zip(cat.inputs, (q, k), strict=True):
+        sl = part.producer() if part is not None else None
+        shp = sl.inputs[0].producer() if sl is not None and sl.inputs[0] is not None else None
+        if (
+            sl is None
+            or sl.op_type != "Slice"
+            or const_ints(sl.inputs[1]) != [-2]
+            or const_ints(sl.inputs[2]) != [-1]
+            or shp is None
+            or shp.op_type != "Shape"
+            or shp.inputs[0] not in _origins(source)
+        ):
+            return "the mask shape is not (q.shape[-2], k.shape[-2])"
+    return None
+
+
+def _origins(value: ir.Value) -> list[ir.Value]:
+    """``value`` and, if it is a head repeat ``Reshape(Expand(Unsqueeze(x)))``, ``x`` (same L)."""
+    found = [value]
+    node = value.producer()
+    for op_type in ("Reshape", "Expand", "Unsqueeze"):
+        if node is None or node.op_type != op_type or node.inputs[0] is None:
+            return found
+        value = node.inputs[0]
+        node = value.producer()
+    return [*found, value]
+
+
+def _check_causal(q: ir.Value, k: ir.Value, cmask: ir.Value, match: Match) -> Verdict:
+    att = match.nodes[0]
+    if len(att.outputs) > 1 or _same_attrs(att).get("is_causal", 0):
+        return fail("the Attention already has a cache, extra outputs or is_causal", cmask)
+    why = _is_top_left_causal(cmask, q, k)
+    return fail(why, cmask) if why else True
+
+
+def _causal(op: RewriteBuilder, q: ir.Value, k: ir.Value, v: ir.Value, match: Match) -> ir.Value:
+    """Attention(q, k, v, is_causal=1)"""
+    return op.Attention(q, k, v, is_causal=1, **_same_attrs(match.nodes[0]))
+
+
 # --- stage 2: the K/V head repeat of GQA ----------------------------------------------------------
 
 kr, vr, e1, e2, r1, r2 = var("kr"), var("vr"), var("e1"), var("e2"), var("r1"), var("r2")
@@ -177,11 +336,11 @@ _GQA_ATTENTION = op.Attention(q, _repeat(kr, e1, r1), _repeat(vr, e2, r2), optio
 
 def _repeat_factor(src: ir.Value, repeated: ir.Value) -> int | None | str:
     """``n`` with ``repeated = repeat_kv(src, n)`` judged from dims; a reason string if not."""
-    sd, rd = dims(src), dims(repeated)
+    sd, rd = _dims(src), _dims(repeated)
     if sd is None or rd is None or len(sd) != 4 or len(rd) != 4:
         return "repeat dims unknown"
     expanded = repeated.producer().inputs[0]  # type: ignore[union-attr]
-    ed = dims(expanded)
+    ed = _dims(expanded)
     if ed is None or len(ed) != 5:
         return "the expanded K/V dims are unknown"
     n = ed[2]
@@ -205,8 +364,8 @@ def _check_gqa(q: ir.Value, kr: ir.Value, vr: ir.Value, match: Match) -> Verdict
         return fail(str(nk if isinstance(nk, str) else nv), kr)
     if nk != nv:
         return fail(f"K and V repeated {nk} and {nv} times", kr)
-    qd = dims(q)
-    kd = dims(kr)
+    qd = _dims(q)
+    kd = _dims(kr)
     if (
         qd is not None
         and kd is not None
@@ -254,9 +413,9 @@ def _check_cache(
     if attrs.get("is_causal", 0):
         return fail("is_causal=1: a cache would move the causal diagonal", att.outputs[0])
     for name, value in (("past key", past_k), ("past value", past_v), ("k", k_new), ("v", v_new)):
-        if rank(value) not in (None, 4):
-            return fail(f"{name} must be 4-D, rank is {rank(value)}", value)
-    if rank(k_new) is None and rank(past_k) is None:
+        if _rank(value) not in (None, 4):
+            return fail(f"{name} must be 4-D, rank is {_rank(value)}", value)
+    if _rank(k_new) is None and _rank(past_k) is None:
         return fail("rank of the cached key unknown", k_new)
     for axis in (axis_k, axis_v):
         if axis not in (2, -2):
@@ -289,6 +448,13 @@ rules = RuleSet(
             rewrite=_core,
             min_opset=23,
         ),
+        Rule(  # Attention(q, k, v, causal mask) = Attention(q, k, v, is_causal=1)
+            "AttentionCausal",
+            _CAUSAL_ATTENTION,
+            check=_check_causal,
+            rewrite=_causal,
+            min_opset=23,
+        ),
         Rule(  # Attention(q, repeat(k), repeat(v)) = Attention(q, k, v)  (GQA: Hq ≠ Hkv)
             "AttentionGQA",
             _GQA_ATTENTION,
@@ -305,4 +471,4 @@ rules = RuleSet(
         ),
     ],
 )
-"""The attention rules (core, then GQA, then KV cache)."""
+"""The attention rules (core, causal mask, GQA, KV cache)."""
