@@ -308,8 +308,10 @@ def _origins(value: ir.Value) -> list[ir.Value]:
     return [*found, value]
 
 
-def _check_causal(q: ir.Value, k: ir.Value, cmask: ir.Value, match: Match) -> Verdict:
+def _check_causal(q: ir.Value, k: ir.Value, cmask: ir.Value | None, match: Match) -> Verdict:
     att = match.nodes[0]
+    if cmask is None:
+        return fail("the Attention has no mask", att.outputs[0])
     if len(att.outputs) > 1 or _same_attrs(att).get("is_causal", 0):
         return fail("the Attention already has a cache, extra outputs or is_causal", cmask)
     why = _is_top_left_causal(cmask, q, k)

@@ -324,3 +324,60 @@ def test_decoder_with_kv_cache(arch, impl):
     for batch, seq, past in [(2, 4, 0), (1, 1, 6), (2, 3, 9)]:
         feeds = causal_lm_feeds(lm, batch=batch, seq=seq, past=past, seed=past)
         assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=FP32_ATOL)
+
+
+@pytest.mark.parametrize(
+    ("causal", "gqa", "dynamic", "expect"),
+    [
+        (True, False, False, {"Attention": 1, "AttentionCausal": 1}),
+        (True, False, True, {"Attention": 1, "AttentionCausal": 1}),
+        (False, True, False, {"Attention": 1, "AttentionGQA": 1}),
+        (True, True, False, {"Attention": 1, "AttentionCausal": 1, "AttentionGQA": 1}),
+        # torchlib's own enable_gqa repeat on dynamic shapes has no static repeat factor: the
+        # Attention takes the repeated K/V (still one op), the causal mask still folds.
+        (True, True, True, {"Attention": 1, "AttentionCausal": 1}),
+    ],
+)
+def test_torch_sdpa_lowered_by_torchlib(causal, gqa, dynamic, expect):
+    torch = pytest.importorskip("torch")
+    import irkit
+    from tests.helpers import ort_session
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=gqa
+            )
+
+    def inputs(b, s):
+        g = torch.Generator().manual_seed(b * 10 + s)
+        kv = 2 if gqa else 4
+        return [torch.randn(n, h, s, 8, generator=g) for n, h in ((b, 4), (b, kv), (b, kv))]
+
+    dims = None
+    if dynamic:
+        dims = ({0: torch.export.Dim("batch"), 2: torch.export.Dim("seq")},) * 3
+    model = irkit.lower(torch.export.export(Sdpa(), tuple(inputs(2, 5)), dynamic_shapes=dims))
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
+    assert fired(report) == expect
+    assert util.ops(model).get("Attention") == 1 and "Softmax" not in util.ops(model)
+    (att,) = [n for n in model.graph if n.op_type == "Attention"]
+    assert att.attributes.get_int("is_causal", 0) == int(causal)
+    session = ort_session(model)
+    for b, s in [(2, 5), (3, 4)] if dynamic else [(2, 5)]:
+        q, k, v = inputs(b, s)
+        got = session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})[0]
+        np.testing.assert_allclose(got, Sdpa()(q, k, v).numpy(), atol=1e-5)
+
+
+def test_attention_without_mask_is_not_causal():
+    m = build(attention_text(form="eager", mask="none", cache=False, hkv=4))
+    report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
+    assert report.rules["AttentionCausal"].failures == {"the Attention has no mask": 1}
+
+
+def test_mask_from_a_graph_input_is_not_causal():
+    m = build(attention_text(form="sdpa", mask="float", cache=False, hkv=4))
+    report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
+    assert report.rules["AttentionCausal"].failures == {"the mask is not a Where": 1}
