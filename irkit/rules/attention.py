@@ -54,6 +54,7 @@ torchlib's boolean-mask path only changes rows whose scores are all ``-inf``; on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -194,7 +195,7 @@ def _transpose_shapes_ok(k: ir.Value, shape1: ir.Value | None, shape2: ir.Value 
     c1, c2 = const_value(shape1), const_value(shape2)
     if kd is None or c1 is None or c2 is None or not all(isinstance(d, int) for d in kd):
         return fail("the transpose of k uses non-constant shapes with unknown k dims", k)
-    b, h, length, d = kd  # type: ignore[misc]
+    b, h, length, d = (int(x) for x in kd)  # type: ignore[arg-type]
     if list(np.asarray(c1).ravel()) not in ([-1, length, d], [b * h, length, d]):
         return fail(f"reshape {np.asarray(c1).tolist()} does not fold the leading dims of k", k)
     if list(np.asarray(c2).ravel()) != [b, h, d, length]:
@@ -379,7 +380,7 @@ def _check_gqa(q: ir.Value, kr: ir.Value, vr: ir.Value, match: Match) -> Verdict
     return True
 
 
-def _same_attrs(node: ir.Node) -> dict[str, object]:
+def _same_attrs(node: ir.Node) -> dict[str, Any]:
     return {a.name: a.value for a in node.attributes.values()}
 
 

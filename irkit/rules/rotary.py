@@ -98,9 +98,9 @@ def _slice(
     last = d[-1] if d else None
     if not isinstance(last, int):
         return None
-    end = last if e[0] >= _BIG or e[0] > last else e[0] % (last + 1) if e[0] < 0 else e[0]
-    start_ = s[0] + last if s[0] < 0 else s[0]
-    return start_, end, t[0]
+    stop = last if e[0] >= _BIG or e[0] > last else e[0] + last if e[0] < 0 else e[0]
+    first = s[0] + last if s[0] < 0 else s[0]
+    return first, stop, t[0]
 
 
 def _check_common(x: ir.Value, cos: ir.Value, sin: ir.Value, match: Match) -> Verdict | int:
@@ -220,7 +220,8 @@ def _call_sites(
     model: ir.Model, fn: ir.Function
 ) -> Iterator[tuple[ir.Node, ir.Graph | ir.Function]]:
     key = (fn.domain, fn.name, fn.overload)
-    for graph in (model.graph, *model.functions.values()):
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
         for node in graph:
             if (node.domain, node.op_type, node.overload) == key:
                 yield node, graph
@@ -261,7 +262,7 @@ def _duplicated(
             return None
         return "cos/sin is a graph input: its halves cannot be verified"
     key = (node.domain, node.op_type, node.overload)
-    fn = model.functions.get(key)  # type: ignore[arg-type]
+    fn = model.functions.get(key)
     if fn is not None:
         index = list(node.outputs).index(value)
         return _duplicated(fn.outputs[index], fn, model, interleaved, depth + 1)
@@ -269,17 +270,18 @@ def _duplicated(
         return f"cos/sin computed by {node.domain}::{node.op_type}"
     if node.op_type in ("Unsqueeze", "Squeeze") and len(node.inputs) == 2:
         axes = const_ints(node.inputs[1])
-        if axes is None or -1 in axes or (rank(value) is not None and rank(value) - 1 in axes):
+        r = rank(value)
+        if axes is None or -1 in axes or (r is not None and r - 1 in axes):
             return "cos/sin (un)squeezed on an unknown or the last axis"
         return _duplicated(node.inputs[0], owner, model, interleaved, depth + 1)  # type: ignore[arg-type]
     if node.op_type in ("Cast", "Identity", "Cos", "Sin"):
         return _duplicated(node.inputs[0], owner, model, interleaved, depth + 1)  # type: ignore[arg-type]
     if node.op_type == "Mul" and len(node.inputs) == 2:
-        a, b = node.inputs
-        if scalar(b) is not None:
-            return _duplicated(a, owner, model, interleaved, depth + 1)  # type: ignore[arg-type]
-        if scalar(a) is not None:
-            return _duplicated(b, owner, model, interleaved, depth + 1)  # type: ignore[arg-type]
+        left, right = node.inputs
+        if scalar(right) is not None and left is not None:
+            return _duplicated(left, owner, model, interleaved, depth + 1)
+        if scalar(left) is not None and right is not None:
+            return _duplicated(right, owner, model, interleaved, depth + 1)
     if not interleaved and node.op_type == "Concat" and len(node.inputs) == 2:
         axis = node.attributes.get_int("axis", 0)
         r = rank(value)
