@@ -44,7 +44,8 @@ with ``past_*``), and nothing else (
 
 Preconditions: opset ≥ 23; ``q``, ``k``, ``v`` of known rank 4 (after the repeat: ``Hq`` =
 ``Hkv · n``, checked on the static or symbolic dims of the repeat's values); the two ``√s``
-factors (or the one ``s``) scalar constants; ``Softmax`` over the last axis; every
+factors (or the one ``s``) scalar constants; ``Softmax`` over the last axis (fp16 eager: the
+probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4; every
 intermediate value used only inside the match (the engine's rule). Not matched: dropout,
 ``softcap`` (``tanh`` capping), masks that are not added to the scores. The ``IsNaN`` guard of
 torchlib's boolean-mask path only changes rows whose scores are all ``-inf``; onnxruntime's
@@ -113,7 +114,6 @@ _EAGER = op.MatMul(_EAGER_PROBS, v)
 
 
 # Values computed inside torchlib's own expansions carry no shape; read what their producers say.
-_SAME_RANK = frozenset({"Mul", "Add", "Sub", "Div", "Cast", "Identity", "Neg", "Softmax", "Where"})
 
 
 def _dims(value: ir.Value | None, depth: int = 0) -> tuple[int | str | None, ...] | None:
@@ -212,9 +212,15 @@ def _check_core(
     shape1: ir.Value | None,
     shape2: ir.Value | None,
     softmax_axis: int | None,
+    mask: ir.Value | None,
+    to: int | None,
 ) -> Verdict | dict[str, float]:
     if softmax_axis not in (None, -1, 3):
         return fail(f"softmax over axis {softmax_axis}, not the last (keys) axis", q)
+    if to is not None and q.dtype is not None and to != q.dtype.value:
+        return fail(f"the probabilities are cast to {ir.DataType(to)}, not to q's {q.dtype}", q)
+    if mask is not None and (r := rank(mask)) is not None and r > 4:
+        return fail(f"a rank-{r} mask would broadcast the scores beyond 4-D", mask)
     ok = _rank4(q, k, v)
     if ok is not True:
         return ok
