@@ -214,7 +214,9 @@ def _check_core(
     softmax_axis: int | None,
     mask: ir.Value | None,
     to: int | None,
-) -> Verdict | dict[str, float]:
+) -> Verdict | dict[str, Any]:
+    if s1 is not None and s2 is not None and scalar(q) is not None and scalar(s1) is None:
+        q, s1 = s1, q  # ``q · √s`` matched with its operands the other way round
     if softmax_axis not in (None, -1, 3):
         return fail(f"softmax over axis {softmax_axis}, not the last (keys) axis", q)
     if to is not None and q.dtype is not None and to != q.dtype.value:
@@ -234,14 +236,19 @@ def _check_core(
     is_div = s1 is None and s2 is not None  # eager (q @ kᵀ) / c
     if is_div and b == 0.0:
         return fail("division of the scores by zero", s2)
-    return {"scale": a / b if is_div else a * b}
+    return {"scale": a / b if is_div else a * b, "query": q}
 
 
 def _core(
-    op: RewriteBuilder, q: ir.Value, k: ir.Value, v: ir.Value, mask: ir.Value | None, scale: float
+    op: RewriteBuilder,
+    query: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value | None,
+    scale: float,
 ) -> ir.Value:
     """Attention(q, k, v, mask, scale=s)"""
-    inputs = [q, k, v] if mask is None else [q, k, v, mask]
+    inputs = [query, k, v] if mask is None else [query, k, v, mask]
     return op.Attention(*inputs, scale=scale)
 
 
