@@ -26,8 +26,9 @@ the whole head dim rotates).
 
 Preconditions: opset ≥ 23; ``x`` 4-D with a static, even last dim ``D``; the slices are exactly
 the two halves (``[0, h)`` and ``[h, D)``) or the even/odd lanes of the last axis; ``cos``/``sin``
-``(B, 1, S, D)`` with the same batch and sequence dims as ``x`` (onnxruntime does not
-broadcast the caches' batch) and ``x``'s dtype; and ``cos``/``sin`` provably duplicated: a
+``(B, 1, S, D)`` with the same sequence dim as ``x`` and its batch dim or 1 (onnxruntime
+does not broadcast the caches' batch, so a batch-1 cache — positions shared by the batch — is
+``Expand`` ed to ``Shape(x)[0]``) and ``x``'s dtype; and ``cos``/``sin`` provably duplicated: a
 constant whose halves (interleaved: even/odd lanes) are equal, or (half form) computed by
 ``Cos``/``Sin`` of ``Concat(f, f)`` on the last axis, through scalar ``Mul``, ``Cast`` and —
 across module boundaries — local-function inputs and outputs (every call site of the function is
@@ -114,7 +115,7 @@ def _check_common(x: ir.Value, cos: ir.Value, sin: ir.Value, match: Match) -> Ve
         cd = dims(c)
         if cd is None or len(cd) != 4 or cd[1] != 1:
             return fail(f"cos/sin dims {cd} are not (B, 1, S, D)", c)
-        if cd[0] != xd[0] or cd[2] != xd[2] or cd[3] != d:
+        if (cd[0] != xd[0] and cd[0] != 1) or cd[2] != xd[2] or cd[3] != d:
             return fail(f"cos/sin dims {cd} do not match x {xd} (batch, 1, sequence, head dim)", c)
     if x.dtype is not None and cos.dtype is not None and cos.dtype != x.dtype:
         return fail(f"cos dtype {cos.dtype} differs from x dtype {x.dtype}", cos)
@@ -182,19 +183,29 @@ def _check_interleaved(
     return True
 
 
-def _cache3(op: RewriteBuilder, c: ir.Value) -> ir.Value:
-    """(B, 1, S, D) → (B, S, D): the Unsqueeze's input when there is one, else a Squeeze."""
+def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value) -> ir.Value:
+    """(B, 1, S, D) → (B, S, D): the Unsqueeze's input when there is one, else a Squeeze.
+
+    A batch-1 cache (positions shared by the batch) is expanded to ``x``'s batch: onnxruntime's
+    kernel does not broadcast it.
+    """
     node = c.producer()
     if node is not None and node.op_type == "Unsqueeze" and const_ints(node.inputs[1]) == [1]:
-        return node.inputs[0]  # type: ignore[return-value]
-    return op.Squeeze(c, op.const([1], np.int64))
+        out: ir.Value = node.inputs[0]  # type: ignore[assignment]
+    else:
+        out = op.Squeeze(c, op.const([1], np.int64))
+    cd, xd = dims(c), dims(x)
+    if cd is not None and xd is not None and cd[0] == 1 and xd[0] != 1:
+        batch = op.Shape(x, start=0, end=1)
+        out = op.Expand(out, op.Concat(batch, op.const([1, 1], np.int64), axis=0))
+    return out
 
 
 def _half(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
     """RotaryEmbedding(x, cos[..., :D/2], sin[..., :D/2])"""
     h = int(dims(x)[-1]) // 2  # type: ignore[index, arg-type]
     start, end, axis = op.const([0], np.int64), op.const([h], np.int64), op.const([-1], np.int64)
-    c, s = _cache3(op, cos), _cache3(op, sin)
+    c, s = _cache3(op, cos, x), _cache3(op, sin, x)
     return op.RotaryEmbedding(x, op.Slice(c, start, end, axis), op.Slice(s, start, end, axis))
 
 
@@ -205,8 +216,8 @@ def _interleaved(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) 
     axis, step = op.const([-1], np.int64), op.const([2], np.int64)
     return op.RotaryEmbedding(
         x,
-        op.Slice(_cache3(op, cos), start, end, axis, step),
-        op.Slice(_cache3(op, sin), start, end, axis, step),
+        op.Slice(_cache3(op, cos, x), start, end, axis, step),
+        op.Slice(_cache3(op, sin, x), start, end, axis, step),
         interleaved=1,
     )
 

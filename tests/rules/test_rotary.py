@@ -165,9 +165,19 @@ def test_interleaved_lanes_differ():
 
 
 def test_cos_batch_must_match():
-    text = half_text(b=2).replace("float[2,3,4] f", "float[1,3,4] f")
-    failures = _reason(build(text), "RotaryEmbedding")
+    m = build(half_text(b=2))
+    for node in m.graph:  # claim the caches have batch 3: neither x's batch nor 1
+        if node.op_type == "Unsqueeze":
+            node.outputs[0].shape = ir.Shape([3, 1, 3, 8])
+    failures = _reason(m, "RotaryEmbedding")
     assert (
-        "cos/sin dims (1, 1, 3, 8) do not match x (2, 4, 3, 8) (batch, 1, sequence, head dim)"
+        "cos/sin dims (3, 1, 3, 8) do not match x (2, 4, 3, 8) (batch, 1, sequence, head dim)"
         in failures
     )
+
+
+def test_batch_1_cache_is_expanded_to_the_batch():
+    m = build(half_text(b=2).replace("float[2,3,4] f", "float[1,3,4] f"))
+    report = run(m)
+    assert report.fired.get("RotaryEmbedding") == 1
+    assert util.ops(m)["Expand"] == 2 and util.ops(m)["RotaryEmbedding"] == 1
