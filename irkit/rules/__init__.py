@@ -11,6 +11,8 @@ module                        identity
 :mod:`irkit.rules.gelu`        erf / tanh GELU → ``Gelu`` (opset ≥ 20)
 :mod:`irkit.rules.layer_norm`  decomposed layer norm → ``LayerNormalization`` (opset ≥ 17)
 :mod:`irkit.rules.rms_norm`    decomposed RMS norm → ``RMSNormalization`` (opset ≥ 23)
+:mod:`irkit.rules.attention`   decomposed attention (+GQA, KV cache) → ``Attention`` (opset ≥ 23)
+:mod:`irkit.rules.rotary`      rotate-half / interleaved rotary → ``RotaryEmbedding`` (opset ≥ 23)
 ============================  ======================================================
 
 The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported on demand).
@@ -23,14 +25,34 @@ The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported
 from __future__ import annotations
 
 from irkit.rewriting import RuleSet
-from irkit.rules import cleanup, gelu, gemm, layer_norm, rms_norm
+from irkit.rules import attention, cleanup, gelu, gemm, layer_norm, rms_norm, rotary
 
-__all__ = ["cleanup", "gelu", "gemm", "layer_norm", "rms_norm", "default_rules", "fusion_rules"]
+__all__ = [
+    "attention",
+    "cleanup",
+    "gelu",
+    "gemm",
+    "layer_norm",
+    "rms_norm",
+    "rotary",
+    "default_rules",
+    "fusion_rules",
+]
 
 
 def fusion_rules() -> RuleSet:
     """Fusions into standard ONNX ops (each gated on the opset that introduced the op)."""
-    return RuleSet("fusions", [layer_norm.rules, rms_norm.rules, gelu.rules, gemm.rules])
+    return RuleSet(
+        "fusions",
+        [
+            layer_norm.rules,
+            rms_norm.rules,
+            gelu.rules,
+            gemm.rules,
+            attention.rules,
+            rotary.rules,
+        ],
+    )
 
 
 def default_rules() -> RuleSet:

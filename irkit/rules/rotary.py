@@ -1,0 +1,344 @@
+"""Rotary position embedding → the ONNX ``RotaryEmbedding`` op (opset ≥ 23).
+
+Identities (``x`` ``(B, H, S, D)``, ``h = D/2``; ``c``/``s`` ``(B, S, h)`` the cos/sin of the
+rotation angles):
+
+- half rotation (HF's ``rotate_half``, Llama, Qwen, Mistral, …)::
+
+    x · [c, c] + [-x[h:], x[:h]] · [s, s] = RotaryEmbedding(x, c, s)
+
+- interleaved (GPT-J's ``rotate_every_two``)::
+
+    x · c⊗2 + flatten(stack(-x[1::2], x[::2])) · s⊗2 = RotaryEmbedding(x, c, s, interleaved=1)
+
+where ``[c, c]`` is ``c`` concatenated with itself on the last axis and ``c⊗2`` each element
+repeated twice. HF hands the attention ``cos``/``sin`` of shape ``(B, S, D)`` (duplicated
+halves) and unsqueezes them to ``(B, 1, S, D)`` (one ``Unsqueeze`` shared by the q and k
+rotations, so it is not part of the match: the rewrite takes its input, or squeezes axis 1 when
+the value is not an ``Unsqueeze``); the rewrite slices the first half (``[..., :h]``
+for the half form, ``[..., ::2]`` for the interleaved one) to get the op's ``(B, S, h)`` caches —
+two small ``Slice`` s per call, no position ids (the op's ``position_ids`` input stays empty).
+
+Emitted form (what the ``"ort"`` target consumes): ``RotaryEmbedding(X, cos_cache, sin_cache)``
+with 4-D ``X`` ``(B, H, S, D)``, 3-D caches ``(B, S, D/2)``, no ``position_ids``, attribute
+``interleaved=1`` for the interleaved form only (no ``num_heads``, no ``rotary_embedding_dim``:
+the whole head dim rotates).
+
+Preconditions: opset ≥ 23; ``x`` 4-D with a static, even last dim ``D``; the slices are exactly
+the two halves (``[0, h)`` and ``[h, D)``) or the even/odd lanes of the last axis; ``cos``/``sin``
+``(B, 1, S, D)`` with the same sequence dim as ``x`` and its batch dim or 1 (onnxruntime
+does not broadcast the caches' batch, so a batch-1 cache — positions shared by the batch — is
+``Expand`` ed to ``Shape(x)[0]``) and ``x``'s dtype; and ``cos``/``sin`` provably duplicated: a
+constant whose halves (interleaved: even/odd lanes) are equal, or (half form) computed by
+``Cos``/``Sin`` of ``Concat(f, f)`` on the last axis, through scalar ``Mul``, ``Cast`` and —
+across module boundaries — local-function inputs and outputs (every call site of the function is
+checked, so the rule sees HF's ``LlamaRotaryEmbedding`` from inside ``LlamaAttention``). A
+computed interleaved cache (``repeat_interleave``) is not verified yet, so that rule fires only
+on constant caches. Partial rotary (``rotary_dim < D``) is not matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx_ir as ir
+
+from irkit.rewriting import (
+    Const,
+    Match,
+    MatchFailure,
+    Rewrite,
+    RewriteBuilder,
+    RewriteContext,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    const_ints,
+    const_value,
+    dims,
+    fail,
+    op,
+    optional,
+    rank,
+    scalar,
+    var,
+)
+
+x, cos, sin = var("x"), var("cos"), var("sin")  # cos/sin: (B, 1, S, D) as the attention sees them
+a0, e0, a1, e1, ax0, ax1, st0, st1 = (
+    var(n) for n in ("a0", "e0", "a1", "e1", "ax0", "ax1", "st0", "st1")
+)
+
+_X_LOW = op.Slice(x, a0, e0, optional(ax0), optional(st0))
+_X_HIGH = op.Slice(x, a1, e1, optional(ax1), optional(st1))
+_COS4, _SIN4 = cos, sin  # the (shared) Unsqueeze is not part of the match
+
+_HALF = x * _COS4 + op.Concat(op.Neg(_X_HIGH), _X_LOW, axis=attr("cat_axis")) * _SIN4
+_STACKED = op.Concat(
+    op.Unsqueeze(op.Neg(_X_HIGH), Const(-1)), op.Unsqueeze(_X_LOW, Const(-1)), axis=-1
+)
+_INTERLEAVED = x * _COS4 + op.Reshape(_STACKED, var("flat")) * _SIN4
+
+_BIG = 2**62  # a Slice end at or above this means "to the end"
+
+
+def _slice(
+    x: ir.Value, start: ir.Value, end: ir.Value, axis: ir.Value | None, step: ir.Value | None
+) -> tuple[int, int, int] | None:
+    """``(start, end, step)`` of a last-axis slice of a 4-D ``x`` with constant bounds."""
+    s, e = const_ints(start), const_ints(end)
+    a = [-1] if axis is None else const_ints(axis)
+    t = [1] if step is None else const_ints(step)
+    if s is None or e is None or a is None or t is None or len(s) != 1 or len(a) != 1:
+        return None
+    if a[0] not in (-1, 3):
+        return None
+    d = dims(x)
+    last = d[-1] if d else None
+    if not isinstance(last, int):
+        return None
+    stop = last if e[0] >= _BIG or e[0] > last else e[0] + last if e[0] < 0 else e[0]
+    first = s[0] + last if s[0] < 0 else s[0]
+    return first, stop, t[0]
+
+
+def _check_common(x: ir.Value, cos: ir.Value, sin: ir.Value, match: Match) -> Verdict | int:
+    xd = dims(x)
+    if xd is None or len(xd) != 4:
+        return fail(f"x must be 4-D (B, H, S, D), rank is {rank(x)}", x)
+    d = xd[-1]
+    if not isinstance(d, int) or d % 2:
+        return fail(f"the head dim {d} is not a static even number", x)
+    for c in (cos, sin):
+        cd = dims(c)
+        if cd is None or len(cd) != 4 or cd[1] != 1:
+            return fail(f"cos/sin dims {cd} are not (B, 1, S, D)", c)
+        if (cd[0] != xd[0] and cd[0] != 1) or cd[2] != xd[2] or cd[3] != d:
+            return fail(f"cos/sin dims {cd} do not match x {xd} (batch, 1, sequence, head dim)", c)
+    if x.dtype is not None and cos.dtype is not None and cos.dtype != x.dtype:
+        return fail(f"cos dtype {cos.dtype} differs from x dtype {x.dtype}", cos)
+    return d
+
+
+def _check_half(
+    x: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    a0: ir.Value,
+    e0: ir.Value,
+    ax0: ir.Value | None,
+    st0: ir.Value | None,
+    a1: ir.Value,
+    e1: ir.Value,
+    ax1: ir.Value | None,
+    st1: ir.Value | None,
+    cat_axis: int,
+    match: Match,
+) -> Verdict:
+    d = _check_common(x, cos, sin, match)
+    if not isinstance(d, int):
+        return d
+    h = d // 2
+    if cat_axis not in (-1, 3):
+        return fail(f"rotate_half concatenates along axis {cat_axis}, not the last", x)
+    low, high = _slice(x, a0, e0, ax0, st0), _slice(x, a1, e1, ax1, st1)
+    if low != (0, h, 1) or high != (h, d, 1):
+        return fail(f"slices {low} / {high} are not the halves [0, {h}) / [{h}, {d})", x)
+    return True
+
+
+def _check_interleaved(
+    x: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    a0: ir.Value,
+    e0: ir.Value,
+    ax0: ir.Value | None,
+    st0: ir.Value | None,
+    a1: ir.Value,
+    e1: ir.Value,
+    ax1: ir.Value | None,
+    st1: ir.Value | None,
+    flat: ir.Value,
+    match: Match,
+) -> Verdict:
+    d = _check_common(x, cos, sin, match)
+    if not isinstance(d, int):
+        return d
+    low, high = _slice(x, a0, e0, ax0, st0), _slice(x, a1, e1, ax1, st1)
+    if low != (0, d, 2) or high != (1, d, 2):
+        return fail(f"slices {low} / {high} are not the even / odd lanes of {d}", x)
+    flat_dims = const_ints(flat)
+    xd = dims(x)
+    if flat_dims is None or xd is None:
+        return fail("the flattening shape is not constant", flat)
+    want = [v if isinstance(v, int) else None for v in xd]
+    got = [v if v not in (0, -1) else None for v in flat_dims]
+    if len(got) != 4 or any(
+        w is not None and g is not None and w != g for w, g in zip(want, got, strict=True)
+    ):
+        return fail(f"reshape {flat_dims} does not restore x's shape {xd}", flat)
+    return True
+
+
+def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value) -> ir.Value:
+    """(B, 1, S, D) → (B, S, D): the Unsqueeze's input when there is one, else a Squeeze.
+
+    A batch-1 cache (positions shared by the batch) is expanded to ``x``'s batch: onnxruntime's
+    kernel does not broadcast it.
+    """
+    node = c.producer()
+    if node is not None and node.op_type == "Unsqueeze" and const_ints(node.inputs[1]) == [1]:
+        out: ir.Value = node.inputs[0]  # type: ignore[assignment]
+    else:
+        out = op.Squeeze(c, op.const([1], np.int64))
+    cd, xd = dims(c), dims(x)
+    if cd is not None and xd is not None and cd[0] == 1 and xd[0] != 1:
+        batch = op.Shape(x, start=0, end=1)
+        out = op.Expand(out, op.Concat(batch, op.const([1, 1], np.int64), axis=0))
+    return out
+
+
+def _half(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+    """RotaryEmbedding(x, cos[..., :D/2], sin[..., :D/2])"""
+    h = int(dims(x)[-1]) // 2  # type: ignore[index, arg-type]
+    start, end, axis = op.const([0], np.int64), op.const([h], np.int64), op.const([-1], np.int64)
+    c, s = _cache3(op, cos, x), _cache3(op, sin, x)
+    return op.RotaryEmbedding(x, op.Slice(c, start, end, axis), op.Slice(s, start, end, axis))
+
+
+def _interleaved(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+    """RotaryEmbedding(x, cos[..., ::2], sin[..., ::2], interleaved=1)"""
+    d = int(dims(x)[-1])  # type: ignore[index, arg-type]
+    start, end = op.const([0], np.int64), op.const([d], np.int64)
+    axis, step = op.const([-1], np.int64), op.const([2], np.int64)
+    return op.RotaryEmbedding(
+        x,
+        op.Slice(_cache3(op, cos, x), start, end, axis, step),
+        op.Slice(_cache3(op, sin, x), start, end, axis, step),
+        interleaved=1,
+    )
+
+
+# --- is cos/sin really duplicated? (may look through local-function boundaries) ----------------
+
+_MAX_DEPTH = 12
+
+
+def _call_sites(
+    model: ir.Model, fn: ir.Function
+) -> Iterator[tuple[ir.Node, ir.Graph | ir.Function]]:
+    key = (fn.domain, fn.name, fn.overload)
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in graph:
+            if (node.domain, node.op_type, node.overload) == key:
+                yield node, graph
+
+
+def _duplicated(
+    value: ir.Value, owner: ir.Graph | ir.Function, model: ir.Model, interleaved: bool, depth: int
+) -> str | None:
+    """``None`` if ``value`` provably has equal halves (lanes) on its last axis, else why not."""
+    if depth > _MAX_DEPTH:
+        return "cos/sin provenance too deep to verify"
+    arr = const_value(value)
+    if arr is not None:
+        a = np.asarray(arr)
+        if a.ndim == 0 or a.shape[-1] % 2:
+            return "cos/sin constant has an odd last dim"
+        h = a.shape[-1] // 2
+        same = (
+            np.array_equal(a[..., 0::2], a[..., 1::2])
+            if interleaved
+            else np.array_equal(a[..., :h], a[..., h:])
+        )
+        return None if same else f"cos/sin constant {'lanes' if interleaved else 'halves'} differ"
+    node = value.producer()
+    if node is None:
+        if isinstance(owner, ir.Function) and value in owner.inputs:
+            index = list(owner.inputs).index(value)
+            sites = list(_call_sites(model, owner))
+            if not sites:
+                return "cos/sin is an input of an uncalled function"
+            for call, graph in sites:
+                arg = call.inputs[index] if index < len(call.inputs) else None
+                if arg is None:
+                    return "cos/sin argument absent at a call site"
+                why = _duplicated(arg, graph, model, interleaved, depth + 1)
+                if why:
+                    return why
+            return None
+        return "cos/sin is a graph input: its halves cannot be verified"
+    key = (node.domain, node.op_type, node.overload)
+    fn = model.functions.get(key)
+    if fn is not None:
+        index = list(node.outputs).index(value)
+        return _duplicated(fn.outputs[index], fn, model, interleaved, depth + 1)
+    if node.domain not in ("", "ai.onnx"):
+        return f"cos/sin computed by {node.domain}::{node.op_type}"
+    if node.op_type in ("Unsqueeze", "Squeeze") and len(node.inputs) == 2:
+        axes = const_ints(node.inputs[1])
+        r = rank(value)
+        if axes is None or -1 in axes or (r is not None and r - 1 in axes):
+            return "cos/sin (un)squeezed on an unknown or the last axis"
+        return _duplicated(node.inputs[0], owner, model, interleaved, depth + 1)  # type: ignore[arg-type]
+    if node.op_type in ("Cast", "Identity", "Cos", "Sin"):
+        return _duplicated(node.inputs[0], owner, model, interleaved, depth + 1)  # type: ignore[arg-type]
+    if node.op_type == "Mul" and len(node.inputs) == 2:
+        left, right = node.inputs
+        if scalar(right) is not None and left is not None:
+            return _duplicated(left, owner, model, interleaved, depth + 1)
+        if scalar(left) is not None and right is not None:
+            return _duplicated(right, owner, model, interleaved, depth + 1)
+    if not interleaved and node.op_type == "Concat" and len(node.inputs) == 2:
+        axis = node.attributes.get_int("axis", 0)
+        r = rank(value)
+        if node.inputs[0] is node.inputs[1] and (axis == -1 or (r is not None and axis == r - 1)):
+            return None
+    return f"cannot verify that cos/sin has duplicated halves ({node.op_type} found)"
+
+
+class _RotaryRule(Rule):
+    """A :class:`Rule` whose match is also checked against the whole model (cos/sin provenance)."""
+
+    def __init__(self, *args: object, interleaved: bool, **kwargs: object):
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.interleaved = interleaved
+
+    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
+        result = super().find(node, ctx)
+        if isinstance(result, MatchFailure):
+            return result
+        for name in ("cos", "sin"):
+            value = result.match.bindings[name]
+            why = _duplicated(value, ctx.graph, ctx.model, self.interleaved, 0)
+            if why:
+                return MatchFailure(why, value, node, depth=len(result.match.nodes) + 1)
+        return result
+
+
+rules = RuleSet(
+    "rotary",
+    [
+        _RotaryRule(  # x·[c,c] + rotate_half(x)·[s,s] = RotaryEmbedding(x, c, s)
+            "RotaryEmbedding",
+            _HALF,
+            check=_check_half,
+            rewrite=_half,
+            min_opset=23,
+            interleaved=False,
+        ),
+        _RotaryRule(  # x·c⊗2 + rotate_every_two(x)·s⊗2 = RotaryEmbedding(x, c, s, interleaved=1)
+            "RotaryEmbeddingInterleaved",
+            _INTERLEAVED,
+            check=_check_interleaved,
+            rewrite=_interleaved,
+            min_opset=23,
+            interleaved=True,
+        ),
+    ],
+)
+"""The rotary rules (half rotation, interleaved)."""

@@ -1,0 +1,383 @@
+"""Rule family :mod:`irkit.rules.attention`: fires (exact ops, onnxruntime numbers), declines (reason).
+
+The graphs are written the way torchlib lowers ``scaled_dot_product_attention`` (kᵀ through
+``Shape``/``Reshape``/``Transpose``, √scale on both operands, the bool-mask ``Where`` and the
+``IsNaN`` guard) and the way HF's eager attention lowers, with HF's ``repeat_kv`` and cache
+``Concat``; hypothesis draws the sizes, the head grouping, the mask kind and the dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from irkit import rules as library
+from tests.rewriting import util
+
+SETTINGS = settings(max_examples=10, deadline=None, derandomize=True)
+FLOAT, FLOAT16 = 1, 10
+LOWEST = {"float": -3.4028234663852886e38, "float16": -65504.0}
+
+
+def attention_text(
+    b=2,
+    hq=4,
+    hkv=2,
+    s=3,
+    p=5,
+    d=8,
+    *,
+    form="sdpa",
+    mask="float",
+    cache=True,
+    dtype="float",
+    opset=23,
+    softmax_axis=-1,
+    cat_axis=-2,
+    scale=None,
+) -> str:
+    """ONNX text of one attention block as the exporters write it (fp16: constants converted later)."""
+    total = p + s if cache else s
+    ins = [
+        f"float[{b},{hq},{s},{d}] q",
+        f"float[{b},{hkv},{s},{d}] k",
+        f"float[{b},{hkv},{s},{d}] v",
+    ]
+    outs = [f"float[{b},{hq},{s},{d}] y"]
+    body = []
+    kk, vv = "k", "v"
+    if cache:
+        ins += [f"float[{b},{hkv},{p},{d}] pk", f"float[{b},{hkv},{p},{d}] pv"]
+        outs += [f"float[{b},{hkv},{total},{d}] kc", f"float[{b},{hkv},{total},{d}] vc"]
+        body.append(f"kc = Concat<axis={cat_axis}>(pk, k)  vc = Concat<axis={cat_axis}>(pv, v)")
+        kk, vv = "kc", "vc"
+    if hq != hkv:
+        n = hq // hkv
+        body.append(
+            f"two = Constant<value=int64[1] {{2}}>()"
+            f"  es = Constant<value=int64[5] {{{b},{hkv},{n},{total},{d}}}>()"
+            f"  rs = Constant<value=int64[4] {{{b},{hq},{total},{d}}}>()"
+            f"  ku = Unsqueeze({kk}, two)  ke = Expand(ku, es)  kr = Reshape(ke, rs)"
+            f"  vu = Unsqueeze({vv}, two)  ve = Expand(vu, es)  vr = Reshape(ve, rs)"
+        )
+        kk, vv = "kr", "vr"
+    if mask == "float":
+        ins.append(f"float[{b},1,{s},{total}] m")
+    elif mask == "bool":
+        ins.append(f"bool[{b},1,{s},{total}] m")
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    if form == "sdpa" or mask == "bool":
+        body.append("z = Constant<value=float {0.0}>()")
+    if mask == "bool":
+        body.append(f"lo = Constant<value=float {{{LOWEST[dtype]}}}>()")
+    if form == "sdpa":
+        body.append(
+            "m1 = Constant<value=int64[1] {-1}>()  m2 = Constant<value=int64[1] {-2}>()"
+            "  big = Constant<value=int64[1] {9223372036854775807}>()"
+            "  small = Constant<value=int64[1] {-9223372036854775808}>()"
+            f"  shp = Shape({kk})  last = Slice(shp, m1, big)  second = Slice(shp, m2, m1)"
+            "  lead = Slice(shp, small, m2)  s1 = Concat<axis=0>(m1, second, last)"
+            f"  kf = Reshape({kk}, s1)  kt = Transpose<perm=[0,2,1]>(kf)"
+            "  s2 = Concat<axis=0>(lead, last, second)  kT = Reshape(kt, s2)"
+            f"  sc = Constant<value=float {{{math.sqrt(scale)}}}>()  qs = Mul(q, sc)  ks = Mul(kT, sc)"
+            "  a = MatMul(qs, ks)"
+        )
+    else:
+        body.append(
+            f"kT = Transpose<perm=[0,1,3,2]>({kk})  a0 = MatMul(q, kT)"
+            f"  sc = Constant<value=float {{{scale}}}>()  a = Mul(a0, sc)"
+        )
+    logits = "a"
+    if mask == "float":
+        body.append("a2 = Add(a, m)")
+        logits = "a2"
+    elif mask == "bool":
+        body.append("mf = Where(m, z, lo)  a2 = Add(a, mf)")
+        logits = "a2"
+    if form == "sdpa":
+        body.append(
+            f"pr = Softmax<axis={softmax_axis}>({logits})  nan = IsNaN(pr)  pg = Where(nan, z, pr)"
+            f"  y = MatMul(pg, {vv})"
+        )
+    elif dtype == "float16":  # HF eager: softmax(..., dtype=float32).to(query.dtype)
+        body.append(
+            f"c32 = Cast<to=1>({logits})  pr = Softmax<axis={softmax_axis}>(c32)"
+            f"  pc = Cast<to=10>(pr)  y = MatMul(pc, {vv})"
+        )
+    else:
+        body.append(f"pr = Softmax<axis={softmax_axis}>({logits})  y = MatMul(pr, {vv})")
+    header = f'<ir_version: 10, opset_import: ["" : {opset}]>\n'
+    return (
+        header + f"g ({', '.join(ins)}) => ({', '.join(outs)}) {{\n  " + "\n  ".join(body) + "\n}"
+    )
+
+
+def build(text: str, dtype: str = "float") -> ir.Model:
+    m = util.model(text)
+    if dtype == "float16":
+        for v in (*m.graph.inputs, *m.graph.outputs):
+            if v.dtype == ir.DataType.FLOAT:
+                v.type = ir.TensorType(ir.DataType.FLOAT16)
+        for node in m.graph:
+            if node.op_type == "Constant" and "value" in node.attributes:
+                t = node.attributes["value"].value
+                if t.dtype == ir.DataType.FLOAT:
+                    arr = t.numpy().astype(np.float16)
+                    node.attributes["value"] = ir.AttrTensor("value", ir.tensor(arr))
+    return util.infer_shapes(m)
+
+
+def run(m: ir.Model, dtype: str = "float", explain: str | None = None):
+    before = util.clone(m)
+    report = util.rewrite(m, library.default_rules(), explain=explain)
+    util.assert_valid(m)
+    util.assert_same_numbers(before, m, atol=1e-2 if dtype == "float16" else 1e-4)
+    return report
+
+
+def fired(report) -> dict[str, int]:
+    return {k: v for k, v in report.fired.items() if k.startswith("Attention")}
+
+
+# --- positive ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
+def test_gqa_with_cache_becomes_one_attention(form):
+    m = build(attention_text(form=form))
+    report = run(m)
+    assert fired(report) == {"Attention": 1, "AttentionGQA": 1, "AttentionKVCache": 1}
+    assert util.ops(m) == {"Attention": 1}
+    (node,) = list(m.graph)
+    assert [v.name for v in node.inputs] == ["q", "k", "v", "m", "pk", "pv"]
+    assert [v.name for v in node.outputs] == ["y", "kc", "vc"]
+    assert node.attributes["scale"].value == pytest.approx(1 / math.sqrt(8), rel=1e-6)
+
+
+def test_bool_mask_keeps_its_additive_form():
+    m = build(attention_text(mask="bool", cache=False, hkv=4))
+    report = run(m)
+    assert fired(report) == {"Attention": 1}
+    assert util.ops(m) == {"Attention": 1, "Constant": 2, "Where": 1}
+
+
+def test_no_mask_and_custom_scale():
+    m = build(attention_text(mask="none", cache=False, hkv=4, scale=0.3, form="eager"))
+    run(m)
+    (node,) = list(m.graph)
+    assert len(node.inputs) == 3
+    assert node.attributes["scale"].value == pytest.approx(0.3, rel=1e-6)
+
+
+@SETTINGS
+@given(
+    b=st.integers(1, 3),
+    hkv=st.integers(1, 3),
+    n_rep=st.integers(1, 3),
+    s=st.integers(1, 4),
+    p=st.integers(1, 6),
+    d=st.sampled_from([4, 8, 16]),
+    form=st.sampled_from(["sdpa", "eager"]),
+    mask=st.sampled_from(["float", "bool", "none"]),
+    cache=st.booleans(),
+    dtype=st.sampled_from(["float", "float16"]),
+)
+def test_property_numbers(b, hkv, n_rep, s, p, d, form, mask, cache, dtype):
+    text = attention_text(
+        b, hkv * n_rep, hkv, s, p, d, form=form, mask=mask, cache=cache, dtype=dtype
+    )
+    m = build(text, dtype)
+    report = run(m, dtype)
+    expect = {"Attention": 1}
+    if n_rep > 1:
+        expect["AttentionGQA"] = 1
+    if cache:
+        expect["AttentionKVCache"] = 1
+    assert fired(report) == expect
+    assert util.ops(m).get("Attention") == 1
+    assert not {"Softmax", "MatMul", "Expand", "Concat"} & set(util.ops(m))
+
+
+# --- negative ------------------------------------------------------------------------------------
+
+
+def _reason(m: ir.Model, rule: str) -> dict[str, int]:
+    report = util.rewrite(m, library.default_rules(), explain=rule)
+    assert report.rules[rule].fired == 0
+    assert report.near_misses or report.rules[rule].failures
+    return dict(report.rules[rule].failures)
+
+
+def test_needs_opset_23():
+    failures = _reason(build(attention_text(opset=22)), "Attention")
+    assert failures.get("needs opset >= 23, graph has 22", 0) >= 1
+
+
+def test_softmax_over_another_axis():
+    failures = _reason(build(attention_text(softmax_axis=-2, form="eager")), "Attention")
+    assert "softmax over axis -2, not the last (keys) axis" in failures
+
+
+def test_cache_grown_along_heads_is_not_a_kv_cache():
+    m = build(attention_text(cat_axis=1, hq=2, hkv=2, p=2, s=2, b=2))
+    failures = _reason(m, "AttentionKVCache")
+    assert "the cache grows along axis 1, not the sequence axis 2" in failures
+
+
+def test_q_of_rank_3_is_not_matched():
+    text = attention_text(form="eager", mask="none", cache=False, hkv=4).replace(
+        "float[2,4,3,8] q", "float[8,3,8] q"
+    )
+    failures = _reason(build(text), "Attention")
+    assert "q must be 4-D (B, H, S, D), rank is 3" in failures
+
+
+def test_scale_not_constant():
+    text = attention_text(form="eager", mask="none", cache=False, hkv=4)
+    text = text.replace("g (", "g (float[1] sc, ").replace(
+        "  sc = Constant<value=float {0.35355339059327373}>()", ""
+    )
+    failures = _reason(build(text), "Attention")
+    assert "the attention scale is not a scalar constant" in failures
+
+
+def test_inconsistent_repeat_is_not_gqa():
+    m = build(attention_text(cache=False, mask="none"))
+    for node in m.graph:  # claim V's expand repeats 3 times: the dims no longer describe repeat_kv
+        if node.op_type == "Expand" and node.inputs[0].name == "vu":
+            node.outputs[0].shape = ir.Shape([2, 2, 3, 3, 8])
+    failures = _reason(m, "AttentionGQA")
+    assert "dims (2, 2, 3, 8) → (2, 4, 3, 8) are not a head repeat by 3" in failures
+
+
+# --- the real thing: transformers decoders exported with their KV cache ------------------------
+
+
+def _histogram(model: ir.Model, fn: ir.Function) -> dict[str, int]:
+    """Ops of ``fn`` including every function it calls (recursively), calls themselves excluded."""
+    counts: dict[str, int] = {}
+    for node in fn:
+        callee = model.functions.get((node.domain, node.op_type, node.overload))
+        items = _histogram(model, callee).items() if callee is not None else [(node.op_type, 1)]
+        for op_type, n in items:
+            counts[op_type] = counts.get(op_type, 0) + n
+    return counts
+
+
+def _decoder(arch: str, impl: str):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{arch}Config")(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        attn_implementation=impl,
+    )
+    return getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
+
+
+@pytest.mark.parametrize(
+    ("arch", "impl"),
+    [
+        pytest.param("Llama", "sdpa", id="llama-sdpa"),
+        pytest.param("Llama", "eager", id="llama-eager", marks=pytest.mark.slow),
+        pytest.param("Qwen2", "sdpa", id="qwen2-sdpa", marks=pytest.mark.slow),
+    ],
+)
+def test_decoder_with_kv_cache(arch, impl):
+    import irkit
+    from irkit.llm import causal_lm_feeds, export_causal_lm, run_eager
+    from tests.helpers import FP32_ATOL, assert_close, ort_session
+
+    lm = _decoder(arch, impl)
+    exported = export_causal_lm(lm)
+    model = irkit.lower(exported.program, **exported.lower_kwargs())
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
+    assert report.fired["Attention"] == report.fired["AttentionKVCache"] == 1  # once per function
+    assert report.fired["AttentionGQA"] == 1 and report.fired["RotaryEmbedding"] == 2
+    layers = [f for f in model.functions.values() if f.name == f"{arch}DecoderLayer"]
+    assert len(layers) == 1  # still one decoder-layer function...
+    (layer,) = layers
+    calls = [
+        n
+        for fn in (model.graph, *model.functions.values())
+        for n in fn
+        if (n.domain, n.op_type) == (layer.domain, layer.name)
+    ]
+    assert len(calls) == 2  # ...called once per layer
+    ops = _histogram(model, layer)
+    assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2
+    assert not {"Softmax", "IsNaN", "Expand", "Neg"} & set(ops)
+    assert ops.get("MatMul", 0) == 7  # q, k, v, o projections and the MLP: no attention MatMul
+    session = ort_session(model)
+    for batch, seq, past in [(2, 4, 0), (1, 1, 6), (2, 3, 9)]:
+        feeds = causal_lm_feeds(lm, batch=batch, seq=seq, past=past, seed=past)
+        assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=FP32_ATOL)
+
+
+@pytest.mark.parametrize(
+    ("causal", "gqa", "dynamic", "expect"),
+    [
+        (True, False, False, {"Attention": 1, "AttentionCausal": 1}),
+        (True, False, True, {"Attention": 1, "AttentionCausal": 1}),
+        (False, True, False, {"Attention": 1, "AttentionGQA": 1}),
+        (True, True, False, {"Attention": 1, "AttentionCausal": 1, "AttentionGQA": 1}),
+        # torchlib's own enable_gqa repeat on dynamic shapes has no static repeat factor: the
+        # Attention takes the repeated K/V (still one op), the causal mask still folds.
+        (True, True, True, {"Attention": 1, "AttentionCausal": 1}),
+    ],
+)
+def test_torch_sdpa_lowered_by_torchlib(causal, gqa, dynamic, expect):
+    torch = pytest.importorskip("torch")
+    import irkit
+    from tests.helpers import ort_session
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=gqa
+            )
+
+    def inputs(b, s):
+        g = torch.Generator().manual_seed(b * 10 + s)
+        kv = 2 if gqa else 4
+        return [torch.randn(n, h, s, 8, generator=g) for n, h in ((b, 4), (b, kv), (b, kv))]
+
+    dims = None
+    if dynamic:
+        dims = ({0: torch.export.Dim("batch"), 2: torch.export.Dim("seq")},) * 3
+    model = irkit.lower(torch.export.export(Sdpa(), tuple(inputs(2, 5)), dynamic_shapes=dims))
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
+    assert fired(report) == expect
+    assert util.ops(model).get("Attention") == 1 and "Softmax" not in util.ops(model)
+    (att,) = [n for n in model.graph if n.op_type == "Attention"]
+    assert att.attributes.get_int("is_causal", 0) == int(causal)
+    session = ort_session(model)
+    for b, s in [(2, 5), (3, 4)] if dynamic else [(2, 5)]:
+        q, k, v = inputs(b, s)
+        got = session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})[0]
+        np.testing.assert_allclose(got, Sdpa()(q, k, v).numpy(), atol=1e-5)
+
+
+def test_attention_without_mask_is_not_causal():
+    m = build(attention_text(form="eager", mask="none", cache=False, hkv=4))
+    report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
+    assert report.rules["AttentionCausal"].failures == {"the Attention has no mask": 1}
+
+
+def test_mask_from_a_graph_input_is_not_causal():
+    m = build(attention_text(form="sdpa", mask="float", cache=False, hkv=4))
+    report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
+    assert report.rules["AttentionCausal"].failures == {"the mask is not a Where": 1}
