@@ -327,9 +327,35 @@ def _scatter_reduce_applies(node: torch.fx.Node) -> bool:
     return node.kwargs.get("reduce") in _SCATTER_REDUCTIONS
 
 
+def _symbolic(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``torch.sym_*`` function on symbolic scalars (0-d tensors) and Python numbers."""
+
+    def lower(*args: Any) -> Any:
+        like = next((a for a in args if isinstance(a, ir.Value)), None)
+        values = [
+            a if isinstance(a, ir.Value) or like is None else op.CastLike(a, like) for a in args
+        ]
+        return fn(*values)
+
+    return lower
+
+
+def _sym_float(a: Any) -> Any:
+    # torch computes a SymFloat in double; the dtype reconciliation casts to the node's dtype.
+    return op.Cast(a, to=int(ir.DataType.DOUBLE))
+
+
+def _sym_ite(condition: Any, then: Any, otherwise: Any) -> Any:
+    return op.Where(condition, then, otherwise)
+
+
+def _sym_sum(values: Any) -> Any:
+    return op.Sum(*values) if len(values) > 1 else op.Identity(values[0])
+
+
 def own_lowerings(
     torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
-) -> dict[torch._ops.OpOverload, OwnLowering]:
+) -> dict[Any, OwnLowering]:
     """The table of irkit's own lowerings, delegating to ``torchlib``'s functions where it can."""
     aten = torch.ops.aten
     table = {
@@ -370,6 +396,13 @@ def own_lowerings(
         aten.scatter.reduce: OwnLowering(_scatter_reduce, _scatter_reduce_applies),
         aten.scatter.value_reduce: OwnLowering(_scatter_reduce, _scatter_reduce_applies),
     }
+    # Python's min()/max()/float()/not/if on symbolic sizes, recorded as torch.sym_* calls.
+    table[torch.sym_min] = OwnLowering(_symbolic(op.Min))
+    table[torch.sym_max] = OwnLowering(_symbolic(op.Max))
+    table[torch.sym_not] = OwnLowering(_symbolic(op.Not))
+    table[torch.sym_float] = OwnLowering(_sym_float)
+    table[torch.sym_ite] = OwnLowering(_symbolic(_sym_ite))
+    table[torch.sym_sum] = OwnLowering(_sym_sum)
     for target, (fn, applies) in ordering_lowerings(torchlib).items():
         table[target] = OwnLowering(fn, applies)
     for (namespace, name), lowering in _LIBRARY_OPS.items():

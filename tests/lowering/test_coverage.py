@@ -557,3 +557,31 @@ def test_eval_mode_in_place_dropout_on_a_view_needs_no_functionalization(caplog)
         _check(Head(), torch.randn(2, 8))
     assert "functionalizing" not in caplog.text
     assert "functional counterpart of an in-place op: 1" in caplog.text
+
+
+class _SymbolicSizes(nn.Module):
+    """Python ``min``/``max`` of sizes (MPT's position bias, SEW's padding): ``torch.sym_*``."""
+
+    def forward(self, x, y):
+        n = min(x.size(1), y.size(1))
+        return x[:, :n] + y[:, :n], torch.ones(max(x.size(1), 3)) * (x.size(1) / 2)
+
+
+def test_python_min_max_of_symbolic_sizes():
+    dim = torch.export.Dim
+    module, args = _SymbolicSizes(), (torch.randn(2, 6), torch.randn(2, 5))
+    ep = torch.export.export(module, args, dynamic_shapes=({1: dim("a")}, {1: dim("b")}))
+    model = irkit.lower(ep)
+    for x, y in [args, (torch.randn(2, 2), torch.randn(2, 7))]:
+        expected = helpers.flatten_outputs(module(x, y))
+        helpers.assert_close(helpers.run_ort(model, [x, y]), expected, 1e-6)
+
+
+def test_a_module_built_inside_forward_initializes_with_a_random_op_nobody_reads():
+    # BigBird switches attention type in forward: nn.Linear's init traces as empty → uniform_.
+    class BuildsLinear(nn.Module):
+        def forward(self, x):
+            nn.Linear(4, 4)
+            return x * 2
+
+    _check(BuildsLinear(), torch.randn(2, 4))
