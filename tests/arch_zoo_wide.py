@@ -998,74 +998,17 @@ def moonshine() -> ArchModel:
 
 # --- the registry --------------------------------------------------------------------------------
 
-ARCH_ZOO: dict[str, Callable[[], ArchModel]] = {
-    fn.__name__: fn
-    for fn in (
-        gemma,
-        gemma3_text,
-        phi,
-        stablelm,
-        starcoder2,
-        granite,
-        cohere,
-        olmo2,
-        smollm3,
-        persimmon,
-        bloom,
-        mpt,
-        gptj,
-        codegen,
-        qwen3_moe,
-        deepseek_v3,
-        gpt_oss,
-        mamba,
-        falcon_mamba,
-        jamba,
-        bamba,
-        rwkv,
-        electra,
-        xlm_roberta,
-        mpnet,
-        modernbert,
-        funnel,
-        layoutlm,
-        canine,
-        convbert,
-        big_bird,
-        longformer,
-        mbart,
-        marian,
-        pegasus,
-        m2m100,
-        led,
-        t5gemma,
-        deit,
-        beit,
-        dinov2,
-        clip_vision,
-        siglip_vision,
-        convnextv2,
-        efficientnet,
-        regnet,
-        levit,
-        mobilevit,
-        segformer,
-        detr,
-        yolos,
-        swinv2,
-        poolformer,
-        clip_text,
-        siglip,
-        hubert,
-        data2vec_audio,
-        wavlm,
-        sew,
-        unispeech_sat,
-        speech_to_text,
-        whisper_encoder,
-        moonshine,
-    )
-}
+_NAMES = """
+    gemma gemma3_text phi stablelm starcoder2 granite cohere olmo2 smollm3 persimmon bloom mpt
+    gptj codegen qwen3_moe deepseek_v3 gpt_oss mamba falcon_mamba jamba bamba rwkv electra
+    xlm_roberta mpnet modernbert funnel layoutlm canine convbert big_bird longformer mbart
+    marian pegasus m2m100 led t5gemma deit beit dinov2 clip_vision siglip_vision convnextv2
+    efficientnet regnet levit mobilevit segformer detr yolos swinv2 poolformer clip_text siglip
+    hubert data2vec_audio wavlm sew unispeech_sat speech_to_text whisper_encoder moonshine
+"""
+
+#: Every entry, by name (same shape as ``tests.arch_zoo.ARCH_ZOO``).
+ARCH_ZOO: dict[str, Callable[[], ArchModel]] = {name: globals()[name] for name in _NAMES.split()}
 
 
 @functools.cache
