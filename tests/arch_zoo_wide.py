@@ -546,6 +546,7 @@ def t5gemma() -> ArchModel:
         )
 
     cfg = T5GemmaConfig(encoder=module(), decoder=module(), vocab_size=VOCAB, use_cache=False)
+    cfg.decoder.use_cache = False  # T5GemmaConfig turns the decoder's cache back on
     return _seq2seq("t5gemma", T5GemmaForConditionalGeneration(cfg), (6, 4))
 
 
@@ -996,6 +997,256 @@ def moonshine() -> ArchModel:
     return ArchModel("moonshine", "encdec", model, make(2, 3840, 6, 0), make(3, 3072, 4, 1), dyn)
 
 
+# --- second batch: ops the first batch did not reach (FFT, grid_sample, LSTM, scans, ...) ------
+
+
+@_seeded
+def fnet() -> ArchModel:
+    """Token mixing by a 2-D FFT (the real part of ``torch.fft.fftn``)."""
+    from transformers import FNetConfig, FNetModel
+
+    cfg = FNetConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        intermediate_size=2 * HIDDEN,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=0,
+    )
+    return _text_case("fnet", "encoder", FNetModel(cfg), mask=False)
+
+
+@_seeded
+def esm() -> ArchModel:
+    """Protein LM: rotary attention, token-dropout rescaling by the mask."""
+    from transformers import EsmConfig, EsmModel
+
+    cfg = _encoder_config(EsmConfig, position_embedding_type="rotary", mask_token_id=3)
+    return _text_case("esm", "encoder", EsmModel(cfg))
+
+
+@_seeded
+def xlnet() -> ArchModel:
+    """Two-stream relative attention written with einsum."""
+    from transformers import XLNetConfig, XLNetModel
+
+    cfg = XLNetConfig(
+        vocab_size=VOCAB,
+        d_model=HIDDEN,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        d_inner=2 * HIDDEN,
+        **_TOKENS,
+    )
+    return _text_case("xlnet", "encoder", XLNetModel(cfg))
+
+
+@_seeded
+def roformer() -> ArchModel:
+    from transformers import RoFormerConfig, RoFormerModel
+
+    cfg = _encoder_config(RoFormerConfig, embedding_size=32, rotary_value=True)
+    return _text_case("roformer", "encoder", RoFormerModel(cfg))
+
+
+@_seeded
+def squeezebert() -> ArchModel:
+    """Grouped 1-D convolutions instead of dense layers."""
+    from transformers import SqueezeBertConfig, SqueezeBertModel
+
+    cfg = _encoder_config(SqueezeBertConfig, embedding_size=HIDDEN)
+    return _text_case("squeezebert", "encoder", SqueezeBertModel(cfg))
+
+
+@_seeded
+def granitemoe() -> ArchModel:
+    return _causal_lm(
+        "granitemoe",
+        "moe",
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+
+
+@_seeded
+def dbrx() -> ArchModel:
+    from transformers import DbrxConfig, DbrxForCausalLM
+
+    cfg = DbrxConfig(
+        d_model=HIDDEN,
+        n_heads=HEADS,
+        n_layers=LAYERS,
+        max_seq_len=POSITIONS,
+        vocab_size=VOCAB,
+        attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        ffn_config={"ffn_hidden_size": HIDDEN, "moe_num_experts": 4, "moe_top_k": 2},
+        use_cache=False,
+        **_TOKENS,
+    )
+    return _text_case("dbrx", "moe", DbrxForCausalLM(cfg))
+
+
+@_seeded
+def mamba2() -> ArchModel:
+    """Chunked SSD scan (torch path)."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    cfg = Mamba2Config(
+        num_heads=4,
+        head_dim=32,
+        hidden_size=HIDDEN,
+        state_size=8,
+        num_hidden_layers=LAYERS,
+        expand=2,
+        n_groups=1,
+        chunk_size=4,
+        vocab_size=VOCAB,
+        use_cache=False,
+        **_TOKENS,
+    )
+    return _text_case("mamba2", "ssm", Mamba2ForCausalLM(cfg))
+
+
+@_seeded
+def recurrent_gemma() -> ArchModel:
+    """Griffin: RG-LRU recurrence plus local attention."""
+    return _causal_lm(
+        "recurrent_gemma",
+        "ssm",
+        "RecurrentGemmaConfig",
+        "RecurrentGemmaForCausalLM",
+        lru_width=HIDDEN,
+        attention_window_size=4,
+        conv1d_width=4,
+        num_key_value_heads=1,
+        block_types=["recurrent", "attention"],
+    )
+
+
+@_seeded
+def lfm2() -> ArchModel:
+    """Gated short convolutions plus attention."""
+    return _causal_lm(
+        "lfm2", "ssm", "Lfm2Config", "Lfm2ForCausalLM", layer_types=["conv", "full_attention"]
+    )
+
+
+@_seeded
+def deformable_detr() -> ArchModel:
+    """Multi-scale deformable attention in PyTorch (``grid_sample``)."""
+    from transformers import DeformableDetrConfig, DeformableDetrForObjectDetection, ResNetConfig
+
+    backbone = ResNetConfig(
+        embedding_size=16,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        layer_type="basic",
+        out_features=["stage1", "stage2"],
+    )
+    cfg = DeformableDetrConfig(
+        use_timm_backbone=False,
+        use_pretrained_backbone=False,
+        backbone_config=backbone,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_queries=8,
+        num_feature_levels=2,
+        encoder_n_points=2,
+        decoder_n_points=2,
+        num_labels=5,
+        disable_custom_kernels=True,
+    )
+    model = DeformableDetrForObjectDetection(cfg)
+    _randomize_batchnorm(model)
+    return _image_case("deformable_detr", model, size=64)
+
+
+@_seeded
+def dpt() -> ArchModel:
+    """ViT backbone, reassemble/fusion neck with bilinear ``align_corners=True`` upsampling."""
+    from transformers import DPTConfig, DPTForDepthEstimation
+
+    cfg = DPTConfig(
+        **_vit_fields(num_hidden_layers=4),
+        backbone_out_indices=[0, 1, 2, 3],
+        neck_hidden_sizes=[16, 16, 32, 32],
+        fusion_hidden_size=16,
+    )
+    model = DPTForDepthEstimation(cfg)
+    _randomize_batchnorm(model)
+    return _image_case("dpt", model)
+
+
+@_seeded
+def wav2vec2_conformer() -> ArchModel:
+    """Conformer blocks (depthwise conv, GLU) with rotary position embeddings."""
+    return _speech_encoder(
+        "wav2vec2_conformer",
+        "Wav2Vec2ConformerConfig",
+        "Wav2Vec2ConformerModel",
+        position_embeddings_type="rotary",
+        conv_depthwise_kernel_size=3,
+    )
+
+
+@_seeded
+def ast() -> ArchModel:
+    """Audio Spectrogram Transformer: a ViT over overlapping spectrogram patches."""
+    from transformers import ASTConfig, ASTForAudioClassification
+
+    cfg = ASTConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=2 * HIDDEN,
+        patch_size=8,
+        frequency_stride=8,
+        time_stride=8,
+        max_length=32,
+        num_mel_bins=16,
+        num_labels=5,
+    )
+
+    def make(b: int, tag: int) -> dict[str, Any]:
+        return {"input_values": torch.randn(b, 32, 16, generator=_gen(tag))}
+
+    dyn = {"input_values": {0: torch.export.Dim("batch", max=64)}}
+    model = ASTForAudioClassification(cfg)
+    return ArchModel("ast", "audio", model, make(2, 0), make(3, 1), dyn)
+
+
+@_seeded
+def encodec() -> ArchModel:
+    """Neural audio codec: SEANet convs, an LSTM, residual vector quantization (argmin)."""
+    from transformers import EncodecConfig, EncodecModel
+
+    cfg = EncodecConfig(
+        hidden_size=32,
+        num_filters=4,
+        upsampling_ratios=[4, 2],
+        num_lstm_layers=1,
+        codebook_size=16,
+        codebook_dim=32,
+        target_bandwidths=[1.5],
+        sampling_rate=800,
+    )
+    batch = torch.export.Dim("batch", max=64)
+    frames = torch.export.Dim("frames", min=4, max=64)
+
+    def make(b: int, n: int, tag: int) -> dict[str, Any]:
+        return {"input_values": torch.randn(b, 1, n, generator=_gen(tag))}
+
+    dyn = {"input_values": {0: batch, 2: 8 * frames}}
+    return ArchModel("encodec", "audio", EncodecModel(cfg), make(2, 96, 0), make(3, 64, 1), dyn)
+
+
 # --- the registry --------------------------------------------------------------------------------
 
 _NAMES = """
@@ -1005,6 +1256,8 @@ _NAMES = """
     marian pegasus m2m100 led t5gemma deit beit dinov2 clip_vision siglip_vision convnextv2
     efficientnet regnet levit mobilevit segformer detr yolos swinv2 poolformer clip_text siglip
     hubert data2vec_audio wavlm sew unispeech_sat speech_to_text whisper_encoder moonshine
+    fnet esm xlnet roformer squeezebert granitemoe dbrx mamba2 recurrent_gemma lfm2
+    deformable_detr dpt wav2vec2_conformer ast encodec
 """
 
 #: Every entry, by name (same shape as ``tests.arch_zoo.ARCH_ZOO``).
