@@ -376,6 +376,8 @@ def _arch_summary(rows: list, markdown: bool, wide: bool = False) -> None:
             times = [f"{t:.2f}" if t is not None else "-" for t in (ti, ts)]
             ratio = f"{ts / ti:.1f}x" if ti and ts else "-"
             shapes = "static" if st["static"] else "dynamic"
+            if st["stock"].startswith("torch.export"):
+                shapes = "export fails"
             print(f"| {name} | {shapes} | " + " | ".join([*cells, *times, ratio]) + " |")
     elif markdown:
         print()

@@ -46,6 +46,14 @@ from tests.arch_zoo import (
     _text_case,
 )
 
+
+def _with_seq_max(zm: ArchModel, max_seq: int) -> ArchModel:
+    """``zm`` with its ``seq`` dim capped at ``max_seq`` (torch.export's suggested fix)."""
+    batch, seq = _dims(max_seq)
+    zm.dynamic_shapes = {key: {0: batch, 1: seq} for key in zm.dynamic_shapes}
+    return zm
+
+
 # --- decoder LMs ---------------------------------------------------------------------------------
 
 
@@ -146,7 +154,8 @@ def mpt() -> ArchModel:
         use_cache=False,
         **_TOKENS,
     )
-    return _text_case("mpt", "decoder", MptForCausalLM(cfg))
+    # torch.export's guard: seq != max_seq_len (the ALiBi table is sliced from the end).
+    return _with_seq_max(_text_case("mpt", "decoder", MptForCausalLM(cfg)), POSITIONS - 1)
 
 
 @_seeded
@@ -434,7 +443,8 @@ def big_bird() -> ArchModel:
     from transformers import BigBirdConfig, BigBirdModel
 
     cfg = _encoder_config(BigBirdConfig, block_size=2, num_random_blocks=1)
-    return _text_case("big_bird", "encoder", BigBirdModel(cfg))
+    # torch.export's suggested fix: seq <= 14, the lengths at which BigBird falls back to full.
+    return _with_seq_max(_text_case("big_bird", "encoder", BigBirdModel(cfg)), 14)
 
 
 @_seeded
