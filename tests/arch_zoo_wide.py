@@ -1257,6 +1257,166 @@ def encodec() -> ArchModel:
     return ArchModel("encodec", "audio", EncodecModel(cfg), make(2, 96, 0), make(3, 64, 1), dyn)
 
 
+# --- third batch ---------------------------------------------------------------------------
+
+
+@_seeded
+def upernet() -> ArchModel:
+    """ConvNeXt backbone, pyramid pooling (adaptive average pools), bilinear upsampling."""
+    from transformers import ConvNextConfig, UperNetConfig, UperNetForSemanticSegmentation
+
+    backbone = ConvNextConfig(
+        hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, out_features=["stage1", "stage2"]
+    )
+    cfg = UperNetConfig(
+        backbone_config=backbone,
+        hidden_size=32,
+        pool_scales=[1, 2, 3],
+        use_auxiliary_head=False,
+        num_labels=5,
+    )
+    model = UperNetForSemanticSegmentation(cfg)
+    _randomize_batchnorm(model)
+    return _image_case("upernet", model)
+
+
+@_seeded
+def mobilevitv2() -> ArchModel:
+    """Separable linear self-attention, unfold/fold of patches."""
+    from transformers import MobileViTV2Config, MobileViTV2ForImageClassification
+
+    cfg = MobileViTV2Config(image_size=64, width_multiplier=0.25, num_labels=10)
+    model = MobileViTV2ForImageClassification(cfg)
+    _randomize_batchnorm(model)
+    return _image_case("mobilevitv2", model, size=64)
+
+
+@_seeded
+def focalnet() -> ArchModel:
+    """Focal modulation (depthwise convs, gated aggregation) instead of attention."""
+    from transformers import FocalNetConfig, FocalNetForImageClassification
+
+    cfg = FocalNetConfig(
+        image_size=32,
+        patch_size=4,
+        embed_dim=16,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        num_labels=10,
+    )
+    return _image_case("focalnet", FocalNetForImageClassification(cfg))
+
+
+@_seeded
+def glpn() -> ArchModel:
+    """Segformer-style encoder, depth decoder with selective feature fusion."""
+    from transformers import GLPNConfig, GLPNForDepthEstimation
+
+    cfg = GLPNConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[16, 32],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=16,
+        head_in_index=-1,
+    )
+    model = GLPNForDepthEstimation(cfg)
+    _randomize_batchnorm(model)
+    return _image_case("glpn", model)
+
+
+@_seeded
+def videomae() -> ArchModel:
+    """Video ViT: tubelet (3-D conv) embeddings over frames."""
+    from transformers import VideoMAEConfig, VideoMAEForVideoClassification
+
+    cfg = VideoMAEConfig(**_vit_fields(num_labels=5), num_frames=4, tubelet_size=2)
+
+    def make(b: int, tag: int) -> dict[str, Any]:
+        return {"pixel_values": torch.randn(b, 4, 3, 32, 32, generator=_gen(tag))}
+
+    dyn = {"pixel_values": {0: torch.export.Dim("batch", max=64)}}
+    model = VideoMAEForVideoClassification(cfg)
+    return ArchModel("videomae", "vision", model, make(2, 0), make(3, 1), dyn)
+
+
+@_seeded
+def xglm() -> ArchModel:
+    """Sinusoidal positions from the ids (padding-aware)."""
+    from transformers import XGLMConfig, XGLMForCausalLM
+
+    cfg = XGLMConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=POSITIONS,
+        d_model=HIDDEN,
+        ffn_dim=2 * HIDDEN,
+        num_layers=LAYERS,
+        attention_heads=HEADS,
+        use_cache=False,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    return _text_case("xglm", "decoder", XGLMForCausalLM(cfg))
+
+
+@_seeded
+def biogpt() -> ArchModel:
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    cfg = _encoder_config(BioGptConfig, use_cache=False, pad_token_id=1)
+    return _text_case("biogpt", "decoder", BioGptForCausalLM(cfg))
+
+
+@_seeded
+def umt5() -> ArchModel:
+    """T5 with a relative attention bias in every layer."""
+    from transformers import UMT5Config, UMT5ForConditionalGeneration
+
+    cfg = UMT5Config(
+        d_model=HIDDEN,
+        d_ff=2 * HIDDEN,
+        num_layers=LAYERS,
+        num_heads=HEADS,
+        d_kv=16,
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        use_cache=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return _seq2seq("umt5", UMT5ForConditionalGeneration(cfg), (6, 4))
+
+
+@_seeded
+def switch_transformers() -> ArchModel:
+    """T5 with top-1 routed experts and an expert capacity."""
+    from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+
+    cfg = SwitchTransformersConfig(
+        vocab_size=VOCAB,
+        d_model=HIDDEN,
+        d_kv=16,
+        d_ff=2 * HIDDEN,
+        expert_capacity=8,
+        num_layers=LAYERS,
+        num_sparse_encoder_layers=1,
+        num_decoder_layers=LAYERS,
+        num_sparse_decoder_layers=1,
+        num_heads=HEADS,
+        num_experts=4,
+        use_cache=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return _seq2seq("switch_transformers", SwitchTransformersForConditionalGeneration(cfg), (6, 4))
+
+
 # --- the registry --------------------------------------------------------------------------------
 
 _NAMES = """
@@ -1268,6 +1428,7 @@ _NAMES = """
     hubert data2vec_audio wavlm sew unispeech_sat speech_to_text whisper_encoder moonshine
     fnet esm xlnet roformer squeezebert granitemoe dbrx mamba2 recurrent_gemma lfm2
     deformable_detr dpt wav2vec2_conformer ast encodec
+    upernet mobilevitv2 focalnet glpn videomae xglm biogpt umt5 switch_transformers
 """
 
 #: Every entry, by name (same shape as ``tests.arch_zoo.ARCH_ZOO``).
