@@ -17,8 +17,12 @@ time of each and the ratio, then each result checked in onnxruntime at two sizes
 PyTorch; a failure shows where it happened (lower/export, onnxruntime load, numbers) and the
 first line of the error, so coverage and speed are reported side by side.
 
+``--zoo wide`` runs the wide zoo (tests/arch_zoo_wide.py: 60+ more architectures nobody tuned
+irkit for) the same way; a model torch.export cannot export with its dynamic dims is exported
+static (the reason is printed) and checked at the export size only.
+
 Usage:  python bench/bench_lower.py [--quick] [--repeat N] [--control-flow]
-        python bench/bench_lower.py --zoo arch [--models a,b] [--no-grad] [--markdown]
+        python bench/bench_lower.py --zoo arch|wide [--models a,b] [--no-grad] [--markdown]
 """
 
 from __future__ import annotations
@@ -69,7 +73,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="stacks only, one repeat")
     parser.add_argument("--repeat", type=int, default=3, help="irkit repeats (best of)")
     parser.add_argument("--control-flow", action="store_true", help="control-flow models")
-    parser.add_argument("--zoo", choices=["stack", "arch"], default="stack", help="which zoo")
+    parser.add_argument(
+        "--zoo", choices=["stack", "arch", "wide"], default="stack", help="which zoo"
+    )
     parser.add_argument("--models", default="", help="--zoo arch: comma-separated subset")
     parser.add_argument("--no-grad", action="store_true", help="--zoo arch: export in no_grad")
     parser.add_argument("--markdown", action="store_true", help="--zoo arch: a markdown table")
@@ -78,7 +84,7 @@ def main() -> None:
     if args.control_flow:
         _bench_control_flow(args.repeat)
         return
-    if args.zoo == "arch":
+    if args.zoo in ("arch", "wide"):
         _arch_zoo(args)
         return
     repeat = 1 if args.quick else args.repeat
@@ -185,19 +191,24 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:240]
 
 
-def _check(path: pathlib.Path, name: str) -> str:
-    """``"ok"`` or where the file fails: onnxruntime load, run, or numbers (both sizes)."""
+def _check(path: pathlib.Path, name: str, zoo_mod=None, sizes=None) -> str:
+    """``"ok"`` or where the file fails: onnxruntime load, run, or numbers (both sizes).
+
+    ``zoo_mod`` is the zoo module (default tests.arch_zoo), ``sizes`` the input sets to check
+    (default both of the entry's sizes).
+    """
     import numpy as np
 
     from tests import arch_zoo, helpers
 
-    zm = arch_zoo.load(name)
+    zoo_mod = zoo_mod or arch_zoo
+    zm = zoo_mod.load(name)
     try:
         session = helpers.ort_session(path)
     except Exception as exc:
         return "ort-load " + re.sub(r"Load model from \S+ failed:", "", _first_line(exc))
     names = [i.name for i in session.get_inputs()]
-    for size, inputs in enumerate(zm.sizes()):
+    for size, inputs in enumerate(sizes or zm.sizes()):
         feeds = zm.feeds(inputs)
         if len(feeds) != len(names):
             return f"inputs: model takes {names}, program has {len(feeds)} tensors"
@@ -205,7 +216,7 @@ def _check(path: pathlib.Path, name: str) -> str:
             got = session.run(None, {n: t.numpy() for n, t in zip(names, feeds, strict=True)})
         except Exception as exc:
             return f"ort-run size {size} " + _first_line(exc)
-        want = arch_zoo.expected_outputs(name, size)
+        want = zoo_mod.expected_outputs(name, size)
         if len(got) != len(want):
             return f"outputs: {len(got)} vs {len(want)} expected"
         for a, e in zip(got, want, strict=True):
@@ -241,9 +252,11 @@ def _irkit_variant(ep, zm, variant: str, out: pathlib.Path) -> None:
 
 def _arch_zoo(args: argparse.Namespace) -> None:
     """Per model: irkit vs the stock exporter (time, ratio), then both checked in onnxruntime."""
-    from tests import arch_zoo
+    from tests import arch_zoo, arch_zoo_wide
 
-    names = args.models.split(",") if args.models else list(arch_zoo.ARCH_ZOO)
+    wide = args.zoo == "wide"
+    zoo_mod = arch_zoo_wide if wide else arch_zoo
+    names = args.models.split(",") if args.models else list(zoo_mod.ARCH_ZOO)
     repeat = 1 if args.quick else args.repeat
     tmp = pathlib.Path(tempfile.mkdtemp())
     warm = zoo.export("mlp")
@@ -256,12 +269,29 @@ def _arch_zoo(args: argparse.Namespace) -> None:
     print(f"{'model':13} {'FX':>5} {'irkit s':>8} {'stock s':>8} {'ratio':>7}  irkit | stock")
     rows = []
     for name in names:
-        zm = arch_zoo.load(name)
         try:
-            ep = arch_zoo.export(name, no_grad=args.no_grad)
+            zm = zoo_mod.load(name)
+            if wide:
+                ep, static = arch_zoo_wide.export_info(name, no_grad=args.no_grad)
+                sizes = arch_zoo_wide.sizes(name, no_grad=args.no_grad)
+            else:
+                ep, static, sizes = arch_zoo.export(name, no_grad=args.no_grad), "", None
         except Exception as exc:
-            print(f"{name:13} torch.export fails: {_first_line(exc)}")
+            print(f"{name:13} torch.export fails: {_first_line(exc)}", flush=True)
+            why = "torch.export " + _first_line(exc)
+            rows.append(
+                (
+                    name,
+                    dict.fromkeys(("functions", "flat", "optimized", "stock"), why)
+                    | {"static": ""},
+                    None,
+                    None,
+                )
+            )
             continue
+        if static:
+            print(f"{name:13} dynamic export fails, exported static: {static}", flush=True)
+        check = functools.partial(_check, zoo_mod=zoo_mod, sizes=sizes)
         status = {}
         t_irkit = t_stock = None
         before = _input_shapes(ep)
@@ -270,14 +300,14 @@ def _arch_zoo(args: argparse.Namespace) -> None:
                 functools.partial(_irkit_variant, ep, zm, "functions", tmp / f"{name}_i.onnx"),
                 repeat,
             )
-            status["functions"] = _check(tmp / f"{name}_i.onnx", name)
+            status["functions"] = check(tmp / f"{name}_i.onnx", name)
         except Exception as exc:
             status["functions"] = "lower " + _first_line(exc)
         for variant in ("flat", "optimized"):
             path = tmp / f"{name}_{variant}.onnx"
             try:
                 _irkit_variant(ep, zm, variant, path)
-                status[variant] = _check(path, name)
+                status[variant] = check(path, name)
             except Exception as exc:
                 status[variant] = "lower " + _first_line(exc)
         if _input_shapes(ep) != before:
@@ -286,10 +316,13 @@ def _arch_zoo(args: argparse.Namespace) -> None:
                     "irkit.lower changed the ExportedProgram's input shapes; " + status[key]
                 )
             # The stock exporter gets an intact program: a fresh export.
-            ep = arch_zoo.export.__wrapped__(name, no_grad=args.no_grad)
+            if wide:
+                ep = arch_zoo_wide.export_info.__wrapped__(name, no_grad=args.no_grad)[0]
+            else:
+                ep = arch_zoo.export.__wrapped__(name, no_grad=args.no_grad)
         try:
             t_stock = _best(functools.partial(_anchor, ep, tmp / f"{name}_a.onnx"), 1)
-            status["stock"] = _check(tmp / f"{name}_a.onnx", name)
+            status["stock"] = check(tmp / f"{name}_a.onnx", name)
         except Exception as exc:
             status["stock"] = "export " + _first_line(exc)
         ratio = f"{t_stock / t_irkit:6.1f}x" if t_irkit and t_stock else f"{'-':>7}"
@@ -303,11 +336,12 @@ def _arch_zoo(args: argparse.Namespace) -> None:
         for key in ("functions", "flat", "optimized", "stock"):
             if status[key] != "ok":
                 print(f"{'':15}{key}: {status[key]}", flush=True)
+        status["static"] = static
         rows.append((name, status, t_irkit, t_stock))
-    _arch_summary(rows, args.markdown)
+    _arch_summary(rows, args.markdown, wide)
 
 
-def _arch_summary(rows: list, markdown: bool) -> None:
+def _arch_summary(rows: list, markdown: bool, wide: bool = False) -> None:
     variants = ("functions", "flat", "optimized")
     n = len(rows)
     print()
@@ -330,7 +364,22 @@ def _arch_summary(rows: list, markdown: bool) -> None:
             f"speed-up where both pass ({len(both)} models): geometric mean {geo:.1f}x, "
             f"min {ratios[0]:.1f}x, max {ratios[-1]:.1f}x"
         )
-    if markdown:
+    if markdown and wide:
+        print()
+        print(
+            "| model | shapes | irkit functions | irkit flat | irkit optimized | stock "
+            "| irkit s | stock s | stock/irkit |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, st, ti, ts in rows:
+            cells = [("ok" if st[k] == "ok" else "fail") for k in (*variants, "stock")]
+            times = [f"{t:.2f}" if t is not None else "-" for t in (ti, ts)]
+            ratio = f"{ts / ti:.1f}x" if ti and ts else "-"
+            shapes = "static" if st["static"] else "dynamic"
+            if st["stock"].startswith("torch.export"):
+                shapes = "export fails"
+            print(f"| {name} | {shapes} | " + " | ".join([*cells, *times, ratio]) + " |")
+    elif markdown:
         print()
         print(
             "| model | irkit functions | irkit flat | irkit optimized | stock | irkit s | stock s |"
