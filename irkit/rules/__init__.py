@@ -21,7 +21,7 @@ module                        identity
 from __future__ import annotations
 
 from irkit.rewriting import RuleSet
-from irkit.rules import cleanup, gelu, gemm, layer_norm, rms_norm
+from irkit.rules import arith, cleanup, gelu, gemm, layer_norm, rms_norm
 
 __all__ = ["cleanup", "gelu", "gemm", "layer_norm", "rms_norm", "default_rules", "fusion_rules"]
 
@@ -33,4 +33,4 @@ def fusion_rules() -> RuleSet:
 
 def default_rules() -> RuleSet:
     """Cleanup then fusions: what :func:`irkit.optimize` uses for ``target="onnx"``."""
-    return RuleSet("default", [cleanup.rules, fusion_rules()])
+    return RuleSet("default", [cleanup.rules, fusion_rules(), arith.rules])
