@@ -12,6 +12,18 @@ input, which a caller may override), and broadcasting it against ``x`` leaves ``
 unchanged — its rank is at most ``x``'s and each of its dims (right-aligned) is 1 or equal to
 ``x``'s. A rank-0 constant always qualifies; otherwise ``x``'s shape must be known.
 
+and a scale folded into the constant weight of the ``MatMul`` it scales (one node fewer):
+
+- ``Mul(MatMul(x, W), s) = MatMul(x, W · s)``
+- ``Mul(Add(MatMul(x, W), b), s) = Add(MatMul(x, W · s), b · s)``   (``Mul`` operands in either
+  order, ``Add`` too)
+
+Preconditions (scale): ``W`` a floating-point rank-2 constant used by this ``MatMul`` only (the
+folded copy replaces it, no weight is duplicated); ``s`` a constant of ``W``'s dtype that scales
+whole output columns — one element, or shape ``[N]`` / ``[1, N]`` with ``N = W.shape[1]`` — so
+``W · s`` keeps ``W``'s shape; ``b`` a constant. The products are computed in float64 and cast
+back to ``W``'s dtype: the result differs from the unfolded graph by rounding only.
+
 Typical sources: norm weights that are still all ones and biases or attention masks that are
 all zeros in the exported graph. In floating point ``x + 0`` turns ``-0.0`` into ``+0.0``;
 the two compare equal, so the rewrite changes no number a comparison can see.
@@ -26,9 +38,22 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting import MatchFailure, Rule, RuleSet, Verdict, const_value, dims, fail, op, var
+from irkit.rewriting import (
+    MatchFailure,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    const_value,
+    dims,
+    either,
+    fail,
+    op,
+    var,
+)
 
 a, b, x, c = var("a"), var("b"), var("x"), var("c")
+w, s, bias = var("w"), var("s"), var("bias")
 
 
 def _is_neutral(x: ir.Value, c: ir.Value, neutral: int) -> Verdict:
@@ -66,6 +91,54 @@ def _either_side(a: ir.Value, b: ir.Value, neutral: int) -> Verdict:
     return first if first is not None else fail("no constant operand", b)
 
 
+def _scale_folds(w: ir.Value, s: ir.Value, bias: ir.Value | None) -> Verdict:
+    """Whether ``s`` folds into ``W`` (and ``bias``); finds the folded constants."""
+    weight = const_value(w)
+    if weight is None or w.is_graph_input():
+        return fail("the MatMul weight is not a constant", w)
+    if weight.dtype.kind != "f" or weight.ndim != 2:
+        return fail(
+            f"the weight is not a rank-2 float tensor ({weight.dtype}, rank {weight.ndim})", w
+        )
+    if len(w.uses()) != 1:
+        return fail("the weight has other uses (folding would duplicate it)", w)
+    scale = const_value(s)
+    if scale is None or s.is_graph_input():
+        return fail("the scale is not a constant", s)
+    if scale.dtype != weight.dtype:
+        return fail(f"the scale's dtype {scale.dtype} is not the weight's {weight.dtype}", s)
+    n = weight.shape[1]
+    per_column = scale.ndim == 0 or (
+        scale.ndim <= 2 and scale.shape[-1] in (1, n) and scale.shape[:-1] in ((), (1,))
+    )
+    if not per_column:
+        return fail(f"the scale (shape {list(scale.shape)}) does not scale whole columns", s)
+    folded = {
+        "w_s": (weight.astype(np.float64) * scale.astype(np.float64)).astype(weight.dtype),
+        "b_s": None,
+    }
+    if bias is not None:
+        offset = const_value(bias)
+        if offset is None or bias.is_graph_input():
+            return fail("the bias is not a constant", bias)
+        if offset.dtype != weight.dtype:
+            return fail(f"the bias's dtype {offset.dtype} is not the weight's {weight.dtype}", bias)
+        product = offset.astype(np.float64) * scale.astype(np.float64)
+        folded["b_s"] = product.astype(weight.dtype)
+    return folded
+
+
+def _fold_scale(
+    op: RewriteBuilder, x: ir.Value, w_s: np.ndarray, b_s: np.ndarray | None
+) -> ir.Value:
+    """MatMul(x, W·s) (+ b·s)"""
+    product = op.MatMul(x, op.const(w_s))
+    if (xd := dims(x)) is not None and len(xd) >= 2:
+        # The product's shape, for the rules that fire after this one (AddZero on b · s = 0).
+        product.dtype, product.shape = x.dtype, ir.Shape([*x.shape[:-1], w_s.shape[1]])
+    return product if b_s is None else op.Add(product, op.const(b_s))
+
+
 rules = RuleSet(
     "arith",
     [
@@ -86,6 +159,12 @@ rules = RuleSet(
             op.Mul(a, b, _commute=False),
             check=lambda a, b: _either_side(a, b, 1),
             rewrite=lambda keep: keep,
+        ),
+        Rule(  # (x @ W + b) · s = x @ (W · s) + b · s
+            "ScaleIntoMatMulWeight",
+            either(op.MatMul(x, w) + bias, op.MatMul(x, w)) * s,
+            check=_scale_folds,
+            rewrite=_fold_scale,
         ),
         Rule(  # Div(x, 1) = x
             "DivOne",

@@ -145,3 +145,65 @@ def test_fusions_win_over_neutral_weight_and_bias():
     assert report.rules["MulOne"].fired == 0 and report.rules["AddZero"].fired == 0
     (ln,) = list(m.graph)
     assert [v.name for v in ln.inputs] == ["x", "w", "b"]
+
+
+W43 = "float[4,3] w = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}"
+
+
+def test_scale_into_matmul_weight():
+    m = parse(
+        f"g (float[2,4] x) => (float[2,3] y) <{W43}> "
+        "{ s = Constant<value=float {0.25}>()  p = MatMul(x, w)  y = Mul(p, s) }"
+    )
+    fire(m, "ScaleIntoMatMulWeight", {"Constant": 1, "MatMul": 1}, "arith_scale_into_matmul")
+    (const,) = [n for n in m.graph if n.op_type == "Constant"]
+    assert const.attributes["value"].as_tensor().numpy()[0].tolist() == [0.25, 0.5, 0.75]
+
+
+def test_scale_into_matmul_weight_and_bias_scale_first_per_column():
+    m = parse(
+        f"g (float[2,5,4] x) => (float[2,5,3] y) <{W43}, float[3] b = {{1, -1, 2}}, "
+        "float[1,3] s = {0.5, 2, -1}> { p = MatMul(x, w)  q = Add(b, p)  y = Mul(s, q) }"
+    )
+    fire(m, "ScaleIntoMatMulWeight", {"Add": 1, "Constant": 2, "MatMul": 1})
+    (add,) = [n for n in m.graph if n.op_type == "Add"]
+    assert add.inputs[1].const_value.numpy().tolist() == [[0.5, -2.0, -2.0]]  # b · s: [1, 3]
+
+
+def test_scale_of_a_shared_weight_kept():
+    m = parse(
+        f"g (float[2,4] x) => (float[2,3] y, float[2,3] z) <{W43}> "
+        "{ s = Constant<value=float {0.25}>()  p = MatMul(x, w)  y = Mul(p, s)  z = MatMul(x, w) }"
+    )
+    no_fire(m, "ScaleIntoMatMulWeight", "the weight has other uses (folding would duplicate it)")
+
+
+def test_computed_scale_kept():
+    m = parse(
+        f"g (float[2,4] x, float s) => (float[2,3] y) <{W43}> {{ p = MatMul(x, w)  y = Mul(p, s) }}"
+    )
+    no_fire(m, "ScaleIntoMatMulWeight", "the scale is not a constant")
+
+
+def test_per_row_scale_kept():
+    m = parse(
+        f"g (float[2,4] x) => (float[2,3] y) <{W43}, float[2,1] s = {{2, 3}}> "
+        "{ p = MatMul(x, w)  y = Mul(p, s) }"
+    )
+    no_fire(m, "ScaleIntoMatMulWeight", "the scale (shape [2, 1]) does not scale whole columns")
+
+
+def test_computed_weight_kept():
+    m = parse(
+        "g (float[2,4] x, float[4,3] w) => (float[2,3] y) "
+        "{ s = Constant<value=float {0.25}>()  p = MatMul(x, w)  y = Mul(p, s) }"
+    )
+    no_fire(m, "ScaleIntoMatMulWeight", "the MatMul weight is not a constant")
+
+
+def test_integer_weight_kept():
+    m = parse(
+        "g (int64[2,2] x) => (int64[2,2] y) <int64[2,2] w = {1, 2, 3, 4}, int64 s = {3}> "
+        "{ p = MatMul(x, w)  y = Mul(p, s) }"
+    )
+    no_fire(m, "ScaleIntoMatMulWeight", "the weight is not a rank-2 float tensor (int64, rank 2)")
