@@ -1,6 +1,6 @@
-"""Arithmetic identities: an operand that is a neutral element disappears.
+"""Arithmetic identities: neutral operands disappear, constant scales fold into weights.
 
-Identities (``0`` / ``1`` stand for a constant tensor whose every element is 0 / 1):
+Neutral elements (``0`` / ``1`` stand for a constant tensor whose every element is 0 / 1):
 
 - ``Add(x, 0) = Add(0, x) = x``
 - ``Sub(x, 0) = x``
@@ -12,7 +12,7 @@ input, which a caller may override), and broadcasting it against ``x`` leaves ``
 unchanged — its rank is at most ``x``'s and each of its dims (right-aligned) is 1 or equal to
 ``x``'s. A rank-0 constant always qualifies; otherwise ``x``'s shape must be known.
 
-and a scale folded into the constant weight of the ``MatMul`` it scales (one node fewer):
+A constant scale of a ``MatMul`` product folds into its constant weight (one node fewer):
 
 - ``Mul(MatMul(x, W), s) = MatMul(x, W · s)``
 - ``Mul(Add(MatMul(x, W), b), s) = Add(MatMul(x, W · s), b · s)``   (``Mul`` operands in either
@@ -21,7 +21,8 @@ and a scale folded into the constant weight of the ``MatMul`` it scales (one nod
 Preconditions (scale): ``W`` a floating-point rank-2 constant used by this ``MatMul`` only (the
 folded copy replaces it, no weight is duplicated); ``s`` a constant of ``W``'s dtype that scales
 whole output columns — one element, or shape ``[N]`` / ``[1, N]`` with ``N = W.shape[1]`` — so
-``W · s`` keeps ``W``'s shape; ``b`` a constant. The products are computed in float64 and cast
+``W · s`` keeps ``W``'s shape (a rank-2 ``s`` also needs ``x`` of rank ≥ 2, so that it adds no
+dimension to the product); ``b`` a constant. The products are computed in float64 and cast
 back to ``W``'s dtype: the result differs from the unfolded graph by rounding only.
 
 Typical sources: norm weights that are still all ones and biases or attention masks that are
@@ -49,6 +50,7 @@ from irkit.rewriting import (
     either,
     fail,
     op,
+    rank,
     var,
 )
 
@@ -91,7 +93,7 @@ def _either_side(a: ir.Value, b: ir.Value, neutral: int) -> Verdict:
     return first if first is not None else fail("no constant operand", b)
 
 
-def _scale_folds(w: ir.Value, s: ir.Value, bias: ir.Value | None) -> Verdict:
+def _scale_folds(x: ir.Value, w: ir.Value, s: ir.Value, bias: ir.Value | None) -> Verdict:
     """Whether ``s`` folds into ``W`` (and ``bias``); finds the folded constants."""
     weight = const_value(w)
     if weight is None or w.is_graph_input():
@@ -113,6 +115,10 @@ def _scale_folds(w: ir.Value, s: ir.Value, bias: ir.Value | None) -> Verdict:
     )
     if not per_column:
         return fail(f"the scale (shape {list(scale.shape)}) does not scale whole columns", s)
+    if scale.ndim == 2 and ((xr := rank(x)) is None or xr < 2):
+        return fail(
+            "the rank-2 scale may add a dimension to the product (x's rank < 2 or unknown)", s
+        )
     folded = {
         "w_s": (weight.astype(np.float64) * scale.astype(np.float64)).astype(weight.dtype),
         "b_s": None,

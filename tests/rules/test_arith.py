@@ -207,3 +207,16 @@ def test_integer_weight_kept():
         "{ p = MatMul(x, w)  y = Mul(p, s) }"
     )
     no_fire(m, "ScaleIntoMatMulWeight", "the weight is not a rank-2 float tensor (int64, rank 2)")
+
+
+def test_rank2_scale_of_a_vector_product_kept():
+    # x @ W is [3] here; times a [1, 3] scale it is [1, 3]: folding would drop that dimension.
+    m = parse(
+        f"g (float[4] x) => (float[1,3] y) <{W43}, float[1,3] s = {{2, 2, 2}}> "
+        "{ p = MatMul(x, w)  y = Mul(p, s) }"
+    )
+    no_fire(
+        m,
+        "ScaleIntoMatMulWeight",
+        "the rank-2 scale may add a dimension to the product (x's rank < 2 or unknown)",
+    )
