@@ -67,3 +67,34 @@ g (float[2,3] x) => (float[2,3] y) { u = Relu(x)  v = custom.Opaque(u)  y = Neg(
     u, v = (n.outputs[0] for n in list(m.graph)[:2])
     assert u.shape == ir.Shape([2, 3]) and u.dtype == ir.DataType.FLOAT
     assert v.shape is None  # an op ONNX does not know: left unknown, no error
+
+
+def test_infer_shapes_never_replaces_a_known_shape():
+    m = ir.from_onnx_text(
+        """<ir_version: 10, opset_import: ["" : 20]>
+g (float[2,3] x) => (float[2,3] y) { u = Relu(x)  v = Relu(u)  y = Neg(v) }"""
+    )
+    u, v = (n.outputs[0] for n in list(m.graph)[:2])
+    u.shape = ir.Shape(["rows", 3])  # what the model says; inference would say [2, 3]
+    infer_shapes(m)
+    assert u.shape == ir.Shape(["rows", 3])
+    assert v.shape is not None and v.shape[1] == 3
+
+
+def test_infer_shapes_failing_leaves_the_model_unchanged(monkeypatch, caplog):
+    import onnx
+
+    def reject(*args, **kwargs):
+        raise onnx.shape_inference.InferenceError("[ShapeInferenceError] rejected")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", reject)
+    m = ir.from_onnx_text(
+        """<ir_version: 10, opset_import: ["" : 20]>
+g (float[2,3] x) => (float[2,3] y) { u = Relu(x)  y = Neg(u) }"""
+    )
+    infer_shapes(m)
+    assert m.graph.node(0).outputs[0].shape is None
+    assert [v.name for v in m.graph.inputs] == ["x"]  # the helper restored the inputs
+    assert "shape inference failed, the model keeps its shapes: [ShapeInferenceError] rejected" in (
+        caplog.text
+    )
