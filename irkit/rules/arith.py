@@ -139,7 +139,7 @@ def _fold_scale(
 ) -> ir.Value:
     """MatMul(x, W·s) (+ b·s)"""
     product = op.MatMul(x, op.const(w_s))
-    if (xd := dims(x)) is not None and len(xd) >= 2:
+    if x.shape is not None and len(x.shape) >= 2:
         # The product's shape, for the rules that fire after this one (AddZero on b · s = 0).
         product.dtype, product.shape = x.dtype, ir.Shape([*x.shape[:-1], w_s.shape[1]])
     return product if b_s is None else op.Add(product, op.const(b_s))
