@@ -17,8 +17,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from irkit.cli._common import EXIT_PROBLEMS, EXIT_USAGE, CommandLineError, report_error
+from irkit.cli._files import infer_shapes
 
-__all__ = ["main", "build_parser", "CommandLineError", "EXIT_PROBLEMS", "EXIT_USAGE"]
+__all__ = [
+    "main",
+    "build_parser",
+    "infer_shapes",
+    "CommandLineError",
+    "EXIT_PROBLEMS",
+    "EXIT_USAGE",
+]
 
 _DESCRIPTION = """\
 irkit on files: lower a saved torch.export program to ONNX, optimize any ONNX file, check it,

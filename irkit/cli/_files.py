@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
@@ -28,7 +28,7 @@ from irkit.errors import ModelLoadError
 if TYPE_CHECKING:
     from irkit.rewriting import RuleSet
 
-__all__ = ["COMMANDS", "VIEW_SUMMARY", "view", "load_onnx", "load_rules"]
+__all__ = ["COMMANDS", "VIEW_SUMMARY", "view", "load_onnx", "load_rules", "infer_shapes"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ examples:
   irkit optimize model.onnx -o out.onnx --rules my_rules:RULES
   irkit optimize model.onnx -o out.onnx --explain LayerNormalization   # why it did not fire
 
-Prints the rules that fired and the node counts before and after (main graph + functions).
-Local functions are kept. The input file is never modified."""
+Runs ONNX shape inference first (exporters leave most intermediate values without a shape, and
+many rules need one; --no-shape-inference skips it), then irkit.optimize. Prints the rules that
+fired and the node counts before and after (main graph + functions). Local functions are kept.
+The input file is never modified."""
 
 _CHECK_EPILOG = """\
 examples:
@@ -73,6 +75,61 @@ def load_onnx(path: str) -> ir.Model:
             "Is the file empty, truncated or of another format?"
         )
     return model
+
+
+def infer_shapes(model: ir.Model) -> None:
+    """Give the main graph's values the shapes ONNX shape inference derives, **in place**.
+
+    Exporters often write no shape for intermediate values (``torch.onnx.export`` with
+    ``optimize=False`` leaves about two thirds of them unknown), and the rules whose
+    preconditions are about shapes (a broadcast that changes nothing, a 2-D ``MatMul``) cannot
+    fire without them; with shapes, constant folding also resolves ``Shape`` chains.
+
+    Runs ``onnx.shape_inference.infer_shapes`` (data propagation, not strict) on a copy without
+    the large initializers' data, and fills in only what the model does not know: a shape or
+    type the model already has is never replaced. An op shape inference does not know keeps its
+    unknown shape; a model it rejects is left unchanged (with a warning in the log).
+
+    Example:
+        >>> m = ir.from_onnx_text('''
+        ...   <ir_version: 10, opset_import: ["" : 20]>
+        ...   g (float[2, 3] x) => (float[2, 3] y) { t = Relu(x)  y = Neg(t) }''')
+        >>> infer_shapes(m)
+        >>> m.graph.node(0).outputs[0].shape
+        Shape([2, 3])
+    """
+    import onnx
+
+    def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+        return onnx.shape_inference.infer_shapes(
+            proto, check_type=False, strict_mode=False, data_prop=True
+        )
+
+    try:
+        inferred = _without_large_initializers(infer, model)
+    except Exception as exc:  # onnx rejects the model: optimize it as it is
+        logger.warning("shape inference failed, the model keeps its shapes: %s", exc)
+        return
+    types = {vi.name: vi.type for vi in inferred.graph.value_info}
+    types.update((vi.name, vi.type) for vi in inferred.graph.output)
+    for node in model.graph:
+        for value in node.outputs:
+            proto_type = types.get(value.name or "")
+            if proto_type is None:
+                continue
+            if value.shape is None:
+                value.shape = ir.serde.deserialize_type_proto_for_shape(proto_type)
+            if value.type is None:
+                value.type = ir.serde.deserialize_type_proto_for_type(proto_type)
+
+
+def _without_large_initializers(fn: Callable[[Any], Any], model: ir.Model) -> Any:
+    """``fn(proto of model)``, serializing the model without its large initializers' data."""
+    try:  # onnx_ir's helper (private): initializer data above 1 KB is not copied
+        from onnx_ir.passes.common._c_api_utils import call_onnx_api
+    except ImportError:  # pragma: no cover - a future onnx_ir without it: copy everything
+        return fn(ir.serde.serialize_model(model))
+    return call_onnx_api(fn, model)
 
 
 def load_rules(spec: str) -> RuleSet:
@@ -142,6 +199,11 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
         help="the newest ONNX opset the runtime supports: no fusion into newer ops",
     )
     p.add_argument("--no-fold", action="store_true", help="skip constant folding")
+    p.add_argument(
+        "--no-shape-inference",
+        action="store_true",
+        help="skip ONNX shape inference before optimizing (fewer rules can fire)",
+    )
     add_external_data(p)
 
 
@@ -168,6 +230,9 @@ def _optimize(args: argparse.Namespace) -> int:
     refuse_overwriting_weights(side_file(args, destination, model), model)
     main_before, functions_before = count_nodes(model)
     report = irkit.RewriteReport()
+    if not args.no_shape_inference:
+        infer_shapes(model)
+    inferred = time.perf_counter()
     irkit.optimize(
         model,
         args.target,
@@ -198,9 +263,10 @@ def _optimize(args: argparse.Namespace) -> int:
             out.write(f"    {name:<32} ×{n}\n")
     else:
         out.write("  rules fired 0 times\n")
+    inference = "" if args.no_shape_inference else f"shape inference {inferred - loaded:.2f} s, "
     out.write(
-        f"  time        {optimized - loaded:.2f} s optimize "
-        f"(load {loaded - start:.2f} s, save {saved - optimized:.2f} s)\n"
+        f"  time        {optimized - loaded:.2f} s optimize ({inference}"
+        f"load {loaded - start:.2f} s, save {saved - optimized:.2f} s)\n"
     )
     if args.explain is not None:
         first, *rest = report.explain().splitlines()

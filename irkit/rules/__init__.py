@@ -13,6 +13,7 @@ module                        identity
 :mod:`irkit.rules.rms_norm`    decomposed RMS norm → ``RMSNormalization`` (opset ≥ 23)
 :mod:`irkit.rules.attention`   decomposed attention (+GQA, KV cache) → ``Attention`` (opset ≥ 23)
 :mod:`irkit.rules.rotary`      rotate-half / interleaved rotary → ``RotaryEmbedding`` (opset ≥ 23)
+:mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
 ============================  ======================================================
 
 The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported on demand).
@@ -25,9 +26,10 @@ The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported
 from __future__ import annotations
 
 from irkit.rewriting import RuleSet
-from irkit.rules import attention, cleanup, gelu, gemm, layer_norm, rms_norm, rotary
+from irkit.rules import arith, attention, cleanup, gelu, gemm, layer_norm, rms_norm, rotary
 
 __all__ = [
+    "arith",
     "attention",
     "cleanup",
     "gelu",
@@ -57,4 +59,4 @@ def fusion_rules() -> RuleSet:
 
 def default_rules() -> RuleSet:
     """Cleanup then fusions: what :func:`irkit.optimize` uses for ``target="onnx"``."""
-    return RuleSet("default", [cleanup.rules, fusion_rules()])
+    return RuleSet("default", [cleanup.rules, fusion_rules(), arith.rules])
