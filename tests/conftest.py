@@ -1,5 +1,6 @@
 """Suite-wide test configuration: the fast lane.
 
+Property tests (hypothesis) are derandomized: every run draws the same examples.
 ``python -m pytest -m "not slow"`` is the fast lane (torch-free stages, small exports; under a
 minute); ``python -m pytest`` (what CI runs) runs everything. Tests in the files under
 directories owned by other work streams are marked here by module instead of by decorator;
@@ -8,7 +9,16 @@ move the mark into those files (``@pytest.mark.slow``) when convenient and short
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (CI must not pass or fail by luck);
+# HYPOTHESIS_PROFILE=explore draws new ones, to look for failures locally.
+settings.register_profile("deterministic", derandomize=True)
+settings.register_profile("explore", derandomize=False, max_examples=200)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 # Each test in these modules takes seconds: transformers models through torch.export, the CLI
 # in a subprocess per test, or a real Chromium.

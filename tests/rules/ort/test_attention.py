@@ -223,11 +223,14 @@ def test_group_query_attention_dynamic_past_prefill_and_decode(t):
 )
 def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
     """HF's form: a float (causal + padding) mask, no is_causal → attention_bias, causal=0."""
-    s = s if b == 1 or p == 0 else 1
+    s = s if b == 1 else 1  # (a past, even an empty one, with several new tokens: batch 1 only)
     m = _gqa(t, b, heads[0], heads[1], s, p, 16, causal=int(causal), mask=True)
     before = clone(m)
     report = RewriteReport()
     irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
+    if t == "float16" and b > 1:  # onnxruntime's kernel is wrong there: declined
+        assert "GroupQueryAttention" not in report.fired
+        return
     assert report.fired["GroupQueryAttention"] == 1
     gqa = next(n for n in m.graph if n.op_type == "GroupQueryAttention")
     assert gqa.inputs[10] is not None and gqa.inputs[10].name == "m"
@@ -238,6 +241,16 @@ def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
     inputs[-1] = np.where(rng.random(inputs[-1].shape) < 0.3, -1e4, 0).astype(TYPES[t])
     for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
         np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
+
+
+def test_group_query_attention_masked_declines_float16_batches_with_a_past():
+    m = _gqa("float16", 2, 4, 2, 1, 2, 16, causal=0, mask=True)
+    report = RewriteReport()
+    irkit.rewrite(
+        m, ort.default_rules(gqa_masked=True), explain="GroupQueryAttention", report=report
+    )
+    assert "GroupQueryAttention" not in report.fired
+    assert "float16 with an attention_bias, a past and batch 2" in report.explain()
 
 
 def test_group_query_attention_masked_reads_an_untyped_where_mask():
