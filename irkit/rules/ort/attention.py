@@ -262,7 +262,13 @@ def _gqa_rewrite(
             "(ort.default_rules(gqa_dynamic_past=True) fuses anyway)",
             q,
         )
-    if bias is not None and past_k is not None and q.dtype == ir.DataType.FLOAT16 and dq[0] != 1:
+    if (
+        bias is not None
+        and past_k is not None
+        and q is not None
+        and q.dtype == ir.DataType.FLOAT16
+        and dq[0] != 1
+    ):
         # Measured (tests/rules/ort/test_attention.py): onnxruntime 1.32's CPU kernel gives
         # wrong numbers for every batch row but the first (max error 0.85).
         return fail(
