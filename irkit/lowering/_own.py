@@ -17,6 +17,7 @@ import torch
 from onnxscript import opset18 as op
 
 from irkit.lowering._own_ordering import ordering_lowerings
+from irkit.lowering._source import resolve_op
 
 __all__ = ["OwnLowering", "own_lowerings"]
 
@@ -277,16 +278,9 @@ def _grouped_mm_fallback(input, weight, offs):
 # library is never imported here; an op that is not registered is simply absent).
 # transformers' MoE experts call ``transformers::grouped_mm_fallback`` (a Python loop over the
 # data-dependent expert offsets, which no trace can follow) where ``aten._grouped_mm`` is unusable.
-_LIBRARY_OPS: Mapping[tuple[str, str], OwnLowering] = {
-    ("transformers", "grouped_mm_fallback"): OwnLowering(_grouped_mm_fallback, _grouped_mm_applies),
+_LIBRARY_OPS: Mapping[str, OwnLowering] = {
+    "transformers::grouped_mm_fallback": OwnLowering(_grouped_mm_fallback, _grouped_mm_applies),
 }
-
-
-def _registered(namespace: str, name: str) -> torch._ops.OpOverload | None:
-    try:
-        return getattr(getattr(torch.ops, namespace), name).default
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def _hypot(self, other):
@@ -405,8 +399,8 @@ def own_lowerings(
     table[torch.sym_sum] = OwnLowering(_sym_sum)
     for target, (fn, applies) in ordering_lowerings(torchlib).items():
         table[target] = OwnLowering(fn, applies)
-    for (namespace, name), lowering in _LIBRARY_OPS.items():
-        target = _registered(namespace, name)
+    for name, lowering in _LIBRARY_OPS.items():
+        target = resolve_op(name)
         if target is not None:
             table[target] = lowering
     return table

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from onnxscript.function_libs.torch_lib import registration
 from irkit.lowering._control_flow import is_control_flow
 from irkit.lowering._own import own_lowerings
 from irkit.lowering._regions import region_op
+from irkit.lowering._source import resolve_op
 
 __all__ = ["Via", "Choice", "LoweringTable", "torchlib_table", "decompositions"]
 
@@ -56,21 +56,6 @@ class _TorchlibEntry:
     complex: Callable[..., Any] | None
 
 
-def _resolve(qualified_name: str) -> Any:
-    """``"aten::add.Tensor"`` → ``torch.ops.aten.add.Tensor``; ``_operator::mul`` → ``operator.mul``."""
-    namespace, _, rest = qualified_name.partition("::")
-    name, _, overload = rest.partition(".")
-    if namespace == "_operator":
-        return getattr(operator, name, None)
-    if namespace == "math":
-        return getattr(math, name, None)
-    try:
-        packet = getattr(getattr(torch.ops, namespace), name)
-        return getattr(packet, overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
-
-
 @functools.cache
 def _torchlib_entries() -> Mapping[Any, _TorchlibEntry]:
     # Importing the ops module registers every torchlib function in the default registry.
@@ -78,7 +63,7 @@ def _torchlib_entries() -> Mapping[Any, _TorchlibEntry]:
 
     entries: dict[Any, _TorchlibEntry] = {}
     for qualified_name, overloaded in registration.default_registry.items():
-        target = _resolve(qualified_name)
+        target = resolve_op(qualified_name)
         if target is None:
             continue
         real = overloaded.overloads[0] if overloaded.overloads else None

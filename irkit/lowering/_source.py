@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import operator
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +18,7 @@ __all__ = [
     "node_scope",
     "module_path",
     "op_name",
+    "resolve_op",
     "python_spelling",
     "target_name",
     "MetadataStamper",
@@ -113,3 +116,20 @@ class MetadataStamper:
         if location:
             props[metadata.SOURCE] = location
         return props
+
+
+def resolve_op(qualified_name: str) -> Any:
+    """The inverse of :func:`op_name`: ``"aten::add.Tensor"`` → ``torch.ops.aten.add.Tensor``
+    (``default`` when no overload is named); ``_operator::mul`` → ``operator.mul``; None if
+    nothing is registered under that name."""
+    namespace, _, rest = qualified_name.partition("::")
+    name, _, overload = rest.partition(".")
+    if namespace == "_operator":
+        return getattr(operator, name, None)
+    if namespace == "math":
+        return getattr(math, name, None)
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
