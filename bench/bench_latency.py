@@ -17,6 +17,11 @@ Every variant is exported from the same random-weight model; the table gives the
 latency, the ratio against the best *other* variant (< 1 is faster than everything else) and
 the max |logit difference| against eager PyTorch. Numbers are indicative on a shared machine.
 
+A last row, ``MatMul floor (reference)``, times a model made of nothing but the weight products
+(``MatMul``/``Gemm`` with a constant weight, functions inlined) of irkit's model on the case's
+token rows: a lower bound no variant can beat with these kernels. Its ratio is the best ratio
+any exporter could reach; the gap between a variant and the floor is what fusions can remove.
+
 onnxruntime-genai is not an irkit dependency; set up its venv once::
 
     python -m venv --system-site-packages /work/venv-bench
@@ -56,6 +61,7 @@ class Variant:
     path: pathlib.Path | None  # None: not available (reason in note)
     note: str = ""
     session: ort.InferenceSession | None = None
+    reference: bool = False  # a bound, not an exporter: left out of the "best other" ratios
 
 
 @dataclasses.dataclass
@@ -65,6 +71,7 @@ class Case:
     name: str
     feeds: dict[str, np.ndarray]
     expected_logits: np.ndarray
+    rows: int  # token rows every weight product multiplies (batch × sequence)
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -241,6 +248,69 @@ def genai_variant(lm: torch.nn.Module, out: pathlib.Path, python: str) -> Varian
     return Variant(label, out / "genai" / "model.onnx")
 
 
+# --- the MatMul floor ----------------------------------------------------------------------------
+
+
+def _weight_products(path: pathlib.Path) -> list[np.ndarray]:
+    """The ``(K, N)`` weights of every product with a constant weight (MatMul, Gemm, FusedMatMul
+    whose B is an initializer or the ``Transpose`` of one), the module functions inlined: what
+    every variant must multiply."""
+    import onnx
+    import onnx.inliner
+    from onnx import numpy_helper
+
+    model = onnx.inliner.inline_local_functions(onnx.load(str(path)))
+    inits = {t.name: t for t in model.graph.initializer}
+    transposed = {
+        n.output[0]: n.input[0]
+        for n in model.graph.node
+        if n.op_type == "Transpose"
+        and n.input[0] in inits
+        and not any(a.name == "perm" and list(a.ints) == [0, 1] for a in n.attribute)
+    }
+    weights = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm", "FusedMatMul") or len(node.input) < 2:
+            continue
+        b, flip = node.input[1], any(a.name == "transB" and a.i for a in node.attribute)
+        if b in transposed:
+            b, flip = transposed[b], not flip
+        if b not in inits:
+            continue
+        w = numpy_helper.to_array(inits[b])
+        if w.ndim == 2:
+            weights.append(np.ascontiguousarray(w.T if flip else w))
+    return weights
+
+
+def matmul_floor(source: pathlib.Path, out: pathlib.Path) -> Variant:
+    """A model of nothing but ``source``'s weight products (each reads an input of the case's
+    rows): no exporter can run the model in less time than its weights' products take."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    weights = _weight_products(source)
+    nodes, inits, outputs, widths = [], [], [], sorted({w.shape[0] for w in weights})
+    for i, w in enumerate(weights):
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"x{w.shape[0]}", f"w{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, None))
+    inputs = [
+        helper.make_tensor_value_info(f"x{k}", onnx.TensorProto.FLOAT, ["rows", k]) for k in widths
+    ]
+    graph = helper.make_graph(nodes, "matmul_floor", inputs, outputs, inits)
+    path = out / "matmul_floor.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+    return Variant("MatMul floor (reference)", path, reference=True)
+
+
+def _floor_feeds(sess: ort.InferenceSession, rows: int) -> dict[str, np.ndarray]:
+    g = np.random.default_rng(0)
+    return {
+        i.name: g.standard_normal((rows, i.shape[1])).astype(np.float32) for i in sess.get_inputs()
+    }
+
+
 # --- timing --------------------------------------------------------------------------------------
 
 
@@ -252,8 +322,11 @@ def session(path: pathlib.Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _feeds_for(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {i.name: feeds[i.name] for i in sess.get_inputs()}
+def _feeds_for(v: Variant, case: Case) -> dict[str, np.ndarray]:
+    assert v.session is not None
+    if v.reference:
+        return _floor_feeds(v.session, case.rows)
+    return {i.name: case.feeds[i.name] for i in v.session.get_inputs()}
 
 
 def measure(
@@ -268,16 +341,20 @@ def measure(
     for case in cases:
         for v in live:
             assert v.session is not None
-            f = _feeds_for(v.session, case.feeds)
+            f = _feeds_for(v, case)
             logits = v.session.run(None, f)[0]
-            diffs[v.name, case.name] = float(np.max(np.abs(logits - case.expected_logits)))
+            diffs[v.name, case.name] = (
+                float("nan")
+                if v.reference
+                else float(np.max(np.abs(logits - case.expected_logits)))
+            )
             v.session.run(None, f)  # warm-up
             times[v.name, case.name] = []
     for _ in range(rounds):
         for case in cases:
             for v in live:
                 assert v.session is not None
-                f = _feeds_for(v.session, case.feeds)
+                f = _feeds_for(v, case)
                 t0 = time.perf_counter()
                 for _ in range(repeat):
                     v.session.run(None, f)
@@ -296,12 +373,21 @@ def table(title: str, variants: list[Variant], cases: list[Case], results: dict)
         cells = []
         for c in cases:
             ms, diff = results[v.name, c.name]
-            others = [results[o.name, c.name][0] for o in variants if o.path and o.name != v.name]
+            others = [
+                results[o.name, c.name][0]
+                for o in variants
+                if o.path and o.name != v.name and not o.reference
+            ]
             ratio = ms / min(others) if others else float("nan")
             cells.append(f"{ms:.3f} | {ratio:.2f} | {diff:.1e}")
         lines.append(f"| {v.name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("ratio = median / the best other variant's median on the same row's input.")
+    if any(v.reference and v.path for v in variants):
+        lines.append(
+            "MatMul floor: the same weight products and nothing else (a lower bound for every "
+            "variant); its ratio is the best any exporter's model could reach."
+        )
     return "\n".join(lines)
 
 
@@ -320,8 +406,11 @@ def run_encoder(
         expected = model(**inputs).last_hidden_state.numpy()
     variants = [_save_irkit(program, {}, out, t) for t in ("onnx", "ort")]
     variants += torch_variants(source, out)
+    if variants[0].path is not None:
+        variants.append(matmul_floor(variants[0].path, out))
     feeds = {k: v.numpy() for k, v in inputs.items()}
-    cases = [Case(name, feeds, expected)]
+    rows = expected.shape[0] * expected.shape[1]  # (batch, tokens, hidden)
+    cases = [Case(name, feeds, expected, rows)]
     return table(name, variants, cases, measure(variants, cases, rounds, repeat))
 
 
@@ -335,6 +424,8 @@ def run_decoder(out: pathlib.Path, rounds: int, genai_python: str) -> str:
     variants = [_save_irkit(exported.program, names, out, t) for t in ("onnx", "ort")]
     variants += torch_variants(source, out)
     variants.append(genai_variant(lm, out, genai_python))
+    if variants[0].path is not None:
+        variants.append(matmul_floor(variants[0].path, out))
     cases = []
     for label, seq, past in [
         ("prefill 128", 128, 0),
@@ -342,7 +433,7 @@ def run_decoder(out: pathlib.Path, rounds: int, genai_python: str) -> str:
         ("decode p511", 1, 511),
     ]:
         feeds = causal_lm_feeds(lm, batch=1, seq=seq, past=past, seed=past)
-        cases.append(Case(label, feeds, run_eager(lm, feeds)[0]))
+        cases.append(Case(label, feeds, run_eager(lm, feeds)[0], seq))
     reps = {"prefill 128": 1}
     results: dict = {}
     for case in cases:  # decode steps are short: more runs per timing

@@ -21,6 +21,11 @@ from irkit.rules import ort
 from tests.helpers import run_ort
 from tests.hierarchy.builders import Builder
 
+
+def with_skip_norm():  # the "ort" rules with the opt-in skip-norm fusions
+    return ort.default_rules(skip_norm=True)
+
+
 BLOCK = "pkg.Block"
 NORM = "pkg.RMSNorm"
 D = 8
@@ -67,7 +72,7 @@ def test_residual_add_and_child_norm_fuse_into_the_parent_function():
         "RMSNorm": {"RMSNormalization": 1},
         "Block": {"Add": 1, "RMSNorm": 1, "Mul": 1},
     }
-    irkit.optimize(model, target="ort")
+    irkit.optimize(model, target="ort", rules=with_skip_norm())
     assert _functions(model) == {"Block": {"SkipSimplifiedLayerNormalization": 1, "Mul": 1}}
     fused = next(n for n in model.functions[("pkg", "Block", "")] if n.domain == "com.microsoft")
     assert [f.path for f in md.node_scope(fused.metadata_props)] == ["block"]
@@ -80,7 +85,13 @@ def test_fusion_across_two_calls_of_one_module_is_refused(n):
     model = irkit.outline(_blocks(n))
     before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
     report = RewriteReport()
-    irkit.optimize(model, target="ort", explain="SkipSimplifiedLayerNormalization", report=report)
+    irkit.optimize(
+        model,
+        target="ort",
+        rules=with_skip_norm(),
+        explain="SkipSimplifiedLayerNormalization",
+        report=report,
+    )
     assert _functions(model) == {
         "RMSNorm": {"RMSNormalization": 1},
         "Block": {"RMSNorm": 1, "MatMul": 1, "Relu": 1, "Add": 1},
@@ -97,7 +108,7 @@ def test_without_the_guard_the_flat_graph_fuses_across_calls():
     """(What the guard prevents: on a flat graph, the ``"onnx"``-style rewrite fuses freely.)"""
     model = _blocks(2)
     report = RewriteReport()
-    irkit.rewrite(model, ort.default_rules(), report=report)
+    irkit.rewrite(model, ort.default_rules(skip_norm=True), report=report)
     assert report.fired["SkipSimplifiedLayerNormalization"] == 2
 
 
@@ -112,10 +123,10 @@ def test_open_module_calls_returns_the_selection_that_outlines_them_again():
 
 def test_ort_target_respects_the_functions_choice():
     model = irkit.outline(_blocks(2), ["Block"])
-    irkit.optimize(model, target="ort")
+    irkit.optimize(model, target="ort", rules=with_skip_norm())
     assert list(_functions(model)) == ["Block"]
     flat = _blocks(2)
-    irkit.optimize(flat, target="ort")
+    irkit.optimize(flat, target="ort", rules=with_skip_norm())
     assert not flat.functions
 
 
@@ -132,7 +143,7 @@ def test_fusion_with_the_only_call_of_its_class_is_allowed():
                 h = b.op("Gelu", y)
     model = irkit.outline(b.model([h]))
     before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-    irkit.optimize(model, target="ort")
+    irkit.optimize(model, target="ort", rules=with_skip_norm())
     assert _functions(model) == {"Linear": {"MatMul": 1}, "Block": {"Linear": 1, "BiasGelu": 1}}
     assert collections.Counter(n.op_type for n in model.graph) == {"Block": 2}
     inputs = [np.random.default_rng(2).standard_normal((2, 3, D)).astype(np.float32)]

@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 
 import irkit
+from irkit.rules import ort
 from tests import arch_zoo
 from tests.helpers import assert_close, run_ort
+
+
+def with_skip_norm():  # the "ort" rules with the opt-in skip-norm fusions
+    return ort.default_rules(skip_norm=True)
+
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +46,7 @@ def _calls(model) -> collections.Counter:
 def test_llama_kv_ort_keeps_one_decoder_layer_function():
     model = _lowered()
     report = irkit.RewriteReport()
-    irkit.optimize(model, target="ort", report=report)
+    irkit.optimize(model, target="ort", rules=with_skip_norm(), report=report)
     layers = [f for f in model.functions.values() if f.name.startswith("LlamaDecoderLayer")]
     assert [f.name for f in layers] == ["LlamaDecoderLayer"]
     assert _calls(model)["LlamaDecoderLayer"] == arch_zoo.LAYERS
@@ -78,7 +84,7 @@ def test_llama_kv_ort_keeps_one_decoder_layer_function():
 
 def test_llama_kv_ort_flat_stays_flat():
     model = _lowered(functions=False)
-    irkit.optimize(model, target="ort")
+    irkit.optimize(model, target="ort", rules=with_skip_norm())
     assert not model.functions
     ops = collections.Counter(n.op_type for n in model.graph)
     assert ops["SkipSimplifiedLayerNormalization"] == arch_zoo.LAYERS
@@ -95,7 +101,11 @@ def test_cli_optimize_target_ort(tmp_path):
     assert main(["optimize", str(source), "-o", str(optimized), "--target", "ort", "-q"]) == 0
     model = irkit.load(optimized)
     layer = model.functions[("transformers.models.llama", "LlamaDecoderLayer", "")]
-    assert collections.Counter(n.op_type for n in layer)["SkipSimplifiedLayerNormalization"] == 1
+    assert collections.Counter(n.op_type for n in layer)["SkipSimplifiedLayerNormalization"] == 0
+    contrib = {
+        n.op_type for f in model.functions.values() for n in f if n.domain == "com.microsoft"
+    }
+    assert contrib == {"FusedMatMul"}  # (the skip-norm fusions are opt-in; see above)
     actual = run_ort(model, _feeds(0))
     assert_close(actual, arch_zoo.expected_outputs("llama_kv", 0), atol=1e-4)
 
@@ -103,6 +113,28 @@ def test_cli_optimize_target_ort(tmp_path):
 def test_llama_kv_ort_explains_the_refused_cross_layer_fusion():
     model = _lowered()
     report = irkit.RewriteReport()
-    irkit.optimize(model, target="ort", explain="SkipSimplifiedLayerNormalization", report=report)
+    irkit.optimize(
+        model,
+        target="ort",
+        rules=with_skip_norm(),
+        explain="SkipSimplifiedLayerNormalization",
+        report=report,
+    )
     text = report.explain(limit=100)
     assert "spans module calls model.layers.0, model.layers.1 but leaves other nodes" in text
+
+
+def test_llama_kv_default_ort_target_keeps_add_and_rms_norm():
+    """The skip-norm fusions are opt-in: the default target leaves each residual ``Add`` and
+    ``RMSNormalization`` (faster on onnxruntime's CPU kernels), and the numbers hold."""
+    model = _lowered()
+    irkit.optimize(model, target="ort")
+    ops = _calls(model)
+    assert ops["SkipSimplifiedLayerNormalization"] == 0
+    layers = [f for f in model.functions.values() if f.name.startswith("LlamaDecoderLayer")]
+    assert [f.name for f in layers] == ["LlamaDecoderLayer"]
+    body = collections.Counter(n.op_type for n in layers[0])
+    assert body["Add"] == 2 and body["LlamaRMSNorm"] == 2
+    for size in (0, 1):
+        actual = run_ort(model, _feeds(size))
+        assert_close(actual, arch_zoo.expected_outputs("llama_kv", size), atol=1e-4)
