@@ -17,6 +17,7 @@ from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
 from irkit.lowering._plan import Decomposition, Plan
 from irkit.lowering._promotion import input_casts, output_cast
+from irkit.lowering._rank0 import is_rank0_dim_op, lift_rank0, lower_to_rank0
 from irkit.lowering._recorder import Recorder, call_lowering
 from irkit.lowering._regions import region_op, region_operands
 from irkit.lowering._registry import Via
@@ -287,11 +288,16 @@ class Emitter:
                 if choice.via is not Via.CUSTOM and isinstance(node.target, torch._ops.OpOverload):
                     self._fill_defaults(choice.fn, node.target, args, kwargs)
                 with os_evaluator.default_as(self.recorder):
+                    rank0 = choice.via is not Via.CUSTOM and is_rank0_dim_op(node)
+                    if rank0:
+                        lift_rank0(self.recorder, node, args, kwargs)
                     if choice.via is not Via.CUSTOM:
                         self._cast_inputs(node, args, kwargs)
                     if choice.via is Via.TORCHLIB:
                         self._pin_result_dtype(choice.fn, node, args, kwargs)
                     outputs = call_lowering(self.recorder, choice.fn, args, kwargs)
+                    if rank0:
+                        outputs = lower_to_rank0(self.recorder, outputs)
                     outputs = self._cast_outputs(node, outputs)
                 self._finish(frame, node, outputs, self.stamper.props(stamp_node))
         except IrkitError:
