@@ -109,7 +109,7 @@ def test_missing_weight_names_the_initializer_its_type_and_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     ("w", "found"),
-    [(W.T.copy(), "FLOAT[80, 100]"), (W.astype(np.float16), "FLOAT16[100, 80]")],
+    [(W.T.copy(), "FLOAT[80, 100]"), (W.astype(np.int32), "INT32[100, 80]")],  # (floats convert)
     ids=["shape", "dtype"],
 )
 def test_mis_shaped_or_mis_typed_weight_names_both_and_the_file(tmp_path, w, found):
