@@ -10,7 +10,8 @@ its data raises :class:`~irkit.errors.WeightsError`). :func:`irkit.save` compute
 while streaming the weights, one derived tensor at a time.
 
 The recipes are a closed set of numpy computations with ONNX semantics: :class:`Transpose`,
-:class:`Concat`, :class:`Cast`, :class:`Reshape` and :class:`Mul` (broadcasting). They are
+:class:`Concat`, :class:`Cast`, :class:`Reshape`, :class:`Mul` (broadcasting) and :class:`Unary`
+(``Cos``, ``Sin``, ``Neg``: the rotary caches a model computes from a buffer). They are
 serialized as JSON in the initializer's ``metadata_props`` under :data:`DERIVED_KEY`, so a
 model saved without weights and loaded back keeps them.
 
@@ -26,15 +27,19 @@ from __future__ import annotations
 import abc
 import base64
 import dataclasses
+import enum
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
 from irkit._weights import WeightlessTensor
 from irkit.errors import WeightsError
+
+if TYPE_CHECKING:
+    from irkit.rewriting._builder import RewriteBuilder
 
 __all__ = [
     "DERIVED_KEY",
@@ -46,16 +51,20 @@ __all__ = [
     "Cast",
     "Reshape",
     "Mul",
+    "Function",
+    "Unary",
     "DerivedTensor",
     "transpose",
     "concat",
     "cast",
     "reshape",
     "multiply",
+    "unary",
     "as_recipe",
     "has_data",
     "evaluate",
     "recipe_from_json",
+    "weight_constant",
 ]
 
 DERIVED_KEY = "irkit.derived"
@@ -285,6 +294,45 @@ class Mul(Recipe):
         return {"op": "mul", "sources": [self.a.to_json(), self.b.to_json()]}
 
 
+class Function(enum.Enum):
+    """The elementwise functions of :class:`Unary` (ONNX ``Cos``, ``Sin``, ``Neg``)."""
+
+    COS = "cos"
+    SIN = "sin"
+    NEG = "neg"
+
+    def apply(self, array: Array) -> Array:
+        """``array`` mapped elementwise, in its dtype."""
+        ufunc = {Function.COS: np.cos, Function.SIN: np.sin, Function.NEG: np.negative}[self]
+        return np.asarray(ufunc(array)).astype(array.dtype, copy=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unary(Recipe):
+    """An elementwise function of ``source`` (e.g. the rotary cos/sin caches of a buffer)."""
+
+    source: Recipe
+    function: Function
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.source.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        return self.function.apply(args[0])
+
+    def to_json(self) -> dict[str, Any]:
+        source = self.source.to_json()
+        return {"op": "unary", "function": self.function.value, "source": source}
+
+
 class DerivedTensor(WeightlessTensor):
     """A weightless tensor computed from other tensors by :attr:`recipe` (see the module doc).
 
@@ -304,9 +352,44 @@ class DerivedTensor(WeightlessTensor):
         document = {"version": _VERSION, "recipe": recipe.to_json()}
         self.metadata_props[DERIVED_KEY] = json.dumps(document, separators=(",", ":"))
 
+    def has_equal_halves(self, interleaved: bool = False) -> bool:
+        """Whether the recipe provably makes the two halves of the last axis equal (or, with
+        ``interleaved``, its even and odd lanes): ``Concat(a, a)`` on the last axis, seen
+        through casts, elementwise functions, scalar multiplications and reshapes that keep
+        the last axis; constants are checked by value. False when not provable."""
+        return _equal_halves(self.recipe, interleaved)
+
     def __repr__(self) -> str:
         leaves = sorted({leaf.name for leaf in self.recipe.leaves()})
         return f"DerivedTensor<{self.dtype.name},{self.shape}>(name={self.name!r}, from={leaves})"
+
+
+def _equal_halves(recipe: Recipe, interleaved: bool) -> bool:
+    shape = recipe.shape
+    if not shape or shape[-1] % 2:
+        return False
+    if isinstance(recipe, Const):
+        a, h = recipe.value, shape[-1] // 2
+        if interleaved:
+            return bool(np.array_equal(a[..., 0::2], a[..., 1::2]))
+        return bool(np.array_equal(a[..., :h], a[..., h:]))
+    if isinstance(recipe, (Cast, Unary)):
+        return _equal_halves(recipe.source, interleaved)
+    if isinstance(recipe, Reshape):
+        kept = recipe.source.shape and recipe.source.shape[-1] == shape[-1]
+        return bool(kept) and _equal_halves(recipe.source, interleaved)
+    if isinstance(recipe, Mul):
+        for this, other in ((recipe.a, recipe.b), (recipe.b, recipe.a)):
+            if int(np.prod(other.shape, dtype=np.int64)) == 1 and this.shape == shape:
+                return _equal_halves(this, interleaved)
+        return False
+    if isinstance(recipe, Concat) and not interleaved:
+        return (
+            len(recipe.parts) == 2
+            and recipe.axis == len(shape) - 1
+            and recipe.parts[0] == recipe.parts[1]
+        )
+    return False
 
 
 def has_data(tensor: TensorLike) -> bool:
@@ -416,6 +499,11 @@ def multiply(tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:
     return _make(Mul(a, b), [tensor, other])
 
 
+def unary(tensor: TensorLike, function: Function) -> ir.TensorProtocol:
+    """``function`` applied to each element of ``tensor``: real or derived."""
+    return _make(Unary(as_recipe(tensor), function), [tensor])
+
+
 def recipe_from_json(document: str, where: str) -> Recipe:
     """The recipe stored under :data:`DERIVED_KEY` (``where`` names the initializer).
 
@@ -457,7 +545,19 @@ def _parse(node: dict[str, Any]) -> Recipe:
         return Cast(_parse(node["source"]), _dtype(node["dtype"]))
     if kind == "reshape":
         return Reshape(_parse(node["source"]), tuple(int(d) for d in node["shape"]))
+    if kind == "unary":
+        return Unary(_parse(node["source"]), Function(node["function"]))
     if kind == "mul":
         a, b = node["sources"]
         return Mul(_parse(a), _parse(b))
     raise ValueError(f"unknown recipe op {kind!r}")
+
+
+def weight_constant(op: RewriteBuilder, tensor: ir.TensorProtocol) -> ir.Value:
+    """A ``Constant`` holding ``tensor`` (real or derived) made with a rule's builder ``op``;
+    ``irkit.optimize`` lifts it to an initializer."""
+    out: ir.Value = op.Constant(value=tensor)
+    out.type = ir.TensorType(tensor.dtype)
+    out.shape = ir.Shape(tuple(int(d) for d in tensor.shape.numpy()))
+    out.const_value = tensor
+    return out

@@ -157,7 +157,8 @@ class _Converted:
 
     def numpy(self) -> np.ndarray:
         data = self.stored.numpy()
-        out = data.astype(self.dtype.numpy())
+        with np.errstate(over="ignore"):  # (counted below)
+            out = data.astype(self.dtype.numpy())
         created = int(np.count_nonzero(np.isfinite(data) & ~np.isfinite(out)))
         if created:
             raise WeightsError(
