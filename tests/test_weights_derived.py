@@ -348,6 +348,10 @@ def test_float32_checkpoint_converts_to_a_float16_model(tmp_path, caplog):
     saved = irkit.load(path).graph.initializers["w"].const_value.numpy()
     assert saved.dtype == np.float16
     np.testing.assert_array_equal(saved, w.astype(np.float16))
+    bf16 = torch.from_numpy(w).to(torch.bfloat16)  # a bf16 state_dict converts too
+    path = irkit.save(_fp16_model(), tmp_path / "b.onnx", weights={"w": bf16})
+    saved = irkit.load(path).graph.initializers["w"].const_value.numpy()
+    np.testing.assert_array_equal(saved, bf16.to(torch.float16).numpy())
     x = RNG.standard_normal((2, 4)).astype(np.float16)
     (got,) = run_ort(path, [x])
     np.testing.assert_allclose(got, x.astype(np.float32) @ w, atol=2e-2, rtol=0)
