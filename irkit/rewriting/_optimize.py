@@ -26,7 +26,13 @@ from irkit.rewriting._apply import count_nodes, rewrite
 from irkit.rewriting._report import RewriteReport
 from irkit.rewriting._rule import BaseRule, RuleSet
 
-__all__ = ["optimize_with", "cse", "fold_weightless", "lift_weightless_constants"]
+__all__ = [
+    "optimize_with",
+    "cse",
+    "fold_weightless",
+    "lift_weightless_constants",
+    "dedupe_derived",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +175,7 @@ def optimize_with(
     def dedupe_known() -> None:
         with hide_weightless(model, "optimize: dedupe_initializers"):
             common_passes.DeduplicateInitializersPass()(model)
+        dedupe_derived(model)  # (equal recipes: equal values)
 
     timed("dedupe_initializers", dedupe_known)
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
@@ -213,6 +220,30 @@ def lift_weightless_constants(model: ir.Model) -> int:
         graph.register_initializer(value)
         lifted += 1
     return lifted
+
+
+def dedupe_derived(model: ir.Model) -> int:
+    """Merge the main graph's derived initializers that have the same recipe (so the same
+    values, as initializer deduplication merges equal real tensors); the first one is kept.
+
+    Returns:
+        The number of initializers removed.
+    """
+    graph = model.graph
+    first: dict[str, ir.Value] = {}
+    removed = 0
+    for value in list(graph.initializers.values()):
+        tensor = value.const_value
+        if not isinstance(tensor, derived.DerivedTensor) or value.is_graph_output():
+            continue
+        key = tensor.metadata_props[derived.DERIVED_KEY]
+        kept = first.setdefault(key, value)
+        if kept is value or value.is_graph_input():
+            continue
+        value.replace_all_uses_with(kept)
+        graph.initializers.pop(value.name or "")
+        removed += 1
+    return removed
 
 
 # onnxscript's folder's defaults (onnxscript.optimizer._constant_folding), mirrored so that a
