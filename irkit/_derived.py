@@ -412,7 +412,8 @@ def as_recipe(tensor: TensorLike) -> Recipe:
 def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
     """The values of ``recipe``, reading each leaf with ``read`` (C-contiguous).
 
-    Memory: the leaves of one subtree and its result; each leaf is released once consumed.
+    Memory: the result and the leaves of one subtree; each leaf is released once consumed (a
+    concatenation is filled part by part: the result and one part at a time).
     """
     return np.ascontiguousarray(_evaluate(recipe, read))
 
@@ -420,6 +421,17 @@ def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
 def _evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
     if isinstance(recipe, Leaf):
         return read(recipe)
+    if isinstance(recipe, Concat):  # into the result part by part: one source read at a time
+        out = np.empty(recipe.shape, dtype=recipe.dtype.numpy())
+        index: list[slice] = [slice(None)] * len(recipe.shape)
+        start = 0
+        for part in recipe.parts:
+            value = _evaluate(part, read)
+            index[recipe.axis] = slice(start, start + value.shape[recipe.axis])
+            out[tuple(index)] = value
+            start += value.shape[recipe.axis]
+            del value
+        return out
     return recipe.compute([_evaluate(source, read) for source in recipe.sources()])
 
 

@@ -387,7 +387,7 @@ def test_conversion_overflow_is_a_weights_error_naming_the_tensor(tmp_path, exte
 
 ELEMENTS = 1 << 20  # float32 [1024, 1024]: 4 MiB per checkpoint tensor, 8 MiB per packed one
 PACKED = 8  # 16 checkpoint tensors, 64 MiB written
-TRACED_BUDGET = 20 << 20  # one packed tensor and its two sources (16 MiB), and some slack
+TRACED_BUDGET = 14 << 20  # one packed tensor and one of its sources (12 MiB), and some slack
 RSS_BUDGET = 48 << 20
 
 SAVE = textwrap.dedent(
@@ -444,7 +444,7 @@ def test_streamed_save_of_packed_tensors_stays_within_a_fixed_budget(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     measured = json.loads(result.stdout.strip().splitlines()[-1])
-    assert PACKED * 2 * ELEMENTS * 4 >= 2.5 * TRACED_BUDGET
+    assert PACKED * 2 * ELEMENTS * 4 >= 4 * TRACED_BUDGET
     assert measured["traced"] < TRACED_BUDGET, measured
     assert measured["rss_growth"] < RSS_BUDGET, measured
     saved = irkit.load(out).graph.initializers[f"p{PACKED - 1}"].const_value.numpy()
