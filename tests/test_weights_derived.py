@@ -368,6 +368,16 @@ def test_float32_checkpoint_converts_to_a_float16_model(tmp_path, caplog):
     np.testing.assert_allclose(got, x.astype(np.float32) @ w, atol=2e-2, rtol=0)
 
 
+def test_leaves_of_a_derived_tensor_convert_too(tmp_path):
+    q = RNG.standard_normal((3, 4)).astype(np.float16)
+    k = RNG.standard_normal((2, 4)).astype(np.float16)
+    weights = {"layer.q.weight": q, "layer.k.weight": k}  # float16 leaves for a float32 model
+    out = irkit.save(_packed_model(), tmp_path / "m.onnx", weights=weights)
+    saved = irkit.load(out).graph.initializers["p"].const_value.numpy()
+    assert saved.dtype == np.float32
+    np.testing.assert_array_equal(saved, np.concatenate([q.T, k.T], axis=1).astype(np.float32))
+
+
 @pytest.mark.parametrize("external_data", [False, True])
 def test_conversion_overflow_is_a_weights_error_naming_the_tensor(tmp_path, external_data):
     w = np.ones((40, 30), np.float32)
