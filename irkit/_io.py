@@ -14,7 +14,7 @@ import onnx_ir as ir
 from irkit._lint import lint
 from irkit._stream import Rename, parse_size, resolve_weights, write_external
 from irkit._weights import WeightlessTensor, from_marker, weightless_initializers
-from irkit.errors import CheckError, ModelLoadError, SaveError
+from irkit.errors import CheckError, IrkitError, ModelLoadError, SaveError
 
 __all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 
@@ -133,9 +133,25 @@ def save(
         data_name = external_data if isinstance(external_data, str) else f"{path.name}.data"
         _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment)
     with _swapped(tensors):
-        proto = ir.serde.serialize_model(model)
+        try:
+            proto = ir.serde.serialize_model(model)
+        except ir.serde.SerdeError as exc:  # a tensor computed while serialized failed
+            cause = _irkit_cause(exc)
+            if cause is None:
+                raise
+            raise cause from exc
     path.write_bytes(proto.SerializeToString())
     return path
+
+
+def _irkit_cause(exc: BaseException) -> IrkitError | None:
+    """The irkit error behind ``exc`` (onnx-ir wraps what a tensor raises while serialized)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, IrkitError):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 def _externalize(

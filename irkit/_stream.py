@@ -17,9 +17,11 @@ import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from irkit._checkpoints import open_weights
+from irkit._derived import DerivedTensor, Leaf, evaluate
 from irkit._weights import WeightlessTensor
 from irkit.errors import SaveError, WeightsError
 
@@ -39,42 +41,77 @@ def resolve_weights(
     """The checkpoint tensor of each initializer that takes one: every weightless initializer,
     and with ``override`` every initializer the checkpoint holds.
 
+    A derived initializer (:class:`~irkit._derived.DerivedTensor`) gets a tensor whose bytes
+    are computed from its leaves' checkpoint tensors when written (one derived tensor in memory
+    at a time). A checkpoint tensor of another float dtype than its initializer (or leaf) is
+    converted while streaming.
+
     Raises:
-        WeightsError: Some weightless initializers are not in the checkpoint, or some checkpoint
-            tensors have another shape or dtype than their initializer (all are listed).
+        WeightsError: Some weightless initializers (or leaves of derived ones) are not in the
+            checkpoint, or some checkpoint tensors have another shape or dtype than their
+            initializer (all are listed).
     """
     source = open_weights(weights)
     found: dict[ir.Value, ir.TensorProtocol] = {}
-    missing: list[ir.Value] = []
+    missing: list[str] = []
     mismatched: list[str] = []
     ignored = 0
+    converted: list[str] = []
+
+    def lookup(
+        name: str, spec: ir.TensorProtocol | Leaf, aliases: Sequence[str], what: str
+    ) -> ir.TensorProtocol | _Converted | None:
+        keys = [_renamed(k, rename) for k in (name, *aliases)]
+        key = next((k for k in keys if k is not None and source.get(k) is not None), None)
+        if key is None:
+            close = difflib.get_close_matches(name, source.names(), n=1)
+            hint = f" (closest key: {close[0]!r})" if close else ""
+            missing.append(f"{what} {_spec(spec)}{hint}")
+            return None
+        stored = source.get(key)
+        assert stored is not None
+        shape, dtype = _shape_dtype(spec)
+        if _shape_dtype(stored)[0] != shape or not _convertible(stored.dtype, dtype):
+            mismatched.append(
+                f"{what}: the model expects {_spec(spec)}, {source.where(key)!r} holds "
+                f"{key!r} as {_spec(stored)}"
+            )
+            return None
+        if stored.dtype != dtype:
+            converted.append(f"{key!r} {stored.dtype.name} → {dtype.name}")
+            return _Converted(stored, dtype, name)
+        return stored
+
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is None:
                 continue
-            weightless = isinstance(tensor, WeightlessTensor)
             name = value.name or ""
-            keys = [_renamed(name, rename)]
-            if isinstance(tensor, WeightlessTensor):
-                keys += [_renamed(a, rename) for a in tensor.aliases]
-            key = next((k for k in keys if k is not None and source.get(k) is not None), None)
-            if key is None:
-                if weightless:
-                    missing.append(value)
+            if isinstance(tensor, DerivedTensor):
+                leaves = {}
+                for leaf in tensor.recipe.leaves():
+                    what = f"{leaf.name!r} (a leaf of derived initializer {name!r})"
+                    if leaf not in leaves:
+                        leaves[leaf] = lookup(leaf.name, leaf, leaf.aliases, what)
+                if all(t is not None for t in leaves.values()):
+                    found[value] = _derived_tensor(name, tensor, leaves)
                 continue
-            if not weightless and not override:
-                ignored += 1
-                continue
-            stored = source.get(key)
-            assert stored is not None
-            if stored.dtype != tensor.dtype or tuple(stored.shape) != tuple(tensor.shape):
-                mismatched.append(
-                    f"{name!r}: the model expects {_spec(tensor)}, {source.where(key)!r} holds "
-                    f"{key!r} as {_spec(stored)}"
-                )
-                continue
-            found[value] = stored.renamed(name) if hasattr(stored, "renamed") else stored
+            weightless = isinstance(tensor, WeightlessTensor)
+            if not weightless:
+                keys = [_renamed(name, rename)]
+                key = next((k for k in keys if k is not None and source.get(k) is not None), None)
+                if key is None:
+                    continue
+                if not override:
+                    ignored += 1
+                    continue
+            aliases = tensor.aliases if isinstance(tensor, WeightlessTensor) else ()
+            stored = lookup(name, tensor, aliases, repr(name))
+            if isinstance(stored, _Converted):
+                found[value] = stored.renamed(name)
+            elif stored is not None:
+                found[value] = stored.renamed(name) if hasattr(stored, "renamed") else stored
     if ignored:
         logger.info(
             "irkit.save: %d initializer(s) have data already; their checkpoint tensors are not "
@@ -83,11 +120,82 @@ def resolve_weights(
         )
     if missing or mismatched:
         raise WeightsError(
-            _problems(missing, mismatched, source.description, source.names()),
-            [v.name or "" for v in missing] + [m.split("'")[1] for m in mismatched],
+            _problems(missing, mismatched, source.description),
+            [m.split("'")[1] for m in missing + mismatched],
+        )
+    if converted:
+        logger.info(
+            "irkit.save: %d checkpoint tensor(s) are converted to the model's dtype while "
+            "streaming (first: %s)",
+            len(converted),
+            converted[0],
         )
     logger.info("irkit.save: %d initializer(s) from %s", len(found), source.description)
     return found
+
+
+_FLOATS = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+
+
+def _convertible(stored: ir.DataType, wanted: ir.DataType) -> bool:
+    return stored == wanted or (stored in _FLOATS and wanted in _FLOATS)
+
+
+def _shape_dtype(spec: ir.TensorProtocol | Leaf) -> tuple[tuple[int, ...], ir.DataType]:
+    if isinstance(spec, Leaf):
+        return spec.shape, spec.dtype
+    return tuple(int(d) for d in spec.shape.numpy()), spec.dtype
+
+
+class _Converted:
+    """A checkpoint tensor read and converted to another float dtype (on demand)."""
+
+    def __init__(self, stored: ir.TensorProtocol, dtype: ir.DataType, name: str) -> None:
+        self.stored, self.dtype, self.name = stored, dtype, name
+
+    def numpy(self) -> np.ndarray:
+        data = self.stored.numpy()
+        with np.errstate(over="ignore"):  # (counted below)
+            out = data.astype(self.dtype.numpy())
+        created = int(np.count_nonzero(np.isfinite(data) & ~np.isfinite(out)))
+        if created:
+            raise WeightsError(
+                f"{self.name!r}: converting the checkpoint's {self.stored.dtype.name} tensor to "
+                f"the model's {self.dtype.name} creates {created} non-finite value(s) (values "
+                f"outside {self.dtype.name}'s range). Fix: export the model in a wider dtype, "
+                "or scale the weights.",
+                [self.name],
+            )
+        return out
+
+    def as_tensor(self) -> ir.TensorProtocol:
+        """A tensor whose bytes are converted when written."""
+        shape = ir.Shape(_shape_dtype(self.stored)[0])
+        return ir.LazyTensor(
+            lambda: ir.Tensor(self.numpy(), dtype=self.dtype), self.dtype, shape, name=self.name
+        )
+
+    def renamed(self, name: str) -> ir.TensorProtocol:
+        """The converting tensor under the initializer's name."""
+        return _Converted(self.stored, self.dtype, name).as_tensor()
+
+
+def _derived_tensor(
+    name: str, tensor: DerivedTensor, leaves: Mapping[Leaf, ir.TensorProtocol | _Converted | None]
+) -> ir.TensorProtocol:
+    """A tensor whose bytes are computed from the leaves' tensors when written."""
+
+    def read(leaf: Leaf) -> np.ndarray:
+        stored = leaves[leaf]
+        assert stored is not None
+        return stored.numpy()
+
+    def compute() -> ir.TensorProtocol:
+        return ir.Tensor(evaluate(tensor.recipe, read), dtype=tensor.dtype, name=name)
+
+    return ir.LazyTensor(compute, tensor.dtype, ir.Shape(tuple(tensor.shape)), name=name)
 
 
 def _renamed(name: str, rename: Rename | None) -> str | None:
@@ -98,21 +206,16 @@ def _renamed(name: str, rename: Rename | None) -> str | None:
     return rename(name)
 
 
-def _spec(tensor: ir.TensorProtocol) -> str:
-    return f"{tensor.dtype.name}{list(tensor.shape.numpy())}"
+def _spec(tensor: ir.TensorProtocol | Leaf) -> str:
+    shape, dtype = _shape_dtype(tensor)
+    return f"{dtype.name}{list(shape)}"
 
 
-def _problems(
-    missing: Sequence[ir.Value], mismatched: Sequence[str], where: str, keys: Sequence[str]
-) -> str:
+def _problems(missing: Sequence[str], mismatched: Sequence[str], where: str) -> str:
     lines = []
     if missing:
         lines.append(f"{len(missing)} weightless initializer(s) have no tensor in {where}:")
-        for value in missing[:_MAX_LISTED]:
-            assert value.const_value is not None
-            close = difflib.get_close_matches(value.name or "", keys, n=1)
-            hint = f" (closest key: {close[0]!r})" if close else ""
-            lines.append(f"  - {value.name!r} {_spec(value.const_value)}{hint}")
+        lines += [f"  - {m}" for m in missing[:_MAX_LISTED]]
         if len(missing) > _MAX_LISTED:
             lines.append(f"  - … and {len(missing) - _MAX_LISTED} more")
     if mismatched:

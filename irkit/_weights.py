@@ -189,9 +189,20 @@ class _DropNoValueWarnings(logging.Filter):
 
 
 def from_marker(tensor: ir.TensorProtocol | None) -> WeightlessTensor | None:
-    """The :class:`WeightlessTensor` a loaded initializer stands for, if it was saved weightless."""
+    """The :class:`WeightlessTensor` a loaded initializer stands for, if it was saved weightless
+    (a :class:`~irkit._derived.DerivedTensor` if it carries a recipe).
+
+    Raises:
+        WeightsError: The stored recipe cannot be read.
+    """
     if tensor is None or isinstance(tensor, WeightlessTensor):
         return tensor
     if WEIGHTLESS_KEY not in tensor.metadata_props:
         return None
+    from irkit._derived import DERIVED_KEY, DerivedTensor, recipe_from_json  # (imports this)
+
+    recipe = tensor.metadata_props.get(DERIVED_KEY)
+    if recipe is not None:
+        where = tensor.name or "?"
+        return DerivedTensor(recipe_from_json(recipe, where), name=tensor.name)
     return WeightlessTensor(tensor.dtype, list(tensor.shape.numpy()), name=tensor.name)

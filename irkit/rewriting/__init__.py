@@ -9,11 +9,21 @@ See ``docs/rules.md`` for a worked example.
 
 Everything a rule author needs is imported from here — the pattern language, :class:`Rule`,
 :func:`fail`, :class:`Const` and the check helpers (:func:`dims`, :func:`scalar`,
-:func:`reduced_axis` …); the ``_*.py`` modules behind this facade are private.
+:func:`reduced_axis` …), and the helpers that make a weight from weights
+(:func:`transpose_weight`, :func:`concat_weights`, :func:`cast_weight`, :func:`reshape_weight`,
+:func:`multiply_weight`, :func:`weight_constant`): they return a real tensor when the inputs
+have data and a :class:`DerivedTensor` (computed at save time) when some are weightless. The
+``_*.py`` modules behind this facade are private.
 """
 
 from __future__ import annotations
 
+from irkit._derived import DerivedTensor, has_data, weight_constant
+from irkit._derived import cast as cast_weight
+from irkit._derived import concat as concat_weights
+from irkit._derived import multiply as multiply_weight
+from irkit._derived import reshape as reshape_weight
+from irkit._derived import transpose as transpose_weight
 from irkit.rewriting._apply import count_nodes, graph_io_guard, rewrite
 from irkit.rewriting._builder import RewriteBuilder
 from irkit.rewriting._checks import (
@@ -82,4 +92,12 @@ __all__ = [
     "RewriteReport",
     "RuleStats",
     "NearMiss",
+    "transpose_weight",
+    "concat_weights",
+    "cast_weight",
+    "reshape_weight",
+    "multiply_weight",
+    "weight_constant",
+    "has_data",
+    "DerivedTensor",
 ]

@@ -23,7 +23,10 @@ folded copy replaces it, no weight is duplicated); ``s`` a constant of ``W``'s d
 whole output columns — one element, or shape ``[N]`` / ``[1, N]`` with ``N = W.shape[1]`` — so
 ``W · s`` keeps ``W``'s shape (a rank-2 ``s`` also needs ``x`` of rank ≥ 2, so that it adds no
 dimension to the product); ``b`` a constant. The products are computed in float64 and cast
-back to ``W``'s dtype: the result differs from the unfolded graph by rounding only.
+back to ``W``'s dtype: the result differs from the unfolded graph by rounding only. ``W``, ``s``
+and ``b`` may be weightless (a model lowered on the ``meta`` device): ``W · s`` is then a
+derived weightless tensor (:func:`~irkit.rewriting.multiply_weight`), multiplied when the
+weights are saved.
 
 Typical sources: norm weights that are still all ones and biases or attention masks that are
 all zeros in the exported graph. In floating point ``x + 0`` turns ``-0.0`` into ``+0.0``;
@@ -39,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from irkit.errors import WeightsError
 from irkit.rewriting import (
     MatchFailure,
     RewriteBuilder,
@@ -49,9 +53,11 @@ from irkit.rewriting import (
     dims,
     either,
     fail,
+    multiply_weight,
     op,
     rank,
     var,
+    weight_constant,
 )
 
 a, b, x, c = var("a"), var("b"), var("x"), var("c")
@@ -93,56 +99,82 @@ def _either_side(a: ir.Value, b: ir.Value, neutral: int) -> Verdict:
     return first if first is not None else fail("no constant operand", b)
 
 
+def _tensor(v: ir.Value) -> ir.TensorProtocol | None:
+    """The constant tensor of ``v`` (initializer or ``Constant`` output; data or weightless)."""
+    if v.const_value is not None:
+        return v.const_value
+    producer = v.producer()
+    if producer is None or producer.op_type != "Constant" or producer.domain != "":
+        return None
+    return ir.convenience.get_const_tensor(v)
+
+
+def _np(dtype: ir.DataType) -> str:
+    try:
+        return str(dtype.numpy())
+    except TypeError:  # (no numpy type: strings, 4-bit types)
+        return dtype.name
+
+
 def _scale_folds(x: ir.Value, w: ir.Value, s: ir.Value, bias: ir.Value | None) -> Verdict:
-    """Whether ``s`` folds into ``W`` (and ``bias``); finds the folded constants."""
-    weight = const_value(w)
+    """Whether ``s`` folds into ``W`` (and ``bias``); finds the folded constants (real, or
+    derived when a weight is weightless: computed when the weights are saved)."""
+    weight = _tensor(w)
     if weight is None or w.is_graph_input():
         return fail("the MatMul weight is not a constant", w)
-    if weight.dtype.kind != "f" or weight.ndim != 2:
+    wshape = tuple(int(d) for d in weight.shape.numpy())
+    if not weight.dtype.is_floating_point() or len(wshape) != 2:
         return fail(
-            f"the weight is not a rank-2 float tensor ({weight.dtype}, rank {weight.ndim})", w
+            f"the weight is not a rank-2 float tensor ({_np(weight.dtype)}, rank {len(wshape)})",
+            w,
         )
     if len(w.uses()) != 1:
         return fail("the weight has other uses (folding would duplicate it)", w)
-    scale = const_value(s)
+    scale = _tensor(s)
     if scale is None or s.is_graph_input():
         return fail("the scale is not a constant", s)
     if scale.dtype != weight.dtype:
-        return fail(f"the scale's dtype {scale.dtype} is not the weight's {weight.dtype}", s)
-    n = weight.shape[1]
-    per_column = scale.ndim == 0 or (
-        scale.ndim <= 2 and scale.shape[-1] in (1, n) and scale.shape[:-1] in ((), (1,))
+        return fail(
+            f"the scale's dtype {_np(scale.dtype)} is not the weight's {_np(weight.dtype)}", s
+        )
+    n = wshape[1]
+    sshape = tuple(int(d) for d in scale.shape.numpy())
+    per_column = len(sshape) == 0 or (
+        len(sshape) <= 2 and sshape[-1] in (1, n) and sshape[:-1] in ((), (1,))
     )
     if not per_column:
-        return fail(f"the scale (shape {list(scale.shape)}) does not scale whole columns", s)
-    if scale.ndim == 2 and ((xr := rank(x)) is None or xr < 2):
+        return fail(f"the scale (shape {list(sshape)}) does not scale whole columns", s)
+    if len(sshape) == 2 and ((xr := rank(x)) is None or xr < 2):
         return fail(
             "the rank-2 scale may add a dimension to the product (x's rank < 2 or unknown)", s
         )
-    folded = {
-        "w_s": (weight.astype(np.float64) * scale.astype(np.float64)).astype(weight.dtype),
-        "b_s": None,
-    }
+    folded: dict[str, ir.TensorProtocol | None] = {"w_s": None, "b_s": None}
     if bias is not None:
-        offset = const_value(bias)
+        offset = _tensor(bias)
         if offset is None or bias.is_graph_input():
             return fail("the bias is not a constant", bias)
         if offset.dtype != weight.dtype:
-            return fail(f"the bias's dtype {offset.dtype} is not the weight's {weight.dtype}", bias)
-        product = offset.astype(np.float64) * scale.astype(np.float64)
-        folded["b_s"] = product.astype(weight.dtype)
+            return fail(
+                f"the bias's dtype {_np(offset.dtype)} is not the weight's {_np(weight.dtype)}",
+                bias,
+            )
+        try:
+            folded["b_s"] = multiply_weight(offset, scale)
+        except WeightsError as exc:
+            return fail(f"the bias does not broadcast with the scale ({exc})", bias)
+    folded["w_s"] = multiply_weight(weight, scale)  # (in float64, rounded once)
     return folded
 
 
 def _fold_scale(
-    op: RewriteBuilder, x: ir.Value, w_s: np.ndarray, b_s: np.ndarray | None
+    op: RewriteBuilder, x: ir.Value, w_s: ir.TensorProtocol, b_s: ir.TensorProtocol | None
 ) -> ir.Value:
     """MatMul(x, W·s) (+ b·s)"""
-    product = op.MatMul(x, op.const(w_s))
+    product = op.MatMul(x, weight_constant(op, w_s))
     if x.shape is not None and len(x.shape) >= 2:
         # The product's shape, for the rules that fire after this one (AddZero on b · s = 0).
-        product.dtype, product.shape = x.dtype, ir.Shape([*x.shape[:-1], w_s.shape[1]])
-    return product if b_s is None else op.Add(product, op.const(b_s))
+        product.dtype, product.shape = x.dtype, ir.Shape([*x.shape[:-1], int(w_s.shape.numpy()[1])])
+    return product if b_s is None else op.Add(product, weight_constant(op, b_s))
 
 
 rules = RuleSet(

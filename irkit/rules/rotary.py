@@ -46,6 +46,7 @@ import onnx_ir as ir
 
 from irkit.rewriting import (
     Const,
+    DerivedTensor,
     Match,
     MatchFailure,
     Rewrite,
@@ -244,6 +245,10 @@ def _duplicated(
     """``None`` if ``value`` provably has equal halves (lanes) on its last axis, else why not."""
     if depth > _MAX_DEPTH:
         return "cos/sin provenance too deep to verify"
+    if isinstance(value.const_value, DerivedTensor):  # (weightless: proven from its recipe)
+        if value.const_value.has_equal_halves(interleaved):
+            return None
+        return "cos/sin derived from weightless weights: equal halves not provable"
     arr = const_value(value)
     if arr is not None:
         a = np.asarray(arr)

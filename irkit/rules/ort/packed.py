@@ -9,16 +9,18 @@ The products are matched as ``MatMul(x, W)``, ``MatMul(x, Transpose(w))`` (torch
 ``linear``) and ``FusedMatMul(x, w, transB=1)``. When every product is followed by the ``Add`` of
 a constant 1-D bias (its only use), the biases are packed too:
 ``x @ Wᵢ + bᵢ = Split(x @ Concat(Wᵢ) + Concat(bᵢ))`` — so biased ``Linear`` calls are replaced
-whole. The concatenated weight is built once, from
-the weights' data (each weight copied once, into the packed tensor), as a constant the
-pipeline lifts to an initializer. With ``irkit.optimize(target="ort")`` the module calls are
-opened for the rewrite, so weights that were function parameters are initializers here; the
-re-outlined function takes the packed weight as an input passed at each call site.
+whole. The concatenated weight is built once with :func:`~irkit.rewriting.concat_weights`
+(each weight copied once, into the packed tensor), as a constant the pipeline lifts to an
+initializer; when the weights are weightless (a model lowered on the ``meta`` device) it is a
+derived weightless tensor, concatenated per tensor by ``irkit.save(..., weights=...)``.
+With ``irkit.optimize(target="ort")`` the module calls are opened for the rewrite, so weights
+that were function parameters are initializers here; the re-outlined function takes the packed
+weight as an input passed at each call site.
 
 Preconditions: at least two such products of ``x`` (the anchor among them); each weight a
-2-D constant (initializer or ``Constant``) whose ``const_value`` is an ``onnx_ir.Tensor`` or an
-external tensor with data (weightless placeholders are skipped with a reason); same ``K`` and
-dtype; float16/float32; ``x`` of known rank ≥ 2; each ``Transpose`` used only by its product.
+2-D constant (initializer or ``Constant``: with data or weightless); same ``K`` and dtype
+(biases: of the weights' dtype); float16/float32; ``x`` of known rank ≥ 2; each ``Transpose``
+used only by its product.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ from irkit.rewriting import (
     RewriteBuilder,
     RewriteContext,
     RuleSet,
+    concat_weights,
     dims,
     fail,
+    transpose_weight,
+    weight_constant,
 )
 
 MS = "com.microsoft"
@@ -79,18 +84,12 @@ def _product(node: ir.Node, x: ir.Value) -> _Product | MatchFailure:
     return fail("not a MatMul / FusedMatMul", None, node)
 
 
-def weight_data(w: ir.Value) -> np.ndarray | MatchFailure:
-    """The data of a constant weight, or why it cannot be read."""
+def weight_tensor(w: ir.Value) -> ir.TensorProtocol | MatchFailure:
+    """The tensor of a constant weight (with data, or weightless), or why there is none."""
     tensor = w.const_value
     if tensor is None:
         return fail(f"weight {w.name!r} is not a constant (a function input?)", w)
-    if not isinstance(tensor, (ir.Tensor, ir.ExternalTensor)):
-        return fail(
-            f"weight {w.name!r} is a {type(tensor).__name__}, not an onnx_ir.Tensor with data "
-            "(weightless?); it cannot be concatenated",
-            w,
-        )
-    return tensor.numpy()
+    return tensor
 
 
 class PackedMatMul(BaseRule):
@@ -110,7 +109,7 @@ class PackedMatMul(BaseRule):
         if x.dtype not in _TYPES:
             return fail(f"dtype {x.dtype}: packed only for float16/float32", x)
         products: list[_Product] = []
-        arrays: list[np.ndarray] = []
+        tensors: list[ir.TensorProtocol] = []  # (K, Nᵢ): the weights as the products use them
         seen: set[ir.Node] = set()
         for use in x.uses():  # (in the order the uses were made: deterministic)
             other = use.node
@@ -120,40 +119,44 @@ class PackedMatMul(BaseRule):
                 continue
             seen.add(other)
             found = _product(other, x)
-            data = found if isinstance(found, MatchFailure) else weight_data(found.weight)
-            if isinstance(data, np.ndarray) and data.ndim != 2:
-                data = fail(f"a weight has rank {data.ndim}, not 2", x)
+            data = found if isinstance(found, MatchFailure) else weight_tensor(found.weight)
+            if not isinstance(data, MatchFailure) and len(data.shape) != 2:
+                data = fail(f"a weight has rank {len(data.shape)}, not 2", x)
             if isinstance(found, MatchFailure) or isinstance(data, MatchFailure):
                 if other is node:
                     return found if isinstance(found, MatchFailure) else data  # type: ignore[return-value]
                 continue
             products.append(found)
-            arrays.append(data.T if found.transposed else data)
+            tensors.append(transpose_weight(data, (1, 0)) if found.transposed else data)
         if len(products) < 2:
             return fail("no other product of the same input with a constant weight", x)
-        k = arrays[0].shape[0]
-        if any(a.shape[0] != k or a.dtype != arrays[0].dtype for a in arrays):
+        shapes = [tuple(int(d) for d in t.shape.numpy()) for t in tensors]
+        k = shapes[0][0]
+        if any(
+            s[0] != k or t.dtype != tensors[0].dtype for s, t in zip(shapes, tensors, strict=True)
+        ):
             return fail("the weights differ in inner size or dtype", products[0].weight)
         if isinstance(dx[-1], int) and dx[-1] != k:
             return fail(f"input size {dx[-1]} differs from the weights' {k}", x)
-        biases = [_bias(p.node, a.shape[1]) for p, a in zip(products, arrays, strict=True)]
-        with_bias = all(b is not None for b in biases)
-        packed = np.concatenate(arrays, axis=1)  # each weight copied once, into the packed one
+        biases = [_bias(p.node, s[1]) for p, s in zip(products, shapes, strict=True)]
+        with_bias = all(b is not None and b[1].dtype == tensors[0].dtype for b in biases)
+        packed = concat_weights(tensors, axis=1)  # each weight copied once (or at save time)
         op = RewriteBuilder()
-        y = op.MatMul(x, op.const(packed))
+        y = op.MatMul(x, weight_constant(op, packed))
         outputs = [p.node.outputs[0] for p in products]
         nodes = [n for p in products for n in p.nodes if n is not node]
         if with_bias:  # x @ Wᵢ + bᵢ: the biases packed too (the Linear calls are replaced whole)
-            y = op.Add(y, op.const(np.concatenate([b[1] for b in biases if b is not None])))
+            packed_bias = concat_weights([b[1] for b in biases if b is not None], axis=0)
+            y = op.Add(y, weight_constant(op, packed_bias))
             nodes += [b[0] for b in biases if b is not None]
             outputs = [b[0].outputs[0] for b in biases if b is not None]
-        sizes = op.const(np.array([a.shape[1] for a in arrays], dtype=np.int64))
-        outs = op.Split(y, sizes, axis=-1, _outputs=len(arrays))
+        sizes = op.const(np.array([s[1] for s in shapes], dtype=np.int64))
+        outs = op.Split(y, sizes, axis=-1, _outputs=len(tensors))
         match = Match([node, *nodes], outputs, {}, ctx.opset)
         return Rewrite(match, op.nodes, list(outs))
 
 
-def _bias(product: ir.Node, size: int) -> tuple[ir.Node, np.ndarray] | None:
+def _bias(product: ir.Node, size: int) -> tuple[ir.Node, ir.TensorProtocol] | None:
     """The ``Add`` of a constant 1-D bias of ``size`` that is the product's only use, if any."""
     out = product.outputs[0]
     uses = list(out.uses())
@@ -164,10 +167,9 @@ def _bias(product: ir.Node, size: int) -> tuple[ir.Node, np.ndarray] | None:
         return None
     other = add.inputs[1 - uses[0].idx]
     tensor = None if other is None else other.const_value
-    if not isinstance(tensor, (ir.Tensor, ir.ExternalTensor)) or tensor.shape.dims != (size,):
+    if tensor is None or tuple(tensor.shape.numpy()) != (size,):
         return None
-    data = tensor.numpy()
-    return (add, data) if data.dtype == tensor.dtype.numpy() else None
+    return add, tensor
 
 
 rules = RuleSet("ort_packed", [PackedMatMul()])

@@ -69,12 +69,16 @@ def test_packed_declines_function_parameter_weights():
     no_fire(m, "PackedMatMul", "weight 'w1' is not a constant (a function input?)")
 
 
-def test_packed_declines_weightless_initializers():
+def test_packed_reads_a_lazy_weight():  # (weightless ones: tests/test_weights_derived.py)
     m = _qkv("float", 1, 2, 4, [3, 3], transposed=False)
     w = m.graph.initializers["w1"]
     data = w.const_value.numpy()
     w.const_value = ir.LazyTensor(lambda: ir.tensor(data), dtype=w.dtype, shape=w.shape)
-    no_fire(m, "PackedMatMul", "is a LazyTensor, not an onnx_ir.Tensor with data")
+    w0 = m.graph.initializers["w0"].const_value.numpy()
+    rewrite(m)
+    matmul = next(n for n in m.graph if n.op_type == "MatMul")
+    packed = matmul.inputs[1].const_value.numpy()
+    np.testing.assert_array_equal(packed, np.concatenate([w0, data], axis=1))
 
 
 def test_packed_declines_single_product():

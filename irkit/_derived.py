@@ -1,0 +1,593 @@
+"""Derived weightless tensors: weights a rule or constant folding computes from other weights.
+
+A model lowered from a ``meta``-device program has weightless initializers
+(:class:`~irkit._weights.WeightlessTensor`). A rule that would compute a new weight from them
+(the packed Q/K/V concatenation, a scale folded into a weight) or constant folding of
+``Transpose(W)`` cannot read their data; instead it records **how** the new weight is computed:
+a :class:`DerivedTensor` holds a small tree of recipes whose leaves are weightless tensors
+(named by initializer / checkpoint name) or small real constants. It stays weightless (reading
+its data raises :class:`~irkit.errors.WeightsError`). :func:`irkit.save` computes its bytes
+while streaming the weights, one derived tensor at a time.
+
+The recipes are a closed set of numpy computations with ONNX semantics: :class:`Transpose`,
+:class:`Concat`, :class:`Cast`, :class:`Reshape`, :class:`Mul` (broadcasting) and :class:`Unary`
+(``Cos``, ``Sin``, ``Neg``: the rotary caches a model computes from a buffer). They are
+serialized as JSON in the initializer's ``metadata_props`` under :data:`DERIVED_KEY`, so a
+model saved without weights and loaded back keeps them.
+
+Rules make weights from weights with :func:`transpose`, :func:`concat`, :func:`cast`,
+:func:`reshape` and :func:`multiply` (re-exported by :mod:`irkit.rewriting`): each returns a
+real ``onnx_ir.Tensor`` when every input has data, and a :class:`DerivedTensor` otherwise.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import dataclasses
+import enum
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx_ir as ir
+
+from irkit._weights import WeightlessTensor
+from irkit.errors import WeightsError
+
+if TYPE_CHECKING:
+    from irkit.rewriting._builder import RewriteBuilder
+
+__all__ = [
+    "DERIVED_KEY",
+    "Recipe",
+    "Leaf",
+    "Const",
+    "Transpose",
+    "Concat",
+    "Cast",
+    "Reshape",
+    "Mul",
+    "Function",
+    "Unary",
+    "DerivedTensor",
+    "transpose",
+    "concat",
+    "cast",
+    "reshape",
+    "multiply",
+    "unary",
+    "as_recipe",
+    "has_data",
+    "evaluate",
+    "recipe_from_json",
+    "weight_constant",
+]
+
+DERIVED_KEY = "irkit.derived"
+"""``metadata_props`` key of a derived weightless initializer: its recipe as JSON
+(``{"version": 1, "recipe": {...}}``), next to the ``irkit.weightless`` marker."""
+
+_VERSION = 1
+
+Array = np.ndarray[Any, Any]
+TensorLike = ir.TensorProtocol | Array
+
+
+class Recipe(abc.ABC):
+    """One node of a derived tensor's recipe tree: its dtype and shape, how to compute it."""
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> ir.DataType:
+        """The element type of the result."""
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the result."""
+
+    def sources(self) -> tuple[Recipe, ...]:
+        """The recipes this one reads (none for a leaf or a constant)."""
+        return ()
+
+    @abc.abstractmethod
+    def compute(self, args: list[Array]) -> Array:
+        """The result from the sources' values (in :meth:`sources` order)."""
+
+    @abc.abstractmethod
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (see :func:`recipe_from_json`)."""
+
+    def leaves(self) -> Iterator[Leaf]:
+        """The weightless leaves, depth first (a leaf read twice is listed twice)."""
+        for source in self.sources():
+            yield from source.leaves()
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf(Recipe):
+    """A weightless tensor, found at save time by name (or one of its aliases)."""
+
+    name: str
+    leaf_dtype: ir.DataType
+    leaf_shape: tuple[int, ...]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.leaf_dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.leaf_shape
+
+    def compute(self, args: list[Array]) -> Array:
+        raise WeightsError(f"leaf {self.name!r} is read by evaluate(), not computed.", [self.name])
+
+    def leaves(self) -> Iterator[Leaf]:
+        yield self
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": "leaf", "name": self.name}
+        out.update(dtype=self.dtype.name, shape=list(self.shape))
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Const(Recipe):
+    """A real constant (e.g. a scale); stored in the recipe itself."""
+
+    value: Array
+    value_dtype: ir.DataType
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.value_dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.value.shape)
+
+    def compute(self, args: list[Array]) -> Array:
+        return self.value
+
+    def to_json(self) -> dict[str, Any]:
+        data = base64.b64encode(np.ascontiguousarray(self.value).tobytes()).decode("ascii")
+        return {"op": "const", "dtype": self.dtype.name, "shape": list(self.shape), "data": data}
+
+
+@dataclasses.dataclass(frozen=True)
+class Transpose(Recipe):
+    """``numpy.transpose(source, perm)`` (ONNX ``Transpose``)."""
+
+    source: Recipe
+    perm: tuple[int, ...]
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.source.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.source.shape[p] for p in self.perm)
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        return np.transpose(args[0], self.perm)  # a view: the consumer copies once
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "transpose", "perm": list(self.perm), "source": self.source.to_json()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Concat(Recipe):
+    """``numpy.concatenate(sources, axis)`` (ONNX ``Concat``)."""
+
+    parts: tuple[Recipe, ...]
+    axis: int
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.parts[0].dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first = list(self.parts[0].shape)
+        first[self.axis] = sum(p.shape[self.axis] for p in self.parts)
+        return tuple(first)
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return self.parts
+
+    def compute(self, args: list[Array]) -> Array:
+        return np.concatenate(args, axis=self.axis)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "concat", "axis": self.axis, "sources": [p.to_json() for p in self.parts]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cast(Recipe):
+    """``source.astype(to)`` (ONNX ``Cast``, non-saturating)."""
+
+    source: Recipe
+    to: ir.DataType
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.to
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        return args[0].astype(self.to.numpy())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "cast", "dtype": self.to.name, "source": self.source.to_json()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshape(Recipe):
+    """``source.reshape(new_shape)`` with a static shape (ONNX ``Reshape``/``Unsqueeze``/
+    ``Squeeze``)."""
+
+    source: Recipe
+    new_shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.source.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.new_shape
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        return args[0].reshape(self.new_shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "reshape", "shape": list(self.new_shape), "source": self.source.to_json()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mul(Recipe):
+    """Elementwise ``a * b`` with broadcasting (ONNX ``Mul``), both of one dtype; floats are
+    multiplied in float64 and rounded once to the dtype (the correctly rounded product)."""
+
+    a: Recipe
+    b: Recipe
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.a.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in np.broadcast_shapes(self.a.shape, self.b.shape))
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.a, self.b)
+
+    def compute(self, args: list[Array]) -> Array:
+        a, b = args
+        if self.dtype.is_floating_point():
+            return (a.astype(np.float64) * b.astype(np.float64)).astype(self.dtype.numpy())
+        return np.multiply(a, b).astype(self.dtype.numpy())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "mul", "sources": [self.a.to_json(), self.b.to_json()]}
+
+
+class Function(enum.Enum):
+    """The elementwise functions of :class:`Unary` (ONNX ``Cos``, ``Sin``, ``Neg``)."""
+
+    COS = "cos"
+    SIN = "sin"
+    NEG = "neg"
+
+    def apply(self, array: Array) -> Array:
+        """``array`` mapped elementwise, in its dtype."""
+        ufunc = {Function.COS: np.cos, Function.SIN: np.sin, Function.NEG: np.negative}[self]
+        return np.asarray(ufunc(array)).astype(array.dtype, copy=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unary(Recipe):
+    """An elementwise function of ``source`` (e.g. the rotary cos/sin caches of a buffer)."""
+
+    source: Recipe
+    function: Function
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.source.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        return self.function.apply(args[0])
+
+    def to_json(self) -> dict[str, Any]:
+        source = self.source.to_json()
+        return {"op": "unary", "function": self.function.value, "source": source}
+
+
+class DerivedTensor(WeightlessTensor):
+    """A weightless tensor computed from other tensors by :attr:`recipe` (see the module doc).
+
+    Like every :class:`~irkit._weights.WeightlessTensor` it has no data until saved with
+    weights; its recipe is stored in ``metadata_props[DERIVED_KEY]``.
+
+    Args:
+        recipe: How the tensor is computed.
+        name: The initializer's name.
+    """
+
+    __slots__ = ("recipe",)
+
+    def __init__(self, recipe: Recipe, *, name: str | None = None) -> None:
+        super().__init__(recipe.dtype, recipe.shape, name=name)
+        self.recipe = recipe
+        document = {"version": _VERSION, "recipe": recipe.to_json()}
+        self.metadata_props[DERIVED_KEY] = json.dumps(document, separators=(",", ":"))
+
+    def has_equal_halves(self, interleaved: bool = False) -> bool:
+        """Whether the recipe provably makes the two halves of the last axis equal (or, with
+        ``interleaved``, its even and odd lanes): ``Concat(a, a)`` on the last axis, seen
+        through casts, elementwise functions, scalar multiplications and reshapes that keep
+        the last axis; constants are checked by value. False when not provable."""
+        return _equal_halves(self.recipe, interleaved)
+
+    def __repr__(self) -> str:
+        leaves = sorted({leaf.name for leaf in self.recipe.leaves()})
+        return f"DerivedTensor<{self.dtype.name},{self.shape}>(name={self.name!r}, from={leaves})"
+
+
+def _equal_halves(recipe: Recipe, interleaved: bool) -> bool:
+    shape = recipe.shape
+    if not shape or shape[-1] % 2:
+        return False
+    if isinstance(recipe, Const):
+        a, h = recipe.value, shape[-1] // 2
+        if interleaved:
+            return bool(np.array_equal(a[..., 0::2], a[..., 1::2]))
+        return bool(np.array_equal(a[..., :h], a[..., h:]))
+    if isinstance(recipe, (Cast, Unary)):
+        return _equal_halves(recipe.source, interleaved)
+    if isinstance(recipe, Reshape):
+        kept = recipe.source.shape and recipe.source.shape[-1] == shape[-1]
+        return bool(kept) and _equal_halves(recipe.source, interleaved)
+    if isinstance(recipe, Mul):
+        for this, other in ((recipe.a, recipe.b), (recipe.b, recipe.a)):
+            if int(np.prod(other.shape, dtype=np.int64)) == 1 and this.shape == shape:
+                return _equal_halves(this, interleaved)
+        return False
+    if isinstance(recipe, Concat) and not interleaved:
+        return (
+            len(recipe.parts) == 2
+            and recipe.axis == len(shape) - 1
+            and recipe.parts[0] == recipe.parts[1]
+        )
+    return False
+
+
+def has_data(tensor: TensorLike) -> bool:
+    """Whether ``tensor`` holds values (not a weightless or derived placeholder)."""
+    return not isinstance(tensor, WeightlessTensor)
+
+
+def as_recipe(tensor: TensorLike) -> Recipe:
+    """``tensor`` as a recipe node: a derived tensor's recipe, a weightless leaf, or a constant."""
+    if isinstance(tensor, DerivedTensor):
+        return tensor.recipe
+    if isinstance(tensor, WeightlessTensor):
+        shape = tuple(int(d) for d in tensor.shape.numpy())
+        return Leaf(tensor.name or "", tensor.dtype, shape, tuple(tensor.aliases))
+    if isinstance(tensor, np.ndarray):
+        return Const(tensor, ir.DataType.from_numpy(tensor.dtype))
+    return Const(tensor.numpy(), tensor.dtype)
+
+
+def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
+    """The values of ``recipe``, reading each leaf with ``read`` (C-contiguous).
+
+    Memory: the result and the leaves of one subtree; each leaf is released once consumed (a
+    concatenation is filled part by part: the result and one part at a time).
+    """
+    value = _evaluate(recipe, read)
+    if value.flags.c_contiguous:
+        return value
+    out = np.empty(value.shape, dtype=value.dtype)
+    _assign(out, value)
+    return out
+
+
+def _evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
+    if isinstance(recipe, Leaf):
+        return read(recipe)
+    if isinstance(recipe, Concat):  # into the result part by part: one source read at a time
+        out = np.empty(recipe.shape, dtype=recipe.dtype.numpy())
+        index: list[slice] = [slice(None)] * len(recipe.shape)
+        start = 0
+        for part in recipe.parts:
+            value = _evaluate(part, read)
+            index[recipe.axis] = slice(start, start + value.shape[recipe.axis])
+            _assign(out[tuple(index)], value)
+            start += value.shape[recipe.axis]
+            del value
+        return out
+    return recipe.compute([_evaluate(source, read) for source in recipe.sources()])
+
+
+_BLOCK = 64  # columns of a transposed copy per step: its source rows stay in the cache
+
+
+def _assign(out: Array, value: Array) -> None:
+    """``out[...] = value``; a transposed 2-D view is copied in blocks of columns (4× faster
+    than numpy's element-strided copy for weight-sized matrices)."""
+    if value.ndim == 2 and not value.flags.c_contiguous and value.strides[0] < value.strides[1]:
+        for start in range(0, value.shape[1], _BLOCK):
+            out[:, start : start + _BLOCK] = value[:, start : start + _BLOCK]
+    else:
+        out[...] = value
+
+
+def _no_leaf(leaf: Leaf) -> Array:
+    raise WeightsError(f"leaf {leaf.name!r} has no data.", [leaf.name])
+
+
+def _make(recipe: Recipe, inputs: Sequence[TensorLike]) -> ir.TensorProtocol:
+    if all(has_data(t) for t in inputs):
+        return ir.Tensor(evaluate(recipe, _no_leaf), dtype=recipe.dtype)
+    return DerivedTensor(recipe)
+
+
+def transpose(tensor: TensorLike, perm: Sequence[int]) -> ir.TensorProtocol:
+    """``tensor`` transposed by ``perm``: real if ``tensor`` has data, else derived."""
+    source = as_recipe(tensor)
+    if sorted(perm) != list(range(len(source.shape))):
+        raise WeightsError(f"transpose: perm {list(perm)} does not fit shape {source.shape}.")
+    return _make(Transpose(source, tuple(int(p) for p in perm)), [tensor])
+
+
+def concat(tensors: Sequence[TensorLike], axis: int) -> ir.TensorProtocol:
+    """``tensors`` concatenated along ``axis``: real if all have data, else derived."""
+    parts = tuple(as_recipe(t) for t in tensors)
+    rank = len(parts[0].shape) if parts else 0
+    if not parts or not -rank <= axis < rank:
+        raise WeightsError(f"concat: needs tensors and an axis within their rank, got {axis}.")
+    axis %= rank
+    for part in parts:
+        if part.dtype != parts[0].dtype or len(part.shape) != rank:
+            raise WeightsError("concat: the tensors differ in dtype or rank.")
+        others = [d for i, d in enumerate(part.shape) if i != axis]
+        if others != [d for i, d in enumerate(parts[0].shape) if i != axis]:
+            raise WeightsError(f"concat: shapes {[p.shape for p in parts]} differ off axis {axis}.")
+    return _make(Concat(parts, axis), tensors)
+
+
+def cast(tensor: TensorLike, dtype: ir.DataType) -> ir.TensorProtocol:
+    """``tensor`` converted to ``dtype`` (ONNX ``Cast``): real if it has data, else derived."""
+    return _make(Cast(as_recipe(tensor), dtype), [tensor])
+
+
+def reshape(tensor: TensorLike, shape: Sequence[int]) -> ir.TensorProtocol:
+    """``tensor`` reshaped to a static ``shape`` (one ``-1`` allowed): real or derived."""
+    source = as_recipe(tensor)
+    size = int(np.prod(source.shape, dtype=np.int64))
+    try:
+        new_shape = _static_shape(size, shape)
+    except ValueError as exc:
+        raise WeightsError(f"reshape: {source.shape} cannot become {list(shape)} ({exc}).") from exc
+    return _make(Reshape(source, new_shape), [tensor])
+
+
+def _static_shape(size: int, shape: Sequence[int]) -> tuple[int, ...]:
+    dims = [int(d) for d in shape]
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise ValueError("at most one -1 and no other negative dimension")
+    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+    if -1 in dims:
+        if known == 0 or size % known:
+            raise ValueError(f"{size} elements do not divide into {dims}")
+        dims[dims.index(-1)] = size // known
+    if int(np.prod(dims, dtype=np.int64)) != size:
+        raise ValueError(f"{size} elements do not fill {dims}")
+    return tuple(dims)
+
+
+def multiply(tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:
+    """``tensor * other`` with broadcasting, in ``tensor``'s dtype: real or derived."""
+    a, b = as_recipe(tensor), as_recipe(other)
+    if a.dtype != b.dtype:
+        raise WeightsError(f"multiply: dtypes {a.dtype.name} and {b.dtype.name} differ.")
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError as exc:
+        raise WeightsError(f"multiply: shapes {a.shape} and {b.shape} do not broadcast.") from exc
+    return _make(Mul(a, b), [tensor, other])
+
+
+def unary(tensor: TensorLike, function: Function) -> ir.TensorProtocol:
+    """``function`` applied to each element of ``tensor``: real or derived."""
+    return _make(Unary(as_recipe(tensor), function), [tensor])
+
+
+def recipe_from_json(document: str, where: str) -> Recipe:
+    """The recipe stored under :data:`DERIVED_KEY` (``where`` names the initializer).
+
+    Raises:
+        WeightsError: The text is not a recipe this version of irkit knows.
+    """
+    try:
+        parsed = json.loads(document)
+        if parsed.get("version") != _VERSION:
+            raise ValueError(f"recipe version {parsed.get('version')!r}, expected {_VERSION}")
+        return _parse(parsed["recipe"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WeightsError(
+            f"initializer {where!r}: its {DERIVED_KEY} metadata is not a recipe irkit can read "
+            f"({type(exc).__name__}: {exc}). Fix: save the model again with this irkit version.",
+            [where],
+        ) from exc
+
+
+def _dtype(name: str) -> ir.DataType:
+    return ir.DataType[name]
+
+
+def _parse(node: dict[str, Any]) -> Recipe:
+    kind = node["op"]
+    if kind == "leaf":
+        shape = tuple(int(d) for d in node["shape"])
+        aliases = tuple(str(a) for a in node.get("aliases", ()))
+        return Leaf(str(node["name"]), _dtype(node["dtype"]), shape, aliases)
+    if kind == "const":
+        dtype = _dtype(node["dtype"])
+        data = np.frombuffer(base64.b64decode(node["data"]), dtype=dtype.numpy())
+        return Const(data.reshape([int(d) for d in node["shape"]]), dtype)
+    if kind == "transpose":
+        return Transpose(_parse(node["source"]), tuple(int(p) for p in node["perm"]))
+    if kind == "concat":
+        return Concat(tuple(_parse(s) for s in node["sources"]), int(node["axis"]))
+    if kind == "cast":
+        return Cast(_parse(node["source"]), _dtype(node["dtype"]))
+    if kind == "reshape":
+        return Reshape(_parse(node["source"]), tuple(int(d) for d in node["shape"]))
+    if kind == "unary":
+        return Unary(_parse(node["source"]), Function(node["function"]))
+    if kind == "mul":
+        a, b = node["sources"]
+        return Mul(_parse(a), _parse(b))
+    raise ValueError(f"unknown recipe op {kind!r}")
+
+
+def weight_constant(op: RewriteBuilder, tensor: ir.TensorProtocol) -> ir.Value:
+    """A ``Constant`` holding ``tensor`` (real or derived) made with a rule's builder ``op``;
+    ``irkit.optimize`` lifts it to an initializer."""
+    out: ir.Value = op.Constant(value=tensor)
+    out.type = ir.TensorType(tensor.dtype)
+    out.shape = ir.Shape(tuple(int(d) for d in tensor.shape.numpy()))
+    out.const_value = tensor
+    return out
