@@ -48,6 +48,12 @@ def _qualified(cls: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
+"""The placeholder entry torch.export's node-metadata hook gives nodes its passes insert outside
+any module call (``torch._export.passes._node_metadata_hook``; e.g. the ``sym_size`` nodes of
+deferred runtime asserts): the root, not a module called ``_empty_nn_module_stack…``."""
+
+
 def node_scope(node: torch.fx.Node) -> tuple[metadata.Frame, ...]:
     """The node's module call chain from ``nn_module_stack``, root module excluded."""
     stack: Mapping[str, tuple[str, Any]] | None = node.meta.get("nn_module_stack")
@@ -55,7 +61,7 @@ def node_scope(node: torch.fx.Node) -> tuple[metadata.Frame, ...]:
         return ()
     frames = []
     for key, (path, cls) in stack.items():
-        if not path:
+        if not path or key == _NO_MODULE:
             continue  # the root module itself
         _, at, index = key.rpartition("@")
         frames.append(
