@@ -17,7 +17,9 @@ from typing import Any
 
 import onnx_ir as ir
 
+from irkit import metadata
 from irkit import rules as library
+from irkit._shapes import infer_shapes, unknown_shape_fraction
 from irkit.errors import RewriteError
 from irkit.hierarchy import FunctionsOption, outline
 from irkit.hierarchy._inline import open_module_calls
@@ -174,10 +176,12 @@ def optimize(
     fold_constants: bool = True,
     explain: str | None = None,
     report: RewriteReport | None = None,
+    infer_shapes: bool | None = None,
 ) -> ir.Model:
     """Optimize ``model`` **in place**: fold constants, apply rules to a fixed point, clean up.
 
-    Steps: constant folding (``onnxscript.optimizer`` ``FoldConstantsPass``, which never inlines),
+    Steps: ONNX shape inference when the model lacks shapes (see ``infer_shapes``), constant
+    folding (``onnxscript.optimizer`` ``FoldConstantsPass``, which never inlines),
     :func:`irkit.rewrite` with the target's default rules (or ``rules``), unused-node removal,
     common-subexpression elimination (main graph and every function body), lifting the main
     graph's ``Constant`` nodes to initializers, initializer deduplication, unused-function
@@ -199,6 +203,12 @@ def optimize(
         explain: Record near misses of this rule (see :meth:`RewriteReport.explain`).
         report: If given, filled with the :class:`RewriteReport` of the rewrite, with the time
             of each pass in ``passes``.
+        infer_shapes: Give the main graph's values the shapes ONNX shape inference derives
+            before rewriting (filling only what is unknown; rules whose preconditions are shapes
+            fire only with them). ``None`` (default): for models irkit did not lower (files from
+            other exporters) in which at least :data:`INFER_SHAPES_ABOVE` of the main graph's
+            node outputs have no shape. (A lowered model has the shapes torch computed; the
+            values inside torchlib's expansions that lack one gain no fusion from inference.)
 
     Returns:
         ``model`` itself, so stages compose: ``irkit.save(irkit.optimize(m), path)``.
@@ -218,8 +228,9 @@ def optimize(
         raise RewriteError(f"unknown optimize target {target!r}; known targets: {sorted(TARGETS)}")
     chosen = TARGETS[target]
     rule_set = chosen.rules() if rules is None else rules
+    inferred = _infer_shapes(model, infer_shapes)
     if not chosen.across_calls:
-        return optimize_with(
+        optimize_with(
             model,
             rule_set,
             opset=opset,
@@ -227,6 +238,9 @@ def optimize(
             explain=explain,
             report=report,
         )
+        if report is not None and inferred is not None:
+            report.passes["infer_shapes"] = inferred
+        return model
     start = time.perf_counter()
     opened = open_module_calls(model)
     optimize_with(
@@ -245,6 +259,8 @@ def optimize(
     cse(model)
     if report is not None:
         report.passes.update(outline=t1 - t0, cse=time.perf_counter() - t1)
+        if inferred is not None:
+            report.passes["infer_shapes"] = inferred
     logger.info(
         "irkit.optimize(target=%r): %d module calls opened and re-outlined in %.2fs",
         target,
@@ -252,3 +268,23 @@ def optimize(
         time.perf_counter() - start,
     )
     return model
+
+
+INFER_SHAPES_ABOVE = 0.1
+"""Share of shapeless node outputs above which :func:`optimize` runs shape inference itself."""
+
+
+def _infer_shapes(model: ir.Model, wanted: bool | None) -> float | None:
+    """Run shape inference if wanted (or, with None, if the model lacks shapes); its seconds."""
+    if wanted is False:
+        return None
+    if wanted is None:
+        if model.producer_name == metadata.MODEL_PRODUCER:
+            return None
+        unknown = unknown_shape_fraction(model)
+        if unknown < INFER_SHAPES_ABOVE:
+            return None
+        logger.info("irkit.optimize: %.0f%% of the values have no shape: inferring", 100 * unknown)
+    start = time.perf_counter()
+    infer_shapes(model)
+    return time.perf_counter() - start

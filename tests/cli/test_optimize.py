@@ -98,3 +98,48 @@ g (float[2,3] x) => (float[2,3] y) { u = Relu(x)  y = Neg(u) }"""
     assert "shape inference failed, the model keeps its shapes: [ShapeInferenceError] rejected" in (
         caplog.text
     )
+
+
+# --- the same from Python: irkit.optimize infers shapes when the model lacks them -----------------
+
+
+def test_python_optimize_infers_missing_shapes_by_default():
+    m = ir.from_onnx_text(_NO_SHAPES)
+    report = irkit.RewriteReport()
+    irkit.optimize(m, report=report)
+    assert [n.op_type for n in m.graph] == ["Relu", "Neg"]
+    assert report.fired["AddZero"] == 1
+    assert "infer_shapes" in report.passes
+
+
+def test_python_optimize_infer_shapes_false_leaves_the_rule_undecided():
+    m = ir.from_onnx_text(_NO_SHAPES)
+    irkit.optimize(m, infer_shapes=False)
+    assert [n.op_type for n in m.graph] == ["Relu", "Add", "Neg"]
+
+
+def test_python_optimize_skips_inference_when_shapes_are_known(monkeypatch):
+    import irkit._pipeline as pipeline
+
+    def forbidden(model):
+        raise AssertionError("shape inference ran on a model with its shapes")
+
+    monkeypatch.setattr(pipeline, "infer_shapes", forbidden)
+    m = ir.from_onnx_text(_NO_SHAPES)
+    for node in m.graph:  # every value with a shape, as irkit.lower writes them
+        for value in node.outputs:
+            value.shape = ir.Shape([2, 3] if node.op_type != "Constant" else [3])
+    report = irkit.RewriteReport()
+    irkit.optimize(m, report=report)
+    assert [n.op_type for n in m.graph] == ["Relu", "Neg"]
+    assert "infer_shapes" not in report.passes
+
+
+def test_python_optimize_trusts_the_shapes_of_a_lowered_model(monkeypatch):
+    import irkit._pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "infer_shapes", lambda model: pytest.fail("inference ran"))
+    m = ir.from_onnx_text(_NO_SHAPES)
+    m.producer_name = "irkit"  # what irkit.lower writes: torch's shapes, no inference needed
+    irkit.optimize(m)
+    assert [n.op_type for n in m.graph] == ["Relu", "Add", "Neg"]
