@@ -19,10 +19,11 @@ from irkit.errors import LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
 from irkit.lowering._legalize import legalize_kernel_types
-from irkit.lowering._plan import describe, make_plan, needs_functionalization
+from irkit.lowering._plan import Plan, assumptions, describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
 from irkit.lowering._registry import LoweringTable
 from irkit.lowering._signatures import store_call_signatures
+from irkit.lowering._source import node_location, op_name, python_spelling
 
 __all__ = ["lower_program", "DEFAULT_OPSET", "TORCHLIB_OPSET", "IR_VERSION"]
 
@@ -83,6 +84,7 @@ def lower_program(
         logger.info("irkit.lower: functionalization took %.2fs", time.perf_counter() - t0)
         plan = make_plan(ep.graph, table)
     logger.info("irkit.lower: plan %s", describe(plan))
+    _warn_assumptions(plan)
 
     recorder = Recorder(osv.Opset("", TORCHLIB_OPSET))
     with _progress(len(ep.graph.nodes), verbose) as tick:
@@ -227,3 +229,25 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def _warn_assumptions(plan: Plan) -> None:
+    """One warning per (op, condition) a decomposition silently assumed (see ``_trace``)."""
+    seen: dict[tuple[str, str], list[torch.fx.Node]] = {}
+    for node, target, condition in assumptions(plan):
+        seen.setdefault((op_name(target), condition), []).append(node)
+    for (op, condition), nodes in seen.items():
+        first = nodes[0]
+        where = node_location(first)
+        logger.warning(
+            "irkit.lower: torch's decomposition of %s branches on %s, which the program's "
+            "dynamic dims do not decide; the ONNX graph follows the branch the example inputs "
+            "took (%d node(s), first: FX node %r%s). Check the outputs at sizes on the other "
+            "side, or pass custom_lowerings={%s: fn} to lower the op yourself.",
+            op,
+            condition,
+            len(nodes),
+            first.name,
+            f" at {where}" if where else "",
+            python_spelling(target),
+        )

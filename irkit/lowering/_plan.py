@@ -21,7 +21,7 @@ from irkit.lowering._regions import region_body, region_op
 from irkit.lowering._registry import Choice, LoweringTable, Via
 from irkit.lowering._source import node_location
 from irkit.lowering._source import op_name as _op_name
-from irkit.lowering._trace import trace_decomposition
+from irkit.lowering._trace import ASSUMPTIONS, trace_decomposition
 
 __all__ = ["Plan", "make_plan", "needs_functionalization", "Decomposition"]
 
@@ -199,6 +199,18 @@ def needs_functionalization(graph: torch.fx.Graph, plan: Plan) -> list[torch.fx.
         ):
             bad.append(node)
     return bad
+
+
+def assumptions(plan: Plan) -> list[tuple[torch.fx.Node, Any, str]]:
+    """(program node, op decomposed, condition) for every condition on symbolic sizes a traced
+    decomposition followed without the program guaranteeing it (nested ones included)."""
+    found = []
+    for node, decomposition in plan.decompositions.items():
+        found += [
+            (node, node.target, a) for a in decomposition.graph_module.meta.get(ASSUMPTIONS, ())
+        ]
+        found += [(node, target, a) for _, target, a in assumptions(decomposition.plan)]
+    return found
 
 
 def describe(plan: Plan) -> str:
