@@ -16,6 +16,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from irkit.lowering._own_indexing import indexing_lowerings
 from irkit.lowering._own_ordering import ordering_lowerings
 from irkit.lowering._source import resolve_op
 
@@ -398,6 +399,8 @@ def own_lowerings(
     table[torch.sym_ite] = OwnLowering(_symbolic(_sym_ite))
     table[torch.sym_sum] = OwnLowering(_sym_sum)
     for target, (fn, applies) in ordering_lowerings(torchlib).items():
+        table[target] = OwnLowering(fn, applies)
+    for target, (fn, applies) in indexing_lowerings(torchlib).items():
         table[target] = OwnLowering(fn, applies)
     for name, lowering in _LIBRARY_OPS.items():
         target = resolve_op(name)

@@ -1,0 +1,85 @@
+"""irkit's own lowerings of flat-indexing and allocation ops torchlib lacks.
+
+Each is a composition of standard ONNX ops with torch's semantics:
+
+- ``take(x, index)``: ``Gather`` of the flattened ``x`` (negative indices count from the end,
+  as ONNX ``Gather`` does);
+- ``put(x, index, source, accumulate)``: ``ScatterElements`` into the flattened ``x``
+  (``reduction="add"`` when accumulating), reshaped back; negative indices wrapped first;
+- ``nonzero_static(x, size, fill_value)``: ``NonZero``, transposed to ``(n, rank)``, padded
+  with ``fill_value`` rows and cut to ``size`` rows;
+- ``empty_permuted(size, physical_layout, dtype)``: ``empty(size)`` (the physical layout is a
+  memory-format hint ONNX has no notion of; the values are unspecified in torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+__all__ = ["indexing_lowerings"]
+
+
+def _ints(*values: int) -> ir.Value:
+    return op.Constant(value=ir.tensor(list(values), dtype=ir.DataType.INT64))
+
+
+def _flat(x: ir.Value) -> ir.Value:
+    return op.Reshape(x, _ints(-1))
+
+
+def _take(self, index):
+    return op.Gather(_flat(self), index, axis=0)
+
+
+def _put(self, index, source, accumulate=False):
+    flat = _flat(self)
+    where = _flat(index)
+    size = op.Size(flat)
+    where = op.Where(op.Less(where, _ints(0)), op.Add(where, size), where)
+    updates = _flat(source)
+    reduction = "add" if accumulate else "none"
+    put = op.ScatterElements(flat, where, updates, axis=0, reduction=reduction)
+    return op.Reshape(put, op.Shape(self))
+
+
+def _nonzero_static(self, *, size, fill_value=-1):
+    rank = len(self.shape)
+    if rank == 0:  # a scalar's indices have no coordinates: (size, 0)
+        return op.ConstantOfShape(_ints(size, 0), value=ir.tensor([0], dtype=ir.DataType.INT64))
+    rows = op.Transpose(op.NonZero(self), perm=[1, 0])  # (n, rank)
+    fill = op.Expand(op.CastLike(fill_value, rows), _ints(size, rank))
+    return op.Slice(op.Concat(rows, fill, axis=0), _ints(0), _ints(size), _ints(0))
+
+
+def _nonzero_static_applies(node: torch.fx.Node) -> bool:
+    value = node.args[0].meta.get("val")
+    size = node.kwargs.get("size", node.args[1] if len(node.args) > 1 else None)
+    return isinstance(value, torch.Tensor) and isinstance(size, int)
+
+
+def _empty_permuted(empty: Callable[..., Any]) -> Callable[..., Any]:
+    def lower(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return empty(size, dtype=int(ir.DataType.FLOAT) if dtype is None else dtype)
+
+    return lower
+
+
+def indexing_lowerings(
+    torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
+) -> dict[torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]]:
+    """``{op: (lowering, applies)}`` for the ops above."""
+    aten = torch.ops.aten
+    return {
+        aten.take.default: (_take, None),
+        aten.put.default: (_put, None),
+        aten.nonzero_static.default: (_nonzero_static, _nonzero_static_applies),
+        aten.empty_permuted.default: (
+            _empty_permuted(torchlib[aten.empty.memory_format]),
+            None,
+        ),
+    }

@@ -1,0 +1,81 @@
+"""irkit's own lowerings of take, put, nonzero_static and empty_permuted
+(``irkit/lowering/_own_indexing.py``): onnxruntime numbers against eager PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import irkit
+from tests import helpers
+
+
+class Take(torch.nn.Module):
+    def forward(self, x, index):
+        return torch.take(x, index)
+
+
+class Put(torch.nn.Module):
+    def __init__(self, accumulate: bool):
+        super().__init__()
+        self.accumulate = accumulate
+
+    def forward(self, x, index, source):
+        return torch.put(x, index, source, accumulate=self.accumulate)
+
+
+class NonzeroStatic(torch.nn.Module):
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def forward(self, x):
+        return torch.nonzero_static(x, size=self.size, fill_value=-7)
+
+
+def _check(module, *args):
+    model = irkit.lower(torch.export.export(module, args))
+    actual = helpers.run_ort(model, [a.numpy() for a in args])
+    expected = helpers.flatten_outputs(module(*args))
+    assert [a.shape for a in actual] == [e.shape for e in expected]
+    helpers.assert_close(actual, expected, 0.0)
+    return model
+
+
+def test_take_with_negative_indices():
+    x = torch.arange(12.0).reshape(3, 4)
+    _check(Take(), x, torch.tensor([[0, -1], [5, -12]]))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_put(accumulate):
+    x = torch.arange(12).reshape(3, 4)
+    index = torch.tensor([1, -1, 4]) if not accumulate else torch.tensor([1, 1, -12])
+    _check(Put(accumulate), x, index, torch.tensor([100, 200, 300]))
+
+
+@pytest.mark.parametrize("size", [2, 6])  # cut and padded
+def test_nonzero_static(size):
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
+    model = _check(NonzeroStatic(size), x)
+    assert helpers.op_histogram(model.graph)["NonZero"] == 1
+
+
+def test_nonzero_static_of_a_scalar_has_no_coordinates():
+    _check(NonzeroStatic(3), torch.tensor(2.0))
+
+
+class EmptyPermuted(torch.nn.Module):
+    def forward(self, x):
+        e = torch.empty_permuted((2, 3, 4), (0, 2, 1), dtype=torch.int64)
+        return x + e.shape[1], e.fill_(5)
+
+
+def test_empty_permuted_has_its_shape_and_dtype():
+    x = torch.ones(2)
+    model = irkit.lower(torch.export.export(EmptyPermuted(), (x,)))
+    out, filled = helpers.run_ort(model, [x.numpy()])
+    np.testing.assert_array_equal(out, [4.0, 4.0])
+    assert filled.shape == (2, 3, 4) and filled.dtype == np.int64
+    assert (filled == 5).all()
