@@ -9,7 +9,12 @@ Each is a composition of standard ONNX ops with torch's semantics:
 - ``nonzero_static(x, size, fill_value)``: ``NonZero``, transposed to ``(n, rank)``, padded
   with ``fill_value`` rows and cut to ``size`` rows;
 - ``empty_permuted(size, physical_layout, dtype)``: ``empty(size)`` (the physical layout is a
-  memory-format hint ONNX has no notion of; the values are unspecified in torch).
+  memory-format hint ONNX has no notion of; the values are unspecified in torch);
+- ``index_reduce(x, dim, index, source, reduce, include_self)``: ``ScatterElements`` along
+  ``dim`` with ``reduction`` ``mul``/``max``/``min`` (``prod``/``amax``/``amin``), the index
+  expanded to ``source``'s shape; without ``include_self`` the indexed slots first get the
+  reduction's identity. ``mean`` is a scattered sum over a scattered count (floor division for
+  integers, as torch).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
@@ -69,6 +75,64 @@ def _empty_permuted(empty: Callable[..., Any]) -> Callable[..., Any]:
     return lower
 
 
+_REDUCTIONS = {"prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
+
+
+def _identity(reduce: str, dtype: ir.DataType) -> Any:
+    """The value that leaves a slot's reduction unchanged (what ``include_self=False`` puts)."""
+    if reduce in ("prod",):
+        return 1
+    if reduce == "mean":
+        return 0
+    np_dtype = dtype.numpy()
+    if np.issubdtype(np_dtype, np.floating):
+        return -np.inf if reduce == "amax" else np.inf
+    info = np.iinfo(np_dtype)
+    return int(info.min if reduce == "amax" else info.max)
+
+
+def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    if len(self.shape) == 0:  # a scalar is a one-element vector along dim 0
+        flat = _index_reduce_nd(_flat(self), 1, 0, index, _flat(source), reduce, include_self)
+        return op.Reshape(flat, op.Shape(self))
+    rank = len(self.shape)
+    return _index_reduce_nd(self, rank, dim % rank, index, source, reduce, include_self)
+
+
+def _index_reduce_nd(self, rank, dim, index, source, reduce, include_self):
+    shape = [1] * rank
+    shape[dim] = -1
+    where = op.Reshape(index, _ints(*shape))
+    where = op.Where(
+        op.Less(where, _ints(0)), op.Add(where, op.Shape(self, start=dim, end=dim + 1)), where
+    )
+    where = op.Expand(where, op.Shape(source))
+
+    def fill(base: ir.Value, value: Any) -> ir.Value:
+        """``base`` with every indexed slot set to ``value``."""
+        updates = op.Expand(op.CastLike(value, base), op.Shape(source))
+        return op.ScatterElements(base, where, updates, axis=dim)
+
+    dtype = ir.DataType(self.dtype) if self.dtype is not None else ir.DataType.FLOAT
+    base = self if include_self else fill(self, _identity(reduce, dtype))
+    out = op.ScatterElements(base, where, source, axis=dim, reduction=_REDUCTIONS[reduce])
+    if reduce != "mean":
+        return out
+    ones = op.Expand(op.CastLike(1, self), op.Shape(self))
+    counts = ones if include_self else fill(ones, 0)
+    counts = op.ScatterElements(
+        counts, where, op.Expand(op.CastLike(1, self), op.Shape(source)), axis=dim, reduction="add"
+    )
+    if np.issubdtype(dtype.numpy(), np.floating):
+        return op.Div(out, counts)
+    return op.Div(op.Sub(out, op.Mod(out, counts)), counts)  # floor division (counts > 0)
+
+
+def _index_reduce_applies(node: torch.fx.Node) -> bool:
+    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
+    return reduce in _REDUCTIONS and isinstance(node.args[1], int)
+
+
 def indexing_lowerings(
     torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
 ) -> dict[torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]]:
@@ -82,4 +146,5 @@ def indexing_lowerings(
             _empty_permuted(torchlib[aten.empty.memory_format]),
             None,
         ),
+        aten.index_reduce.default: (_index_reduce, _index_reduce_applies),
     }

@@ -79,3 +79,23 @@ def test_empty_permuted_has_its_shape_and_dtype():
     np.testing.assert_array_equal(out, [4.0, 4.0])
     assert filled.shape == (2, 3, 4) and filled.dtype == np.int64
     assert (filled == 5).all()
+
+
+class IndexReduce(torch.nn.Module):
+    def __init__(self, dim: int, reduce: str, include_self: bool):
+        super().__init__()
+        self.dim, self.reduce, self.include_self = dim, reduce, include_self
+
+    def forward(self, x, index, source):
+        return x.index_reduce(self.dim, index, source, self.reduce, include_self=self.include_self)
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["prod", "amax", "amin", "mean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_reduce(reduce, include_self, dtype):
+    x = torch.tensor([[-7, 5, 3], [2, -4, 9]], dtype=dtype)
+    source = torch.tensor([[-2, 4, 1, 6], [3, -5, 8, 2]], dtype=dtype)
+    index = torch.tensor([0, 0, 2, 2])  # slot 1 untouched, the others twice
+    _check(IndexReduce(1, reduce, include_self), x, index, source)
