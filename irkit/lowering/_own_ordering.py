@@ -6,6 +6,8 @@ Each is a composition of standard ONNX ops with torch's semantics:
   (ONNX breaks ties by the lower index, which *is* a stable sort in both directions);
 - ``kthvalue``, ``median`` (the lower median, NaN if any element is NaN), ``median.dim``:
   ``TopK`` of the smallest ``k`` and its last element;
+- ``nanmedian`` (``.dim``): NaNs become +∞ (sorted last), the lower median of each slice's
+  non-NaN count is gathered from the full ``TopK``; an all-NaN slice is NaN at index 0;
 - ``searchsorted`` / ``bucketize``: the insertion index counts the boundaries below the value
   (``<`` for the left side, ``<=`` for the right);
 - ``masked_select``: ``Compress`` of the broadcast, flattened tensor.
@@ -86,6 +88,38 @@ def _median_dim(self, dim, keepdim=False):
     return _nan_if_any_nan(self, values, dim, keepdim), indices
 
 
+def _nanmedian_along(self: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
+    """The lower median of the non-NaN values along ``dim`` (kept), and its index; NaN (index
+    0) where a slice is all NaN."""
+    if not self.dtype.is_floating_point():
+        size = op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
+        return _smallest(self, _lower_median_k(size), dim)
+    nan = op.IsNaN(self)
+    filled = op.Where(nan, op.CastLike(float("inf"), self), self)  # NaNs sort last
+    count = op.ReduceSum(op.Cast(op.Not(nan), to=_INT64), _ints(dim), keepdims=1)
+    rank = op.Max(op.Div(op.Sub(count, _ints(1)), _ints(2)), _ints(0))  # 0-based lower median
+    size = op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
+    values, indices = op.TopK(filled, size, axis=dim, largest=0, sorted=1)
+    value = op.GatherElements(values, rank, axis=dim)
+    index = op.GatherElements(indices, rank, axis=dim)
+    empty = op.Equal(count, _ints(0))
+    return op.Where(empty, op.CastLike(float("nan"), self), value), index
+
+
+def _nanmedian(self):
+    if len(self.shape) == 0:
+        return op.Identity(self)
+    value, _ = _nanmedian_along(op.Reshape(self, _ints(-1)), 0)
+    return op.Squeeze(value, _ints(0))
+
+
+def _nanmedian_dim(self, dim, keepdim=False):
+    if len(self.shape) == 0:
+        return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
+    values, indices = _nanmedian_along(self, dim)
+    return _squeeze_unless(keepdim, dim, values, indices)
+
+
 def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     seq = sorted_sequence
     if sorter is not None:
@@ -135,6 +169,8 @@ def ordering_lowerings(
         aten.kthvalue.default: (_kthvalue, _static_int_args(1, 2)),
         aten.median.default: (_median, None),
         aten.median.dim: (_median_dim, _static_int_args(1)),
+        aten.nanmedian.default: (_nanmedian, None),
+        aten.nanmedian.dim: (_nanmedian_dim, _static_int_args(1)),
         aten.searchsorted.Tensor: (_searchsorted, _searchsorted_applies),
         aten.bucketize.Tensor: (_bucketize, _bucketize_applies),
         aten.masked_select.default: (_masked_select, None),

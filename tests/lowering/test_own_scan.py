@@ -1,4 +1,4 @@
-"""``cummax`` / ``cummin`` (``irkit/lowering/_own_scan.py``): values and indices equal eager
+"""``cummax`` / ``cummin`` (``irkit/lowering/_own_scan.py``) and ``nanmedian`` (``_own_ordering.py``): values and indices equal eager
 PyTorch's — ties take the last index, a NaN sticks (and the index follows each later NaN)."""
 
 from __future__ import annotations
@@ -42,3 +42,19 @@ def test_running_extrema_match_eager(x, dim):
     for a, e in zip(actual, expected, strict=True):
         assert a.dtype == e.dtype and a.shape == e.shape
         np.testing.assert_array_equal(a, e)  # (NaN equals NaN here)
+
+
+class NanMedian(torch.nn.Module):
+    def forward(self, x):
+        rows, cols = torch.nanmedian(x, 1), torch.nanmedian(x, 0, keepdim=True)
+        return torch.nanmedian(x), rows.values, rows.indices, cols.values, cols.indices
+
+
+def test_nanmedian_ignores_nan_and_an_all_nan_slice_is_nan_at_index_0():
+    x = torch.tensor([[NAN, NAN, 5.0], [1.0, NAN, 0.0], [3.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
+    model = irkit.lower(torch.export.export(NanMedian(), (x,)))
+    actual = helpers.run_ort(model, [x.numpy()])
+    expected = helpers.flatten_outputs(NanMedian()(x))
+    for a, e in zip(actual, expected, strict=True):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        np.testing.assert_array_equal(a, e)
