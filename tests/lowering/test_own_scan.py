@@ -1,5 +1,6 @@
-"""``cummax`` / ``cummin`` (``irkit/lowering/_own_scan.py``) and ``nanmedian`` (``_own_ordering.py``): values and indices equal eager
-PyTorch's — ties take the last index, a NaN sticks (and the index follows each later NaN)."""
+"""``cummax`` / ``cummin`` (``irkit/lowering/_own_scan.py``) and ``nanmedian``
+(``_own_ordering.py``): values and indices equal eager PyTorch's — for the running extrema ties
+take the last index and a NaN sticks (the index follows each later NaN)."""
 
 from __future__ import annotations
 
