@@ -223,12 +223,14 @@ def write_data_file(
 def _write_all(fd: int, tensors: Sequence[ir.TensorProtocol], offsets: Sequence[int]) -> None:
     behind = _WriteBehind(fd, WINDOW, SYNC_FILE_RANGE)
     copier = _Copier(fd, behind)
-    checkpoint = [t if isinstance(t, FileTensor) else None for t in tensors]
+    ahead: list[FileTensor | None] = [None] * len(tensors)  # the next checkpoint tensor
+    for i in range(len(tensors) - 2, -1, -1):
+        following = tensors[i + 1]
+        ahead[i] = following if isinstance(following, FileTensor) else ahead[i + 1]
     with os.fdopen(fd, "wb", closefd=False) as file:
-        for i, (tensor, offset) in enumerate(zip(tensors, offsets, strict=True)):
+        for tensor, offset, next_one in zip(tensors, offsets, ahead, strict=True):
             if isinstance(tensor, FileTensor):
-                ahead = next((t for t in checkpoint[i + 1 :] if t is not None), None)
-                copier.copy(tensor, offset, ahead)
+                copier.copy(tensor, offset, next_one)
                 continue
             file.seek(offset)
             _write_in_memory(tensor, file)
