@@ -148,19 +148,31 @@ class _Copier:
         if self._buffer is None:
             self._buffer = memoryview(bytearray(CHUNK))
         view = self._buffer[:count]
-        got = (
-            os.preadv(src, [view], src_off) if hasattr(os, "preadv") else _pread(src, view, src_off)
-        )
+        got = _pread(src, view, src_off)
         written = 0
         while written < got:
-            written += os.pwrite(self._dst, view[written:got], dst_off + written)
+            written += _pwrite(self._dst, view[written:got], dst_off + written)
         return got
 
 
 def _pread(fd: int, view: memoryview, offset: int) -> int:
-    data = os.pread(fd, len(view), offset)
+    """Read into ``view`` from ``offset``; the bytes read (Windows has no ``pread``)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    if hasattr(os, "pread"):
+        data = os.pread(fd, len(view), offset)
+    else:
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = os.read(fd, len(view))
     view[: len(data)] = data
     return len(data)
+
+
+def _pwrite(fd: int, data: memoryview, offset: int) -> int:
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, data, offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # (the output's file object always seeks before it writes)
+    return os.write(fd, data)
 
 
 def _advise(fd: int, offset: int, length: int, advice: str) -> None:

@@ -128,7 +128,8 @@ def _fallback(monkeypatch, how: str) -> list[str]:
     if how == "no kernel calls":
         monkeypatch.delattr(os, "copy_file_range", raising=False)
         monkeypatch.delattr(os, "posix_fadvise", raising=False)
-        monkeypatch.delattr(os, "preadv", raising=False)
+        for name in ("preadv", "pread", "pwrite"):  # (Windows: lseek + read/write)
+            monkeypatch.delattr(os, name, raising=False)
         monkeypatch.setattr(_writer, "SYNC_FILE_RANGE", None)
     elif how == "calls refused":
 
