@@ -9,16 +9,29 @@
    ``save_pretrained`` lays them out (``model-0000k-of-0000n.safetensors`` + index) under
    ``--cache`` (default /work/scale-cache; never all in memory). The weightless graph is saved,
    then a fresh subprocess (no torch) loads it and saves it with ``weights=<folder>`` into
-   external data (with fsync). Reported: seconds, GB/s, and that against the disk's own
-   sequential write speed measured in the same run (a file of the same size, 64 MiB writes,
-   fsync; the better of a run before and one after the save); and the subprocess's peak RSS
-   (``VmHWM``), whole process and growth during the
-   save. The output and the disk test file are deleted afterwards; the shard cache is kept.
+   external data (``alignment=4096``, with fsync), once with the checkpoint evicted from the
+   page cache (cold: read from the same disk the output goes to) and once with it cached
+   (warm), twice each (the better run is reported, as for the disk references). Reported:
+   seconds, GB/s, and that against references measured in the same run:
+   - the disk's sequential write speed as issue 15 defines it (a file of the same size, 64 MiB
+     writes, one fsync at the end; the better of a run before and one after the saves);
+   - the same writes with irkit's rolling write-behind (``sync_file_range``): what the disk
+     gives when the page cache does not pile up dirty pages (the better of two runs);
+   - the disk's cold sequential read speed, and two plain copies of the shards with fsync:
+     ``shutil.copyfile``, and the shards copied whole through irkit's own writer (same chunks,
+     read-ahead, write-behind; cold and warm) — the ceiling of a copy on this disk, which a
+     cold save, reading and writing the same disk, cannot beat;
+   - with ``--previous``: the writer irkit used before (onnx-ir's, one fsync per file), cold
+     and warm;
+   and the subprocess's peak RSS (``VmHWM``), whole process and growth during the save, and
+   (with util-linux ``fincore``) how much of the cached checkpoint the warm save left cached.
+   The output and the test files are deleted afterwards; the shard cache is kept.
 
 Targets (issue 15): lower >= 5x faster than the stock exporter at 7B, save >= 80% of the disk's
 write speed, peak RSS of the save <= 2 GB.
 
 Usage:  python bench/bench_scale.py [--layers N] [--weights] [--cache DIR] [--no-stock]
+                                    [--previous]
 """
 
 from __future__ import annotations
@@ -39,10 +52,14 @@ import warnings
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import onnx_ir as ir  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import irkit  # noqa: E402
+from irkit import _checkpoints, _writer  # noqa: E402
+
+UINT8 = ir.DataType.UINT8
 
 LLAMA2_7B = dict(
     vocab_size=32000,
@@ -159,17 +176,23 @@ def _extra_buffers(layers: int, path: pathlib.Path) -> None:
     save_file(buffers, path)  # (the model was cast to fp16 on meta, buffers included)
 
 
-def _disk_write_speed(path: pathlib.Path, nbytes: int) -> float:
-    """GB/s of plain sequential 64 MiB writes of ``nbytes`` + fsync."""
+def _disk_write_speed(path: pathlib.Path, nbytes: int, behind: bool) -> float:
+    """GB/s of plain sequential 64 MiB writes of ``nbytes`` + fsync (the issue's reference);
+    with ``behind``, the same writes with irkit's rolling write-behind (what the disk does when
+    the page cache does not pile up gigabytes of dirty pages first)."""
     block = memoryview(os.urandom(64 << 20))
     t0 = time.perf_counter()
     with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left > 0:
-            left -= f.write(block[: min(left, len(block))])
+        writeback = _writer._WriteBehind(f.fileno(), _writer.WINDOW, _writer.SYNC_FILE_RANGE)
+        done = 0
+        while done < nbytes:
+            done += f.write(block[: min(nbytes - done, len(block))])
+            if behind:
+                writeback.advance(done)
         os.fsync(f.fileno())
     seconds = time.perf_counter() - t0
     path.unlink()
+    os.sync()
     return nbytes / seconds / 1e9
 
 
@@ -182,7 +205,21 @@ def peak_rss():  # VmHWM: this process's own peak (ru_maxrss carries the parent'
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 
-graph, out, folder, extra = sys.argv[1:5]
+graph, out, folder, extra, previous = sys.argv[1:6]
+if previous == "1":  # the writer before irkit/_writer.py: onnx-ir's, then one fsync per file
+    import os
+    import onnx_ir as ir
+    from irkit import _stream
+
+    def write_data_file(tensors, offsets, path):
+        ir.external_data.convert_tensors_to_external(
+            tensors, str(path.parent), path.name, alignment=4096, align_threshold=4096
+        )
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+    _stream.write_data_file = write_data_file
 model = irkit.load(graph, load_external_data=False)
 before = peak_rss()
 t0 = time.perf_counter()
@@ -231,14 +268,47 @@ def _copy_speed(paths: list[pathlib.Path], out_dir: pathlib.Path) -> float:
     seconds = time.perf_counter() - t0
     for copy in copies:
         copy.unlink()
+    os.sync()
     return sum(p.stat().st_size for p in paths) / seconds / 1e9
 
 
-def _save(graph: pathlib.Path, out_dir: pathlib.Path, folder: pathlib.Path, extra: pathlib.Path):
+def _writer_copy_speed(paths: list[pathlib.Path], out_dir: pathlib.Path) -> float:
+    """GB/s of copying the shards whole through irkit's writer (same chunks, read-ahead and
+    write-behind as the save, one output file): the copy ceiling of this disk, without any of
+    the save's bookkeeping."""
+    whole = [
+        _checkpoints.FileTensor(p, 0, p.stat().st_size, UINT8, (p.stat().st_size,)) for p in paths
+    ]
+    offsets = [sum(t.length for t in whole[:i]) for i in range(len(whole))]
+    out = out_dir / "copy.bin"
+    t0 = time.perf_counter()
+    _writer.write_data_file(whole, offsets, out)
+    seconds = time.perf_counter() - t0
+    out.unlink()
+    os.sync()
+    return sum(t.length for t in whole) / seconds / 1e9
+
+
+def _cached_fraction(paths: list[pathlib.Path]) -> float | None:
+    """Share of these files' bytes in the page cache (util-linux ``fincore``), or None."""
+    if shutil.which("fincore") is None:
+        return None
+    result = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        return None
+    cached = sum(int(x) for x in result.stdout.split())
+    return cached / sum(p.stat().st_size for p in paths)
+
+
+def _save(graph, out_dir, folder, extra, previous: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = out_dir / "model.onnx"
+    args = [str(graph), str(out), str(folder), str(extra), "1" if previous else "0"]
     result = subprocess.run(
-        [sys.executable, "-c", SAVE, str(graph), str(out), str(folder), str(extra)],
+        [sys.executable, "-c", SAVE, *args],
         capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
     if result.returncode != 0:
@@ -252,7 +322,7 @@ def _save(graph: pathlib.Path, out_dir: pathlib.Path, folder: pathlib.Path, extr
     return m
 
 
-def _save_figures(model, layers: int, cache: pathlib.Path) -> None:
+def _save_figures(model, layers: int, cache: pathlib.Path, previous: bool) -> None:
     folder = cache / f"llama7b-{layers}L-fp16"
     print(f"Weights: {folder}")
     total = _write_checkpoint(layers, folder)
@@ -264,34 +334,83 @@ def _save_figures(model, layers: int, cache: pathlib.Path) -> None:
     out_dir.mkdir(parents=True)
     graph = irkit.save(model, out_dir / "graph.onnx")  # weightless: dims and dtypes only
     os.sync()  # the checkpoint's dirty pages must not be flushed during a measurement
-    write_1 = _disk_write_speed(out_dir / "disk_test.bin", total)
+    test_file = out_dir / "disk_test.bin"
+    ref: dict[str, list[float]] = {k: [] for k in ("write", "behind", "copy_cold", "copy_warm")}
+    runs: dict[str, list[dict]] = {"cold": [], "warm": [], "previous cold": [], "previous warm": []}
+    cached: dict[str, float | None] = {}
+
+    def cold(key: str, old: bool = False) -> None:
+        _drop_cache(shards)
+        runs[key].append(_save(graph, out_dir, folder, extra, previous=old))
+
+    def warm(key: str, old: bool = False) -> None:
+        _read_speed(shards)  # into the page cache
+        cached[f"before {key}"] = _cached_fraction(shards)
+        runs[key].append(_save(graph, out_dir, folder, extra, previous=old))
+        cached[f"after {key}"] = _cached_fraction(shards)
+
+    ref["write"].append(_disk_write_speed(test_file, total, behind=False))
+    ref["behind"].append(_disk_write_speed(test_file, total, behind=True))
     _drop_cache(shards)
     read = _read_speed(shards)
     _drop_cache(shards)
     copy = _copy_speed(shards, out_dir)
     _drop_cache(shards)
-    cold = _save(graph, out_dir, folder, extra)
-    _read_speed(shards)  # into the page cache
-    warm = _save(graph, out_dir, folder, extra)
-    write_2 = _disk_write_speed(out_dir / "disk_test.bin", total)
-    disk = max(write_1, write_2)
-    print(f"  {total / 1e9:.2f} GB of weights in {len(shards)} shards; references, same run:")
-    print(
-        f"  disk: sequential write + fsync     {disk:6.2f} GB/s  (runs: {write_1:.2f}, {write_2:.2f})"
-    )
+    ref["copy_cold"].append(_writer_copy_speed(shards, out_dir))
+    cold("cold")
+    if previous:
+        cold("previous cold", old=True)
+    _read_speed(shards)
+    ref["copy_warm"].append(_writer_copy_speed(shards, out_dir))
+    warm("warm")
+    if previous:
+        warm("previous warm", old=True)
+    cold("cold")  # second runs: each figure is the better of two, as the references
+    warm("warm")
+    ref["write"].append(_disk_write_speed(test_file, total, behind=False))
+    ref["behind"].append(_disk_write_speed(test_file, total, behind=True))
+    shutil.rmtree(out_dir)
+    _print_save_figures(total, len(shards), ref, read, copy, runs, cached)
+
+
+def _print_save_figures(total, n_shards, ref, read, copy, runs, cached) -> None:
+    def best(values: list[float]) -> str:
+        return f"{max(values):6.2f} GB/s  (runs: {', '.join(f'{v:.2f}' for v in values)})"
+
+    disk, behind = max(ref["write"]), max(ref["behind"])
+    print(f"  {total / 1e9:.2f} GB of weights in {n_shards} shards; references, same run:")
+    print(f"  disk: sequential write + fsync     {best(ref['write'])}  <- issue 15's reference")
+    print(f"  disk: same + rolling write-behind  {best(ref['behind'])}")
     print(f"  disk: sequential read (cold)       {read:6.2f} GB/s")
     print(f"  copy: shutil.copyfile + fsync      {copy:6.2f} GB/s  (source read from the disk)")
-    for label, m in (("checkpoint on disk (cold)", cold), ("checkpoint in page cache", warm)):
+    print(f"  copy: irkit's writer, whole shards {best(ref['copy_cold'])}  source on disk")
+    print(f"  copy: irkit's writer, whole shards {best(ref['copy_warm'])}  source cached")
+    print("  irkit.save (better of the runs; % of: disk write / write-behind write / writer copy)")
+    for key, ms in runs.items():
+        if not ms:
+            continue
+        m = max(ms, key=lambda m: m["speed"])
+        ceiling = max(ref["copy_cold"] if "cold" in key else ref["copy_warm"])
+        names = {"cold": "checkpoint on disk (cold)", "warm": "checkpoint in page cache"}
+        label = names.get(key) or key.replace(" ", " writer, ")
+        speeds = ", ".join(f"{x['speed']:.2f}" for x in ms)
         print(
-            f"  irkit.save, {label:26} {m['seconds']:7.1f} s  {m['speed']:.2f} GB/s = "
-            f"{100 * m['speed'] / disk:3.0f}% of disk write, {100 * m['speed'] / copy:3.0f}% of copy;"
-            f" peak RSS {m['peak'] / 2**30:.2f} GiB"
+            f"  {label:26} {m['seconds']:6.1f} s  {m['speed']:.2f} GB/s (runs: {speeds})  "
+            f"= {100 * m['speed'] / disk:3.0f}% / {100 * m['speed'] / behind:3.0f}% / "
+            f"{100 * m['speed'] / ceiling:3.0f}%;  peak RSS {m['peak'] / 2**30:.2f} GiB"
         )
+    for key in ("warm", "previous warm"):
+        if cached.get(f"before {key}") is not None and cached.get(f"after {key}") is not None:
+            print(
+                f"  checkpoint bytes in the page cache, {key} save: "
+                f"{100 * cached[f'before {key}']:.0f}% before, {100 * cached[f'after {key}']:.0f}% "
+                "after"
+            )
+    first = runs["cold"][0]
     print(
-        f"  (peak RSS = VmHWM of the save's process: {cold['before'] / 2**30:.2f} GiB before the "
-        f"save; torch imported: {cold['torch']})"
+        f"  (peak RSS = VmHWM of the save's process: {first['before'] / 2**30:.2f} GiB before the "
+        f"save; torch imported: {first['torch']})"
     )
-    shutil.rmtree(out_dir)
 
 
 def main() -> None:
@@ -300,11 +419,14 @@ def main() -> None:
     parser.add_argument("--weights", action="store_true", help="also stream random fp16 weights")
     parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("/work/scale-cache"))
     parser.add_argument("--no-stock", action="store_true", help="skip torch.onnx.export")
+    parser.add_argument(
+        "--previous", action="store_true", help="also time the previous writer (onnx-ir's), cold"
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     model = _lower_figures(args.layers, stock=not args.no_stock)
     if args.weights:
-        _save_figures(model, args.layers, args.cache)
+        _save_figures(model, args.layers, args.cache, args.previous)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 :func:`resolve_weights` matches the model's initializers with a checkpoint (by name, through
 an optional rename hook) and checks dtype and shape before a byte is written.
 :func:`write_external` writes tensors into one or more external data files, one tensor at a
-time, through onnx-ir's writer (``onnx_ir.external_data.convert_tensors_to_external``: offsets,
-alignment, atomic replacement of the destination); what it adds is the split into shard files
-of at most N bytes with irkit's names, and an ``fsync`` of every file written.
+time, with onnx-ir's layout (offsets, alignment) into files that atomically replace their
+destination (:mod:`irkit._writer`: kernel copies, rolling write-behind, ``fsync``), split into
+shard files of at most N bytes with irkit's names.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import onnx_ir as ir
 from irkit._checkpoints import open_weights
 from irkit._derived import DerivedTensor, Leaf, evaluate
 from irkit._weights import WeightlessTensor
+from irkit._writer import write_data_file
 from irkit.errors import SaveError, WeightsError
 
 __all__ = ["Rename", "resolve_weights", "write_external", "parse_size"]
@@ -294,7 +295,10 @@ def write_external(
 ) -> list[ir.ExternalTensor]:
     """Write ``tensors`` (in order) into ``data_name`` next to the model, or into shards of at
     most ``max_shard_size`` bytes; one tensor in memory at a time. Returns the external tensors
-    (same order) that point at the bytes written. Every file is fsynced.
+    (same order) that point at the bytes written. Every file is fsynced and atomically replaces
+    its destination (:func:`irkit._writer.write_data_file`: kernel copies, rolling
+    write-behind); the layout is onnx-ir's (``convert_tensors_to_external``): tensors packed in
+    order, those larger than ``align_threshold`` at multiples of ``max(4096, alignment)``.
 
     Raises:
         SaveError: The data name is absolute or leaves the model's directory, or writing failed.
@@ -311,19 +315,21 @@ def write_external(
     written = 0
     for group, name in zip(groups, names, strict=True):
         members = [tensors[i] for i in group]
+        offsets = _offsets(members, alignment, align_threshold)
         try:
-            external = ir.external_data.convert_tensors_to_external(
-                members,
-                os.fspath(directory),
-                name,
-                alignment=alignment,
-                align_threshold=align_threshold,
-            )
+            write_data_file(members, offsets, directory / name)
         except OSError as exc:
             raise SaveError(f"writing {str(directory / name)!r} failed: {exc}") from exc
-        _fsync(directory / name)
-        for i, tensor in zip(group, external, strict=True):
-            result[i] = tensor
+        for i, tensor, offset in zip(group, members, offsets, strict=True):
+            result[i] = ir.ExternalTensor(
+                os.path.normpath(name),
+                offset,
+                tensor.nbytes,
+                tensor.dtype,
+                shape=tensor.shape,  # type: ignore[arg-type]  # (as onnx-ir's writer passes them)
+                name=tensor.name,  # type: ignore[arg-type]
+                base_dir=os.path.normpath(directory),
+            )
         written += sum(t.nbytes for t in members)
         logger.info(
             "irkit.save: %s: %d tensors, %.2f GB (%.0f%% of %.2f GB)",
@@ -336,9 +342,11 @@ def write_external(
     return [t for t in result if t is not None]
 
 
-def _fsync(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _offsets(
+    tensors: Sequence[ir.TensorProtocol], alignment: int | None, threshold: int
+) -> list[int]:
+    offsets, end = [], 0
+    for tensor in tensors:
+        offsets.append(_aligned(end, tensor.nbytes, alignment, threshold))
+        end = offsets[-1] + tensor.nbytes
+    return offsets
