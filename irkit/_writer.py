@@ -66,7 +66,7 @@ def _load_sync_file_range() -> SyncFileRange | None:
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 SYNC_FILE_RANGE: SyncFileRange | None = _load_sync_file_range()
