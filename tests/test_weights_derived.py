@@ -23,17 +23,9 @@ from irkit import _derived as derived
 from irkit._weights import WeightlessTensor
 from irkit.rewriting import DerivedTensor, concat_weights, transpose_weight
 from tests.helpers import FP32_ATOL, run_ort
+from tests.scale.test_meta_llama import CONFIG as LLAMA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LLAMA = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
 IDS = torch.tensor([[3, 17, 42, 250, 7, 99, 1, 0]])
 
 

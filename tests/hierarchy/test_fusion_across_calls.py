@@ -21,11 +21,6 @@ from irkit.rules import ort
 from tests.helpers import run_ort
 from tests.hierarchy.builders import Builder
 
-
-def with_skip_norm():  # the "ort" rules with the opt-in skip-norm fusions
-    return ort.default_rules(skip_norm=True)
-
-
 BLOCK = "pkg.Block"
 NORM = "pkg.RMSNorm"
 D = 8
@@ -72,7 +67,7 @@ def test_residual_add_and_child_norm_fuse_into_the_parent_function():
         "RMSNorm": {"RMSNormalization": 1},
         "Block": {"Add": 1, "RMSNorm": 1, "Mul": 1},
     }
-    irkit.optimize(model, target="ort", rules=with_skip_norm())
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True))
     assert _functions(model) == {"Block": {"SkipSimplifiedLayerNormalization": 1, "Mul": 1}}
     fused = next(n for n in model.functions[("pkg", "Block", "")] if n.domain == "com.microsoft")
     assert [f.path for f in md.node_scope(fused.metadata_props)] == ["block"]
@@ -88,7 +83,7 @@ def test_fusion_across_two_calls_of_one_module_is_refused(n):
     irkit.optimize(
         model,
         target="ort",
-        rules=with_skip_norm(),
+        rules=ort.default_rules(skip_norm=True),
         explain="SkipSimplifiedLayerNormalization",
         report=report,
     )
@@ -123,10 +118,10 @@ def test_open_module_calls_returns_the_selection_that_outlines_them_again():
 
 def test_ort_target_respects_the_functions_choice():
     model = irkit.outline(_blocks(2), ["Block"])
-    irkit.optimize(model, target="ort", rules=with_skip_norm())
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True))
     assert list(_functions(model)) == ["Block"]
     flat = _blocks(2)
-    irkit.optimize(flat, target="ort", rules=with_skip_norm())
+    irkit.optimize(flat, target="ort", rules=ort.default_rules(skip_norm=True))
     assert not flat.functions
 
 
@@ -143,7 +138,7 @@ def test_fusion_with_the_only_call_of_its_class_is_allowed():
                 h = b.op("Gelu", y)
     model = irkit.outline(b.model([h]))
     before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-    irkit.optimize(model, target="ort", rules=with_skip_norm())
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True))
     assert _functions(model) == {"Linear": {"MatMul": 1}, "Block": {"Linear": 1, "BiasGelu": 1}}
     assert collections.Counter(n.op_type for n in model.graph) == {"Block": 2}
     inputs = [np.random.default_rng(2).standard_normal((2, 3, D)).astype(np.float32)]

@@ -13,11 +13,6 @@ from irkit.rules import ort
 from tests import arch_zoo
 from tests.helpers import assert_close, run_ort
 
-
-def with_skip_norm():  # the "ort" rules with the opt-in skip-norm fusions
-    return ort.default_rules(skip_norm=True)
-
-
 pytestmark = pytest.mark.slow
 
 CASES = {
@@ -32,7 +27,7 @@ def test_encoder_ort(name):
     zm = arch_zoo.load(name)
     model = irkit.lower(arch_zoo.export(name))
     report = irkit.RewriteReport()
-    irkit.optimize(model, target="ort", rules=with_skip_norm(), report=report)
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True), report=report)
     assert {k: report.fired.get(k, 0) for k in fired} == fired
     layers = [f for f in model.functions.values() if f.name.startswith(layer_class)]
     assert [f.name for f in layers] == [layer_class]

@@ -16,11 +16,6 @@ from irkit.rules import ort
 from tests import arch_zoo
 from tests.helpers import assert_close, run_ort
 
-
-def with_skip_norm():  # the "ort" rules with the opt-in skip-norm fusions
-    return ort.default_rules(skip_norm=True)
-
-
 pytestmark = pytest.mark.slow
 
 
@@ -46,7 +41,7 @@ def _calls(model) -> collections.Counter:
 def test_llama_kv_ort_keeps_one_decoder_layer_function():
     model = _lowered()
     report = irkit.RewriteReport()
-    irkit.optimize(model, target="ort", rules=with_skip_norm(), report=report)
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True), report=report)
     layers = [f for f in model.functions.values() if f.name.startswith("LlamaDecoderLayer")]
     assert [f.name for f in layers] == ["LlamaDecoderLayer"]
     assert _calls(model)["LlamaDecoderLayer"] == arch_zoo.LAYERS
@@ -84,7 +79,7 @@ def test_llama_kv_ort_keeps_one_decoder_layer_function():
 
 def test_llama_kv_ort_flat_stays_flat():
     model = _lowered(functions=False)
-    irkit.optimize(model, target="ort", rules=with_skip_norm())
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True))
     assert not model.functions
     ops = collections.Counter(n.op_type for n in model.graph)
     assert ops["SkipSimplifiedLayerNormalization"] == arch_zoo.LAYERS
@@ -116,7 +111,7 @@ def test_llama_kv_ort_explains_the_refused_cross_layer_fusion():
     irkit.optimize(
         model,
         target="ort",
-        rules=with_skip_norm(),
+        rules=ort.default_rules(skip_norm=True),
         explain="SkipSimplifiedLayerNormalization",
         report=report,
     )
