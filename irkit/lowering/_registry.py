@@ -180,7 +180,8 @@ class LoweringTable:
         if own is not None and (own.applies is None or own.applies(node)):
             return Choice(Via.IRKIT, own.fn, identity=own.identity)
         entry = self._torchlib.get(target)
-        if entry is not None:
+        refuses = _TORCHLIB_REFUSES.get(target)
+        if entry is not None and (refuses is None or not refuses(node)):
             fn = entry.complex if _has_complex_input(node) else entry.real
             if fn is not None:
                 return Choice(Via.TORCHLIB, fn)
@@ -194,6 +195,22 @@ class LoweringTable:
             if candidates:
                 return Choice(Via.DECOMPOSE, candidates[0], candidates=candidates)
         return None
+
+
+def _float_target(node: torch.fx.Node) -> bool:
+    """``cross_entropy_loss`` with class probabilities (a float target): torchlib writes
+    ``SoftmaxCrossEntropyLoss``, whose labels are class indices only (no kernel, no exact
+    widening); torch's decomposition (``log_softmax`` times the probabilities) lowers instead."""
+    target = node.args[1] if len(node.args) > 1 else node.kwargs.get("target")
+    value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+_TORCHLIB_REFUSES: Mapping[Any, Callable[[torch.fx.Node], bool]] = {
+    torch.ops.aten.cross_entropy_loss.default: _float_target,
+}
+"""torchlib lowerings that do not cover some arguments: when the predicate holds, the node takes
+the next way (torch's decompositions) instead of an ONNX op no runtime can run."""
 
 
 def _custom_op_implementation(target: torch._ops.OpOverload) -> tuple[Callable[..., Any], ...]:

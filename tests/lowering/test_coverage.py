@@ -585,3 +585,26 @@ def test_a_module_built_inside_forward_initializes_with_a_random_op_nobody_reads
             return x * 2
 
     _check(BuildsLinear(), torch.randn(2, 4))
+
+
+# --- torchlib lowerings that refuse some arguments ----------------------------------------------
+
+
+class SoftTargets(nn.Module):
+    def forward(self, logits, probabilities, labels):
+        return (
+            F.cross_entropy(logits, probabilities),  # class probabilities: decomposed
+            F.cross_entropy(logits, labels),  # class indices: torchlib's SoftmaxCrossEntropyLoss
+        )
+
+
+def test_cross_entropy_with_class_probabilities_is_decomposed():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5, generator=g)
+    probabilities = torch.softmax(torch.randn(4, 5, generator=g), -1)
+    labels = torch.tensor([0, 3, 1, 4])
+    model = _check(SoftTargets(), logits, probabilities, labels, atol=1e-6)
+    ops = collections.Counter(
+        n.op_type for g in (model.graph, *model.functions.values()) for n in g
+    )
+    assert ops["SoftmaxCrossEntropyLoss"] == 1 and ops["LogSoftmax"] >= 1
