@@ -6,6 +6,7 @@ Each is a composition of standard ONNX ops with torch's semantics:
   as ONNX ``Gather`` does);
 - ``put(x, index, source, accumulate)``: ``ScatterElements`` into the flattened ``x``
   (``reduction="add"`` when accumulating), reshaped back; negative indices wrapped first;
+- ``nonzero`` of a scalar: ``(1, 0)`` or ``(0, 0)`` (``NonZero`` would give ``(n, 1)``);
 - ``nonzero_static(x, size, fill_value)``: ``NonZero``, transposed to ``(n, rank)``, padded
   with ``fill_value`` rows and cut to ``size`` rows;
 - ``empty_permuted(size, physical_layout, dtype)``: ``empty(size)`` (the physical layout is a
@@ -28,6 +29,9 @@ import torch
 from onnxscript import opset18 as op
 
 __all__ = ["indexing_lowerings"]
+
+
+_INT64 = ir.DataType.INT64
 
 
 def _ints(*values: int) -> ir.Value:
@@ -66,6 +70,20 @@ def _nonzero_static_applies(node: torch.fx.Node) -> bool:
     value = node.args[0].meta.get("val")
     size = node.kwargs.get("size", node.args[1] if len(node.args) > 1 else None)
     return isinstance(value, torch.Tensor) and isinstance(size, int)
+
+
+def _nonzero_scalar(self):
+    """A scalar's nonzero indices have no coordinates: ``(1, 0)`` if it is nonzero, else
+    ``(0, 0)`` (ONNX ``NonZero`` treats a scalar as a vector: ``(n, 1)``)."""
+    count = op.Cast(op.Cast(op.Reshape(self, _ints(1)), to=int(ir.DataType.BOOL)), to=int(_INT64))
+    return op.ConstantOfShape(
+        op.Concat(count, _ints(0), axis=0), value=ir.tensor([0], dtype=_INT64)
+    )
+
+
+def _is_scalar(node: torch.fx.Node) -> bool:
+    value = node.args[0].meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dim() == 0
 
 
 def _empty_permuted(empty: Callable[..., Any]) -> Callable[..., Any]:
@@ -147,4 +165,5 @@ def indexing_lowerings(
             None,
         ),
         aten.index_reduce.default: (_index_reduce, _index_reduce_applies),
+        aten.nonzero.default: (_nonzero_scalar, _is_scalar),
     }

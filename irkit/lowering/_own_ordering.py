@@ -122,10 +122,11 @@ def _nanmedian_dim(self, dim, keepdim=False):
 
 def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     seq = sorted_sequence
+    rank = len(sorted_sequence.shape)  # (the gathered value below has no shape yet)
     if sorter is not None:
         seq = op.GatherElements(seq, sorter, axis=-1)
     values = op.Unsqueeze(self, _ints(-1))  # (..., K, 1) against the boundaries (..., 1, M)
-    if len(seq.shape) > 1:
+    if rank > 1:
         seq = op.Unsqueeze(seq, _ints(-2))
     below = op.LessOrEqual(seq, values) if right or side == "right" else op.Less(seq, values)
     count = op.ReduceSum(op.Cast(below, to=_INT64), _ints(-1), keepdims=0)

@@ -1,5 +1,6 @@
-"""irkit's own lowerings of take, put, nonzero_static and empty_permuted
-(``irkit/lowering/_own_indexing.py``): onnxruntime numbers against eager PyTorch."""
+"""irkit's own lowerings of take, put, index_reduce, nonzero (of a scalar), nonzero_static and
+empty_permuted (``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
+(``_own_ordering.py``): onnxruntime numbers against eager PyTorch."""
 
 from __future__ import annotations
 
@@ -99,3 +100,24 @@ def test_index_reduce(reduce, include_self, dtype):
     source = torch.tensor([[-2, 4, 1, 6], [3, -5, 8, 2]], dtype=dtype)
     index = torch.tensor([0, 0, 2, 2])  # slot 1 untouched, the others twice
     _check(IndexReduce(1, reduce, include_self), x, index, source)
+
+
+class Nonzero(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x)
+
+
+@pytest.mark.parametrize("value", [2.5, 0.0])
+def test_nonzero_of_a_scalar_has_no_coordinates(value):
+    _check(Nonzero(), torch.tensor(value))
+
+
+class SearchSorted(torch.nn.Module):
+    def forward(self, boundaries, values, sorter):
+        return torch.searchsorted(boundaries, values, sorter=sorter, right=True)
+
+
+def test_searchsorted_with_a_sorter():
+    boundaries = torch.tensor([[5.0, 1.0, 3.0], [2.0, 0.0, 4.0]])
+    sorter = torch.argsort(boundaries, dim=-1)
+    _check(SearchSorted(), boundaries, torch.tensor([[3.0, 0.5], [4.0, 9.0]]), sorter)
