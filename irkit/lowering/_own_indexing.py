@@ -9,6 +9,8 @@ Each is a composition of standard ONNX ops with torch's semantics:
 - ``nonzero`` of a scalar: ``(1, 0)`` or ``(0, 0)`` (``NonZero`` would give ``(n, 1)``);
 - ``nonzero_static(x, size, fill_value)``: ``NonZero``, transposed to ``(n, rank)``, padded
   with ``fill_value`` rows and cut to ``size`` rows;
+- ``pad(x, pad, mode="circular")``: slices and ``Concat`` (onnxruntime's CPU ``Pad`` has no
+  ``wrap`` mode), negative pads cutting first as torch does;
 - ``empty_permuted(size, physical_layout, dtype)``: ``empty(size)`` (the physical layout is a
   memory-format hint ONNX has no notion of; the values are unspecified in torch);
 - ``index_reduce(x, dim, index, source, reduce, include_self)``: ``ScatterElements`` along
@@ -84,6 +86,33 @@ def _nonzero_scalar(self):
 def _is_scalar(node: torch.fx.Node) -> bool:
     value = node.args[0].meta.get("val")
     return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
+_END = 2**62  # a Slice end past any size
+
+
+def _pad_circular(self, pad, mode="constant", value=None):
+    """Circular padding as slices: each dim (last first) is cut by its negative pads, then the
+    cut tensor's last ``left`` and first ``right`` elements wrap around it — torch's order."""
+    out = self
+    for i in range(len(pad) // 2):
+        left, right = pad[2 * i], pad[2 * i + 1]
+        axis = _ints(-1 - i)
+        out = op.Slice(out, _ints(max(-left, 0)), _ints(-max(-right, 0) or _END), axis)
+        parts = [out]
+        if left > 0:
+            parts.insert(0, op.Slice(out, _ints(-left), _ints(_END), axis))
+        if right > 0:
+            parts.append(op.Slice(out, _ints(0), _ints(right), axis))
+        if len(parts) > 1:
+            out = op.Concat(*parts, axis=-1 - i)
+    return out
+
+
+def _pad_circular_applies(node: torch.fx.Node) -> bool:
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    pad = node.args[1]
+    return mode == "circular" and all(isinstance(p, int) for p in pad)
 
 
 def _empty_permuted(empty: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,4 +195,5 @@ def indexing_lowerings(
         ),
         aten.index_reduce.default: (_index_reduce, _index_reduce_applies),
         aten.nonzero.default: (_nonzero_scalar, _is_scalar),
+        aten.pad.default: (_pad_circular, _pad_circular_applies),
     }

@@ -1,5 +1,5 @@
 """irkit's own lowerings of take, put, index_reduce, nonzero (of a scalar), nonzero_static and
-empty_permuted (``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
+empty_permuted, circular pad (``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
 (``_own_ordering.py``): onnxruntime numbers against eager PyTorch."""
 
 from __future__ import annotations
@@ -121,3 +121,21 @@ def test_searchsorted_with_a_sorter():
     boundaries = torch.tensor([[5.0, 1.0, 3.0], [2.0, 0.0, 4.0]])
     sorter = torch.argsort(boundaries, dim=-1)
     _check(SearchSorted(), boundaries, torch.tensor([[3.0, 0.5], [4.0, 9.0]]), sorter)
+
+
+class PadCircular(torch.nn.Module):
+    def __init__(self, pad: tuple[int, ...]):
+        super().__init__()
+        self.pad = pad
+
+    def forward(self, x):
+        return torch.nn.functional.pad(x, self.pad, mode="circular")
+
+
+@pytest.mark.parametrize("pad", [(1, 2), (-1, 2), (2, -1), (1, 1, 2, 0), (0, -2, -1, 1)])
+def test_circular_pad_wraps_after_cutting(pad):
+    x = torch.arange(2 * 3 * 5, dtype=torch.float32).reshape(2, 3, 5)
+    if len(pad) == 4:  # (torch pads the last two dims of a 3-D or 4-D input)
+        x = x.unsqueeze(0)
+    model = _check(PadCircular(pad), x)
+    assert "Pad" not in helpers.op_histogram(model.graph)
