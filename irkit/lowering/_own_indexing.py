@@ -11,6 +11,8 @@ Each is a composition of standard ONNX ops with torch's semantics:
   with ``fill_value`` rows and cut to ``size`` rows;
 - ``pad(x, pad, mode="circular")``: slices and ``Concat`` (onnxruntime's CPU ``Pad`` has no
   ``wrap`` mode), negative pads cutting first as torch does;
+- ``unique_consecutive`` (``dim=None``, any dtype): ``Compress`` of each run's first element,
+  the inverse a ``CumSum`` of run starts, the counts the gaps between them;
 - ``empty_permuted(size, physical_layout, dtype)``: ``empty(size)`` (the physical layout is a
   memory-format hint ONNX has no notion of; the values are unspecified in torch);
 - ``index_reduce(x, dim, index, source, reduce, include_self)``: ``ScatterElements`` along
@@ -89,6 +91,40 @@ def _is_scalar(node: torch.fx.Node) -> bool:
 
 
 _END = 2**62  # a Slice end past any size
+
+
+def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    """Runs of equal neighbours in the flattened tensor (any dtype; NaNs are all distinct):
+    ``keep`` marks each run's first element; the inverse is ``CumSum(keep) - 1``; the counts are
+    the gaps between the runs' start positions."""
+    flat = _flat(self)
+    axis = _ints(0)
+    later = op.Slice(flat, _ints(1), _ints(_END), axis)
+    earlier = op.Slice(flat, _ints(0), _ints(-1), axis)
+    first = op.Expand(
+        op.Constant(value=ir.tensor([True])), op.Shape(op.Slice(flat, axis, _ints(1), axis))
+    )
+    keep = op.Concat(first, op.Not(op.Equal(later, earlier)), axis=0)
+    values = op.Compress(flat, keep, axis=0)
+    empty = op.Constant(value=ir.tensor(np.zeros(0, dtype=np.int64)))
+    inverse, counts = empty, empty
+    if return_inverse:
+        runs = op.CumSum(op.Cast(keep, to=int(_INT64)), axis)
+        inverse = op.Reshape(op.Sub(runs, _ints(1)), op.Shape(self))
+    if return_counts:
+        size = op.Size(flat)
+        index = op.Range(op.Constant(value_int=0), size, op.Constant(value_int=1))
+        starts = op.Compress(index, keep, axis=0)
+        ends = op.Concat(
+            op.Slice(starts, _ints(1), _ints(_END), axis), op.Reshape(size, _ints(1)), axis=0
+        )
+        counts = op.Sub(ends, starts)
+    return values, inverse, counts
+
+
+def _unique_consecutive_applies(node: torch.fx.Node) -> bool:
+    dim = node.args[3] if len(node.args) > 3 else node.kwargs.get("dim")
+    return dim is None
 
 
 def _pad_circular(self, pad, mode="constant", value=None):
@@ -196,4 +232,5 @@ def indexing_lowerings(
         aten.index_reduce.default: (_index_reduce, _index_reduce_applies),
         aten.nonzero.default: (_nonzero_scalar, _is_scalar),
         aten.pad.default: (_pad_circular, _pad_circular_applies),
+        aten.unique_consecutive.default: (_unique_consecutive, _unique_consecutive_applies),
     }

@@ -323,8 +323,6 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
     ("triangular_solve", "", "float32"): "no ONNX equivalent (matrix factorization/solve; stock fails too): unsupported: UnsupportedOpError: aten::triangular_solve.default",
     ("tril_indices", "", "int64"): "irkit gap (stock fails too: lowering_error): lowering_error: LoweringError in aten::cat.default: AssertionError: aten::cat received all None or empty tensors. Fix: check the op's arguments, or pass custom_lowerings={torch.ops.aten.cat.defau",
     ("triu_indices", "", "int64"): "irkit gap (stock fails too: lowering_error): lowering_error: LoweringError in aten::cat.default: AssertionError: aten::cat received all None or empty tensors. Fix: check the op's arguments, or pass custom_lowerings={torch.ops.aten.cat.defau",
-    ("unique_consecutive", "", "bool"): "irkit gap (stock fails too: lowering_error): lowering_error: LoweringError in aten::unique_consecutive.default: AssertionError: unique_consecutive not implemented for other type than int32, int64. Fix: check the op's arguments, or pass cust",
-    ("unique_consecutive", "", "float32"): "irkit gap (stock fails too: lowering_error): lowering_error: LoweringError in aten::unique_consecutive.default: AssertionError: unique_consecutive not implemented for other type than int32, int64. Fix: check the op's arguments, or pass cust",
     ("var", "unbiased", "float32"): "irkit gap (stock fails too: mismatch): mismatch: output 0: max abs diff nan",
     ("var_mean", "unbiased", "float32"): "irkit gap (stock fails too: mismatch): mismatch: output 0: max abs diff nan",
 }

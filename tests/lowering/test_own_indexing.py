@@ -1,5 +1,5 @@
 """irkit's own lowerings of take, put, index_reduce, nonzero (of a scalar), nonzero_static and
-empty_permuted, circular pad (``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
+empty_permuted, circular pad, unique_consecutive (``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
 (``_own_ordering.py``): onnxruntime numbers against eager PyTorch."""
 
 from __future__ import annotations
@@ -139,3 +139,32 @@ def test_circular_pad_wraps_after_cutting(pad):
         x = x.unsqueeze(0)
     model = _check(PadCircular(pad), x)
     assert "Pad" not in helpers.op_histogram(model.graph)
+
+
+class UniqueConsecutive(torch.nn.Module):
+    def __init__(self, inverse: bool, counts: bool):
+        super().__init__()
+        self.inverse, self.counts = inverse, counts
+
+    def forward(self, x):
+        out = torch.unique_consecutive(x, return_inverse=self.inverse, return_counts=self.counts)
+        return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("inverse, counts", [(True, True), (False, True), (False, False)])
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.tensor([[1.0, 1.0, float("nan")], [float("nan"), 2.0, 2.0]]),  # NaNs are distinct
+        torch.tensor([True, True, False, True]),
+    ],
+    ids=["float-nan", "bool"],
+)
+def test_unique_consecutive(x, inverse, counts):
+    module = UniqueConsecutive(inverse, counts)
+    model = irkit.lower(torch.export.export(module, (x,)))
+    actual = helpers.run_ort(model, [x.numpy()])
+    expected = helpers.flatten_outputs(module(x))
+    for a, e in zip(actual, expected, strict=True):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        np.testing.assert_array_equal(a, e)
