@@ -13,6 +13,8 @@ Each is a composition of standard ONNX ops with torch's semantics:
   ``wrap`` mode), negative pads cutting first as torch does;
 - ``unique_consecutive`` (``dim=None``, any dtype): ``Compress`` of each run's first element,
   the inverse a ``CumSum`` of run starts, the counts the gaps between them;
+- ``scatter_reduce`` ``amax``/``amin`` of bool: torchlib's, computed on int32 (onnxruntime's
+  ``ScatterElements`` has no bool max/min);
 - ``empty_permuted(size, physical_layout, dtype)``: ``empty(size)`` (the physical layout is a
   memory-format hint ONNX has no notion of; the values are unspecified in torch);
 - ``index_reduce(x, dim, index, source, reduce, include_self)``: ``ScatterElements`` along
@@ -120,6 +122,32 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
         )
         counts = op.Sub(ends, starts)
     return values, inverse, counts
+
+
+def _bool_scatter_extremum(scatter_reduce: Callable[..., Any]) -> Callable[..., Any]:
+    """``scatter_reduce`` ``amax``/``amin`` of booleans (OR / AND) computed on int32:
+    onnxruntime's ``ScatterElements`` has no bool kernel for ``reduction="max"``/``"min"``."""
+
+    def as_int32(value: ir.Value) -> ir.Value:
+        cast = op.Cast(value, to=int(ir.DataType.INT32))
+        cast.dtype, cast.shape = ir.DataType.INT32, value.shape  # (torchlib reads the dtype)
+        return cast
+
+    def lower(self, dim, index, src, reduce, *, include_self=True):
+        out = scatter_reduce(
+            as_int32(self), dim, index, as_int32(src), reduce, include_self=include_self
+        )
+        return op.Cast(out, to=int(ir.DataType.BOOL))
+
+    return lower
+
+
+def _bool_scatter_extremum_applies(node: torch.fx.Node) -> bool:
+    value = node.args[0].meta.get("val")
+    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
+    return (
+        isinstance(value, torch.Tensor) and value.dtype == torch.bool and reduce in ("amax", "amin")
+    )
 
 
 def _unique_consecutive_applies(node: torch.fx.Node) -> bool:
@@ -233,4 +261,8 @@ def indexing_lowerings(
         aten.nonzero.default: (_nonzero_scalar, _is_scalar),
         aten.pad.default: (_pad_circular, _pad_circular_applies),
         aten.unique_consecutive.default: (_unique_consecutive, _unique_consecutive_applies),
+        aten.scatter_reduce.two: (
+            _bool_scatter_extremum(torchlib[aten.scatter_reduce.two]),
+            _bool_scatter_extremum_applies,
+        ),
     }

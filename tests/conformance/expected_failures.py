@@ -211,8 +211,6 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
     ("polygamma", "polygamma_n_4", "float32"): "irkit gap (stock fails too: lowering_error): unsupported: UnsupportedOpError: aten::polygamma.default",
     ("polygamma", "polygamma_n_4", "int64"): "irkit gap (stock fails too: lowering_error): unsupported: UnsupportedOpError: aten::polygamma.default",
     ("qr", "", "float32"): "no ONNX equivalent (matrix factorization/solve; stock fails too): unsupported: UnsupportedOpError: aten::qr.default",
-    ("scatter_reduce", "amax", "bool"): "irkit gap (stock fails too: ort_run_failed): ort_run_failed: RuntimeException: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running ScatterElements node. Name:'scatter_reduce/ScatterElements_2' Status Mes",
-    ("scatter_reduce", "amin", "bool"): "irkit gap (stock fails too: ort_run_failed): ort_run_failed: RuntimeException: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running ScatterElements node. Name:'scatter_reduce/ScatterElements_2' Status Mes",
     ("scatter_reduce", "mean", "float32"): "irkit gap (stock fails too: mismatch): mismatch: output 0: max abs diff 6.77",
     ("scatter_reduce", "mean", "int64"): "irkit gap (stock fails too: mismatch): mismatch: output 0: max abs diff 7",
     ("sort", "", "bool"): "irkit gap (stock fails too: ort_load_failed): mismatch: output 1: max abs diff 7.98e+03",

@@ -1,5 +1,6 @@
 """irkit's own lowerings of take, put, index_reduce, nonzero (of a scalar), nonzero_static and
-empty_permuted, circular pad, unique_consecutive (``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
+empty_permuted, circular pad, unique_consecutive, bool scatter_reduce amax/amin
+(``irkit/lowering/_own_indexing.py``) and searchsorted with a sorter
 (``_own_ordering.py``): onnxruntime numbers against eager PyTorch."""
 
 from __future__ import annotations
@@ -168,3 +169,21 @@ def test_unique_consecutive(x, inverse, counts):
     for a, e in zip(actual, expected, strict=True):
         assert a.dtype == e.dtype and a.shape == e.shape
         np.testing.assert_array_equal(a, e)
+
+
+class BoolScatterExtremum(torch.nn.Module):
+    def __init__(self, reduce: str, include_self: bool):
+        super().__init__()
+        self.reduce, self.include_self = reduce, include_self
+
+    def forward(self, x, index, src):
+        return x.scatter_reduce(1, index, src, self.reduce, include_self=self.include_self)
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+def test_scatter_reduce_extremum_of_bool(reduce, include_self):
+    x = torch.tensor([[True, False, True], [False, False, True]])
+    index = torch.tensor([[0, 0, 2, 2], [1, 1, 0, 2]])
+    src = torch.tensor([[False, True, False, False], [True, False, True, False]])
+    _check(BoolScatterExtremum(reduce, include_self), x, index, src)
