@@ -87,6 +87,14 @@ class FileTensor:
         self.doc_string: str | None = None
         self._props: dict[str, str] = {}
 
+    def truncated(self) -> WeightsError:
+        """The error for a checkpoint file that ends before this tensor's bytes do."""
+        return WeightsError(
+            f"{str(self.path)!r} is truncated: tensor {self.name!r} needs bytes "
+            f"{self.offset}..{self.offset + self.length}.",
+            [self.name or ""],
+        )
+
     def renamed(self, name: str) -> FileTensor:
         """The same bytes under the initializer's name."""
         return FileTensor(self.path, self.offset, self.length, self._dtype, self._dims, name)
@@ -124,11 +132,7 @@ class FileTensor:
             f.seek(self.offset)
             data = f.read(self.length)
         if len(data) != self.length:
-            raise WeightsError(
-                f"{str(self.path)!r} is truncated: tensor {self.name!r} needs bytes "
-                f"{self.offset}..{self.offset + self.length}.",
-                [self.name or ""],
-            )
+            raise self.truncated()
         return data
 
     def numpy(self) -> np.ndarray:
@@ -175,11 +179,7 @@ def _copy_range(src: int, src_off: int, dst: int, dst_off: int, n: int, who: Fil
             data = os.pread(src, min(count, _CHUNK), src_off + done)
             copied = os.pwrite(dst, data, dst_off + done) if data else 0
         if copied == 0:
-            raise WeightsError(
-                f"{str(who.path)!r} is truncated: tensor {who.name!r} needs bytes "
-                f"{who.offset}..{who.offset + who.length}.",
-                [who.name or ""],
-            )
+            raise who.truncated()
         done += copied
 
 

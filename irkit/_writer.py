@@ -38,7 +38,6 @@ from typing import Any, BinaryIO
 import onnx_ir as ir
 
 from irkit._checkpoints import FileTensor
-from irkit.errors import WeightsError
 
 __all__ = ["write_data_file", "CHUNK", "WINDOW"]
 
@@ -130,11 +129,7 @@ class _Copier:
                     _prefetch(ahead)
                 copied = self._step(src, tensor.offset + done, dst_off + done, count)
                 if copied == 0:
-                    raise WeightsError(
-                        f"{str(tensor.path)!r} is truncated: tensor {tensor.name!r} needs bytes "
-                        f"{tensor.offset}..{tensor.offset + tensor.length}.",
-                        [tensor.name or ""],
-                    )
+                    raise tensor.truncated()
                 done += copied
                 self._behind.advance(dst_off + done)
 

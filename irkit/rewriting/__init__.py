@@ -38,7 +38,7 @@ from irkit.rewriting._checks import (
     scalar,
     static_shape,
 )
-from irkit.rewriting._match import Match, MatchFailure, const_value, fail
+from irkit.rewriting._match import Match, MatchFailure, const_tensor, const_value, fail
 from irkit.rewriting._module_rule import ModuleCall, ModuleRule
 from irkit.rewriting._optimize import optimize_with
 from irkit.rewriting._pattern import Const, Pattern, attr, either, op, optional, var
@@ -77,6 +77,7 @@ __all__ = [
     "MatchFailure",
     "fail",
     "const_value",
+    "const_tensor",
     "Pattern",
     "Verdict",
     "rank",

@@ -33,7 +33,7 @@ from irkit.rewriting._pattern import (
     root_nodes,
 )
 
-__all__ = ["MatchFailure", "Match", "Matcher", "fail", "const_value"]
+__all__ = ["MatchFailure", "Match", "Matcher", "fail", "const_value", "const_tensor"]
 
 _UNBOUND = object()
 MAX_SOLUTIONS = 16
@@ -118,18 +118,24 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def const_value(value: ir.Value | None) -> np.ndarray | None:
-    """The constant held by ``value`` (initializer or ``Constant`` output) as numpy, else None."""
+def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The constant tensor held by ``value`` (initializer or ``Constant`` output), with data or
+    weightless, else None."""
     if value is None:
         return None
-    tensor = value.const_value
+    if value.const_value is not None:
+        return value.const_value
+    producer = value.producer()
+    if producer is None or producer.op_type != "Constant" or producer.domain != "":
+        return None
+    return ir.convenience.get_const_tensor(value)
+
+
+def const_value(value: ir.Value | None) -> np.ndarray | None:
+    """The constant held by ``value`` (initializer or ``Constant`` output) as numpy, else None."""
+    tensor = const_tensor(value)
     if tensor is None:
-        producer = value.producer()
-        if producer is None or producer.op_type != "Constant" or producer.domain != "":
-            return None
-        tensor = ir.convenience.get_const_tensor(value)
-        if tensor is None:
-            return None
+        return None
     try:
         return tensor.numpy()
     except Exception:  # external data not loaded, unsupported dtype

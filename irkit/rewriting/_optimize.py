@@ -23,6 +23,7 @@ from irkit import _derived as derived
 from irkit._weights import WeightlessTensor, hide_weightless
 from irkit.errors import IrkitError, RewriteError
 from irkit.rewriting._apply import count_nodes, rewrite
+from irkit.rewriting._match import const_tensor
 from irkit.rewriting._report import RewriteReport
 from irkit.rewriting._rule import BaseRule, RuleSet
 
@@ -279,7 +280,7 @@ def fold_weightless(model: ir.Model, should_fold: ShouldFold = _default_folding)
         if node.domain != "" or node.op_type not in _FOLDERS or len(node.outputs) != 1:
             continue
         out = node.outputs[0]
-        inputs = [_constant(v) for v in node.inputs]
+        inputs = [const_tensor(v) for v in node.inputs]
         if out.is_graph_output() or any(v is not None and v.is_graph_input() for v in node.inputs):
             continue
         if any(t is None for t in inputs) or not any(
@@ -318,17 +319,6 @@ def fold_weightless(model: ir.Model, should_fold: ShouldFold = _default_folding)
     return folded
 
 
-def _constant(value: ir.Value | None) -> ir.TensorProtocol | None:
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value
-    producer = value.producer()
-    if producer is None or producer.op_type != "Constant" or producer.domain != "":
-        return None
-    return ir.convenience.get_const_tensor(value)
-
-
 def _size(tensor: ir.TensorProtocol) -> int:
     return int(np.prod(tensor.shape.numpy(), dtype=np.int64))
 
@@ -353,7 +343,7 @@ def _small_enough(node: ir.Node, tensor: ir.TensorProtocol) -> bool:
     removed = 0
     for value in node.inputs:
         if value is not None and len(value.uses()) == 1:
-            held = _constant(value)
+            held = const_tensor(value)
             removed += 0 if held is None else _size(held)
     return _size(tensor) - removed <= 0
 

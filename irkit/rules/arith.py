@@ -49,6 +49,7 @@ from irkit.rewriting import (
     Rule,
     RuleSet,
     Verdict,
+    const_tensor,
     const_value,
     dims,
     either,
@@ -99,16 +100,6 @@ def _either_side(a: ir.Value, b: ir.Value, neutral: int) -> Verdict:
     return first if first is not None else fail("no constant operand", b)
 
 
-def _tensor(v: ir.Value) -> ir.TensorProtocol | None:
-    """The constant tensor of ``v`` (initializer or ``Constant`` output; data or weightless)."""
-    if v.const_value is not None:
-        return v.const_value
-    producer = v.producer()
-    if producer is None or producer.op_type != "Constant" or producer.domain != "":
-        return None
-    return ir.convenience.get_const_tensor(v)
-
-
 def _np(dtype: ir.DataType) -> str:
     try:
         return str(dtype.numpy())
@@ -119,7 +110,7 @@ def _np(dtype: ir.DataType) -> str:
 def _scale_folds(x: ir.Value, w: ir.Value, s: ir.Value, bias: ir.Value | None) -> Verdict:
     """Whether ``s`` folds into ``W`` (and ``bias``); finds the folded constants (real, or
     derived when a weight is weightless: computed when the weights are saved)."""
-    weight = _tensor(w)
+    weight = const_tensor(w)
     if weight is None or w.is_graph_input():
         return fail("the MatMul weight is not a constant", w)
     wshape = tuple(int(d) for d in weight.shape.numpy())
@@ -130,7 +121,7 @@ def _scale_folds(x: ir.Value, w: ir.Value, s: ir.Value, bias: ir.Value | None) -
         )
     if len(w.uses()) != 1:
         return fail("the weight has other uses (folding would duplicate it)", w)
-    scale = _tensor(s)
+    scale = const_tensor(s)
     if scale is None or s.is_graph_input():
         return fail("the scale is not a constant", s)
     if scale.dtype != weight.dtype:
@@ -150,7 +141,7 @@ def _scale_folds(x: ir.Value, w: ir.Value, s: ir.Value, bias: ir.Value | None) -
         )
     folded: dict[str, ir.TensorProtocol | None] = {"w_s": None, "b_s": None}
     if bias is not None:
-        offset = _tensor(bias)
+        offset = const_tensor(bias)
         if offset is None or bias.is_graph_input():
             return fail("the bias is not a constant", bias)
         if offset.dtype != weight.dtype:
