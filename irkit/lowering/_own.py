@@ -289,6 +289,20 @@ def _hypot(self, other):
     return op.Sqrt(op.Add(op.Mul(self, self), op.Mul(other, other)))
 
 
+def _signbit(self):
+    """``x < 0``, and for floats also ``-0.0`` (``1 / -0.0 = -inf``), compared with a scalar zero
+    so a 0-d input stays 0-d (torchlib compares with ``[0]`` and misses ``-0.0``). The sign bit
+    of a NaN is not observable with ONNX ops: a NaN counts as positive."""
+    if self.dtype == ir.DataType.BOOL:
+        return op.ConstantOfShape(op.Shape(self), value=ir.tensor([False]))
+    zero = op.CastLike(0, self)
+    negative = op.Less(self, zero)
+    if not self.dtype.is_floating_point():
+        return negative
+    negative_zero = op.And(op.Equal(self, zero), op.Less(op.Reciprocal(self), zero))
+    return op.Or(negative, negative_zero)
+
+
 def _nan_ignoring(pick: Callable[..., Any]) -> Callable[..., Any]:
     """``fmax``/``fmin``: ``max``/``min`` where a NaN loses against a number."""
 
@@ -386,6 +400,7 @@ def own_lowerings(
         ),
         aten._grouped_mm.default: OwnLowering(_grouped_mm, _grouped_mm_applies),
         aten.hypot.default: OwnLowering(_hypot),
+        aten.signbit.default: OwnLowering(_signbit),
         aten.fmax.default: OwnLowering(_nan_ignoring(op.Max)),
         aten.fmin.default: OwnLowering(_nan_ignoring(op.Min)),
         aten.uniform.default: OwnLowering(_uniform, _is_float),

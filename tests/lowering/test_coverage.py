@@ -608,3 +608,17 @@ def test_cross_entropy_with_class_probabilities_is_decomposed():
         n.op_type for g in (model.graph, *model.functions.values()) for n in g
     )
     assert ops["SoftmaxCrossEntropyLoss"] == 1 and ops["LogSoftmax"] >= 1
+
+
+class SignBit(nn.Module):
+    def forward(self, x, scalar):
+        return torch.signbit(x), torch.signbit(scalar), torch.copysign(scalar, x[1])
+
+
+def test_signbit_sees_negative_zero_and_keeps_a_scalar_0d():
+    x = torch.tensor([1.0, -0.0, 0.0, -2.0, float("inf"), float("-inf")])
+    scalar = torch.tensor(3.0)
+    model = _check(SignBit(), x, scalar, atol=0.0)
+    out = helpers.run_ort(model, [x.numpy(), scalar.numpy()])
+    assert out[0].tolist() == [False, True, False, True, False, True]
+    assert out[1].shape == () and out[2].shape == () and out[2] == -3.0
