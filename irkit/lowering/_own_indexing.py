@@ -34,18 +34,16 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from irkit.lowering._own_common import SLICE_END, extreme, ints
+
 __all__ = ["indexing_lowerings"]
 
 
 _INT64 = ir.DataType.INT64
 
 
-def _ints(*values: int) -> ir.Value:
-    return op.Constant(value=ir.tensor(list(values), dtype=ir.DataType.INT64))
-
-
 def _flat(x: ir.Value) -> ir.Value:
-    return op.Reshape(x, _ints(-1))
+    return op.Reshape(x, ints(-1))
 
 
 def _take(self, index):
@@ -56,7 +54,7 @@ def _put(self, index, source, accumulate=False):
     flat = _flat(self)
     where = _flat(index)
     size = op.Size(flat)
-    where = op.Where(op.Less(where, _ints(0)), op.Add(where, size), where)
+    where = op.Where(op.Less(where, ints(0)), op.Add(where, size), where)
     updates = _flat(source)
     reduction = "add" if accumulate else "none"
     put = op.ScatterElements(flat, where, updates, axis=0, reduction=reduction)
@@ -66,10 +64,10 @@ def _put(self, index, source, accumulate=False):
 def _nonzero_static(self, *, size, fill_value=-1):
     rank = len(self.shape)
     if rank == 0:  # a scalar's indices have no coordinates: (size, 0)
-        return op.ConstantOfShape(_ints(size, 0), value=ir.tensor([0], dtype=ir.DataType.INT64))
+        return op.ConstantOfShape(ints(size, 0), value=ir.tensor([0], dtype=ir.DataType.INT64))
     rows = op.Transpose(op.NonZero(self), perm=[1, 0])  # (n, rank)
-    fill = op.Expand(op.CastLike(fill_value, rows), _ints(size, rank))
-    return op.Slice(op.Concat(rows, fill, axis=0), _ints(0), _ints(size), _ints(0))
+    fill = op.Expand(op.CastLike(fill_value, rows), ints(size, rank))
+    return op.Slice(op.Concat(rows, fill, axis=0), ints(0), ints(size), ints(0))
 
 
 def _nonzero_static_applies(node: torch.fx.Node) -> bool:
@@ -81,10 +79,8 @@ def _nonzero_static_applies(node: torch.fx.Node) -> bool:
 def _nonzero_scalar(self):
     """A scalar's nonzero indices have no coordinates: ``(1, 0)`` if it is nonzero, else
     ``(0, 0)`` (ONNX ``NonZero`` treats a scalar as a vector: ``(n, 1)``)."""
-    count = op.Cast(op.Cast(op.Reshape(self, _ints(1)), to=int(ir.DataType.BOOL)), to=int(_INT64))
-    return op.ConstantOfShape(
-        op.Concat(count, _ints(0), axis=0), value=ir.tensor([0], dtype=_INT64)
-    )
+    count = op.Cast(op.Cast(op.Reshape(self, ints(1)), to=int(ir.DataType.BOOL)), to=int(_INT64))
+    return op.ConstantOfShape(op.Concat(count, ints(0), axis=0), value=ir.tensor([0], dtype=_INT64))
 
 
 def _is_scalar(node: torch.fx.Node) -> bool:
@@ -92,19 +88,16 @@ def _is_scalar(node: torch.fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 0
 
 
-_END = 2**62  # a Slice end past any size
-
-
 def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
     """Runs of equal neighbours in the flattened tensor (any dtype; NaNs are all distinct):
     ``keep`` marks each run's first element; the inverse is ``CumSum(keep) - 1``; the counts are
     the gaps between the runs' start positions."""
     flat = _flat(self)
-    axis = _ints(0)
-    later = op.Slice(flat, _ints(1), _ints(_END), axis)
-    earlier = op.Slice(flat, _ints(0), _ints(-1), axis)
+    axis = ints(0)
+    later = op.Slice(flat, ints(1), ints(SLICE_END), axis)
+    earlier = op.Slice(flat, ints(0), ints(-1), axis)
     first = op.Expand(
-        op.Constant(value=ir.tensor([True])), op.Shape(op.Slice(flat, axis, _ints(1), axis))
+        op.Constant(value=ir.tensor([True])), op.Shape(op.Slice(flat, axis, ints(1), axis))
     )
     keep = op.Concat(first, op.Not(op.Equal(later, earlier)), axis=0)
     values = op.Compress(flat, keep, axis=0)
@@ -112,13 +105,13 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
     inverse, counts = empty, empty
     if return_inverse:
         runs = op.CumSum(op.Cast(keep, to=int(_INT64)), axis)
-        inverse = op.Reshape(op.Sub(runs, _ints(1)), op.Shape(self))
+        inverse = op.Reshape(op.Sub(runs, ints(1)), op.Shape(self))
     if return_counts:
         size = op.Size(flat)
         index = op.Range(op.Constant(value_int=0), size, op.Constant(value_int=1))
         starts = op.Compress(index, keep, axis=0)
         ends = op.Concat(
-            op.Slice(starts, _ints(1), _ints(_END), axis), op.Reshape(size, _ints(1)), axis=0
+            op.Slice(starts, ints(1), ints(SLICE_END), axis), op.Reshape(size, ints(1)), axis=0
         )
         counts = op.Sub(ends, starts)
     return values, inverse, counts
@@ -161,13 +154,13 @@ def _pad_circular(self, pad, mode="constant", value=None):
     out = self
     for i in range(len(pad) // 2):
         left, right = pad[2 * i], pad[2 * i + 1]
-        axis = _ints(-1 - i)
-        out = op.Slice(out, _ints(max(-left, 0)), _ints(-max(-right, 0) or _END), axis)
+        axis = ints(-1 - i)
+        out = op.Slice(out, ints(max(-left, 0)), ints(-max(-right, 0) or SLICE_END), axis)
         parts = [out]
         if left > 0:
-            parts.insert(0, op.Slice(out, _ints(-left), _ints(_END), axis))
+            parts.insert(0, op.Slice(out, ints(-left), ints(SLICE_END), axis))
         if right > 0:
-            parts.append(op.Slice(out, _ints(0), _ints(right), axis))
+            parts.append(op.Slice(out, ints(0), ints(right), axis))
         if len(parts) > 1:
             out = op.Concat(*parts, axis=-1 - i)
     return out
@@ -191,15 +184,11 @@ _REDUCTIONS = {"prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
 
 def _identity(reduce: str, dtype: ir.DataType) -> Any:
     """The value that leaves a slot's reduction unchanged (what ``include_self=False`` puts)."""
-    if reduce in ("prod",):
+    if reduce == "prod":
         return 1
     if reduce == "mean":
         return 0
-    np_dtype = dtype.numpy()
-    if np.issubdtype(np_dtype, np.floating):
-        return -np.inf if reduce == "amax" else np.inf
-    info = np.iinfo(np_dtype)
-    return int(info.min if reduce == "amax" else info.max)
+    return extreme(dtype, largest=reduce == "amax").item()
 
 
 def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
@@ -213,9 +202,9 @@ def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
 def _index_reduce_nd(self, rank, dim, index, source, reduce, include_self):
     shape = [1] * rank
     shape[dim] = -1
-    where = op.Reshape(index, _ints(*shape))
+    where = op.Reshape(index, ints(*shape))
     where = op.Where(
-        op.Less(where, _ints(0)), op.Add(where, op.Shape(self, start=dim, end=dim + 1)), where
+        op.Less(where, ints(0)), op.Add(where, op.Shape(self, start=dim, end=dim + 1)), where
     )
     where = op.Expand(where, op.Shape(source))
 

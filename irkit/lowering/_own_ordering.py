@@ -22,14 +22,12 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from irkit.lowering._own_common import ints
+
 __all__ = ["ordering_lowerings"]
 
 _INT64 = int(ir.DataType.INT64)
 _INT32 = int(ir.DataType.INT32)
-
-
-def _ints(*values: int) -> ir.Value:
-    return op.Constant(value=ir.tensor(list(values), dtype=ir.DataType.INT64))
 
 
 def _sort_stable(sort: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,30 +40,30 @@ def _sort_stable(sort: Callable[..., Any]) -> Callable[..., Any]:
 def _smallest(x: ir.Value, k: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
     """The ``k``-th smallest (1-based, ``k`` a 1-element tensor) along ``dim``, keeping ``dim``."""
     values, indices = op.TopK(x, k, axis=dim, largest=0, sorted=1)
-    last = op.Sub(k, _ints(1))
+    last = op.Sub(k, ints(1))
     return op.Gather(values, last, axis=dim), op.Gather(indices, last, axis=dim)
 
 
 def _squeeze_unless(keepdim: bool, dim: int, *values: ir.Value) -> tuple[ir.Value, ...]:
-    return values if keepdim else tuple(op.Squeeze(v, _ints(dim)) for v in values)
+    return values if keepdim else tuple(op.Squeeze(v, ints(dim)) for v in values)
 
 
 def _kthvalue(self, k, dim=-1, keepdim=False):
     if len(self.shape) == 0:  # a 0-d tensor is its own (only) value, at index 0
         return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
-    values, indices = _smallest(self, _ints(k), dim)
+    values, indices = _smallest(self, ints(k), dim)
     return _squeeze_unless(keepdim, dim, values, indices)
 
 
 def _lower_median_k(size: ir.Value) -> ir.Value:
     """``(n - 1) // 2 + 1``: the lower median's 1-based rank among ``n`` elements."""
-    return op.Add(op.Div(op.Sub(size, _ints(1)), _ints(2)), _ints(1))
+    return op.Add(op.Div(op.Sub(size, ints(1)), ints(2)), ints(1))
 
 
 def _nan_if_any_nan(self: ir.Value, result: ir.Value, dim: int | None, keepdim: bool) -> ir.Value:
     if not self.dtype.is_floating_point():
         return result
-    axes = None if dim is None else _ints(dim)
+    axes = None if dim is None else ints(dim)
     has_nan = op.Cast(
         op.ReduceMax(op.Cast(op.IsNaN(self), to=_INT32), axes, keepdims=int(keepdim)),
         to=int(ir.DataType.BOOL),
@@ -74,9 +72,9 @@ def _nan_if_any_nan(self: ir.Value, result: ir.Value, dim: int | None, keepdim: 
 
 
 def _median(self):
-    flat = op.Reshape(self, _ints(-1))
+    flat = op.Reshape(self, ints(-1))
     values, _ = _smallest(flat, _lower_median_k(op.Shape(flat)), 0)
-    return _nan_if_any_nan(self, op.Squeeze(values, _ints(0)), None, False)
+    return _nan_if_any_nan(self, op.Squeeze(values, ints(0)), None, False)
 
 
 def _median_dim(self, dim, keepdim=False):
@@ -96,21 +94,21 @@ def _nanmedian_along(self: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
         return _smallest(self, _lower_median_k(size), dim)
     nan = op.IsNaN(self)
     filled = op.Where(nan, op.CastLike(float("inf"), self), self)  # NaNs sort last
-    count = op.ReduceSum(op.Cast(op.Not(nan), to=_INT64), _ints(dim), keepdims=1)
-    rank = op.Max(op.Div(op.Sub(count, _ints(1)), _ints(2)), _ints(0))  # 0-based lower median
+    count = op.ReduceSum(op.Cast(op.Not(nan), to=_INT64), ints(dim), keepdims=1)
+    rank = op.Max(op.Div(op.Sub(count, ints(1)), ints(2)), ints(0))  # 0-based lower median
     size = op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
     values, indices = op.TopK(filled, size, axis=dim, largest=0, sorted=1)
     value = op.GatherElements(values, rank, axis=dim)
     index = op.GatherElements(indices, rank, axis=dim)
-    empty = op.Equal(count, _ints(0))
+    empty = op.Equal(count, ints(0))
     return op.Where(empty, op.CastLike(float("nan"), self), value), index
 
 
 def _nanmedian(self):
     if len(self.shape) == 0:
         return op.Identity(self)
-    value, _ = _nanmedian_along(op.Reshape(self, _ints(-1)), 0)
-    return op.Squeeze(value, _ints(0))
+    value, _ = _nanmedian_along(op.Reshape(self, ints(-1)), 0)
+    return op.Squeeze(value, ints(0))
 
 
 def _nanmedian_dim(self, dim, keepdim=False):
@@ -125,11 +123,11 @@ def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=N
     rank = len(sorted_sequence.shape)  # (the gathered value below has no shape yet)
     if sorter is not None:
         seq = op.GatherElements(seq, sorter, axis=-1)
-    values = op.Unsqueeze(self, _ints(-1))  # (..., K, 1) against the boundaries (..., 1, M)
+    values = op.Unsqueeze(self, ints(-1))  # (..., K, 1) against the boundaries (..., 1, M)
     if rank > 1:
-        seq = op.Unsqueeze(seq, _ints(-2))
+        seq = op.Unsqueeze(seq, ints(-2))
     below = op.LessOrEqual(seq, values) if right or side == "right" else op.Less(seq, values)
-    count = op.ReduceSum(op.Cast(below, to=_INT64), _ints(-1), keepdims=0)
+    count = op.ReduceSum(op.Cast(below, to=_INT64), ints(-1), keepdims=0)
     return op.Cast(count, to=_INT32) if out_int32 else count
 
 
@@ -149,8 +147,8 @@ def _bucketize_applies(node: torch.fx.Node) -> bool:
 
 def _masked_select(self, mask):
     both = op.Where(mask, self, self)  # self broadcast against mask
-    flat_mask = op.Reshape(op.Expand(mask, op.Shape(both)), _ints(-1))
-    return op.Compress(op.Reshape(both, _ints(-1)), flat_mask, axis=0)
+    flat_mask = op.Reshape(op.Expand(mask, op.Shape(both)), ints(-1))
+    return op.Compress(op.Reshape(both, ints(-1)), flat_mask, axis=0)
 
 
 def _static_int_args(*positions: int) -> Callable[[torch.fx.Node], bool]:

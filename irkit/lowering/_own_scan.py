@@ -21,24 +21,11 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from irkit.lowering._own_common import extreme, ints
+
 __all__ = ["scan_lowerings"]
 
 _INT64 = ir.DataType.INT64
-
-
-def _ints(*values: int) -> ir.Value:
-    return op.Constant(value=ir.tensor(list(values), dtype=_INT64))
-
-
-def _extreme(dtype: ir.DataType, largest: bool) -> ir.Value:
-    """The value no element beats (−∞ / the smallest int for a max; the reverse for a min)."""
-    np_dtype = dtype.numpy()
-    if np.issubdtype(np_dtype, np.floating):
-        fill = -np.inf if largest else np.inf
-    else:
-        info = np.iinfo(np_dtype)
-        fill = info.min if largest else info.max
-    return op.Constant(value=ir.tensor(np.array(fill, dtype=np_dtype)))
 
 
 def _running(largest: bool) -> Callable[..., Any]:
@@ -55,21 +42,25 @@ def _running(largest: bool) -> Callable[..., Any]:
         x = op.Transpose(x, perm=perm)  # (…, n)
         n = op.Shape(x, start=-1)
         positions = op.Range(op.Constant(value_int=0), op.Squeeze(n), op.Constant(value_int=1))
-        rows = op.Unsqueeze(positions, _ints(1))  # i, (n, 1)
+        rows = op.Unsqueeze(positions, ints(1))  # i, (n, 1)
         seen = op.LessOrEqual(positions, rows)  # j ≤ i, (n, n)
-        xj = op.Unsqueeze(x, _ints(-2))  # (…, 1, n)
-        values = reduce(op.Where(seen, xj, _extreme(dtype, largest)), _ints(-1), keepdims=0)
-        index = op.Where(seen, positions, _ints(-1))  # (n, n): j where j ≤ i, else −1
-        hit = op.Equal(xj, op.Unsqueeze(values, _ints(-1)))
+        xj = op.Unsqueeze(x, ints(-2))  # (…, 1, n)
+        values = reduce(
+            op.Where(seen, xj, op.Constant(value=ir.tensor(np.array(extreme(dtype, largest))))),
+            ints(-1),
+            keepdims=0,
+        )
+        index = op.Where(seen, positions, ints(-1))  # (n, n): j where j ≤ i, else −1
+        hit = op.Equal(xj, op.Unsqueeze(values, ints(-1)))
         if np.issubdtype(dtype.numpy(), np.floating):
             nan = op.IsNaN(xj)  # (…, 1, n)
             nan_seen = op.ReduceMax(
-                op.Cast(op.And(seen, nan), to=int(ir.DataType.INT32)), _ints(-1), keepdims=0
+                op.Cast(op.And(seen, nan), to=int(ir.DataType.INT32)), ints(-1), keepdims=0
             )
             nan_seen = op.Cast(nan_seen, to=int(ir.DataType.BOOL))
             values = op.Where(nan_seen, op.CastLike(np.nan, values), values)
-            hit = op.Where(op.Unsqueeze(nan_seen, _ints(-1)), nan, hit)
-        indices = op.ReduceMax(op.Where(hit, index, _ints(-1)), _ints(-1), keepdims=0)
+            hit = op.Where(op.Unsqueeze(nan_seen, ints(-1)), nan, hit)
+        indices = op.ReduceMax(op.Where(hit, index, ints(-1)), ints(-1), keepdims=0)
         values = op.Transpose(values, perm=back)
         if is_bool:
             values = op.Cast(values, to=int(ir.DataType.BOOL))

@@ -52,6 +52,9 @@ def _tensor_vals(value: Any) -> list[torch.Tensor]:
 
 def is_rank0_dim_op(node: torch.fx.Node) -> bool:
     """Whether ``node`` reduces (or scans, or indexes) 0-d tensors along ``dim`` 0 or -1."""
+    outputs = _tensor_vals(node.meta.get("val"))  # (checked first: most nodes stop here)
+    if not outputs or any(t.dim() != 0 for t in outputs):
+        return False
     index, _, dim = _dim_arg(node)
     if index is None or dim is None:
         return False
@@ -59,13 +62,7 @@ def is_rank0_dim_op(node: torch.fx.Node) -> bool:
     if not dims or any(not isinstance(d, int) or d not in (0, -1) for d in dims):
         return False
     inputs = [t for n in node.all_input_nodes for t in _tensor_vals(n.meta.get("val"))]
-    outputs = _tensor_vals(node.meta.get("val"))
-    return (
-        bool(inputs)
-        and bool(outputs)
-        and all(t.dim() == 0 for t in inputs)
-        and all(t.dim() == 0 for t in outputs)
-    )
+    return bool(inputs) and all(t.dim() == 0 for t in inputs)
 
 
 def _one_element(recorder: Recorder, value: ir.Value) -> ir.Value:

@@ -1,0 +1,27 @@
+"""Small constants the own-lowering modules (``_own_*.py``) build their graphs from."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript import opset18 as op
+
+__all__ = ["ints", "extreme", "SLICE_END"]
+
+SLICE_END = 2**62
+"""A ``Slice`` end past any size ("to the end")."""
+
+
+def ints(*values: int) -> ir.Value:
+    """A 1-D int64 ``Constant`` (axes, shapes, slice bounds)."""
+    return op.Constant(value=ir.tensor(list(values), dtype=ir.DataType.INT64))
+
+
+def extreme(dtype: ir.DataType, largest: bool) -> np.generic:
+    """The value no element of ``dtype`` beats: −∞ (the smallest int) when looking for the
+    largest, +∞ (the largest int) when looking for the smallest."""
+    np_dtype = dtype.numpy()
+    if np.issubdtype(np_dtype, np.floating):
+        return np_dtype.type(-np.inf if largest else np.inf)
+    info = np.iinfo(np_dtype)
+    return np_dtype.type(info.min if largest else info.max)
