@@ -8,6 +8,7 @@ import logging
 import pathlib
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -158,6 +159,11 @@ def _load_program(path: pathlib.Path, imports: list[str]) -> Any:
             raise CommandLineError(
                 f"--import {name!r}: cannot import it ({exc}). Is it on PYTHONPATH?"
             ) from exc
+    if not zipfile.is_zipfile(path):  # what torch.export.save writes is a zip archive
+        raise ModelLoadError(
+            f"{str(path)!r}: not a torch.export program (not a zip archive). irkit lower reads "
+            "a .pt2 file written by torch.export.save(exported_program, 'model.pt2')"
+        )
     import torch  # noqa: TID251 -- only `irkit lower` needs torch, imported when it runs
 
     # On a bad file torch logs the real error (a warning with a traceback), then raises a
