@@ -192,100 +192,6 @@ def test_errors_under_irkit_view_name_that_command(tmp_path, monkeypatch, capsys
     assert err.endswith(" (see 'irkit view --help')\n"), err
 
 
-def _in_process(capsys, *args: str) -> tuple[int, str, str]:
-    from irkit.cli import main
-
-    status = main(["view", *args])
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (
-            ["--depth", "0"],
-            "argument --depth: must be 1 or more (1: the main graph's calls only), "
-            "got 0 (see 'irkit view --help')",
-        ),
-        (
-            ["--depth", "-1"],
-            "argument --depth: must be 1 or more (1: the main graph's calls "
-            "only), got -1 (see 'irkit view --help')",
-        ),
-        (
-            ["--depth", "two"],
-            "argument --depth: expected a whole number, got 'two' (see 'irkit view --help')",
-        ),
-        (["--bogus"], "unrecognized arguments: --bogus (see 'irkit view --help')"),
-        (
-            ["-o", "{d}/m.png"],
-            "-o '{d}/m.png': no format is written to a .png file; the formats: "
-            "text (.txt/.text), onnx-text (.onnxtxt/.onnxtext/.txt), dot (.dot/.gv), svg (.svg), "
-            "html (.html/.htm), json (.json)",
-        ),
-        (
-            ["-o", "{d}/m.svg", "--format", "html"],
-            "-o '{d}/m.svg': --format html is written to a "
-            ".html/.htm file (or one without a suffix); rename the output",
-        ),
-    ],
-)
-def test_usage_errors_are_one_line_and_write_nothing(toy, tmp_path, capsys, flags, message):
-    status, out, err = _in_process(capsys, str(toy), *[f.format(d=tmp_path) for f in flags])
-    assert (status, out) == (2, "")
-    assert err == f"irkit view: error: {message.format(d=tmp_path)}\n"
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_usage_error_without_a_model_is_one_line(capsys):
-    assert _in_process(capsys) == (
-        2,
-        "",
-        "irkit view: error: the following arguments are required: model "
-        "(see 'irkit view --help')\n",
-    )
-
-
-@pytest.mark.parametrize(
-    ("name", "start"),
-    [
-        ("m.TXT", "toy.onnx  "),
-        ("m.txt", "toy.onnx  "),
-        ("m", "toy.onnx  "),
-        ("m.onnxtxt", "<\n   ir_version: "),
-        ("m.gv", "digraph "),
-        ("m.json", '{\n "schema": "irkit.viz/2"'),
-    ],
-)
-def test_output_suffix_names_the_format(toy, tmp_path, capsys, name, start):
-    assert _in_process(capsys, str(toy), "-o", str(tmp_path / name)) == (0, "", "")
-    assert (tmp_path / name).read_text().startswith(start)
-
-
-def test_depth_1_shows_the_top_calls_only(toy, capsys):
-    status, full, _ = _in_process(capsys, str(toy))
-    status1, top, _ = _in_process(capsys, str(toy), "--depth", "1")
-    assert (status, status1) == (0, 0)
-    assert "layers.0" in top and len(top.splitlines()) < len(full.splitlines())
-
-
-def test_a_pt2_program_points_to_irkit_lower(tmp_path, capsys):
-    """A zip archive (what torch.export.save writes) is named as such, with the command."""
-    import zipfile
-
-    with zipfile.ZipFile(tmp_path / "model.pt2", "w") as z:
-        z.writestr("model/archive_format", "pt2")
-    path = tmp_path / "model.pt2"
-    assert _in_process(capsys, str(path)) == (
-        2,
-        "",
-        f"irkit view: error: {str(path)!r}: a zip archive (a .pt2 written by torch.export.save?), "
-        f"not an ONNX model. Lower it to ONNX first: irkit lower {path} -o "
-        f"{tmp_path / 'model.onnx'}\n",
-    )
-
-
 @pytest.mark.parametrize("fmt", ["text", "json", "html"])
 def test_a_broken_model_is_shown_and_what_is_broken_is_said(tmp_path, fmt, caplog):
     from irkit import metadata
@@ -304,3 +210,40 @@ def test_a_broken_model_is_shown_and_what_is_broken_is_said(tmp_path, fmt, caplo
     assert "broken.onnx' is broken (irkit.lint): node 'attn/MatMul_0' (MatMul)" in message
     assert "malformed irkit.scope metadata '[[1, 2]'" in message
     assert message.endswith("(and 1 more problem)")
+
+
+def test_tools_viz_py_from_a_checkout_is_irkit_view(toy, tmp_path, capsys):
+    """``python tools/viz.py`` as a user runs it from a checkout (no PYTHONPATH, another
+    directory) prints what ``irkit view`` prints, from this checkout's irkit."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.viz.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NO_COLOR")}
+
+    def tools_viz(*args: str) -> subprocess.CompletedProcess[str]:
+        script = str(ROOT / "tools" / "viz.py")
+        run = subprocess.run  # (one process each: the script is the entry point under test)
+        return run(
+            [sys.executable, script, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+
+    result = tools_viz(str(toy), "--depth", "1", "--color", "never")
+    assert (result.returncode, result.stderr) == (0, "")
+    from irkit.cli import main
+
+    status = main(["view", str(toy), "--depth", "1", "--color", "never"])
+    out, err = capsys.readouterr()
+    assert (status, err) == (0, "")
+    assert result.stdout == out and out.startswith("toy.onnx  ")
+    # This checkout's irkit, not another installed one: --depth 0 is refused here.
+    refused = tools_viz(str(toy), "--depth", "0")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("irkit-viz: error: argument --depth: must be 1 or more")
