@@ -185,6 +185,11 @@ def relu(tmp_path):
             ["--max-depth applies to functions"],
         ),
         (["frobnicate"], "irkit", ["invalid choice: 'frobnicate'"]),
+        (
+            ["--bogus"],
+            "irkit",
+            ["unrecognized arguments: --bogus; expected a COMMAND", "(see 'irkit --help')"],
+        ),
     ],
 )
 def test_usage_errors_in_process(args, prog, fragments, relu, capsys):
