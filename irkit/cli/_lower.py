@@ -264,7 +264,7 @@ def _lower(args: argparse.Namespace) -> int:
     irkit.save(model, destination, external_data=external_data(args))
     times["save"] = time.perf_counter() - t0
     if not args.quiet:
-        _summary(args, destination, model, fired, times)
+        _summary(args, destination, model, fired, times, _unnamed_dims(model, program))
     return EXIT_OK
 
 
@@ -274,6 +274,7 @@ def _summary(
     model: Any,
     fired: dict[str, int] | None,
     times: dict[str, float],
+    unnamed_dims: str | None = None,
 ) -> None:
     main_nodes, function_nodes = count_nodes(model)
     calls = sum(1 for n in model.graph if (n.domain, n.op_type, n.overload) in model.functions)
@@ -292,12 +293,32 @@ def _summary(
     for title, values in (("inputs", model.graph.inputs), ("outputs", model.graph.outputs)):
         for i, line in enumerate(describe_values(values)):
             out.write(f"  {title if i == 0 else '':<11} {line}\n")
+    if unnamed_dims:
+        out.write(f"  dims        {unnamed_dims}\n")
     if fired:
         rules = ", ".join(
             f"{k} ×{v}" for k, v in sorted(fired.items(), key=lambda kv: (-kv[1], kv[0]))
         )
         out.write(f"  optimized   {rules}\n")
     out.write("  time        " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()) + "\n")
+
+
+def _unnamed_dims(model: Any, program: Any) -> str | None:
+    """Which input dims still have torch's symbol names, and how to name them."""
+    symbols = {str(s) for s in program.range_constraints}
+    unnamed: dict[str, str] = {}
+    for value in model.graph.inputs:
+        for axis, dim in enumerate(value.shape or ()):
+            name = getattr(dim, "value", None)
+            if name in symbols:
+                unnamed.setdefault(name, f"{value.name}:{axis}")
+    if not unnamed:
+        return None
+    first, where = next(iter(unnamed.items()))
+    return (
+        f"{', '.join(unnamed)}: torch's names (torch.export.save keeps no Dim names); "
+        f"name them: --dim {where}=NAME (or --dim {first}=NAME)"
+    )
 
 
 _Command = tuple[
