@@ -203,7 +203,7 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     Args:
         path: The ``.onnx`` file.
         load_external_data: If False, weights stored in side files are referenced lazily and
-            not checked (what ``tools/viz.py`` wants), and a model saved without weights loads
+            not checked (what ``irkit view`` wants), and a model saved without weights loads
             with weightless initializers (to save with ``weights=`` later; with True, that is a
             :class:`~irkit.errors.ModelLoadError`).
 

@@ -1,4 +1,4 @@
-"""``irkit-viz`` / ``python tools/viz.py``: read any ONNX file and show it.
+"""``irkit view`` / ``irkit-viz`` / ``python tools/viz.py`` (checkout): show any ONNX file.
 
 Errors a user can cause (missing or broken file, missing external data, ``--layout dot``
 without Graphviz) print one line ``irkit-viz: error: …`` (``irkit view: error: …`` when run as
