@@ -6,6 +6,8 @@ import contextlib
 import logging
 import os
 import pathlib
+import shlex
+import zipfile
 from collections.abc import Iterator, Mapping
 
 import onnx
@@ -201,7 +203,7 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     Args:
         path: The ``.onnx`` file.
         load_external_data: If False, weights stored in side files are referenced lazily and
-            not checked (what ``tools/viz.py`` wants), and a model saved without weights loads
+            not checked (what ``irkit view`` wants), and a model saved without weights loads
             with weightless initializers (to save with ``weights=`` later; with True, that is a
             :class:`~irkit.errors.ModelLoadError`).
 
@@ -223,11 +225,13 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     except ModelLoadError:
         raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises various
+        _refuse_program(path)
         raise ModelLoadError(
             f"{str(path)!r}: not a valid ONNX model ({type(exc).__name__}: {exc}). "
             "Is the file truncated or of another format?"
         ) from exc
     if model.ir_version in (0, None) or (len(model.graph) == 0 and not model.graph.outputs):
+        _refuse_program(path)
         raise ModelLoadError(  # (protobuf parses an empty or cut file as an empty model)
             f"{str(path)!r}: not an ONNX model (no ir_version or no graph). "
             "Is the file empty, truncated or of another format?"
@@ -235,6 +239,16 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     if load_external_data:
         check_external_data(model, path)
     return model
+
+
+def _refuse_program(path: pathlib.Path) -> None:
+    """A file that is not ONNX but a zip archive (what torch.export.save writes): say so."""
+    if zipfile.is_zipfile(path):
+        onnx_name = shlex.quote(str(path.with_suffix(".onnx")))
+        raise ModelLoadError(
+            f"{str(path)!r}: a zip archive (a .pt2 written by torch.export.save?), not an ONNX "
+            f"model. Lower it to ONNX first: irkit lower {shlex.quote(str(path))} -o {onnx_name}"
+        )
 
 
 def check_external_data(

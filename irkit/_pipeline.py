@@ -45,6 +45,7 @@ def lower(
     decompose_custom_ops: bool = False,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    dim_names: Mapping[str, str] | None = None,
     verbose: bool = False,
 ) -> ir.Model:
     """Lower an ``ExportedProgram`` into an ``onnx_ir.Model``, node by node.
@@ -85,6 +86,11 @@ def lower(
             signature). Python constants the program was specialized on (``use_cache=True``)
             are not inputs of the ONNX model.
         output_names: Names for the flattened user outputs (default: the FX output names).
+        dim_names: Names for symbolic dims, torch's symbol → name (``{"s77": "batch"}``; the
+            symbols are the keys of ``exported_program.range_constraints``). Without it a dim
+            is named after its ``torch.export.Dim`` where the program remembers it (a program
+            in memory does; one read by ``torch.export.load`` does not) and is ``s77``
+            otherwise; derived sizes follow (``2*batch``).
         verbose: Show progress (a bar on a terminal, log lines otherwise).
 
     Returns:
@@ -121,6 +127,7 @@ def lower(
         decompose_custom_ops=decompose_custom_ops,
         input_names=input_names,
         output_names=output_names,
+        dim_names=dim_names,
         verbose=verbose,
     )
     if functions is not False:

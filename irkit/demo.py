@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shlex
 import sys
 import time
 
@@ -51,10 +52,19 @@ def _check_numbers(model_path: pathlib.Path, module: torch.nn.Module, args: tupl
 
 
 def summary(model, path: pathlib.Path) -> str:
-    """The viewer's call tree of ``model`` (what ``python tools/viz.py`` prints), two levels deep."""
+    """The viewer's call tree of ``model`` (what ``irkit view`` prints), two levels deep."""
     from irkit import viz
 
     return viz.render_text(viz.summarize(model, name=path.name), viz.TextOptions(depth=2))
+
+
+def view_command(path: pathlib.Path) -> str:
+    """The suggested next command: the one-file HTML page of the saved model, next to it.
+
+    With the default ``--out`` both files (``demo.onnx``, ``demo.html``) are ones git ignores.
+    """
+    html = path.with_suffix(".html")
+    return f"irkit view {shlex.quote(str(path))} -o {shlex.quote(str(html))}"
 
 
 def _count_nodes(model) -> int:
@@ -90,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + _check_numbers(path, module, inputs))
     print()
     print(summary(model, path), end="")
-    print(f"\nnext: python tools/viz.py {path} --format html -o {path.with_suffix('.html')}")
+    print(f"\nnext: {view_command(path)}")
     return 0
 
 

@@ -30,3 +30,17 @@ def test_demo_lowers_optimizes_saves_and_matches_pytorch(tmp_path):
     assert "layers.0 … layers.1  LlamaDecoderLayer ×2" in text
     assert "RMSNormalization" in text
     assert len(text.splitlines()) <= 40  # one screen
+    assert text.endswith(f"\nnext: irkit view {out} -o {out.with_suffix('.html')}\n")
+
+
+def test_demo_suggests_irkit_view_writing_only_what_git_ignores():
+    """The default run writes demo.onnx and suggests demo.html: neither may dirty a checkout."""
+    from irkit import demo
+
+    command = demo.view_command(pathlib.Path("demo.onnx"))
+    assert command == "irkit view demo.onnx -o demo.html"
+    written = ["demo.onnx", "demo.html"]
+    ignored = subprocess.run(
+        ["git", "check-ignore", *written], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert ignored.stdout.split() == written, ignored

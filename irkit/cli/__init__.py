@@ -127,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
+        if args.command is None and extra:
+            parser.error(
+                f"unrecognized arguments: {' '.join(extra)}; expected a COMMAND "
+                "(lower, optimize, check, view)"
+            )
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

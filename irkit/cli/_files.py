@@ -61,7 +61,7 @@ examples:
   irkit view model.onnx --format html -o model.html
   irkit view model.onnx --diff optimized.onnx   # what changed, per module
 
-The same as irkit-viz and python tools/viz.py (docs/viz.md)."""
+The same as irkit-viz and, in a checkout, python tools/viz.py (docs/viz.md)."""
 
 
 def load_onnx(path: str) -> ir.Model:

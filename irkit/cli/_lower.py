@@ -8,6 +8,7 @@ import logging
 import pathlib
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -37,9 +38,12 @@ examples:
   irkit lower model.pt2 -o flat.onnx --no-functions --opset 18
   irkit lower model.pt2 -o model.onnx --max-depth 2 --external-data
   irkit lower model.pt2 -o model.onnx --import my_ops --decompose-custom-ops
+  irkit lower model.pt2 --dim input_ids:0=batch --dim input_ids:1=seq
 
 MODEL is a file written by torch.export.save(exported_program, "model.pt2"). Programs that use
-custom ops need the module registering them: --import it. The input file is never modified."""
+custom ops need the module registering them: --import it. torch.export.save does not keep the
+names of torch.export.Dim: a loaded program's dims are s77, s17, …; --dim names them (the
+summary lists the inputs' dims). The input file is never modified."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -79,7 +83,72 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import MODULE before loading (registers the custom ops the program uses); repeatable",
     )
+    p.add_argument(
+        "--dim",
+        dest="dims",
+        action="append",
+        default=[],
+        metavar="INPUT:AXIS=NAME",
+        help="name a symbolic dim: INPUT:AXIS=NAME (axis AXIS of input INPUT) or SYMBOL=NAME "
+        "(s77=batch); every size derived from it follows (2*batch); repeatable",
+    )
     add_external_data(p)
+
+
+def _dim_names(specs: list[str], program: Any) -> dict[str, str]:
+    """``--dim`` options as ``irkit.lower``'s ``dim_names`` (torch symbol → name)."""
+    import torch  # noqa: TID251 -- only `irkit lower` needs torch, imported when it runs
+
+    shapes: dict[str, tuple[Any, ...]] = {}
+    user = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and node.name in user and isinstance(val, torch.Tensor):
+            shapes[node.name] = tuple(val.shape)
+    names: dict[str, str] = {}
+    for spec in specs:
+        key, eq, name = spec.partition("=")
+        if not eq or not key or not name:
+            raise CommandLineError(f"--dim {spec!r}: expected INPUT:AXIS=NAME or SYMBOL=NAME")
+        symbol = _dim_symbol(key, spec, shapes) if ":" in key else key
+        if names.get(symbol, name) != name:
+            raise CommandLineError(f"--dim {spec!r}: {key} is {symbol!r}, named {names[symbol]!r}")
+        names[symbol] = name
+    return names
+
+
+def _dim_symbol(key: str, spec: str, shapes: dict[str, tuple[Any, ...]]) -> str:
+    """The torch symbol of ``INPUT:AXIS``, or a one-line error listing the dynamic dims."""
+    dynamic = [
+        f"{name}:{axis} ({size})"
+        for name, shape in shapes.items()
+        for axis, size in enumerate(shape)
+        if not isinstance(size, int)
+    ]
+    listing = ", ".join(dynamic) or "none: every input dim is static"
+    name, _, axis_text = key.rpartition(":")
+    shape = shapes.get(name)
+    if shape is None:
+        raise CommandLineError(
+            f"--dim {spec!r}: no tensor input {name!r}; inputs: {', '.join(shapes)}"
+        )
+    try:
+        axis = int(axis_text)
+        size = shape[axis]
+    except (ValueError, IndexError):
+        raise CommandLineError(
+            f"--dim {spec!r}: {name!r} has {len(shape)} axes; its dynamic dims: {listing}"
+        ) from None
+    if isinstance(size, int):
+        raise CommandLineError(
+            f"--dim {spec!r}: {key} is static (size {size}); dynamic dims: {listing}"
+        )
+    expr = size.node.expr
+    if not expr.is_Symbol:
+        raise CommandLineError(
+            f"--dim {spec!r}: {key} is {expr}, derived from other dims; name those: {listing}"
+        )
+    return str(expr)
 
 
 def _load_program(path: pathlib.Path, imports: list[str]) -> Any:
@@ -90,6 +159,11 @@ def _load_program(path: pathlib.Path, imports: list[str]) -> Any:
             raise CommandLineError(
                 f"--import {name!r}: cannot import it ({exc}). Is it on PYTHONPATH?"
             ) from exc
+    if not zipfile.is_zipfile(path):  # what torch.export.save writes is a zip archive
+        raise ModelLoadError(
+            f"{str(path)!r}: not a torch.export program (not a zip archive). irkit lower reads "
+            "a .pt2 file written by torch.export.save(exported_program, 'model.pt2')"
+        )
     import torch  # noqa: TID251 -- only `irkit lower` needs torch, imported when it runs
 
     # On a bad file torch logs the real error (a warning with a traceback), then raises a
@@ -136,6 +210,7 @@ def _lower_program(args: argparse.Namespace, program: Any) -> Any:
 
     return irkit.lower(
         program,
+        dim_names=_dim_names(args.dims, program) or None,
         opset=args.opset,
         functions=args.functions,
         max_depth=args.max_depth,
@@ -189,7 +264,7 @@ def _lower(args: argparse.Namespace) -> int:
     irkit.save(model, destination, external_data=external_data(args))
     times["save"] = time.perf_counter() - t0
     if not args.quiet:
-        _summary(args, destination, model, fired, times)
+        _summary(args, destination, model, fired, times, _unnamed_dims(model, program))
     return EXIT_OK
 
 
@@ -199,6 +274,7 @@ def _summary(
     model: Any,
     fired: dict[str, int] | None,
     times: dict[str, float],
+    unnamed_dims: str | None = None,
 ) -> None:
     main_nodes, function_nodes = count_nodes(model)
     calls = sum(1 for n in model.graph if (n.domain, n.op_type, n.overload) in model.functions)
@@ -217,12 +293,32 @@ def _summary(
     for title, values in (("inputs", model.graph.inputs), ("outputs", model.graph.outputs)):
         for i, line in enumerate(describe_values(values)):
             out.write(f"  {title if i == 0 else '':<11} {line}\n")
+    if unnamed_dims:
+        out.write(f"  dims        {unnamed_dims}\n")
     if fired:
         rules = ", ".join(
             f"{k} ×{v}" for k, v in sorted(fired.items(), key=lambda kv: (-kv[1], kv[0]))
         )
         out.write(f"  optimized   {rules}\n")
     out.write("  time        " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()) + "\n")
+
+
+def _unnamed_dims(model: Any, program: Any) -> str | None:
+    """Which input dims still have torch's symbol names, and how to name them."""
+    symbols = {str(s) for s in program.range_constraints}
+    unnamed: dict[str, str] = {}
+    for value in model.graph.inputs:
+        for axis, dim in enumerate(value.shape or ()):
+            name = getattr(dim, "value", None)
+            if name in symbols:
+                unnamed.setdefault(name, f"{value.name}:{axis}")
+    if not unnamed:
+        return None
+    first, where = next(iter(unnamed.items()))
+    return (
+        f"{', '.join(unnamed)}: torch's names (torch.export.save keeps no Dim names); "
+        f"name them: --dim {where}=NAME (or --dim {first}=NAME)"
+    )
 
 
 _Command = tuple[

@@ -20,6 +20,7 @@ def lower(
     decompose_custom_ops: bool = False,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    dim_names: Mapping[str, str] | None = None,
     verbose: bool = False,
 ) -> ir.Model:
     """The lowering stage: an ``ExportedProgram`` into a *flat* ``onnx_ir.Model``, node by node.
@@ -45,5 +46,6 @@ def lower(
         decompose_custom_ops=decompose_custom_ops,
         input_names=input_names,
         output_names=output_names,
+        dim_names=dim_names,
         verbose=verbose,
     )

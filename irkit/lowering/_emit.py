@@ -58,11 +58,12 @@ class Emitter:
         *,
         input_names: Sequence[str] | None,
         output_names: Sequence[str] | None,
+        dim_names: Mapping[str, str] | None = None,
         progress: Callable[[int], None] | None = None,
     ):
         self.ep = ep
         self.recorder = recorder
-        self.symbols = SymbolNames(ep)
+        self.symbols = SymbolNames(ep, dim_names)
         self.stamper = MetadataStamper()
         self.graph = ir.Graph([], [], nodes=[], name="main_graph")
         self._input_specs = {s.arg.name: s for s in ep.graph_signature.input_specs}

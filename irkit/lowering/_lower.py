@@ -50,6 +50,7 @@ def lower_program(
     input_names: Sequence[str] | None,
     output_names: Sequence[str] | None,
     verbose: bool,
+    dim_names: Mapping[str, str] | None = None,
 ) -> ir.Model:
     """See :func:`irkit.lower`."""
     if not isinstance(exported_program, torch.export.ExportedProgram):
@@ -89,7 +90,12 @@ def lower_program(
     recorder = Recorder(osv.Opset("", TORCHLIB_OPSET))
     with _progress(len(ep.graph.nodes), verbose) as tick:
         emitter = Emitter(
-            ep, recorder, input_names=input_names, output_names=output_names, progress=tick
+            ep,
+            recorder,
+            input_names=input_names,
+            output_names=output_names,
+            dim_names=dim_names,
+            progress=tick,
         )
         graph = emitter.run(plan)
     model = _assemble(graph, recorder)

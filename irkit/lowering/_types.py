@@ -10,6 +10,7 @@ import sympy
 import torch
 
 from irkit._weights import WeightlessTensor
+from irkit.errors import LoweringOptionsError
 
 __all__ = ["DTYPES", "onnx_dtype", "SymbolNames", "has_no_data", "torch_tensor_to_ir"]
 
@@ -58,17 +59,22 @@ class SymbolNames:
     former to the latter and renders derived expressions (``2*s77``) with them (``2*batch``).
     """
 
-    def __init__(self, exported_program: torch.export.ExportedProgram):
+    def __init__(
+        self,
+        exported_program: torch.export.ExportedProgram,
+        dim_names: Mapping[str, str] | None = None,
+    ):
         self._names: dict[sympy.Symbol, sympy.Symbol] = {}
         self._cache: dict[str, str] = {}
         shape_env = _find_shape_env(exported_program)
-        if shape_env is None:
-            return
-        debug_names: Mapping[str, str] = getattr(shape_env, "source_name_to_debug_name", {})
-        for source, symbol in getattr(shape_env, "source_to_var", {}).items():
-            name = debug_names.get(source)
-            if name and isinstance(symbol, sympy.Symbol):
-                self._names[symbol] = sympy.Symbol(name, integer=True, positive=True)
+        if shape_env is not None:
+            debug_names: Mapping[str, str] = getattr(shape_env, "source_name_to_debug_name", {})
+            for source, symbol in getattr(shape_env, "source_to_var", {}).items():
+                name = debug_names.get(source)
+                if name and isinstance(symbol, sympy.Symbol):
+                    self._names[symbol] = _dim_symbol(name)
+        if dim_names:
+            self._names.update(_given_names(exported_program, dim_names))
 
     def dim(self, size: int | torch.SymInt) -> int | str:
         """An ONNX dim: an int for static sizes, a dim_param name for symbolic ones."""
@@ -86,6 +92,39 @@ class SymbolNames:
 
     def shape(self, sizes: torch.Size | tuple[int | torch.SymInt, ...]) -> ir.Shape:
         return ir.Shape([self.dim(s) for s in sizes])
+
+
+def _dim_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def _given_names(
+    ep: torch.export.ExportedProgram, dim_names: Mapping[str, str]
+) -> dict[sympy.Symbol, sympy.Symbol]:
+    """``dim_names`` (torch symbol → name) checked against the program's symbols."""
+    symbols = {str(s): s for s in ep.range_constraints if isinstance(s, sympy.Symbol)}
+    known = ", ".join(sorted(symbols)) or "none: every dim is static"
+    names: dict[sympy.Symbol, sympy.Symbol] = {}
+    for key, name in dim_names.items():
+        if key not in symbols:
+            raise LoweringOptionsError(
+                f"dim_names: the program has no symbolic dim {key!r}; its symbols: {known}"
+            )
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise LoweringOptionsError(
+                f"dim_names[{key!r}] = {name!r}: a dim name is an identifier (like 'batch')"
+            )
+        names[symbols[key]] = _dim_symbol(name)
+    taken: dict[str, str] = {}
+    for key, name in dim_names.items():
+        if name in taken or name in symbols and name not in dim_names:
+            other = taken.get(name, name)
+            raise LoweringOptionsError(
+                f"dim_names: {key!r} and {other!r} would both be named {name!r}, but the "
+                "program does not know them equal; give each its own name"
+            )
+        taken[name] = key
+    return names
 
 
 def _find_shape_env(ep: torch.export.ExportedProgram):

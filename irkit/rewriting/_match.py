@@ -51,12 +51,14 @@ class MatchFailure:
         value: The value that caused it, if any.
         node: The graph node where it happened, if any.
         depth: How many pattern nodes had matched before this failure.
+        variable: The pattern variable ``value`` was bound to, if it was (a check's failure).
     """
 
     reason: str
     value: ir.Value | None = None
     node: ir.Node | None = None
     depth: int = 0
+    variable: str | None = None
 
     def __bool__(self) -> bool:
         return False
@@ -64,7 +66,9 @@ class MatchFailure:
     def describe(self) -> str:
         """The reason plus where (value and node names)."""
         where = []
-        if self.value is not None:
+        if self.value is not None and self.variable is not None:
+            where.append(f"{self.variable} = value {self.value.name!r}")
+        elif self.value is not None:
             where.append(f"value {self.value.name!r}")
         if self.node is not None:
             where.append(f"node {self.node.name!r} ({self.node.op_type})")

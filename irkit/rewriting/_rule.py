@@ -138,6 +138,15 @@ def _call(fn: Callable[..., Any], params: list[str], var_kw: bool, env: dict[str
     return fn(**{p: env[p] for p in params})
 
 
+def _check_failure(failure: MatchFailure, match: Match) -> MatchFailure:
+    """A check's failure with its depth and the pattern variable its value is bound to."""
+    variable = failure.variable
+    if variable is None and failure.value is not None:
+        bound = (k for k, v in match.bindings.items() if v is failure.value)
+        variable = next(bound, None)
+    return dataclasses.replace(failure, depth=len(match.nodes) + 1, variable=variable)
+
+
 class Rule(BaseRule):
     """A declarative rewrite rule: ``pattern`` ⇒ ``rewrite`` when ``check`` passes.
 
@@ -264,7 +273,10 @@ class Rule(BaseRule):
                 if verdict is False or verdict is None:
                     verdict = MatchFailure(f"check returned {verdict}", None, node)
                 if isinstance(verdict, MatchFailure):
-                    last = dataclasses.replace(verdict, depth=len(result.nodes) + 1)
+                    # The first binding's failure is the one reported: it binds the variables in
+                    # the order the pattern is written (later ones are commuted operands).
+                    if last is None:
+                        last = _check_failure(verdict, result)
                     continue
                 if self.findings:
                     env.update(self._found(verdict))
@@ -272,9 +284,12 @@ class Rule(BaseRule):
             env["op"] = builder
             outputs = _call(self._rewrite, *self._rewrite_params, env)
             if outputs is None or isinstance(outputs, MatchFailure):
-                last = (
-                    outputs if outputs is not None else MatchFailure("rewrite declined", None, node)
-                )
+                if last is None:
+                    last = (
+                        outputs
+                        if outputs is not None
+                        else MatchFailure("rewrite declined", None, node)
+                    )
                 continue
             outs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
             if len(outs) != len(result.outputs):

@@ -1,7 +1,8 @@
 """Graph dumps a person wants to read: call tree, DOT/SVG, one-file HTML, JSON, diff.
 
 Works on any ONNX model (irkit's hierarchy metadata is used when present) and never imports
-torch. The command line is :func:`irkit.viz.cli.main` (``irkit-viz`` / ``tools/viz.py``).
+torch. The command line is :func:`irkit.viz.cli.main` (``irkit view``, ``irkit-viz``; in a
+checkout also ``python tools/viz.py``).
 
 Example:
     >>> import onnx_ir as ir

@@ -1,4 +1,4 @@
-"""``irkit-viz`` / ``python tools/viz.py``: read any ONNX file and show it.
+"""``irkit view`` / ``irkit-viz`` / ``python tools/viz.py`` (checkout): show any ONNX file.
 
 Errors a user can cause (missing or broken file, missing external data, ``--layout dot``
 without Graphviz) print one line ``irkit-viz: error: …`` (``irkit view: error: …`` when run as
@@ -13,7 +13,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -23,23 +23,45 @@ __all__ = ["main", "build_parser", "load_model"]
 logger = logging.getLogger(__name__)
 
 FORMATS = ("text", "onnx-text", "dot", "svg", "html", "json")
-_SUFFIX_FORMATS = {
-    ".svg": "svg",
-    ".html": "html",
-    ".htm": "html",
-    ".json": "json",
-    ".dot": "dot",
-    ".gv": "dot",
-    ".txt": "text",
+# The output suffixes each format may be written to (-o); the first format listing a suffix is
+# the one it implies. Any other suffix is refused: a picture irkit does not draw (.png) would
+# otherwise receive text.
+FORMAT_SUFFIXES = {
+    "text": (".txt", ".text"),
+    "onnx-text": (".onnxtxt", ".onnxtext", ".txt"),
+    "dot": (".dot", ".gv"),
+    "svg": (".svg",),
+    "html": (".html", ".htm"),
+    "json": (".json",),
 }
 
 
 PROG = "irkit-viz"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line and a hint (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        sys.exit(2)
+
+
+def _depth(text: str) -> int:
+    try:
+        depth = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if depth < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be 1 or more (1: the main graph's calls only), got {depth}"
+        )
+    return depth
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The argument parser; ``prog`` names the command in usage and error lines."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=prog,
         description="Show an ONNX model: call hierarchy, op histogram, inputs/outputs; "
         "DOT/SVG pictures, a one-file interactive HTML page, JSON, and diffs.",
@@ -51,8 +73,19 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         choices=FORMATS,
         help="output format (default: from -o's suffix, else text)",
     )
-    p.add_argument("-o", "--output", help="write to this file instead of standard output")
-    p.add_argument("--depth", type=int, help="deepest call level in the tree (1: top calls only)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="write to this file instead of standard output; its suffix, if any, is one of the "
+        "format's: .txt/.text, .onnxtxt, .dot/.gv, .svg, .html/.htm, .json",
+    )
+    p.add_argument(
+        "--depth",
+        type=_depth,
+        metavar="N",
+        help="deepest call level in the tree, N >= 1 (1: the main graph's calls only; "
+        "default: all)",
+    )
     p.add_argument(
         "--function",
         metavar="NAME",
@@ -145,6 +178,33 @@ def _check_options(args: argparse.Namespace, fmt: str) -> None:
             )
 
 
+def output_format(given: str | None, output: str | None) -> str:
+    """The format to write: ``given`` (``--format``), else the one ``output``'s suffix names,
+    else text.
+
+    Raises:
+        VizError: ``output`` has a suffix no format is written to, or one of another format.
+    """
+    from irkit.errors import VizError
+
+    suffix = pathlib.PurePath(output or "").suffix.lower()
+    if not suffix:
+        return given or "text"
+    implied = [fmt for fmt, suffixes in FORMAT_SUFFIXES.items() if suffix in suffixes]
+    if given is not None and given not in implied:
+        suffixes = "/".join(FORMAT_SUFFIXES[given])
+        raise VizError(
+            f"-o {output!r}: --format {given} is written to a {suffixes} file (or one without "
+            "a suffix); rename the output"
+        )
+    if not implied:
+        known = ", ".join(f"{f} ({'/'.join(s)})" for f, s in FORMAT_SUFFIXES.items())
+        raise VizError(
+            f"-o {output!r}: no format is written to a {suffix} file; the formats: {known}"
+        )
+    return given or implied[0]
+
+
 def _render(args: argparse.Namespace, fmt: str, color: bool) -> str:
     from irkit.errors import VizError
     from irkit.viz import _dot, _json, _summary, _text
@@ -233,19 +293,21 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
         prog: The command's name in usage, log and error lines (``"irkit view"`` under
             ``irkit``).
     """
-    args = build_parser(prog).parse_args(argv)
+    try:
+        args = build_parser(prog).parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING,
         format=f"{prog}: %(levelname)s: %(message)s",
     )
-    fmt = args.format or _SUFFIX_FORMATS.get(pathlib.Path(args.output or "").suffix, "text")
     stream = sys.stdout
     color = _use_color(args.color, stream) and args.output is None
     try:
         from irkit.errors import IrkitError
 
         try:
-            text = _render(args, fmt, color)
+            text = _render(args, output_format(args.format, args.output), color)
         except IrkitError as exc:
             if args.debug:
                 raise

@@ -35,9 +35,29 @@ def test_lower_missing_file(tmp_path):
     )
 
 
-def test_lower_not_a_pt2(tmp_path, capsys):
+@pytest.mark.parametrize("name", ["model.pt2", "notes.txt"])
+def test_lower_not_a_pt2_says_what_it_expects(tmp_path, capsys, name):
+    (tmp_path / name).write_text("not a zip archive\n")
+    status = main(["lower", str(tmp_path / name)])
+    out, err = capsys.readouterr()
+    _assert_usage_error(
+        status,
+        out,
+        err,
+        "irkit lower",
+        f"{name}': not a torch.export program (not a zip archive). irkit lower reads a .pt2 file "
+        "written by torch.export.save(exported_program, 'model.pt2')",
+    )
+    assert "ONNX" not in err
+    assert list(tmp_path.iterdir()) == [tmp_path / name]
+
+
+def test_lower_a_zip_that_is_no_program(tmp_path, capsys):
     """In-process (torch is loaded already): torch's own traceback warning stays off stderr."""
-    (tmp_path / "model.pt2").write_text("not a zip archive\n")
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "model.pt2", "w") as z:
+        z.writestr("notes.txt", "hello")
     status = main(["lower", str(tmp_path / "model.pt2")])
     out, err = capsys.readouterr()
     _assert_usage_error(
@@ -45,10 +65,31 @@ def test_lower_not_a_pt2(tmp_path, capsys):
         out,
         err,
         "irkit lower",
-        "model.pt2': cannot be loaded as a torch.export program (RuntimeError: PytorchStreamReader "
-        "failed reading zip archive: not a ZIP archive). Is it a file written by torch.export.save?",
+        "model.pt2': cannot be loaded as a torch.export program (",
+        "Is it a file written by torch.export.save?",
     )
     assert not (tmp_path / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("command", ["check", "optimize"])
+def test_onnx_commands_point_a_pt2_to_irkit_lower(tmp_path, capsys, command):
+    import zipfile
+
+    path = tmp_path / "model.pt2"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("model/archive_format", "pt2")
+    status = main(
+        [command, str(path), "-o", str(tmp_path / "o.onnx")][: 2 + 2 * (command != "check")]
+    )
+    out, err = capsys.readouterr()
+    _assert_usage_error(
+        status,
+        out,
+        err,
+        f"irkit {command}",
+        "model.pt2': a zip archive (a .pt2 written by torch.export.save?), not an ONNX model. "
+        f"Lower it to ONNX first: irkit lower {path} -o {tmp_path / 'model.onnx'}",
+    )
 
 
 @pytest.mark.slow
@@ -144,6 +185,11 @@ def relu(tmp_path):
             ["--max-depth applies to functions"],
         ),
         (["frobnicate"], "irkit", ["invalid choice: 'frobnicate'"]),
+        (
+            ["--bogus"],
+            "irkit",
+            ["unrecognized arguments: --bogus; expected a COMMAND", "(see 'irkit --help')"],
+        ),
     ],
 )
 def test_usage_errors_in_process(args, prog, fragments, relu, capsys):

@@ -185,6 +185,35 @@ def test_explain_lists_near_misses():
     assert "depth 2" in report.explain()
 
 
+def test_explain_names_the_variable_and_value_whose_check_failed():
+    """Mul(a, b) also matches Mul(x, w) commuted; the report keeps the written order's failure
+    and names the variable the failing value is bound to (before: the commuted binding's
+    failure, 'a has rank 1 [value 'w']', while the user's a is x, of rank 2)."""
+    from irkit.rewriting import RuleSet, fail, rank
+
+    def check(a, b):
+        if rank(a) != 2:
+            return fail(f"a has rank {rank(a)}, not 2", a)
+        if rank(b) != 2:
+            return fail(f"b has rank {rank(b)}, not 2", b)
+        return True
+
+    rule = Rule(
+        "MulAdd",
+        lambda op, a, b, c: op.Add(op.Mul(a, b), c),
+        check=check,
+        rewrite=lambda op, a, b, c: op.Sum(op.Mul(a, b), c),
+    )
+    m = _m(
+        "g (float[2,8] x, float[8] w, float[2,8] c) => (float[2,8] y) { m = Mul(x, w)  y = Add(m, c) }"
+    )
+    report = util.rewrite(m, RuleSet("mine", [rule]), explain="MulAdd")
+    assert report.fired == {}
+    assert [n.reason for n in report.near_misses] == ["b has rank 1, not 2 [b = value 'w']"]
+    assert report.rules["MulAdd"].failures == {"b has rank 1, not 2": 1}
+    assert report.explain().endswith(": b has rank 1, not 2 [b = value 'w']")
+
+
 def test_explain_unknown_rule():
     m = _m("g (float[4] x) => (float[4] z) { z = Relu(x) }")
     with pytest.raises(irkit.RewriteError, match="explain='Nope' names no rule"):

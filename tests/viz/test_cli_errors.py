@@ -185,9 +185,11 @@ def test_errors_under_irkit_view_name_that_command(tmp_path, monkeypatch, capsys
     assert main(["view", "nope.onnx"]) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", "irkit view: error: 'nope.onnx': no such file\n")
-    with pytest.raises(SystemExit):
-        main(["view", "nope.onnx", "--format", "nope"])
-    assert capsys.readouterr().err.startswith("usage: irkit view ")
+    assert main(["view", "nope.onnx", "--format", "nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("irkit view: error: argument --format/-f: invalid choice: 'nope'"), err
+    assert err.endswith(" (see 'irkit view --help')\n"), err
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "html"])
@@ -208,3 +210,40 @@ def test_a_broken_model_is_shown_and_what_is_broken_is_said(tmp_path, fmt, caplo
     assert "broken.onnx' is broken (irkit.lint): node 'attn/MatMul_0' (MatMul)" in message
     assert "malformed irkit.scope metadata '[[1, 2]'" in message
     assert message.endswith("(and 1 more problem)")
+
+
+def test_tools_viz_py_from_a_checkout_is_irkit_view(toy, tmp_path, capsys):
+    """``python tools/viz.py`` as a user runs it from a checkout (no PYTHONPATH, another
+    directory) prints what ``irkit view`` prints, from this checkout's irkit."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.viz.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NO_COLOR")}
+
+    def tools_viz(*args: str) -> subprocess.CompletedProcess[str]:
+        script = str(ROOT / "tools" / "viz.py")
+        run = subprocess.run  # (one process each: the script is the entry point under test)
+        return run(
+            [sys.executable, script, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+
+    result = tools_viz(str(toy), "--depth", "1", "--color", "never")
+    assert (result.returncode, result.stderr) == (0, "")
+    from irkit.cli import main
+
+    status = main(["view", str(toy), "--depth", "1", "--color", "never"])
+    out, err = capsys.readouterr()
+    assert (status, err) == (0, "")
+    assert result.stdout == out and out.startswith("toy.onnx  ")
+    # This checkout's irkit, not another installed one: --depth 0 is refused here.
+    refused = tools_viz(str(toy), "--depth", "0")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("irkit-viz: error: argument --depth: must be 1 or more")
