@@ -32,6 +32,7 @@ import functools
 import json
 import logging
 import pathlib
+import pickle
 import tempfile
 import time
 import warnings
@@ -94,6 +95,10 @@ def _normalize(value: Any) -> Any:
         return numpy_helper.to_dict(value)
     if isinstance(value, onnx.OptionalProto):
         return numpy_helper.to_optional(value)
+    if isinstance(value, np.generic):  # (a 0-d input given as a numpy scalar)
+        return np.asarray(value)
+    if isinstance(value, list):
+        return [_normalize(v) for v in value]
     return value
 
 
@@ -125,6 +130,18 @@ def _generated() -> Iterator[Case]:
     for test_case in models:
         if test_case.kind == "simple":
             yield _from_collector(test_case, "simple")
+
+
+def _generated_cached(cache: pathlib.Path | None) -> list[Case]:
+    if cache is None:
+        return list(_generated())
+    path = cache / f"generated-onnx-{onnx.__version__}-numpy-{np.__version__}.pickle"
+    if path.is_file():
+        loaded: list[Case] = pickle.loads(path.read_bytes())  # (our own file)
+        return loaded
+    found = list(_generated())
+    path.write_bytes(pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL))
+    return found
 
 
 def _read(path: pathlib.Path, type_proto: onnx.TypeProto) -> Any:
@@ -185,9 +202,14 @@ def _light_cases() -> Iterator[Case]:
 
 
 @functools.cache
-def cases() -> tuple[Case, ...]:
-    """Every case, sorted by name (about 15 s: onnx's node generators run numpy references)."""
-    found = list(_generated())
+def cases(cache: pathlib.Path | None = None) -> tuple[Case, ...]:
+    """Every case, sorted by name.
+
+    Args:
+        cache: A directory keeping the generated cases between runs (onnx's node generators run
+            numpy references: about 10 s of CPU; the pickle loads in well under one).
+    """
+    found = _generated_cached(cache)
     found += _light_cases()
     for kind in WHEEL_KINDS[1:]:
         found += (_wheel_case(kind, d) for d in sorted((DATA / kind).iterdir()) if d.is_dir())
