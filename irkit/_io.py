@@ -14,6 +14,7 @@ import onnx
 import onnx_ir as ir
 
 from irkit._lint import lint
+from irkit._runtime import runtime_problems
 from irkit._stream import Rename, parse_size, resolve_weights, write_external
 from irkit._weights import WeightlessTensor, from_marker, weightless_initializers
 from irkit.errors import CheckError, IrkitError, ModelLoadError, SaveError
@@ -283,19 +284,25 @@ def check_external_data(
             )
 
 
-def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
-    """Check ``model``: irkit's own invariants (:func:`irkit.lint`), then ``onnx.checker``.
+def check(model: ir.Model, *, full_check: bool = True, runtime: bool = True) -> ir.Model:
+    """Check ``model``: irkit's own invariants (:func:`irkit.lint`), then ``onnx.checker``, then
+    what the installed onnxruntime would refuse.
 
     Args:
         model: The model to check; it is not modified.
         full_check: Also run strict shape inference, as ``onnx.checker.check_model`` does.
+        runtime: Also report, when onnxruntime is installed, what its CPU provider cannot run:
+            an opset import newer than it loads (``opset 99``), a node whose op version has no
+            kernel (and no function body it could expand). Without onnxruntime nothing is
+            reported.
 
     Returns:
         ``model`` itself, so it can sit between stages.
 
     Raises:
-        CheckError: Lint, the checker or shape inference rejected the model (the message is
-            theirs), or the model cannot be serialized.
+        CheckError: Lint, the checker, shape inference or onnxruntime's limits rejected the
+            model (``problems`` lists onnxruntime's, one line each), or the model cannot be
+            serialized.
 
     Example:
         >>> import irkit, onnx_ir as ir
@@ -335,6 +342,10 @@ def check(model: ir.Model, *, full_check: bool = True) -> ir.Model:
         raise CheckError(f"onnx.checker rejected the model: {exc}") from exc
     except onnx.shape_inference.InferenceError as exc:
         raise CheckError(f"ONNX shape inference rejected the model: {exc}") from exc
+    problems = runtime_problems(model) if runtime else []
+    if problems:
+        lines = [f"onnxruntime cannot run the model ({len(problems)} problem(s)):"]
+        raise CheckError("\n".join([*lines, *(f"  - {p}" for p in problems)]), problems)
     return model
 
 

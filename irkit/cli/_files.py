@@ -53,7 +53,8 @@ examples:
   irkit check model.onnx -q && echo valid
 
 Runs irkit.check: irkit's own invariants (irkit.lint), then onnx.checker with full shape
-inference. Exit status 1 with one line per problem if the model has any."""
+inference, then what the installed onnxruntime (CPU) cannot run: an opset newer than it loads,
+an op version it has no kernel for. Exit status 1 with one line per problem if the model has any."""
 
 _VIEW_EPILOG = """\
 examples:
@@ -232,13 +233,18 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip onnx.checker's strict shape inference (faster on huge models)",
     )
+    p.add_argument(
+        "--no-runtime-check",
+        action="store_true",
+        help="do not report what the installed onnxruntime cannot run (opsets, op versions)",
+    )
 
 
 def _check(args: argparse.Namespace) -> int:
     import irkit
 
     model = load_onnx(args.model)
-    irkit.check(model, full_check=not args.no_shape_inference)
+    irkit.check(model, full_check=not args.no_shape_inference, runtime=not args.no_runtime_check)
     if not args.quiet:
         main_nodes, function_nodes = count_nodes(model)
         sys.stdout.write(

@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit._irutil import fresh_name, nested_subgraphs
+from irkit._runtime import kernel_defs
 from irkit.errors import LoweringError
 
 __all__ = ["legalize_kernel_types"]
@@ -73,17 +74,10 @@ def _parse(type_str: str) -> ir.DataType | None:
 @functools.cache
 def _ort_kernels() -> Mapping[tuple[str, str], tuple[tuple[int, int, _Constraints], ...]]:
     """onnxruntime's CPU kernels: ``(domain, op) → ((since, until, {T: dtypes}), …)``."""
-    try:
-        from onnxruntime.capi import _pybind_state
-    except ImportError:
-        return {}
     merged: dict[tuple[str, str, int, int], dict[str, set[ir.DataType]]] = {}
-    for kernel in _pybind_state.get_all_opkernel_def():
-        if kernel.provider != "CPUExecutionProvider":
-            continue
-        start, end = kernel.version_range
-        slot = merged.setdefault((kernel.domain, kernel.op_name, start, end), {})
-        for name, types in kernel.type_constraints.items():
+    for domain, op, start, end, type_constraints in kernel_defs():  # (() without onnxruntime)
+        slot = merged.setdefault((domain, op, start, end), {})
+        for name, types in type_constraints.items():
             slot.setdefault(name, set()).update(d for d in map(_parse, types) if d is not None)
     table: dict[tuple[str, str], list[tuple[int, int, _Constraints]]] = {}
     for (domain, op, start, end), constraints in merged.items():

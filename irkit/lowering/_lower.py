@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import onnx
 import onnx_ir as ir
 import torch
 from onnx_ir.passes.common import InlinePass
@@ -15,6 +16,7 @@ from onnxscript import values as osv
 from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 
 from irkit import metadata
+from irkit._runtime import newest_opset, ort_version
 from irkit.errors import LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
@@ -25,7 +27,14 @@ from irkit.lowering._registry import LoweringTable
 from irkit.lowering._signatures import store_call_signatures
 from irkit.lowering._source import node_location, op_name, python_spelling
 
-__all__ = ["lower_program", "DEFAULT_OPSET", "TORCHLIB_OPSET", "IR_VERSION"]
+__all__ = [
+    "lower_program",
+    "check_opset",
+    "supported_opsets",
+    "DEFAULT_OPSET",
+    "TORCHLIB_OPSET",
+    "IR_VERSION",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +68,8 @@ def lower_program(
             f"{type(exported_program).__name__}. Fix: call torch.export.export(model, args) first."
         )
     opset_arg = opset
-    opset = DEFAULT_OPSET if opset is None else opset
-    if opset < _MIN_OPSET:
-        raise LoweringOptionsError(
-            f"opset {opset} is too old; irkit supports opset >= {_MIN_OPSET}. "
-            f"Fix: pass opset={_MIN_OPSET} or newer (default {DEFAULT_OPSET})."
-        )
+    if opset is not None:
+        check_opset(opset)
     start = time.perf_counter()
     table = LoweringTable(custom_lowerings, decompose_custom_ops=decompose_custom_ops)
     ep = exported_program
@@ -111,6 +116,43 @@ def lower_program(
         time.perf_counter() - start,
     )
     return model
+
+
+def supported_opsets() -> tuple[range, str]:
+    """The default-domain opsets :func:`irkit.lower` writes, and where the newest comes from.
+
+    The oldest is 7 (below torchlib's 18 the model is converted down, with onnx's converter as
+    the fallback of onnxscript's); the newest is the newest opset the installed onnx knows (its
+    converter and checker go no further) and, when onnxruntime is installed, that it loads.
+    """
+    known = onnx.defs.onnx_opset_version()
+    newest, why = known, f"the newest onnx {onnx.__version__} knows"
+    loads = newest_opset("")
+    if loads is not None and loads <= known:
+        newest = loads
+        why = (
+            f"{why} and onnxruntime {ort_version()} loads"
+            if loads == known
+            else (f"the newest onnxruntime {ort_version()} loads")
+        )
+    return range(_MIN_OPSET, newest + 1), why
+
+
+def check_opset(opset: object) -> None:
+    """Raise if ``opset`` is not a default-domain opset :func:`irkit.lower` can write.
+
+    Raises:
+        LoweringOptionsError: Not an int, or outside :func:`supported_opsets`.
+    """
+    supported, why = supported_opsets()
+    span = f"{supported[0]} to {supported[-1]} ({supported[-1]}: {why})"
+    if not isinstance(opset, int) or isinstance(opset, bool):
+        raise LoweringOptionsError(f"opset={opset!r}: give an int; irkit lowers to opsets {span}.")
+    if opset not in supported:
+        raise LoweringOptionsError(
+            f"opset {opset} is not supported: irkit lowers to opsets {span}. Fix: pass an "
+            f"opset in that range, or leave it unset (default {DEFAULT_OPSET})."
+        )
 
 
 def _assemble(graph: ir.Graph, recorder: Recorder) -> ir.Model:

@@ -11,15 +11,17 @@ the module hierarchy (``model.functions`` and their call nodes) survives.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from irkit import _derived as derived
+from irkit._irutil import nested_subgraphs
 from irkit._weights import WeightlessTensor, hide_weightless
 from irkit.errors import IrkitError, RewriteError
 from irkit.rewriting._apply import count_nodes, rewrite
@@ -130,10 +132,7 @@ def optimize_with(
         except IrkitError:
             raise
         except Exception as exc:  # onnx-ir / onnxscript passes on a malformed model
-            raise RewriteError(
-                f"optimize: the {name} pass failed ({type(exc).__name__}: {exc}). The model is "
-                "probably malformed: run irkit.check(model) to see what is wrong."
-            ) from exc
+            raise RewriteError(_pass_failure(model, name, exc)) from exc
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
     if fold_constants:
@@ -142,7 +141,10 @@ def optimize_with(
         should_fold = _keeps_weight_transposes if keep_hierarchy else _default_folding
 
         def fold_known() -> None:
-            with hide_weightless(model, "optimize: fold_constants"):  # never read (or invent) them
+            with (
+                hide_weightless(model, "optimize: fold_constants"),  # never read (or invent) them
+                hide_from_folder(model),
+            ):
                 fold(model, should_fold=should_fold)
             # What the folder would have computed from weightless weights becomes derived ones.
             fold_weightless(model, should_fold)
@@ -441,3 +443,87 @@ _FOLDERS: dict[str, Callable[[ir.Node, Sequence[ir.TensorProtocol]], ir.TensorPr
     "Sin": _unary(derived.Function.SIN),
     "Neg": _unary(derived.Function.NEG),
 }
+
+
+# ----------------------------------------------------------------------------------------------
+# What onnxscript's constant folder must not see
+
+_HIDDEN_DOMAIN = "irkit.hidden_from_folder"  # (imported by no model: the folder skips the node)
+
+# onnxscript's folder rewrites some ops by partial evaluation (without constant inputs), into
+# forms of other ops that need a newer default opset than the model may have:
+# ``ConcatFromSequence(new_axis=1)`` → ``Unsqueeze`` with an axes input (opset 13);
+# ``SplitToSequence`` → ``Split`` with a ``split`` input (13) or ``num_outputs`` (18), ``Squeeze``
+# with an axes input (13). In a graph of an older opset these nodes are left alone.
+_REWRITTEN_FROM_OPSET: dict[str, int] = {"ConcatFromSequence": 13, "SplitToSequence": 18}
+
+
+def _unfoldable(node: ir.Node, opset: int | None) -> str | None:
+    """Why onnxscript's folder must not see ``node`` (``None``: it may)."""
+    if node.domain != "":
+        return None
+    needed = _REWRITTEN_FROM_OPSET.get(node.op_type)
+    if needed is not None and opset is not None and opset < needed:
+        return f"its folded form needs opset {needed}, the graph has {opset}"
+    if node.op_type == "SplitToSequence" and len(node.inputs) > 1:
+        # onnxscript 0.7's evaluator reads a `split` that is neither a constant nor of a known
+        # 1-D shape (a 0-d graph input) as an array and fails (AttributeError on None).
+        split = node.inputs[1]
+        shape = None if split is None else split.shape
+        if split is not None and split.const_value is None and (shape is None or len(shape) != 1):
+            return "its split sizes are neither constant nor a known 1-D shape"
+    return None
+
+
+def _graph_likes_with_opset(model: ir.Model) -> Iterator[tuple[ir.Graph | ir.Function, int | None]]:
+    """Every graph-like (main graph, functions, their subgraphs) with its default-domain opset."""
+    opset = model.opset_imports.get("")
+    owners: list[tuple[ir.Graph | ir.Function, int | None]] = [(model.graph, opset)]
+    owners += [(f, f.opset_imports.get("", opset)) for f in model.functions.values()]
+    for owner, owner_opset in owners:
+        yield owner, owner_opset
+        for graph in nested_subgraphs(owner):
+            yield graph, owner_opset
+
+
+@contextlib.contextmanager
+def hide_from_folder(model: ir.Model) -> Iterator[list[ir.Node]]:
+    """Within the block, the nodes onnxscript's constant folder would rewrite into ops the graph's
+    opset does not have, or would fail on, are in a domain no model imports (the folder leaves
+    such nodes alone). Restored on exit, even on error.
+
+    Yields:
+        The hidden nodes.
+    """
+    hidden: list[ir.Node] = []
+    for graph, opset in _graph_likes_with_opset(model):
+        for node in graph:
+            why = _unfoldable(node, opset)
+            if why is not None:
+                logger.info("optimize: not folding %s (%s): %s", node.name, node.op_type, why)
+                hidden.append(node)
+    for node in hidden:
+        node.domain = _HIDDEN_DOMAIN
+    try:
+        yield hidden
+    finally:
+        for node in hidden:
+            node.domain = ""
+
+
+def _pass_failure(model: ir.Model, name: str, exc: Exception) -> str:
+    """The message for a pass that failed: the model's fault if ``irkit.check`` rejects it,
+    otherwise the pass's (so ``optimize`` and ``check`` agree about the model)."""
+    from irkit._io import check  # (the checker: only on this error path)
+
+    what = f"optimize: the {name} pass failed ({type(exc).__name__}: {exc})"
+    try:
+        check(model)
+    except IrkitError as problem:
+        first = str(problem).splitlines()[0]
+        return f"{what}. The model is malformed: irkit.check says: {first}"
+    fix = " Fix: skip it (irkit.optimize(..., fold_constants=False), irkit optimize --no-fold)."
+    return (
+        f"{what}, on a model irkit.check accepts: a bug in that pass, not in the model."
+        f"{fix if name == 'fold_constants' else ''}"
+    )

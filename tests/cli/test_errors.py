@@ -92,6 +92,28 @@ def test_onnx_commands_point_a_pt2_to_irkit_lower(tmp_path, capsys, command):
     )
 
 
+def test_lower_unsupported_opset_writes_nothing(tmp_path, capsys):
+    """In-process: an opset outside the supported range is a usage error before lowering (it
+    used to print a traceback, exit 0 and write a file onnxruntime refuses)."""
+    import torch
+
+    from irkit.lowering._lower import supported_opsets
+
+    ep = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+    torch.export.save(ep, tmp_path / "m.pt2")
+    newest = supported_opsets()[0][-1]
+    status = main(["lower", str(tmp_path / "m.pt2"), "--opset", "99"])
+    out, err = capsys.readouterr()
+    _assert_usage_error(
+        status,
+        out,
+        err,
+        "irkit lower",
+        f"opset 99 is not supported: irkit lowers to opsets 7 to {newest}",
+    )
+    assert not (tmp_path / "m.onnx").exists()
+
+
 @pytest.mark.slow
 def test_optimize_truncated_onnx(tmp_path, files):
     data = (files.dir / "stock.onnx").read_bytes()

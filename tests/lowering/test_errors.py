@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
 
 import irkit
+from irkit import _runtime
 from tests import zoo
 
 
@@ -105,3 +107,41 @@ def test_exported_program_is_not_mutated():
     assert str(ep.graph) == before_graph
     assert ep.graph_signature == before_sig
     assert all(torch.equal(before_state[k], v) for k, v in ep.state_dict.items())
+
+
+@functools.cache
+def _linear_program():
+    return torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+
+
+@pytest.mark.parametrize("opset", [99, 6])
+def test_unsupported_opset_is_refused_up_front_naming_the_range(opset):
+    from irkit.lowering._lower import supported_opsets
+
+    supported, why = supported_opsets()
+    assert supported[0] == 7 and "onnx " in why
+    if _runtime.ort_version() is not None:  # (the installed onnxruntime bounds it)
+        assert supported[-1] == _runtime.newest_opset("")
+    with pytest.raises(irkit.LoweringOptionsError) as info:
+        irkit.lower(_linear_program(), opset=opset)
+    message = str(info.value)
+    assert f"opset {opset} is not supported: irkit lowers to opsets 7 to {supported[-1]}" in message
+    assert "Fix: pass an opset in that range, or leave it unset (default 23)" in message
+
+
+@pytest.mark.parametrize("opset", ["23", True])
+def test_opset_must_be_an_int(opset):
+    with pytest.raises(irkit.LoweringOptionsError, match=r"give an int; irkit lowers to opsets 7"):
+        irkit.lower(_linear_program(), opset=opset)
+
+
+def test_newest_supported_opset_lowers_and_runs():
+    from irkit.lowering._lower import supported_opsets
+    from tests.helpers import run_ort
+
+    newest = supported_opsets()[0][-1]
+    model = irkit.lower(_linear_program(), opset=newest)
+    assert model.opset_imports[""] == newest
+    irkit.check(model)
+    x = torch.randn(3, 4)
+    assert run_ort(model, [x.numpy()])[0].shape == (3, 2)

@@ -32,8 +32,12 @@ Preconditions: float16/float32; 4-D ``Q``/``K``/``V`` with known head counts and
 as queries, and with a past a static batch of 1 or a static single new token: onnxruntime
 refuses a past with several new tokens in a batch, so a model with dynamic batch and sequence
 keeps the standard ``Attention`` unless :func:`group_query_attention` is asked for
-``dynamic_past``); no ``softcap`` (``MultiHeadAttention``), no ``qk_matmul_output`` used; a past given
-as both key and value or not at all. Every refusal says why (see ``explain``).
+``dynamic_past``); no ``qk_matmul_output`` used; a past given as both key and value or not at all.
+The attributes are whitelisted (:data:`CARRIED`): an attribute the contrib op cannot carry, or a
+value of one it carries only in part (``softcap`` for ``MultiHeadAttention``, a
+``left_window_size`` / ``right_window_size`` other than -1, a ``softmax_precision`` other than the
+input dtype, any attribute of a newer opset), and any input but ``Q``, ``K``, ``V``, the mask and
+the past (``nonpad_kv_seqlen``), stop the rewrite. Every refusal says why (see ``explain``).
 """
 
 from __future__ import annotations
@@ -101,9 +105,70 @@ def _common(node: ir.Node) -> _Heads | MatchFailure:
     past_k, past_v = _input(node, 4), _input(node, 5)
     if (past_k is None) != (past_v is None):
         return fail("only one of past_key / past_value given", past_k or past_v)
+    extra = [i for i, v in enumerate(node.inputs) if i >= len(_INPUTS) and v is not None]
     if len(node.inputs) > 6 and node.inputs[6] is not None:
-        return fail("nonpad_kv_seqlen is not supported", node.inputs[6])
+        return fail(
+            "nonpad_kv_seqlen (opset 24) is not supported: the contrib ops take no per-batch "
+            "key/value lengths of this meaning",
+            node.inputs[6],
+        )
+    if extra or len(node.outputs) > 4:
+        return fail("inputs or outputs of an Attention newer than opset 25", None, node)
+    refused = _uncarried_attribute(node, q.dtype)
+    if refused is not None:
+        return refused
     return _Heads(int(dq[1]), int(dk[1]), int(dq[3]))  # type: ignore[arg-type]
+
+
+_INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+
+
+def _any(value: object, dtype: ir.DataType | None) -> str | None:
+    return None
+
+
+def _window(value: object, dtype: ir.DataType | None) -> str | None:
+    if value == -1:
+        return None
+    return "a sliding window (opset 25): the contrib ops' window differs in meaning; kept"
+
+
+def _precision(value: object, dtype: ir.DataType | None) -> str | None:
+    if dtype is not None and value == dtype.value:
+        return None
+    return f"softmax in another precision than the input's {dtype} (data type {value})"
+
+
+CARRIED: dict[str, Any] = {
+    "scale": _any,  # passed on
+    "is_causal": _any,  # each rule decides (GroupQueryAttention: causal; MHA: not causal)
+    "softcap": _any,  # GroupQueryAttention passes it on; MultiHeadAttention refuses a non-zero one
+    "q_num_heads": _any,  # (the head counts of 3-D inputs; the rules take 4-D ones)
+    "kv_num_heads": _any,
+    "qk_matmul_output_mode": _any,  # (what the qk_matmul_output holds: refused when it is used)
+    "softmax_precision": _precision,
+    "left_window_size": _window,
+    "right_window_size": _window,
+}
+"""``Attention``'s attributes (opsets 23 – 25) the contrib ops carry, each with a check of its
+value (``None``: carried; otherwise why not). Any other attribute stops the rewrite."""
+
+
+def _uncarried_attribute(node: ir.Node, dtype: ir.DataType | None) -> MatchFailure | None:
+    """Why an attribute of ``node`` cannot be carried, or ``None``."""
+    for name, attribute in node.attributes.items():
+        check = CARRIED.get(name)
+        if check is None:
+            return fail(
+                f"attribute {name}={attribute.value!r}: not one the contrib ops are known to "
+                f"carry ({', '.join(CARRIED)})",
+                None,
+                node,
+            )
+        why = check(attribute.value, dtype)
+        if why is not None:
+            return fail(f"{name}={attribute.value!r}: {why}", None, node)
+    return None
 
 
 _ELEMENTWISE = frozenset({"Where", "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Cast"})
@@ -322,7 +387,7 @@ def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     if a.get("is_causal", 0):
         return fail("causal (is_causal=1): left to GroupQueryAttention", None, node)
     if a.get("softcap", 0.0):
-        return fail("softcap is not supported by MultiHeadAttention", None, node)
+        return fail("softcap: MultiHeadAttention has none", None, node)
     if heads.q_heads != heads.kv_heads:
         return fail(f"{heads.q_heads} query heads but {heads.kv_heads} key/value heads", None, node)
     q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
@@ -360,17 +425,25 @@ def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailur
     if dx is None or len(dx) not in (3, 4):
         return fail("input must be 3-D or 4-D with known rank", x)
     a = _attrs(node)
-    if len(dx) == 3 and not a.get("num_heads"):
-        return fail("3-D input without num_heads", x)
+    unknown = sorted(set(a) - _ROTARY_CARRIED)
+    if unknown:
+        return fail(f"attributes {unknown}: not ones the contrib op is known to carry", None, node)
+    heads = a.get("num_heads") or (dx[1] if len(dx) == 4 else None)
+    if not isinstance(heads, int) or heads <= 0:
+        # (onnxruntime's kernel needs num_heads with a 3-D input or a rotary_embedding_dim)
+        return fail(f"head count unknown ({len(dx)}-D input {dx}, no num_heads)", x)
     return op.domain(MS).RotaryEmbedding(
         x,
         pos,
         cos,
         sin,
         interleaved=a.get("interleaved"),
-        num_heads=a.get("num_heads"),
+        num_heads=heads,
         rotary_embedding_dim=a.get("rotary_embedding_dim"),
     )
+
+
+_ROTARY_CARRIED = frozenset({"interleaved", "num_heads", "rotary_embedding_dim"})
 
 
 def attention_rules(gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:

@@ -116,6 +116,55 @@ def test_multi_head_attention_declines_grouped_heads():
     )
 
 
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        ("left_window_size=2", "left_window_size=2: a sliding window (opset 25)"),
+        ("right_window_size=1", "right_window_size=1: a sliding window (opset 25)"),
+        ("softmax_precision=11", "softmax_precision=11: softmax in another precision"),
+        ("softcap=2.0", "softcap: MultiHeadAttention has none"),
+        ("future_option=1", "attribute future_option=1: not one the contrib ops are known"),
+    ],
+)
+def test_multi_head_attention_declines_what_it_cannot_carry(attributes, reason):
+    """An attribute whose meaning MultiHeadAttention would drop stops the rewrite (whitelist)."""
+    m = parse(
+        f"""g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v) => (float[1,2,3,8] y) {{
+      y = Attention<{attributes}>(q, k, v) }}""",
+        opset=25,
+    )
+    no_fire(m, "MultiHeadAttention", reason)
+    assert [n.op_type for n in m.graph] == ["Attention"]
+
+
+def test_multi_head_attention_carries_the_defaults_of_opset_25():
+    m = parse(
+        """g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v) => (float[1,2,3,8] y) {
+      y = Attention<left_window_size=-1, right_window_size=-1, softmax_precision=1,
+                    qk_matmul_output_mode=0, softcap=0.0>(q, k, v) }""",
+        opset=25,
+    )
+    fire(m, "MultiHeadAttention", _ops_with("MultiHeadAttention", False))
+
+
+def test_group_query_attention_declines_a_window():
+    m = parse(
+        """g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v) => (float[1,2,3,8] y) {
+      y = Attention<is_causal=1, left_window_size=1>(q, k, v) }""",
+        opset=25,
+    )
+    no_fire(m, "GroupQueryAttention", "left_window_size=1: a sliding window")
+
+
+def test_attention_declines_nonpad_kv_seqlen():
+    m = parse(
+        """g (float[2,2,3,8] q, float[2,2,3,8] k, float[2,2,3,8] v, int64[2] n) => (float[2,2,3,8] y) {
+      y = Attention<is_causal=1>(q, k, v, , , , n) }""",
+        opset=24,
+    )
+    no_fire(m, "GroupQueryAttention", "nonpad_kv_seqlen (opset 24) is not supported")
+
+
 def _caches(t: str, h: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     angles = rng.uniform(0, 3, (MAX_POS, h // 2))
@@ -151,6 +200,16 @@ def test_contrib_rotary_embedding(b, n, s, h, t, interleaved):
     m = _with_caches(m, t, h)
     fire(m, "ContribRotaryEmbedding", {"RotaryEmbedding": 1}, t)
     assert next(iter(m.graph)).domain == "com.microsoft"
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_contrib_rotary_embedding_with_rotary_dim_gets_num_heads(interleaved):
+    """onnxruntime's kernel needs num_heads with a rotary_embedding_dim: read from the 4-D shape."""
+    m = parse(f"""g (float[2,3,4,8] x, int64[2,4] pos) => (float[2,3,4,8] y) {{
+      y = RotaryEmbedding<interleaved={interleaved}, rotary_embedding_dim=4>(x, cos, sin, pos) }}""")
+    m = _with_caches(m, "float", 4)
+    fire(m, "ContribRotaryEmbedding", {"RotaryEmbedding": 1})
+    assert next(iter(m.graph)).attributes["num_heads"].value == 3
 
 
 def test_contrib_rotary_declines_per_token_cos_sin():
