@@ -9,7 +9,7 @@ import onnx_ir as ir
 import sympy
 import torch
 
-from irkit._weights import WeightlessTensor
+from irkit.weights import WeightlessTensor
 
 __all__ = ["DTYPES", "onnx_dtype", "SymbolNames", "has_no_data", "torch_tensor_to_ir"]
 
