@@ -21,10 +21,8 @@ from irkit import metadata
 from irkit import rules as library
 from irkit._shapes import infer_shapes, unknown_shape_fraction
 from irkit.errors import RewriteError
-from irkit.hierarchy import FunctionsOption, outline
-from irkit.hierarchy._inline import open_module_calls
-from irkit.rewriting import BaseRule, RewriteReport, RuleSet
-from irkit.rewriting._optimize import cse, optimize_with
+from irkit.hierarchy import FunctionsOption, open_module_calls, outline
+from irkit.rewriting import BaseRule, RewriteReport, RuleSet, cse, optimize_with
 
 __all__ = ["Target", "TARGETS", "lower", "optimize"]
 

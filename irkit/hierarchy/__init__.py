@@ -7,7 +7,7 @@ bodies) and :func:`inline` reverses it. See ``docs/hierarchy.md``.
 
 from __future__ import annotations
 
-from irkit.hierarchy._inline import inline, reroot_scope
+from irkit.hierarchy._inline import inline, open_module_calls, reroot_scope
 from irkit.hierarchy._outline import CallSignatures, OutlineWarning, outline
 from irkit.hierarchy._report import function_tree
 from irkit.hierarchy._select import FunctionsOption, ModuleSelector
@@ -15,6 +15,7 @@ from irkit.hierarchy._select import FunctionsOption, ModuleSelector
 __all__ = [
     "outline",
     "inline",
+    "open_module_calls",
     "reroot_scope",
     "function_tree",
     "ModuleSelector",

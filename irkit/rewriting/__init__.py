@@ -34,7 +34,7 @@ from irkit.rewriting._checks import (
 )
 from irkit.rewriting._match import Match, MatchFailure, const_tensor, const_value, fail
 from irkit.rewriting._module_rule import ModuleCall, ModuleRule
-from irkit.rewriting._optimize import optimize_with
+from irkit.rewriting._optimize import cse, optimize_with
 from irkit.rewriting._pattern import Const, Pattern, attr, either, op, optional, var
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
 from irkit.rewriting._rule import (
@@ -56,6 +56,7 @@ from irkit.weights import transpose as transpose_weight
 __all__ = [
     "rewrite",
     "optimize_with",
+    "cse",
     "count_nodes",
     "op",
     "var",
