@@ -18,7 +18,7 @@ have data and a :class:`DerivedTensor` (computed at save time) when some are wei
 
 from __future__ import annotations
 
-from irkit.rewriting._apply import count_nodes, graph_io_guard, rewrite
+from irkit.rewriting._apply import Guard, count_nodes, graph_io_guard, rewrite
 from irkit.rewriting._builder import RewriteBuilder, weight_constant
 from irkit.rewriting._checks import (
     FLOAT_TYPES,
@@ -91,6 +91,7 @@ __all__ = [
     "same_dims",
     "reduced_axis",
     "graph_io_guard",
+    "Guard",
     "RewriteReport",
     "RuleStats",
     "NearMiss",

@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from irkit.errors import IrkitError, RewriteError
-from irkit.rewriting._apply import count_nodes, rewrite
+from irkit.rewriting._apply import Guard, count_nodes, rewrite
 from irkit.rewriting._report import RewriteReport
 from irkit.rewriting._rule import BaseRule, RuleSet
 from irkit.weights import (
     DedupeDerivedPass,
     FoldWeightlessPass,
     LiftWeightlessConstantsPass,
+    ShouldFold,
     hide_weightless,
 )
 
@@ -34,21 +35,7 @@ __all__ = ["optimize_with", "cse"]
 logger = logging.getLogger(__name__)
 
 
-def _default_folding(node: ir.Node) -> bool | None:
-    return None
-
-
-def _keeps_weight_transposes(node: ir.Node) -> bool | None:
-    """Leave ``Transpose(initializer)`` alone in a model whose module calls were opened.
-
-    In the outlined model the weight is a function parameter, so nothing folds its
-    ``Transpose`` (torchlib's 3-D ``linear``); folding it in the opened model would copy every
-    weight. Rules see ``MatMul(x, Transpose(w))`` and fold it without a copy (``FusedMatMul``).
-    """
-    if node.op_type == "Transpose" and node.domain == "" and node.inputs:
-        weight = node.inputs[0]
-        if weight is not None and weight.is_initializer():
-            return False
+def _size_limits_decide(node: ir.Node) -> bool | None:
     return None
 
 
@@ -69,7 +56,9 @@ def optimize_with(
     fold_constants: bool = True,
     explain: str | None = None,
     report: RewriteReport | None = None,
-    keep_hierarchy: bool = False,
+    guards: Sequence[Guard] = (),
+    should_fold: ShouldFold | None = None,
+    common_subexpressions: bool = True,
 ) -> ir.Model:
     """Optimize ``model`` **in place** with ``rules``: fold constants, rules to a fixed point, clean up.
 
@@ -92,12 +81,18 @@ def optimize_with(
         explain: Record near misses of this rule (see :meth:`RewriteReport.explain`).
         report: If given, filled with the rewrite's :class:`RewriteReport`, with the time of each
             pass in ``passes``.
-        keep_hierarchy: For models whose module calls were inlined to be outlined again:
-            :func:`irkit.rewrite` refuses rewrites that would make calls of one module differ,
-            common-subexpression elimination is skipped (it would merge identical nodes of
-            different calls; run :func:`cse` after re-outlining), and folding leaves
-            ``Transpose(initializer)`` alone (it would copy weights that are function
-            parameters in the outlined model).
+        guards: Vetoes on rewrites, passed to :func:`irkit.rewrite` (see :class:`Guard`).
+        should_fold: The constant-folding policy, as onnxscript's ``fold_constants`` takes it
+            (False never folds the node, True always does, None lets the size limits decide);
+            by default the size limits decide everywhere.
+        common_subexpressions: Run common-subexpression elimination.
+
+        ``irkit.optimize`` passes the last three for a model whose module calls were opened to
+        be outlined again: ``irkit.hierarchy.HierarchyGuard()`` (refuses rewrites that would
+        make calls of one module differ), ``irkit.hierarchy.keeps_weight_transposes`` (leaves
+        ``Transpose(initializer)`` alone: it would copy weights that are function parameters
+        in the outlined model) and no CSE (it would merge identical nodes of different calls;
+        it runs :func:`cse` after re-outlining).
 
     Returns:
         ``model`` itself, so stages compose.
@@ -135,13 +130,13 @@ def optimize_with(
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
-        should_fold = _keeps_weight_transposes if keep_hierarchy else _default_folding
+        policy = _size_limits_decide if should_fold is None else should_fold
 
         def fold_known() -> None:
             with hide_weightless(model, "optimize: fold_constants"):  # never read (or invent) them
-                fold(model, should_fold=should_fold)
+                fold(model, should_fold=policy)
             # What the folder would have computed from weightless weights becomes derived ones.
-            FoldWeightlessPass(should_fold)(model)
+            FoldWeightlessPass(policy)(model)
 
         timed("fold_constants", fold_known)
     result = RewriteReport()
@@ -153,13 +148,13 @@ def optimize_with(
             max_opset=opset,
             explain=explain,
             report=result,
-            keep_hierarchy=keep_hierarchy,
+            guards=guards,
         ),
     )
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     # Weights rules derived from weightless ones: initializers before CSE reads Constant values.
     timed("lift_constants", lambda: LiftWeightlessConstantsPass()(model))
-    if not keep_hierarchy:  # (across calls opened for re-outlining, CSE would merge them)
+    if common_subexpressions:
         timed("cse", lambda: cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
     timed(
