@@ -42,15 +42,15 @@ from collections.abc import Callable
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-import onnx_ir as ir  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import onnx
+import onnx_ir as ir
+import torch
 
-import irkit  # noqa: E402
-from irkit.cli import infer_shapes  # noqa: E402
-from irkit.rewriting import count_nodes  # noqa: E402
-from tests import helpers, zoo  # noqa: E402
+import irkit
+from irkit.cli import infer_shapes
+from irkit.rewriting import count_nodes
+from tests import helpers, zoo
 
 ONNXSLIM_HINT = (
     "onnxslim is not installed in this environment: no onnxslim columns. To compare, run in a "

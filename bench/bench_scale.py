@@ -57,7 +57,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import irkit  # noqa: E402
-from irkit import _checkpoints, _writer  # noqa: E402
+from irkit.weights import _checkpoints, _writer  # noqa: E402
 
 UINT8 = ir.DataType.UINT8
 
@@ -206,10 +206,10 @@ def peak_rss():  # VmHWM: this process's own peak (ru_maxrss carries the parent'
             return int(line.split()[1]) * 1024
 
 graph, out, folder, extra, previous = sys.argv[1:6]
-if previous == "1":  # the writer before irkit/_writer.py: onnx-ir's, then one fsync per file
+if previous == "1":  # the writer before irkit/weights/_writer.py: onnx-ir's, then one fsync per file
     import os
     import onnx_ir as ir
-    from irkit import _stream
+    from irkit.weights import _stream
 
     def write_data_file(tensors, offsets, path):
         ir.external_data.convert_tensors_to_external(

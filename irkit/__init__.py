@@ -18,9 +18,10 @@ Without torch, on any ONNX model:
 Only :func:`lower` needs torch, and it imports it on first call: rewriting, outlining and viz
 work on any ONNX file without torch. Dependencies point one way: ``irkit._pipeline`` (``lower``
 = ``irkit.lowering`` then ``irkit.hierarchy``'s outlining; ``optimize`` = targets) →
-``irkit.rules`` (the rule library) → ``irkit.rewriting`` (the engine); ``irkit.lowering``,
-``irkit.hierarchy`` and ``irkit.rewriting`` never import each other (ruff ``banned-api``, see
-the ``ruff.toml`` files).
+``irkit.rules`` (the rule library) → ``irkit.rewriting`` (the engine) → ``irkit.weights``
+(tensors without data, checkpoints, the streamed save); ``irkit.lowering``, ``irkit.hierarchy``
+and ``irkit.rewriting`` never import each other. The layering contract in ``pyproject.toml``
+(``[tool.importlinter]``, checked by ``tests/test_conventions.py``) states the whole plan.
 """
 
 from __future__ import annotations

@@ -15,9 +15,16 @@ import onnx_ir as ir
 
 from irkit._lint import lint
 from irkit._runtime import runtime_problems
-from irkit._stream import Rename, parse_size, resolve_weights, write_external
-from irkit._weights import WeightlessTensor, from_marker, weightless_initializers
 from irkit.errors import CheckError, IrkitError, ModelLoadError, SaveError
+from irkit.weights import (
+    Rename,
+    WeightlessTensor,
+    from_marker,
+    parse_size,
+    resolve_weights,
+    weightless_initializers,
+    write_external,
+)
 
 __all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-__all__ = ["fresh_name", "node_subgraphs", "nested_subgraphs"]
+__all__ = ["fresh_name", "node_subgraphs", "nested_subgraphs", "const_tensor"]
 
 
 def fresh_name(base: str, taken: set[str], *, sep: str = "_", keep: bool = True) -> str:
@@ -50,3 +50,16 @@ def nested_subgraphs(graph_like: ir.Graph | ir.Function) -> Iterator[ir.Graph]:
         for graph in node_subgraphs(node):
             yield from nested_subgraphs(graph)
             yield graph
+
+
+def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The constant tensor held by ``value`` (initializer or ``Constant`` output), with data or
+    weightless, else None."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value
+    producer = value.producer()
+    if producer is None or producer.op_type != "Constant" or producer.domain != "":
+        return None
+    return ir.convenience.get_const_tensor(value)

@@ -3,7 +3,8 @@
 The rewrite engine (:mod:`irkit.rewriting`) knows no rules; the rule library
 (:mod:`irkit.rules`) is written against the engine. This module is the one layer above both: it
 binds each optimization target to its default rules, so dependencies point one way
-(``_pipeline → rules → rewriting``); ``irkit/rewriting/ruff.toml`` bans the reverse edge.
+(``_pipeline → rules → rewriting``); the layering contract in ``pyproject.toml``
+(``[tool.importlinter]``) forbids the reverse edge.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from irkit import metadata
 from irkit import rules as library
 from irkit._shapes import infer_shapes, unknown_shape_fraction
 from irkit.errors import RewriteError
-from irkit.hierarchy import FunctionsOption, outline
-from irkit.hierarchy._inline import open_module_calls
-from irkit.rewriting import BaseRule, RewriteReport, RuleSet
-from irkit.rewriting._optimize import cse, optimize_with
+from irkit.hierarchy import (
+    FunctionsOption,
+    HierarchyGuard,
+    keeps_weight_transposes,
+    open_module_calls,
+    outline,
+)
+from irkit.rewriting import BaseRule, RewriteReport, RuleSet, cse, optimize_with
 
 __all__ = ["Target", "TARGETS", "lower", "optimize"]
 
@@ -257,7 +262,9 @@ def optimize(
         fold_constants=fold_constants,
         explain=explain,
         report=report,
-        keep_hierarchy=True,
+        guards=[HierarchyGuard()],  # (calls of one module stay alike: they are outlined again)
+        should_fold=keeps_weight_transposes,
+        common_subexpressions=False,  # (it would merge nodes of different calls; run after)
     )
     t0 = time.perf_counter()
     if opened:

@@ -47,6 +47,8 @@ __all__ = [
     "REWRITE_SOURCES",
     "MODEL_PRODUCER",
     "CALL_SIGNATURES",
+    "WEIGHTLESS_KEY",
+    "DERIVED_KEY",
     "CallSignatures",
     "Frame",
     "encode_scope",
@@ -116,6 +118,16 @@ model. Absent when no module call has a preserved signature."""
 CallSignatures = Mapping[str, tuple[Sequence[str], Sequence[str]]]
 """Module call id (``"layers.0"``, ``"layers.0@1"``) → (input value names, output value names)
 in the module's call-signature order."""
+
+# --- On initializers (TensorProto metadata_props), written by irkit.lower / optimize ------------
+WEIGHTLESS_KEY = "irkit.weightless"
+"""``metadata_props`` key of a tensor without data (its ``TensorProto`` holds dims and dtype
+only; see :class:`irkit.weights.WeightlessTensor`). :func:`irkit.load` recognizes it."""
+
+DERIVED_KEY = "irkit.derived"
+"""``metadata_props`` key of a derived weightless initializer: its recipe as JSON
+(``{"version": 1, "recipe": {...}}``, see :class:`irkit.weights.DerivedTensor`), next to the
+:data:`WEIGHTLESS_KEY` marker."""
 
 
 class Frame(NamedTuple):

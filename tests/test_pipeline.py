@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -53,24 +55,42 @@ def test_the_engine_imports_without_the_rule_library():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
 
 
-def test_the_layering_lint_rejects_an_upward_import():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ruff",
-            "check",
-            "--no-cache",
-            "--select",
-            "TID251",
-            "--stdin-filename",
-            "irkit/rewriting/_probe.py",
-            "-",
-        ],
-        input="from irkit.rules import cleanup\n\n__all__ = ['cleanup']\n",
+def _lint_imports(root: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` (the contract in ``root/pyproject.toml``) on the ``irkit`` in ``root``."""
+    code = "from importlinter.cli import lint_imports_command as main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache"],
         capture_output=True,
         text=True,
-        cwd=str(ROOT),
+        cwd=str(root),
+        timeout=300,
     )
-    assert result.returncode == 1
-    assert "`irkit.rules` is banned" in result.stdout
+
+
+PROBES = {  # module: (source, the contract it breaks)
+    # an upward import, even a lazy one
+    "rewriting/_probe_rules.py": ("def f():\n    from irkit.rules import cleanup\n", "layers"),
+    "weights/_probe_stage.py": ("from irkit.rewriting import op\n", "layers"),
+    # a stage reaching into another stage's private module
+    "viz/_probe_private.py": ("from irkit.hierarchy._outline import outline\n", "facades"),
+    "weights/_probe_torch.py": ("import torch\n", "torch"),
+}
+CONTRACTS = {"layers": "irkit's layers", "facades": "facades", "torch": "Only lowering"}
+
+
+def test_the_layering_contract_rejects_upward_private_and_torch_imports(tmp_path):
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(
+        ROOT / "irkit", tmp_path / "irkit", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for probe, (source, _) in PROBES.items():
+        (tmp_path / "irkit" / probe).write_text(source)
+    result = _lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = result.stdout[result.stdout.index("Broken contracts") :]
+    starts = {key: report.index(name) for key, name in CONTRACTS.items()}
+    for probe, (_, contract) in PROBES.items():
+        section = report[starts[contract] :]
+        later = [start for start in starts.values() if start > starts[contract]]
+        section = section[: min(later) - starts[contract]] if later else section
+        assert f"irkit.{probe[:-3].replace('/', '.')}" in section, (probe, report)

@@ -1,4 +1,4 @@
-"""The fast external-data writer (``irkit._writer``) writes exactly the bytes onnx-ir's writer
+"""The fast external-data writer (``irkit.weights._writer``) writes exactly the bytes onnx-ir's writer
 does — offsets, alignment holes, shards, file ends — on every path it can take: kernel copy,
 ``pread``/``pwrite`` (no ``copy_file_range``, or one that fails), with and without rolling
 write-behind (``sync_file_range`` missing or refused), without ``posix_fadvise``. Chunk and
@@ -15,9 +15,8 @@ import pytest
 from safetensors.numpy import save_file
 
 import irkit
-from irkit import _writer
-from irkit._checkpoints import open_weights
-from irkit._stream import _shards, shard_names, write_external
+from irkit.weights import _writer, open_weights, write_external
+from irkit.weights._stream import _shards, shard_names
 
 RNG = np.random.default_rng(0)
 # Odd sizes: offsets fall off every alignment; the large ones span several chunks and windows.

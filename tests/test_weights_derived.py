@@ -19,9 +19,9 @@ import transformers
 from safetensors.numpy import save_file
 
 import irkit
-from irkit import _derived as derived
-from irkit._weights import WeightlessTensor
+from irkit import metadata, weights
 from irkit.rewriting import DerivedTensor, concat_weights, transpose_weight
+from irkit.weights import WeightlessTensor
 from tests.helpers import FP32_ATOL, run_ort
 from tests.scale.test_meta_llama import CONFIG as LLAMA
 
@@ -41,7 +41,7 @@ def _initializers(model: ir.Model) -> list[tuple[str, tuple[int, ...]]]:
     return sorted((v.const_value.dtype.name, tuple(v.const_value.shape)) for v in values)
 
 
-def _kinds(recipe: derived.Recipe) -> set[type]:
+def _kinds(recipe: weights.Recipe) -> set[type]:
     return {type(recipe)}.union(*(_kinds(s) for s in recipe.sources()))
 
 
@@ -98,10 +98,10 @@ def test_optimized_meta_llama_has_the_real_graph_and_saves_with_streamed_weights
     ]
     if target == "ort":  # Q/K/V and gate/up packed per layer; the rotary caches folded
         assert expected[("", "Split")] == 2 and expected[("", "RotaryEmbedding")] == 2
-        packed = [r for r in recipes if isinstance(r, derived.Concat) and len(r.parts) in (2, 3)]
+        packed = [r for r in recipes if isinstance(r, weights.Concat) and len(r.parts) in (2, 3)]
         assert sorted(len(r.parts) for r in packed) == [2, 2, 3, 3], recipes
-        assert {type(p) for r in packed for p in r.parts} == {derived.Transpose}
-        assert any(derived.Unary in _kinds(r) for r in recipes)  # cos/sin of inv_freq
+        assert {type(p) for r in packed for p in r.parts} == {weights.Transpose}
+        assert any(weights.Unary in _kinds(r) for r in recipes)  # cos/sin of inv_freq
     path = irkit.save(
         meta, tmp_path / "m.onnx", weights=[shards, dict(real.named_buffers())], external_data=True
     )
@@ -122,16 +122,16 @@ S = np.array([0.5, -2.0, 4.0], dtype=np.float32)
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
-        (lambda a, b: derived.transpose(a, [1, 0]), A.T),
-        (lambda a, b: derived.concat([a, b], axis=1), np.concatenate([A, B], axis=1)),
-        (lambda a, b: derived.concat([a, b], axis=-1), np.concatenate([A, B], axis=1)),
-        (lambda a, b: derived.cast(a, ir.DataType.FLOAT16), A.astype(np.float16)),
-        (lambda a, b: derived.reshape(a, [2, -1]), A.reshape(2, 6)),
-        (lambda a, b: derived.multiply(a, S), A * S),
-        (lambda a, b: derived.unary(a, derived.Function.COS), np.cos(A)),
-        (lambda a, b: derived.unary(a, derived.Function.NEG), -A),
+        (lambda a, b: weights.transpose(a, [1, 0]), A.T),
+        (lambda a, b: weights.concat([a, b], axis=1), np.concatenate([A, B], axis=1)),
+        (lambda a, b: weights.concat([a, b], axis=-1), np.concatenate([A, B], axis=1)),
+        (lambda a, b: weights.cast(a, ir.DataType.FLOAT16), A.astype(np.float16)),
+        (lambda a, b: weights.reshape(a, [2, -1]), A.reshape(2, 6)),
+        (lambda a, b: weights.multiply(a, S), A * S),
+        (lambda a, b: weights.unary(a, weights.Function.COS), np.cos(A)),
+        (lambda a, b: weights.unary(a, weights.Function.NEG), -A),
         (
-            lambda a, b: derived.transpose(derived.concat([a, a], axis=1), [1, 0]),
+            lambda a, b: weights.transpose(weights.concat([a, a], axis=1), [1, 0]),
             np.concatenate([A, A], axis=1).T,
         ),
     ],
@@ -147,24 +147,24 @@ def test_recipe_values_match_numpy(make, expected):
     with pytest.raises(irkit.WeightsError, match="has no data"):
         lazy.numpy()
     leaves = {"a": A, "b": B}
-    values = derived.evaluate(lazy.recipe, lambda leaf: leaves[leaf.name])
+    values = weights.evaluate(lazy.recipe, lambda leaf: leaves[leaf.name])
     np.testing.assert_array_equal(values, expected)
-    again = derived.recipe_from_json(lazy.metadata_props[derived.DERIVED_KEY], "x")  # JSON form
-    np.testing.assert_array_equal(derived.evaluate(again, lambda leaf: leaves[leaf.name]), expected)
+    again = weights.recipe_from_json(lazy.metadata_props[metadata.DERIVED_KEY], "x")  # JSON form
+    np.testing.assert_array_equal(weights.evaluate(again, lambda leaf: leaves[leaf.name]), expected)
 
 
 def test_helpers_refuse_what_does_not_fit():
     with pytest.raises(irkit.WeightsError, match="differ off axis"):
-        derived.concat([_leaf("a", [4, 3]), _leaf("b", [3, 2])], axis=1)
+        weights.concat([_leaf("a", [4, 3]), _leaf("b", [3, 2])], axis=1)
     with pytest.raises(irkit.WeightsError, match="cannot become"):
-        derived.reshape(_leaf("a", [4, 3]), [5, -1])
+        weights.reshape(_leaf("a", [4, 3]), [5, -1])
     with pytest.raises(irkit.WeightsError, match="do not broadcast"):
-        derived.multiply(_leaf("a", [4, 3]), np.ones(2, np.float32))
+        weights.multiply(_leaf("a", [4, 3]), np.ones(2, np.float32))
 
 
 def test_unknown_recipe_text_is_a_weights_error():
     with pytest.raises(irkit.WeightsError, match="'p': its irkit.derived metadata"):
-        derived.recipe_from_json('{"version": 1, "recipe": {"op": "fft"}}', "p")
+        weights.recipe_from_json('{"version": 1, "recipe": {"op": "fft"}}', "p")
 
 
 # --- constant folding and the scale fold on weightless weights ---------------------------------
@@ -282,7 +282,7 @@ def test_round_trip_keeps_the_recipe_and_saves_with_weights_later(tmp_path):
     loaded = irkit.load(graph_only, load_external_data=False)
     tensor = loaded.graph.initializers["p"].const_value
     assert isinstance(tensor, DerivedTensor)
-    assert json.loads(tensor.metadata_props[derived.DERIVED_KEY]) == {
+    assert json.loads(tensor.metadata_props[metadata.DERIVED_KEY]) == {
         "version": 1,
         "recipe": {
             "op": "concat",
@@ -343,7 +343,7 @@ def _fp16_model() -> ir.Model:
 def test_float32_checkpoint_converts_to_a_float16_model(tmp_path, caplog):
     w = RNG.standard_normal((4, 3)).astype(np.float32)
     save_file({"w": w}, tmp_path / "w.safetensors")
-    with caplog.at_level(logging.INFO, logger="irkit._stream"):
+    with caplog.at_level(logging.INFO, logger="irkit.weights._stream"):
         path = irkit.save(_fp16_model(), tmp_path / "m.onnx", weights=tmp_path / "w.safetensors")
     assert "converted to the model's dtype while streaming (first: 'w' FLOAT → FLOAT16)" in (
         caplog.text
@@ -363,8 +363,8 @@ def test_float32_checkpoint_converts_to_a_float16_model(tmp_path, caplog):
 def test_leaves_of_a_derived_tensor_convert_too(tmp_path):
     q = RNG.standard_normal((3, 4)).astype(np.float16)
     k = RNG.standard_normal((2, 4)).astype(np.float16)
-    weights = {"layer.q.weight": q, "layer.k.weight": k}  # float16 leaves for a float32 model
-    out = irkit.save(_packed_model(), tmp_path / "m.onnx", weights=weights)
+    checkpoint = {"layer.q.weight": q, "layer.k.weight": k}  # float16 leaves for a float32 model
+    out = irkit.save(_packed_model(), tmp_path / "m.onnx", weights=checkpoint)
     saved = irkit.load(out).graph.initializers["p"].const_value.numpy()
     assert saved.dtype == np.float32
     np.testing.assert_array_equal(saved, np.concatenate([q.T, k.T], axis=1).astype(np.float32))
@@ -397,7 +397,7 @@ SAVE = textwrap.dedent(
     import json, sys, tracemalloc
     import onnx_ir as ir
     import irkit
-    from irkit._weights import WeightlessTensor
+    from irkit.weights import WeightlessTensor
     from irkit.rewriting import DerivedTensor, concat_weights, transpose_weight
 
     def peak_rss():

@@ -12,7 +12,6 @@ import torch
 from onnxscript import evaluator as os_evaluator
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from irkit._weights import WeightlessTensor
 from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
 from irkit.lowering._plan import Decomposition, Plan
@@ -29,6 +28,7 @@ from irkit.lowering._source import (
     python_spelling,
 )
 from irkit.lowering._types import SymbolNames, has_no_data, onnx_dtype, torch_tensor_to_ir
+from irkit.weights import WeightlessTensor
 
 __all__ = ["Emitter"]
 

@@ -9,8 +9,8 @@ import onnx_ir as ir
 import sympy
 import torch
 
-from irkit._weights import WeightlessTensor
 from irkit.errors import LoweringOptionsError
+from irkit.weights import WeightlessTensor
 
 __all__ = ["DTYPES", "onnx_dtype", "SymbolNames", "has_no_data", "torch_tensor_to_ir"]
 

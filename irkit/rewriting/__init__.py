@@ -18,14 +18,8 @@ have data and a :class:`DerivedTensor` (computed at save time) when some are wei
 
 from __future__ import annotations
 
-from irkit._derived import DerivedTensor, has_data, weight_constant
-from irkit._derived import cast as cast_weight
-from irkit._derived import concat as concat_weights
-from irkit._derived import multiply as multiply_weight
-from irkit._derived import reshape as reshape_weight
-from irkit._derived import transpose as transpose_weight
-from irkit.rewriting._apply import count_nodes, graph_io_guard, rewrite
-from irkit.rewriting._builder import RewriteBuilder
+from irkit.rewriting._apply import Guard, count_nodes, graph_io_guard, rewrite
+from irkit.rewriting._builder import RewriteBuilder, weight_constant
 from irkit.rewriting._checks import (
     FLOAT_TYPES,
     Verdict,
@@ -40,7 +34,7 @@ from irkit.rewriting._checks import (
 )
 from irkit.rewriting._match import Match, MatchFailure, const_tensor, const_value, fail
 from irkit.rewriting._module_rule import ModuleCall, ModuleRule
-from irkit.rewriting._optimize import optimize_with
+from irkit.rewriting._optimize import cse, optimize_with
 from irkit.rewriting._pattern import Const, Pattern, attr, either, op, optional, var
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
 from irkit.rewriting._rule import (
@@ -52,10 +46,17 @@ from irkit.rewriting._rule import (
     RuleSet,
     node_rule,
 )
+from irkit.weights import DerivedTensor, has_data
+from irkit.weights import cast as cast_weight
+from irkit.weights import concat as concat_weights
+from irkit.weights import multiply as multiply_weight
+from irkit.weights import reshape as reshape_weight
+from irkit.weights import transpose as transpose_weight
 
 __all__ = [
     "rewrite",
     "optimize_with",
+    "cse",
     "count_nodes",
     "op",
     "var",
@@ -90,6 +91,7 @@ __all__ = [
     "same_dims",
     "reduced_axis",
     "graph_io_guard",
+    "Guard",
     "RewriteReport",
     "RuleStats",
     "NearMiss",

@@ -13,7 +13,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import onnx_ir as ir
 
@@ -24,7 +25,7 @@ from irkit.rewriting._match import MatchFailure
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
 from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext, RuleSet
 
-__all__ = ["rewrite", "DEFAULT_MAX_REWRITES_PER_NODE"]
+__all__ = ["rewrite", "Guard", "DEFAULT_MAX_REWRITES_PER_NODE"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,22 @@ DEFAULT_MAX_REWRITES_PER_NODE = 4
 :class:`~irkit.errors.FixedPointError`."""
 
 GraphLike = ir.Graph | ir.Function
+
+
+class Guard(Protocol):
+    """A veto on rewrites that the caller of :func:`rewrite` injects (``guards=``): the engine
+    asks every guard before it commits a rewrite (after its own checks) and tells it after.
+
+    ``irkit.hierarchy.HierarchyGuard`` is one: ``irkit.optimize`` passes it when module calls
+    were opened to be outlined again, so the engine itself knows nothing of modules.
+    """
+
+    def refuse(self, graph: GraphLike, nodes: Sequence[ir.Node]) -> str | None:
+        """Why replacing ``nodes`` (the matched nodes) in ``graph`` must not happen, or ``None``.
+        The reason is reported as the rule's match failure."""
+
+    def committed(self, graph: GraphLike, nodes: Sequence[ir.Node]) -> None:
+        """``nodes`` (a replacement) were inserted into ``graph``."""
 
 
 def _as_rules(rules: RuleSet | BaseRule | Iterable[BaseRule | RuleSet]) -> RuleSet:
@@ -78,7 +95,7 @@ def rewrite(
     max_opset: int | None = None,
     max_rewrites_per_node: int = DEFAULT_MAX_REWRITES_PER_NODE,
     report: RewriteReport | None = None,
-    keep_hierarchy: bool = False,
+    guards: Sequence[Guard] = (),
 ) -> ir.Model:
     """Apply ``rules`` to ``model`` **in place** until no rule fires.
 
@@ -96,9 +113,8 @@ def rewrite(
         max_opset: Rules needing a newer ONNX opset than this do not fire.
         max_rewrites_per_node: Iteration cap per graph: ``max_rewrites_per_node × nodes + 64``.
         report: If given, filled with the :class:`RewriteReport` (per-rule statistics).
-        keep_hierarchy: Refuse rewrites that would take nodes out of a module call that keeps
-            other nodes while also taking nodes of a sibling call (see :func:`hierarchy_guard`):
-            used when module calls were inlined to be re-outlined after the rewrite.
+        guards: Vetoes on rewrites (see :class:`Guard`), e.g. ``irkit.hierarchy.HierarchyGuard()``
+            when module calls were inlined to be re-outlined after the rewrite.
 
     Returns:
         ``model`` itself, so stages compose.
@@ -137,7 +153,7 @@ def rewrite(
         )
         ctx = RewriteContext(model, graph_like, opset, max_opset)
         worklist = _Worklist(ctx, index, result, explain, where, max_rewrites_per_node)
-        worklist.keep_hierarchy = keep_hierarchy
+        worklist.guards = guards
         worklist.run()
         result.graphs += 1
     result.nodes_after = count_nodes(model)
@@ -199,8 +215,7 @@ class _Worklist:
         self.queue: collections.deque[ir.Node] = collections.deque(reversed(graph))
         self.queued = set(self.queue)
         self.needs_sort = False
-        self.keep_hierarchy = False
-        self.scopes: ScopeIndex | None = None  # (built on the first guarded rewrite)
+        self.guards: Sequence[Guard] = ()
 
     def run(self) -> None:
         budget = self.per_node * len(self.queue) + 64
@@ -221,10 +236,8 @@ class _Worklist:
                 s.tried += 1
                 if not isinstance(result, MatchFailure):
                     refused = graph_io_guard(result)
-                    if refused is None and self.keep_hierarchy:
-                        if self.scopes is None:
-                            self.scopes = ScopeIndex(self.ctx.graph)
-                        refused = hierarchy_guard(result, self.ctx.graph, self.scopes)
+                    if refused is None and self.guards:
+                        refused = self._refused(result)
                     result = result if refused is None else refused
                 if isinstance(result, MatchFailure):
                     s.seconds += perf() - t0
@@ -234,8 +247,8 @@ class _Worklist:
                     continue
                 where = _where(node, self.where)
                 commit(self.ctx.graph, node, result, rule.name, self.ctx.model)
-                if self.scopes is not None:
-                    self.scopes.add(result.nodes)
+                for guard in self.guards:
+                    guard.committed(self.ctx.graph, result.nodes)
                 s.seconds += perf() - t0
                 s.fired += 1
                 s.where[where] += 1
@@ -249,6 +262,13 @@ class _Worklist:
                 break
         if self.needs_sort:
             self.ctx.graph.sort()
+
+    def _refused(self, result: Rewrite) -> MatchFailure | None:
+        for guard in self.guards:
+            reason = guard.refuse(self.ctx.graph, result.match.nodes)
+            if reason is not None:
+                return MatchFailure(reason)
+        return None
 
     def _find(self, rule: BaseRule, node: ir.Node) -> Rewrite | MatchFailure:
         """``rule.find``; a bug in the rule becomes a :class:`RewriteError` that says where."""
@@ -369,114 +389,6 @@ def graph_io_guard(result: Rewrite) -> MatchFailure | None:
             "needed: connects a graph input/initializer/output to a graph output", needed[0]
         )
     return None
-
-
-def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadata.Frame, ...]:
-    common: tuple[metadata.Frame, ...] | None = None
-    for scope in scopes:
-        if common is None:
-            common = scope
-            continue
-        k = 0
-        while k < min(len(common), len(scope)) and common[k] == scope[k]:
-            k += 1
-        common = common[:k]
-    return common or ()
-
-
-class ScopeIndex:
-    """The nodes of each module call in a graph (every frame of a node's scope), and the child
-    calls of each scope: what :func:`hierarchy_guard` reads instead of scanning the graph.
-
-    Removed nodes are dropped lazily (a node whose ``graph`` is no longer the graph is skipped);
-    replacement nodes are added with :meth:`add` after each commit.
-    """
-
-    def __init__(self, graph: GraphLike):
-        self.owner = graph.graph if isinstance(graph, ir.Function) else graph
-        self.nodes: dict[metadata.Frame, list[ir.Node]] = collections.defaultdict(list)
-        self.children: dict[tuple[metadata.Frame, ...], set[metadata.Frame]] = (
-            collections.defaultdict(set)
-        )
-        self._memo: dict[str, tuple[metadata.Frame, ...]] = {}
-        self.add(graph)
-
-    def scope(self, node: ir.Node) -> tuple[metadata.Frame, ...]:
-        text = node.metadata_props.get(metadata.SCOPE)
-        if not text:
-            return ()
-        scope = self._memo.get(text)
-        if scope is None:
-            scope = self._memo[text] = metadata.decode_scope(text)
-        return scope
-
-    def add(self, nodes: Iterable[ir.Node]) -> None:
-        for node in nodes:
-            scope = self.scope(node)
-            for k, frame in enumerate(scope):
-                self.nodes[frame].append(node)
-                self.children[scope[:k]].add(frame)
-
-    def live(self, frame: metadata.Frame) -> Iterator[ir.Node]:
-        """The nodes of call ``frame`` still in the graph."""
-        return (n for n in self.nodes.get(frame, ()) if n.graph is self.owner)
-
-
-def hierarchy_guard(
-    result: Rewrite, graph: GraphLike, index: ScopeIndex | None = None
-) -> MatchFailure | None:
-    """Refuse a rewrite that would make calls of one module differ (used with ``keep_hierarchy``).
-
-    The replacement nodes get the deepest scope ``C`` that contains every replaced node (see
-    :func:`provenance`); replaced nodes of child calls of ``C`` leave those calls. That is
-    harmless when the call is replaced whole (``q_proj``/``k_proj``/``v_proj`` packed into one
-    ``MatMul``), or when it is the only call of its class among ``C``'s children (the bias
-    ``Add`` of ``intermediate.dense`` fused with the ``Gelu`` of ``intermediate.act``: every
-    instance of ``C``'s body changes alike). It breaks sharing when the call is one of several
-    sibling calls of one class — a stack of layers: fusing layer *i*'s last residual ``Add`` with
-    layer *i+1*'s input norm, or the last layer's with the final norm, changes the first or last
-    layer only, and the layers would no longer share one function. Such a rewrite is refused.
-    Constants feeding only replaced nodes count as replaced.
-
-    Args:
-        result: The rewrite about to be committed.
-        graph: The graph it is committed to.
-        index: The graph's :class:`ScopeIndex` (kept up to date by the caller); built here if
-            not given.
-
-    Returns:
-        A failure (the rule does not fire here) or ``None``.
-    """
-    matched = set(result.match.nodes)
-    index = ScopeIndex(graph) if index is None else index
-    scopes = [index.scope(n) for n in matched]
-    common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
-    depth = len(common)
-    touched = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
-    if not touched:
-        return None
-    kept = {
-        frame
-        for frame in touched
-        if any(
-            node not in matched
-            and (node.inputs or not all(u.node in matched for o in node.outputs for u in o.uses()))
-            for node in index.live(frame)
-        )  # (a constant only the replaced nodes read counts as replaced)
-    }
-    classes = collections.Counter(f.cls for f in index.children.get(common, ()))
-    repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
-    if not repeated:
-        return None
-    names = ", ".join(sorted(f.call_id for f in touched))
-    return MatchFailure(
-        f"spans module calls {names} but leaves other nodes in {', '.join(repeated)}, one of "
-        "several sibling calls of its class: they would no longer share one function"
-    )
-
-
-def _scoped(node: ir.Node) -> bool:
-    return metadata.SCOPE in node.metadata_props
 
 
 def commit(

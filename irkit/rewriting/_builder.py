@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from irkit.errors import RewriteError
 
-__all__ = ["RewriteBuilder"]
+__all__ = ["RewriteBuilder", "weight_constant"]
 
 
 class _OpCall:
@@ -143,3 +143,13 @@ class RewriteBuilder:
         out.shape = ir.Shape(array.shape)
         out.const_value = tensor
         return out
+
+
+def weight_constant(op: RewriteBuilder, tensor: ir.TensorProtocol) -> ir.Value:
+    """A ``Constant`` holding ``tensor`` (real or derived) made with a rule's builder ``op``;
+    ``irkit.optimize`` lifts it to an initializer."""
+    out: ir.Value = op.Constant(value=tensor)
+    out.type = ir.TensorType(tensor.dtype)
+    out.shape = ir.Shape(tuple(int(d) for d in tensor.shape.numpy()))
+    out.const_value = tensor
+    return out

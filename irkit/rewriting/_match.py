@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit._irutil import const_tensor
 from irkit.errors import RuleDefinitionError
 from irkit.rewriting._pattern import (
     AttrVar,
@@ -120,19 +121,6 @@ def _normalize(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_normalize(v) for v in value)
     return value
-
-
-def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The constant tensor held by ``value`` (initializer or ``Constant`` output), with data or
-    weightless, else None."""
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value
-    producer = value.producer()
-    if producer is None or producer.op_type != "Constant" or producer.domain != "":
-        return None
-    return ir.convenience.get_const_tensor(value)
 
 
 def const_value(value: ir.Value | None) -> np.ndarray | None:

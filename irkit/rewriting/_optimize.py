@@ -16,45 +16,28 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from irkit import _derived as derived
 from irkit._irutil import nested_subgraphs
-from irkit._weights import WeightlessTensor, hide_weightless
 from irkit.errors import IrkitError, RewriteError
-from irkit.rewriting._apply import count_nodes, rewrite
-from irkit.rewriting._match import const_tensor
+from irkit.rewriting._apply import Guard, count_nodes, rewrite
 from irkit.rewriting._report import RewriteReport
 from irkit.rewriting._rule import BaseRule, RuleSet
+from irkit.weights import (
+    DedupeDerivedPass,
+    FoldWeightlessPass,
+    LiftWeightlessConstantsPass,
+    ShouldFold,
+    hide_weightless,
+)
 
-__all__ = [
-    "optimize_with",
-    "cse",
-    "fold_weightless",
-    "lift_weightless_constants",
-    "dedupe_derived",
-]
+__all__ = ["optimize_with", "cse"]
 
 logger = logging.getLogger(__name__)
 
 
-def _default_folding(node: ir.Node) -> bool | None:
-    return None
-
-
-def _keeps_weight_transposes(node: ir.Node) -> bool | None:
-    """Leave ``Transpose(initializer)`` alone in a model whose module calls were opened.
-
-    In the outlined model the weight is a function parameter, so nothing folds its
-    ``Transpose`` (torchlib's 3-D ``linear``); folding it in the opened model would copy every
-    weight. Rules see ``MatMul(x, Transpose(w))`` and fold it without a copy (``FusedMatMul``).
-    """
-    if node.op_type == "Transpose" and node.domain == "" and node.inputs:
-        weight = node.inputs[0]
-        if weight is not None and weight.is_initializer():
-            return False
+def _size_limits_decide(node: ir.Node) -> bool | None:
     return None
 
 
@@ -75,14 +58,16 @@ def optimize_with(
     fold_constants: bool = True,
     explain: str | None = None,
     report: RewriteReport | None = None,
-    keep_hierarchy: bool = False,
+    guards: Sequence[Guard] = (),
+    should_fold: ShouldFold | None = None,
+    common_subexpressions: bool = True,
 ) -> ir.Model:
     """Optimize ``model`` **in place** with ``rules``: fold constants, rules to a fixed point, clean up.
 
     Steps: constant folding (``onnxscript.optimizer`` ``FoldConstantsPass``, which never inlines;
     ``Transpose``/``Cast``/``Reshape``/``(Un)Squeeze``/``Concat``/``Mul``/``Cos``/``Sin`` of weightless
     initializers become derived weightless initializers, see
-    :func:`fold_weightless`),
+    :class:`irkit.weights.FoldWeightlessPass`),
     :func:`irkit.rewrite` with ``rules``, unused-node removal,
     common-subexpression elimination (main graph and every function body), lifting the main
     graph's ``Constant`` nodes to initializers, initializer deduplication, unused-function
@@ -98,12 +83,18 @@ def optimize_with(
         explain: Record near misses of this rule (see :meth:`RewriteReport.explain`).
         report: If given, filled with the rewrite's :class:`RewriteReport`, with the time of each
             pass in ``passes``.
-        keep_hierarchy: For models whose module calls were inlined to be outlined again:
-            :func:`irkit.rewrite` refuses rewrites that would make calls of one module differ,
-            common-subexpression elimination is skipped (it would merge identical nodes of
-            different calls; run :func:`cse` after re-outlining), and folding leaves
-            ``Transpose(initializer)`` alone (it would copy weights that are function
-            parameters in the outlined model).
+        guards: Vetoes on rewrites, passed to :func:`irkit.rewrite` (see :class:`Guard`).
+        should_fold: The constant-folding policy, as onnxscript's ``fold_constants`` takes it
+            (False never folds the node, True always does, None lets the size limits decide);
+            by default the size limits decide everywhere.
+        common_subexpressions: Run common-subexpression elimination.
+
+        ``irkit.optimize`` passes the last three for a model whose module calls were opened to
+        be outlined again: ``irkit.hierarchy.HierarchyGuard()`` (refuses rewrites that would
+        make calls of one module differ), ``irkit.hierarchy.keeps_weight_transposes`` (leaves
+        ``Transpose(initializer)`` alone: it would copy weights that are function parameters
+        in the outlined model) and no CSE (it would merge identical nodes of different calls;
+        it runs :func:`cse` after re-outlining).
 
     Returns:
         ``model`` itself, so stages compose.
@@ -138,16 +129,16 @@ def optimize_with(
     if fold_constants:
         from onnxscript.optimizer import fold_constants as fold
 
-        should_fold = _keeps_weight_transposes if keep_hierarchy else _default_folding
+        policy = _size_limits_decide if should_fold is None else should_fold
 
         def fold_known() -> None:
             with (
                 hide_weightless(model, "optimize: fold_constants"),  # never read (or invent) them
                 hide_from_folder(model),
             ):
-                fold(model, should_fold=should_fold)
+                fold(model, should_fold=policy)
             # What the folder would have computed from weightless weights becomes derived ones.
-            fold_weightless(model, should_fold)
+            FoldWeightlessPass(policy)(model)
 
         timed("fold_constants", fold_known)
     result = RewriteReport()
@@ -159,13 +150,13 @@ def optimize_with(
             max_opset=opset,
             explain=explain,
             report=result,
-            keep_hierarchy=keep_hierarchy,
+            guards=guards,
         ),
     )
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
     # Weights rules derived from weightless ones: initializers before CSE reads Constant values.
-    timed("lift_constants", lambda: lift_weightless_constants(model))
-    if not keep_hierarchy:  # (across calls opened for re-outlining, CSE would merge them)
+    timed("lift_constants", lambda: LiftWeightlessConstantsPass()(model))
+    if common_subexpressions:
         timed("cse", lambda: cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
     timed(
@@ -178,7 +169,7 @@ def optimize_with(
     def dedupe_known() -> None:
         with hide_weightless(model, "optimize: dedupe_initializers"):
             common_passes.DeduplicateInitializersPass()(model)
-        dedupe_derived(model)  # (equal recipes: equal values)
+        DedupeDerivedPass()(model)  # (equal recipes: equal values)
 
     timed("dedupe_initializers", dedupe_known)
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
@@ -190,259 +181,6 @@ def optimize_with(
     if report is not None:
         report.fill_from(result)
     return model
-
-
-def lift_weightless_constants(model: ir.Model) -> int:
-    """Main-graph ``Constant`` nodes whose value is weightless (a weight a rule derived, see
-    :func:`irkit.rewriting.weight_constant`) become initializers named after their output, as
-    the pipeline's constant lifting makes them (passes that read ``Constant`` values, such as
-    CSE, cannot read theirs).
-
-    Returns:
-        The number of constants lifted.
-    """
-    graph = model.graph
-    lifted = 0
-    for node in list(graph):
-        attribute = node.attributes.get("value")
-        if node.op_type != "Constant" or node.domain != "" or attribute is None:
-            continue
-        tensor = attribute.value
-        out = node.outputs[0]
-        if not isinstance(tensor, WeightlessTensor) or out.is_graph_output():
-            continue
-        value = ir.Value(
-            name=out.name,
-            type=ir.TensorType(tensor.dtype),
-            shape=ir.Shape(tuple(int(d) for d in tensor.shape.numpy())),
-            const_value=tensor,
-        )
-        value.metadata_props.update(out.metadata_props)
-        out.replace_all_uses_with(value)
-        graph.remove(node, safe=True)
-        graph.register_initializer(value)
-        lifted += 1
-    return lifted
-
-
-def dedupe_derived(model: ir.Model) -> int:
-    """Merge the main graph's derived initializers that have the same recipe (so the same
-    values, as initializer deduplication merges equal real tensors); the first one is kept.
-
-    Returns:
-        The number of initializers removed.
-    """
-    graph = model.graph
-    first: dict[str, ir.Value] = {}
-    removed = 0
-    for value in list(graph.initializers.values()):
-        tensor = value.const_value
-        if not isinstance(tensor, derived.DerivedTensor) or value.is_graph_output():
-            continue
-        key = tensor.metadata_props[derived.DERIVED_KEY]
-        kept = first.setdefault(key, value)
-        if kept is value or value.is_graph_input():
-            continue
-        value.replace_all_uses_with(kept)
-        graph.initializers.pop(value.name or "")
-        removed += 1
-    return removed
-
-
-# onnxscript's folder's defaults (onnxscript.optimizer._constant_folding), mirrored so that a
-# weightless model folds exactly what the same model with data folds.
-_INPUT_SIZE_LIMIT = 8192
-_OUTPUT_SIZE_LIMIT = 512 * 512
-_ALWAYS_FOLD = frozenset({"Transpose"})  # (when each large input has no other consumer)
-
-ShouldFold = Callable[[ir.Node], "bool | None"]
-
-
-def fold_weightless(model: ir.Model, should_fold: ShouldFold = _default_folding) -> int:
-    """Fold, in the main graph, the ``Transpose``, ``Cast``, ``Reshape``, ``Unsqueeze``,
-    ``Squeeze``, ``Concat``, ``Mul``, ``Cos``, ``Sin`` and ``Neg`` nodes whose inputs are weightless initializers and
-    constants: each becomes a derived weightless initializer (:mod:`irkit._derived`) named
-    after its output, computed when the model is saved with weights.
-
-    The decision mirrors onnxscript's constant folder (its default size limits, ``Transpose``
-    folded whatever its size when its input has no other use, ``should_fold``), so the
-    optimized weightless model has the graph of the same model with weights.
-
-    Args:
-        model: The model; modified in place.
-        should_fold: As onnxscript's ``fold_constants`` takes it: False never folds the node,
-            True always does, None lets the size limits decide.
-
-    Returns:
-        The number of nodes folded.
-    """
-    graph = model.graph
-    folded = 0
-    for node in list(graph):
-        if node.domain != "" or node.op_type not in _FOLDERS or len(node.outputs) != 1:
-            continue
-        out = node.outputs[0]
-        inputs = [const_tensor(v) for v in node.inputs]
-        if out.is_graph_output() or any(v is not None and v.is_graph_input() for v in node.inputs):
-            continue
-        if any(t is None for t in inputs) or not any(
-            isinstance(t, WeightlessTensor) for t in inputs
-        ):
-            continue
-        tensors = [t for t in inputs if t is not None]
-        if not _allowed(node, tensors, should_fold):
-            continue
-        try:
-            tensor = _FOLDERS[node.op_type](node, tensors)
-        except (ValueError, IndexError, TypeError, IrkitError) as exc:
-            logger.debug("fold_weightless: %s not folded (%s)", node.name, exc)
-            continue
-        if tensor is None or not _small_enough(node, tensor):
-            continue
-        if not isinstance(tensor, derived.DerivedTensor):  # (some input was a weightless leaf)
-            continue
-        value = ir.Value(
-            name=out.name,
-            type=ir.TensorType(tensor.dtype),
-            shape=ir.Shape(tuple(int(d) for d in tensor.shape.numpy())),
-            const_value=derived.DerivedTensor(tensor.recipe, name=out.name),
-        )
-        value.metadata_props.update(out.metadata_props)
-        out.replace_all_uses_with(value)
-        sources = [v for v in node.inputs if v is not None]
-        graph.remove(node, safe=True)
-        graph.register_initializer(value)
-        for source in sources:  # inputs nothing else reads go, as the folder drops them
-            if source.is_initializer() and not source.uses() and not source.is_graph_output():
-                graph.initializers.pop(source.name or "", None)
-        folded += 1
-    if folded:
-        logger.info("optimize: %d node(s) on weightless weights folded to derived ones", folded)
-    return folded
-
-
-def _size(tensor: ir.TensorProtocol) -> int:
-    return int(np.prod(tensor.shape.numpy(), dtype=np.int64))
-
-
-def _allowed(node: ir.Node, tensors: Sequence[ir.TensorProtocol], should_fold: ShouldFold) -> bool:
-    verdict = should_fold(node)
-    if verdict is not None:
-        return verdict
-    large = [_size(t) > _INPUT_SIZE_LIMIT for t in tensors]
-    if not any(large):
-        return True
-    return node.op_type in _ALWAYS_FOLD and all(
-        len(v.consumers()) == 1 or not is_large
-        for v, is_large in zip(node.inputs, large, strict=True)
-        if v is not None
-    )
-
-
-def _small_enough(node: ir.Node, tensor: ir.TensorProtocol) -> bool:
-    if _size(tensor) <= _OUTPUT_SIZE_LIMIT:
-        return True
-    removed = 0
-    for value in node.inputs:
-        if value is not None and len(value.uses()) == 1:
-            held = const_tensor(value)
-            removed += 0 if held is None else _size(held)
-    return _size(tensor) - removed <= 0
-
-
-def _ints(tensor: ir.TensorProtocol) -> list[int]:
-    if isinstance(tensor, WeightlessTensor):
-        raise ValueError("a shape or axes input without data")
-    return [int(d) for d in tensor.numpy().reshape(-1)]
-
-
-def _dims(tensor: ir.TensorProtocol) -> list[int]:
-    return [int(d) for d in tensor.shape.numpy()]
-
-
-def _attr(node: ir.Node, name: str, default: object = None) -> object:
-    attribute = node.attributes.get(name)
-    return default if attribute is None else attribute.value
-
-
-def _transpose(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    rank = len(tensors[0].shape)
-    perm = _attr(node, "perm") or list(reversed(range(rank)))
-    return derived.transpose(tensors[0], [int(p) for p in perm])  # type: ignore[attr-defined]
-
-
-def _cast(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol | None:
-    to = ir.DataType(int(_attr(node, "to")))  # type: ignore[call-overload]
-    if to.itemsize < 1 or to.name.startswith("FLOAT8") or to == ir.DataType.STRING:
-        return None  # (saturating float8 casts and packed 4-bit types: left to the runtime)
-    return derived.cast(tensors[0], to)
-
-
-def _reshape(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    shape, dims = _ints(tensors[1]), _dims(tensors[0])
-    if not _attr(node, "allowzero", 0):
-        shape = [dims[i] if d == 0 else d for i, d in enumerate(shape)]
-    return derived.reshape(tensors[0], shape)
-
-
-def _axes(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> list[int] | None:
-    if len(tensors) > 1:
-        return _ints(tensors[1])
-    axes = _attr(node, "axes")
-    return None if axes is None else [int(a) for a in axes]  # type: ignore[attr-defined]
-
-
-def _unsqueeze(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    dims, axes = _dims(tensors[0]), _axes(node, tensors)
-    if axes is None:
-        raise ValueError("Unsqueeze without axes")
-    rank = len(dims) + len(axes)
-    for axis in sorted(a % rank for a in axes):
-        dims.insert(axis, 1)
-    return derived.reshape(tensors[0], dims)
-
-
-def _squeeze(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    dims, axes = _dims(tensors[0]), _axes(node, tensors)
-    drop = (
-        {i for i, d in enumerate(dims) if d == 1} if axes is None else {a % len(dims) for a in axes}
-    )
-    if any(dims[i] != 1 for i in drop):
-        raise ValueError("Squeeze of a dimension that is not 1")
-    return derived.reshape(tensors[0], [d for i, d in enumerate(dims) if i not in drop])
-
-
-def _concat(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    return derived.concat(tensors, int(_attr(node, "axis")))  # type: ignore[call-overload]
-
-
-def _mul(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    return derived.multiply(tensors[0], tensors[1])
-
-
-def _unary(
-    function: derived.Function,
-) -> Callable[[ir.Node, Sequence[ir.TensorProtocol]], ir.TensorProtocol | None]:
-    def fold(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol | None:
-        if not tensors[0].dtype.is_floating_point():
-            return None
-        return derived.unary(tensors[0], function)
-
-    return fold
-
-
-_FOLDERS: dict[str, Callable[[ir.Node, Sequence[ir.TensorProtocol]], ir.TensorProtocol | None]] = {
-    "Transpose": _transpose,
-    "Cast": _cast,
-    "Reshape": _reshape,
-    "Unsqueeze": _unsqueeze,
-    "Squeeze": _squeeze,
-    "Concat": _concat,
-    "Mul": _mul,
-    "Cos": _unary(derived.Function.COS),
-    "Sin": _unary(derived.Function.SIN),
-    "Neg": _unary(derived.Function.NEG),
-}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -518,7 +256,7 @@ def _pass_failure(model: ir.Model, name: str, exc: Exception) -> str:
 
     what = f"optimize: the {name} pass failed ({type(exc).__name__}: {exc})"
     try:
-        check(model)
+        check(model, runtime=False)  # (validity: what onnxruntime lacks is no malformation)
     except IrkitError as problem:
         first = str(problem).splitlines()[0]
         return f"{what}. The model is malformed: irkit.check says: {first}"

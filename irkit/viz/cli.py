@@ -133,16 +133,17 @@ def load_model(path: str, *, allow_missing_data: bool = False) -> ir.Model:
     Raises:
         ModelLoadError: Missing, not ONNX, truncated, or external data missing/short.
     """
-    import irkit
-    from irkit._io import check_external_data
+    from irkit._io import check_external_data, load
+    from irkit._lint import lint
+    from irkit.errors import CheckError
 
-    model = irkit.load(path, load_external_data=False)
+    model = load(path, load_external_data=False)
     if not allow_missing_data:
         fix = "Copy it next to the model, or pass --allow-missing-data."
         check_external_data(model, path, fix=fix)
     try:
-        irkit.lint(model, allow_unused_functions=True)
-    except irkit.CheckError as exc:  # show a broken model anyway, and say what is broken
+        lint(model, allow_unused_functions=True)
+    except CheckError as exc:  # show a broken model anyway, and say what is broken
         problems = exc.problems or [str(exc)]
         first, more = problems[0], len(problems) - 1
         others = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""

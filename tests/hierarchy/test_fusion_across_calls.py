@@ -15,7 +15,7 @@ import pytest
 
 import irkit
 from irkit import metadata as md
-from irkit.hierarchy._inline import open_module_calls
+from irkit.hierarchy import open_module_calls
 from irkit.rewriting import RewriteReport
 from irkit.rules import ort
 from tests.helpers import run_ort

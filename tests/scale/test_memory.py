@@ -27,7 +27,7 @@ SAVE = textwrap.dedent(
     import json, sys, tracemalloc
     import onnx_ir as ir
     import irkit
-    from irkit._weights import WeightlessTensor
+    from irkit.weights import WeightlessTensor
 
     def peak_rss():  # VmHWM: this process's own peak (ru_maxrss carries the parent's over exec)
         for line in open("/proc/self/status"):

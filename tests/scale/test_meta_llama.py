@@ -12,7 +12,7 @@ import torch
 import transformers
 
 import irkit
-from irkit._weights import WeightlessTensor
+from irkit.weights import WeightlessTensor
 from tests.helpers import FP32_ATOL, run_ort
 
 CONFIG = dict(

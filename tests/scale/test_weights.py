@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import irkit
-from irkit._weights import WeightlessTensor
+from irkit.weights import WeightlessTensor
 from tests.helpers import run_ort
 
 TEXT = """<ir_version: 10, opset_import: ["" : 21]>

@@ -1,7 +1,7 @@
 """Derived weightless tensors: weights a rule or constant folding computes from other weights.
 
 A model lowered from a ``meta``-device program has weightless initializers
-(:class:`~irkit._weights.WeightlessTensor`). A rule that would compute a new weight from them
+(:class:`~irkit.weights.WeightlessTensor`). A rule that would compute a new weight from them
 (the packed Q/K/V concatenation, a scale folded into a weight) or constant folding of
 ``Transpose(W)`` cannot read their data; instead it records **how** the new weight is computed:
 a :class:`DerivedTensor` holds a small tree of recipes whose leaves are weightless tensors
@@ -12,12 +12,14 @@ while streaming the weights, one derived tensor at a time.
 The recipes are a closed set of numpy computations with ONNX semantics: :class:`Transpose`,
 :class:`Concat`, :class:`Cast`, :class:`Reshape`, :class:`Mul` (broadcasting) and :class:`Unary`
 (``Cos``, ``Sin``, ``Neg``: the rotary caches a model computes from a buffer). They are
-serialized as JSON in the initializer's ``metadata_props`` under :data:`DERIVED_KEY`, so a
-model saved without weights and loaded back keeps them.
+serialized as JSON in the initializer's ``metadata_props`` under
+:data:`~irkit.metadata.DERIVED_KEY`, so a model saved without weights and loaded back keeps them
+(:func:`from_marker` rebuilds the tensor).
 
 Rules make weights from weights with :func:`transpose`, :func:`concat`, :func:`cast`,
 :func:`reshape` and :func:`multiply` (re-exported by :mod:`irkit.rewriting`): each returns a
-real ``onnx_ir.Tensor`` when every input has data, and a :class:`DerivedTensor` otherwise.
+real ``onnx_ir.Tensor`` when every input has data, and a :class:`DerivedTensor` otherwise
+(``irkit.rewriting.weight_constant`` puts one in a graph).
 
 This module imports no torch.
 """
@@ -30,22 +32,19 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from irkit._weights import WeightlessTensor
 from irkit.errors import WeightsError
-
-if TYPE_CHECKING:
-    from irkit.rewriting._builder import RewriteBuilder
+from irkit.metadata import DERIVED_KEY, WEIGHTLESS_KEY
+from irkit.weights._weightless import WeightlessTensor
 
 __all__ = [
-    "DERIVED_KEY",
     "Recipe",
     "Leaf",
-    "Const",
+    "Constant",
     "Transpose",
     "Concat",
     "Cast",
@@ -64,12 +63,8 @@ __all__ = [
     "has_data",
     "evaluate",
     "recipe_from_json",
-    "weight_constant",
+    "from_marker",
 ]
-
-DERIVED_KEY = "irkit.derived"
-"""``metadata_props`` key of a derived weightless initializer: its recipe as JSON
-(``{"version": 1, "recipe": {...}}``), next to the ``irkit.weightless`` marker."""
 
 _VERSION = 1
 
@@ -140,7 +135,7 @@ class Leaf(Recipe):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Const(Recipe):
+class Constant(Recipe):
     """A real constant (e.g. a scale); stored in the recipe itself."""
 
     value: Array
@@ -336,7 +331,7 @@ class Unary(Recipe):
 class DerivedTensor(WeightlessTensor):
     """A weightless tensor computed from other tensors by :attr:`recipe` (see the module doc).
 
-    Like every :class:`~irkit._weights.WeightlessTensor` it has no data until saved with
+    Like every :class:`~irkit.weights.WeightlessTensor` it has no data until saved with
     weights; its recipe is stored in ``metadata_props[DERIVED_KEY]``.
 
     Args:
@@ -368,7 +363,7 @@ def _equal_halves(recipe: Recipe, interleaved: bool) -> bool:
     shape = recipe.shape
     if not shape or shape[-1] % 2:
         return False
-    if isinstance(recipe, Const):
+    if isinstance(recipe, Constant):
         a, h = recipe.value, shape[-1] // 2
         if interleaved:
             return bool(np.array_equal(a[..., 0::2], a[..., 1::2]))
@@ -405,8 +400,8 @@ def as_recipe(tensor: TensorLike) -> Recipe:
         shape = tuple(int(d) for d in tensor.shape.numpy())
         return Leaf(tensor.name or "", tensor.dtype, shape, tuple(tensor.aliases))
     if isinstance(tensor, np.ndarray):
-        return Const(tensor, ir.DataType.from_numpy(tensor.dtype))
-    return Const(tensor.numpy(), tensor.dtype)
+        return Constant(tensor, ir.DataType.from_numpy(tensor.dtype))
+    return Constant(tensor.numpy(), tensor.dtype)
 
 
 def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
@@ -566,7 +561,7 @@ def _parse(node: dict[str, Any]) -> Recipe:
     if kind == "const":
         dtype = _dtype(node["dtype"])
         data = np.frombuffer(base64.b64decode(node["data"]), dtype=dtype.numpy())
-        return Const(data.reshape([int(d) for d in node["shape"]]), dtype)
+        return Constant(data.reshape([int(d) for d in node["shape"]]), dtype)
     if kind == "transpose":
         return Transpose(_parse(node["source"]), tuple(int(p) for p in node["perm"]))
     if kind == "concat":
@@ -583,11 +578,19 @@ def _parse(node: dict[str, Any]) -> Recipe:
     raise ValueError(f"unknown recipe op {kind!r}")
 
 
-def weight_constant(op: RewriteBuilder, tensor: ir.TensorProtocol) -> ir.Value:
-    """A ``Constant`` holding ``tensor`` (real or derived) made with a rule's builder ``op``;
-    ``irkit.optimize`` lifts it to an initializer."""
-    out: ir.Value = op.Constant(value=tensor)
-    out.type = ir.TensorType(tensor.dtype)
-    out.shape = ir.Shape(tuple(int(d) for d in tensor.shape.numpy()))
-    out.const_value = tensor
-    return out
+def from_marker(tensor: ir.TensorProtocol | None) -> WeightlessTensor | None:
+    """The :class:`~irkit.weights.WeightlessTensor` a loaded initializer stands for, if it was
+    saved weightless (a :class:`DerivedTensor` if it carries a recipe).
+
+    Raises:
+        WeightsError: The stored recipe cannot be read.
+    """
+    if tensor is None or isinstance(tensor, WeightlessTensor):
+        return tensor
+    if WEIGHTLESS_KEY not in tensor.metadata_props:
+        return None
+    recipe = tensor.metadata_props.get(DERIVED_KEY)
+    if recipe is not None:
+        where = tensor.name or "?"
+        return DerivedTensor(recipe_from_json(recipe, where), name=tensor.name)
+    return WeightlessTensor(tensor.dtype, list(tensor.shape.numpy()), name=tensor.name)

@@ -4,7 +4,7 @@
 an optional rename hook) and checks dtype and shape before a byte is written.
 :func:`write_external` writes tensors into one or more external data files, one tensor at a
 time, with onnx-ir's layout (offsets, alignment) into files that atomically replace their
-destination (:mod:`irkit._writer`: kernel copies, rolling write-behind, ``fsync``), split into
+destination (:mod:`irkit.weights._writer`: kernel copies, rolling write-behind, ``fsync``), split into
 shard files of at most N bytes with irkit's names.
 """
 
@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from irkit._checkpoints import open_weights
-from irkit._derived import DerivedTensor, Leaf, evaluate
-from irkit._weights import WeightlessTensor
-from irkit._writer import write_data_file
 from irkit.errors import SaveError, WeightsError
+from irkit.weights._checkpoints import open_weights
+from irkit.weights._derived import DerivedTensor, Leaf, evaluate
+from irkit.weights._weightless import WeightlessTensor
+from irkit.weights._writer import write_data_file
 
 __all__ = ["Rename", "resolve_weights", "write_external", "parse_size"]
 
@@ -42,7 +42,7 @@ def resolve_weights(
     """The checkpoint tensor of each initializer that takes one: every weightless initializer,
     and with ``override`` every initializer the checkpoint holds.
 
-    A derived initializer (:class:`~irkit._derived.DerivedTensor`) gets a tensor whose bytes
+    A derived initializer (:class:`~irkit.weights.DerivedTensor`) gets a tensor whose bytes
     are computed from its leaves' checkpoint tensors when written (one derived tensor in memory
     at a time). A checkpoint tensor of another float dtype than its initializer (or leaf) is
     converted while streaming.
@@ -296,7 +296,7 @@ def write_external(
     """Write ``tensors`` (in order) into ``data_name`` next to the model, or into shards of at
     most ``max_shard_size`` bytes; one tensor in memory at a time. Returns the external tensors
     (same order) that point at the bytes written. Every file is fsynced and atomically replaces
-    its destination (:func:`irkit._writer.write_data_file`: kernel copies, rolling
+    its destination (:func:`irkit.weights._writer.write_data_file`: kernel copies, rolling
     write-behind); the layout is onnx-ir's (``convert_tensors_to_external``): tensors packed in
     order, those larger than ``align_threshold`` at multiples of ``max(4096, alignment)``.
 

@@ -22,21 +22,16 @@ import onnx
 import onnx_ir as ir
 
 from irkit.errors import WeightsError
+from irkit.metadata import WEIGHTLESS_KEY
 
 __all__ = [
     "WeightlessTensor",
-    "WEIGHTLESS_KEY",
     "is_weightless",
     "weightless_initializers",
     "hide_weightless",
-    "from_marker",
 ]
 
 logger = logging.getLogger(__name__)
-
-WEIGHTLESS_KEY = "irkit.weightless"
-"""``metadata_props`` key of a tensor without data (its ``TensorProto`` holds dims and dtype
-only). :func:`irkit.load` recognizes it."""
 
 
 class WeightlessTensor(ir.serde.TensorProtoTensor):
@@ -186,23 +181,3 @@ class _DropNoValueWarnings(logging.Filter):
             and isinstance(args, tuple)
             and any(a in self.names for a in args)
         )
-
-
-def from_marker(tensor: ir.TensorProtocol | None) -> WeightlessTensor | None:
-    """The :class:`WeightlessTensor` a loaded initializer stands for, if it was saved weightless
-    (a :class:`~irkit._derived.DerivedTensor` if it carries a recipe).
-
-    Raises:
-        WeightsError: The stored recipe cannot be read.
-    """
-    if tensor is None or isinstance(tensor, WeightlessTensor):
-        return tensor
-    if WEIGHTLESS_KEY not in tensor.metadata_props:
-        return None
-    from irkit._derived import DERIVED_KEY, DerivedTensor, recipe_from_json  # (imports this)
-
-    recipe = tensor.metadata_props.get(DERIVED_KEY)
-    if recipe is not None:
-        where = tensor.name or "?"
-        return DerivedTensor(recipe_from_json(recipe, where), name=tensor.name)
-    return WeightlessTensor(tensor.dtype, list(tensor.shape.numpy()), name=tensor.name)

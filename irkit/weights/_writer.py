@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 import onnx_ir as ir
 
-from irkit._checkpoints import FileTensor
+from irkit.weights._checkpoints import FileTensor
 
 __all__ = ["write_data_file", "CHUNK", "WINDOW"]
 

@@ -1,0 +1,155 @@
+"""The hierarchy guard: rewrites on a model whose module calls were opened keep the calls of one
+module alike, so that :func:`irkit.outline` can share one function between them again.
+
+The rewrite engine knows nothing of modules: ``irkit.optimize`` (``target="ort"``, which opens
+module calls, rewrites across them and outlines again) passes a :class:`HierarchyGuard` to
+:func:`irkit.rewriting.optimize_with` (``guards=``) with the folding policy
+:func:`keeps_weight_transposes`. See ``docs/fusion_across_modules.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator, Sequence
+
+import onnx_ir as ir
+
+from irkit import metadata
+
+__all__ = ["HierarchyGuard", "ScopeIndex", "keeps_weight_transposes"]
+
+GraphLike = ir.Graph | ir.Function
+
+
+class HierarchyGuard:
+    """Refuses a rewrite that would make calls of one module differ (an engine guard: see
+    ``irkit.rewriting.Guard``).
+
+    The replacement nodes get the deepest scope ``C`` that contains every replaced node (the
+    engine's provenance); replaced nodes of child calls of ``C`` leave those calls. That is
+    harmless when the call is replaced whole (``q_proj``/``k_proj``/``v_proj`` packed into one
+    ``MatMul``), or when it is the only call of its class among ``C``'s children (the bias
+    ``Add`` of ``intermediate.dense`` fused with the ``Gelu`` of ``intermediate.act``: every
+    instance of ``C``'s body changes alike). It breaks sharing when the call is one of several
+    sibling calls of one class — a stack of layers: fusing layer *i*'s last residual ``Add`` with
+    layer *i+1*'s input norm, or the last layer's with the final norm, changes the first or last
+    layer only, and the layers would no longer share one function. Such a rewrite is refused.
+    Constants feeding only replaced nodes count as replaced.
+
+    One guard serves one :func:`irkit.rewrite` call: it keeps a :class:`ScopeIndex` per graph,
+    built on the graph's first guarded rewrite and updated with each committed replacement.
+    """
+
+    def __init__(self) -> None:
+        self._indexes: dict[GraphLike, ScopeIndex] = {}
+
+    def refuse(self, graph: GraphLike, nodes: Sequence[ir.Node]) -> str | None:
+        """Why replacing ``nodes`` in ``graph`` would break the sharing of a module's calls, or
+        ``None`` when it would not."""
+        index = self._indexes.get(graph)
+        if index is None:
+            index = self._indexes[graph] = ScopeIndex(graph)
+        matched = set(nodes)
+        scopes = [index.scope(n) for n in matched]
+        common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
+        depth = len(common)
+        touched = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
+        if not touched:
+            return None
+        kept = {
+            frame
+            for frame in touched
+            if any(
+                node not in matched
+                and (
+                    node.inputs
+                    or not all(u.node in matched for o in node.outputs for u in o.uses())
+                )
+                for node in index.live(frame)
+            )  # (a constant only the replaced nodes read counts as replaced)
+        }
+        classes = collections.Counter(f.cls for f in index.children.get(common, ()))
+        repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
+        if not repeated:
+            return None
+        names = ", ".join(sorted(f.call_id for f in touched))
+        return (
+            f"spans module calls {names} but leaves other nodes in {', '.join(repeated)}, one of "
+            "several sibling calls of its class: they would no longer share one function"
+        )
+
+    def committed(self, graph: GraphLike, nodes: Sequence[ir.Node]) -> None:
+        """``nodes`` (a replacement) were inserted into ``graph``."""
+        index = self._indexes.get(graph)
+        if index is not None:  # (else built from the graph, with them, when first needed)
+            index.add(nodes)
+
+
+def keeps_weight_transposes(node: ir.Node) -> bool | None:
+    """Constant folding policy for a model whose module calls were opened: leave
+    ``Transpose(initializer)`` alone.
+
+    In the outlined model the weight is a function parameter, so nothing folds its
+    ``Transpose`` (torchlib's 3-D ``linear``); folding it in the opened model would copy every
+    weight. Rules see ``MatMul(x, Transpose(w))`` and fold it without a copy (``FusedMatMul``).
+    """
+    if node.op_type == "Transpose" and node.domain == "" and node.inputs:
+        weight = node.inputs[0]
+        if weight is not None and weight.is_initializer():
+            return False
+    return None
+
+
+class ScopeIndex:
+    """The nodes of each module call in a graph (every frame of a node's scope), and the child
+    calls of each scope: what :class:`HierarchyGuard` reads instead of scanning the graph.
+
+    Removed nodes are dropped lazily (a node whose ``graph`` is no longer the graph is skipped);
+    replacement nodes are added with :meth:`add` after each commit.
+    """
+
+    def __init__(self, graph: GraphLike):
+        self.owner = graph.graph if isinstance(graph, ir.Function) else graph
+        self.nodes: dict[metadata.Frame, list[ir.Node]] = collections.defaultdict(list)
+        self.children: dict[tuple[metadata.Frame, ...], set[metadata.Frame]] = (
+            collections.defaultdict(set)
+        )
+        self._memo: dict[str, tuple[metadata.Frame, ...]] = {}
+        self.add(graph)
+
+    def scope(self, node: ir.Node) -> tuple[metadata.Frame, ...]:
+        text = node.metadata_props.get(metadata.SCOPE)
+        if not text:
+            return ()
+        scope = self._memo.get(text)
+        if scope is None:
+            scope = self._memo[text] = metadata.decode_scope(text)
+        return scope
+
+    def add(self, nodes: Iterable[ir.Node]) -> None:
+        for node in nodes:
+            scope = self.scope(node)
+            for k, frame in enumerate(scope):
+                self.nodes[frame].append(node)
+                self.children[scope[:k]].add(frame)
+
+    def live(self, frame: metadata.Frame) -> Iterator[ir.Node]:
+        """The nodes of call ``frame`` still in the graph."""
+        return (n for n in self.nodes.get(frame, ()) if n.graph is self.owner)
+
+
+def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadata.Frame, ...]:
+    common: tuple[metadata.Frame, ...] | None = None
+    for scope in scopes:
+        if common is None:
+            common = scope
+            continue
+        k = 0
+        while k < min(len(common), len(scope)) and common[k] == scope[k]:
+            k += 1
+        common = common[:k]
+    return common or ()
+
+
+def _scoped(node: ir.Node) -> bool:
+    return metadata.SCOPE in node.metadata_props
