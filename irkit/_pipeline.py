@@ -104,7 +104,8 @@ def lower(
     Raises:
         UnsupportedOpError: Some ops have no lowering (lists all of them).
         LoweringError: Lowering one node failed (names the node, module and source line).
-        LoweringOptionsError: Not an ``ExportedProgram``, an unusable opset or name list.
+        LoweringOptionsError: Not an ``ExportedProgram``, an unusable opset, name list or
+            ``dim_names``.
         OutlineError: Unusable ``functions``/``max_depth`` options.
 
     Example:

@@ -75,6 +75,7 @@ class SymbolNames:
                     self._names[symbol] = _dim_symbol(name)
         if dim_names:
             self._names.update(_given_names(exported_program, dim_names))
+            _check_distinct(exported_program, self._names)
 
     def dim(self, size: int | torch.SymInt) -> int | str:
         """An ONNX dim: an int for static sizes, a dim_param name for symbolic ones."""
@@ -115,16 +116,22 @@ def _given_names(
                 f"dim_names[{key!r}] = {name!r}: a dim name is an identifier (like 'batch')"
             )
         names[symbols[key]] = _dim_symbol(name)
-    taken: dict[str, str] = {}
-    for key, name in dim_names.items():
-        if name in taken or name in symbols and name not in dim_names:
-            other = taken.get(name, name)
-            raise LoweringOptionsError(
-                f"dim_names: {key!r} and {other!r} would both be named {name!r}, but the "
-                "program does not know them equal; give each its own name"
-            )
-        taken[name] = key
     return names
+
+
+def _check_distinct(
+    ep: torch.export.ExportedProgram, names: Mapping[sympy.Symbol, sympy.Symbol]
+) -> None:
+    """Two symbols the program does not know equal must not get one name."""
+    taken: dict[str, str] = {}
+    for symbol in sorted((s for s in ep.range_constraints if isinstance(s, sympy.Symbol)), key=str):
+        name = str(names.get(symbol, symbol))
+        if name in taken:
+            raise LoweringOptionsError(
+                f"dim_names: {taken[name]!r} and {str(symbol)!r} would both be named {name!r}, "
+                "but the program does not know them equal; give each its own name"
+            )
+        taken[name] = str(symbol)
 
 
 def _find_shape_env(ep: torch.export.ExportedProgram):

@@ -110,3 +110,13 @@ def test_unusable_dim_option_is_one_line(saved, tmp_path, capsys, spec, message)
     assert err.startswith("irkit lower: error: ") and err.count("\n") == 1, err
     assert message in err, err
     assert not out.exists()
+
+
+def test_dim_names_win_over_the_remembered_names_and_stay_distinct(saved):
+    ep, _, _ = saved
+    x, y = _symbol(ep, "x"), _symbol(ep, "y")
+    assert _dims(irkit.lower(ep, dim_names={x: "n"}))["cat"] == ["n + seq", 3]
+    pair = " and ".join(repr(s) for s in sorted([x, y]))
+    with pytest.raises(irkit.LoweringOptionsError, match=f"{pair} would both be named 'batch'"):
+        irkit.lower(ep, dim_names={y: "batch"})  # x is 'batch' already (its Dim's name)
+    assert _dims(irkit.lower(ep, dim_names={x: "seq", y: "batch"}))["cat"] == ["batch + seq", 3]

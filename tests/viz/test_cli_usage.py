@@ -100,3 +100,11 @@ def test_a_pt2_program_points_to_irkit_lower(tmp_path, capsys):
         f"not an ONNX model. Lower it to ONNX first: irkit lower {path} -o "
         f"{tmp_path / 'model.onnx'}\n",
     )
+
+
+def test_an_onnx_output_is_refused_so_the_input_is_never_overwritten(toy, tmp_path, capsys):
+    before = toy.read_bytes()
+    status, out, err = _in_process(capsys, str(toy), "-o", str(toy))
+    assert (status, out) == (2, "")
+    assert err.startswith(f"irkit view: error: -o {str(toy)!r}: no format is written to a .onnx")
+    assert toy.read_bytes() == before
