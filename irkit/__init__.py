@@ -31,6 +31,7 @@ from irkit._lint import lint
 from irkit._pipeline import lower, optimize
 from irkit.errors import (
     CheckError,
+    ExportError,
     FixedPointError,
     IrkitError,
     LoweringError,
@@ -119,4 +120,5 @@ __all__ = [
     "UnknownRuleError",
     "VizError",
     "WeightsError",
+    "ExportError",
 ]
