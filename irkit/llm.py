@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 #: The transformers versions ``tests/llm`` and the causal-LM zoo pass with (torch 2.13).
-TESTED_TRANSFORMERS = ("4.56", "5.24")
+TESTED_TRANSFORMERS = ("4.54", "5.24")
 _CACHE_ARGS = ("cache", "past_key_values")  # the cache's forward parameter: new name, old name
 
 
@@ -359,6 +359,28 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     return [out.logits.float().numpy(), *keys, *values]
 
 
+def _register_cache_pytree() -> None:
+    """Make ``DynamicCache`` a pytree node the way transformers' exporters do (idempotent).
+
+    Recent transformers register it on request
+    (``integrations.executorch.register_dynamic_cache_export_support``); older versions
+    (4.54) registered it when ``cache_utils`` was imported.
+    """
+    import torch.utils._pytree as pytree
+    from transformers import DynamicCache
+
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError as exc:
+        if DynamicCache in pytree.SUPPORTED_NODES:
+            return
+        raise _export_error("registering DynamicCache as a pytree node", exc) from exc
+    try:
+        register_dynamic_cache_export_support()
+    except Exception as exc:
+        raise _export_error("registering DynamicCache as a pytree node", exc) from exc
+
+
 def export_causal_lm(
     model: Any,
     *,
@@ -416,12 +438,7 @@ def export_causal_lm(
     if position_ids is None:
         position_ids = binding.position_ids
     layout = cache_layout(model)
-    try:
-        from transformers.integrations.executorch import register_dynamic_cache_export_support
-
-        register_dynamic_cache_export_support()  # idempotent; what transformers' exporters do
-    except Exception as exc:
-        raise _export_error("registering DynamicCache as a pytree node", exc) from exc
+    _register_cache_pytree()
 
     limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
     d_batch = torch.export.Dim("batch", max=4096)
