@@ -32,6 +32,7 @@ from irkit._lint import lint
 from irkit._pipeline import lower, optimize
 from irkit.errors import (
     CheckError,
+    ExportError,
     FixedPointError,
     IrkitError,
     LoweringError,
@@ -120,4 +121,5 @@ __all__ = [
     "UnknownRuleError",
     "VizError",
     "WeightsError",
+    "ExportError",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "MetadataError",
     "UnknownRuleError",
     "VizError",
+    "ExportError",
 ]
 
 
@@ -170,3 +171,10 @@ class MetadataError(IrkitError):
 class VizError(IrkitError):
     """The viewer cannot render what was asked: an option combination it does not support, a
     function or module the model does not have, or a missing layout tool (igraph, Graphviz)."""
+
+
+class ExportError(IrkitError):
+    """Exporting a model with ``torch.export`` failed inside an irkit helper (e.g.
+    :func:`irkit.llm.export_causal_lm`), or the model does not have what the helper needs. The
+    message names the transformers and torch versions and the tested range; the original
+    exception is chained as ``__cause__``."""

@@ -1,22 +1,28 @@
-"""Export a transformers causal LM **with its KV cache** for :func:`irkit.lower`.
+"""Export a transformers causal LM **with its KV cache** for :func:`irkit.lower`, and run it.
 
 :func:`export_causal_lm` runs ``torch.export.export`` on the model itself (so module paths,
 weight names and the decoder-layer functions are those of the model), with a
 ``transformers.DynamicCache`` as input, the way transformers' own export helpers do
 (``DynamicCache`` registered as a pytree node with
 ``transformers.integrations.executorch.register_dynamic_cache_export_support``, a process-wide,
-idempotent registration; ``use_cache=True`` passed as a keyword). It returns the program and the
-ONNX names of its flattened inputs and outputs:
+idempotent registration; ``use_cache=True`` passed as a keyword). The arguments are bound by
+the model's ``forward`` signature (the cache is ``cache`` since transformers 5.2x,
+``past_key_values`` before). It returns the program and the ONNX names of its flattened inputs
+and outputs:
 
 - inputs ``input_ids``, ``attention_mask``, ``position_ids`` (if ``model.forward`` takes them),
-  ``past_key_values.N.key`` … then ``past_key_values.N.value`` … (the cache's pytree order: all
-  keys, then all values);
-- outputs ``logits``, ``present.N.key`` …, ``present.N.value`` …;
+  ``past_key_values.0.key`` … ``past_key_values.{N-1}.key``, then ``past_key_values.0.value`` …
+  (the cache's pytree order: all N keys, then all N values);
+- outputs ``logits``, ``present.0.key`` …, then ``present.0.value`` …;
 - dynamic dims ``batch``, ``sequence`` (new tokens), ``past_sequence`` (cached tokens) and
   ``total_sequence`` (the attention mask's length, ``past_sequence + sequence`` at run time).
 
-A prefill is a run with ``past_sequence = 0``, a decode step one with ``sequence = 1``. Past KV
-tensors have shape ``(batch, num_key_value_heads, past_sequence, head_dim)``.
+A prefill is a run with ``past_sequence = 0``, a decode step one with ``sequence = 1``. The cache
+layout (heads and head dim of the keys and of the values, per layer, and the dtype) is the
+model's own: :func:`cache_layout` runs the model once on a two-token prompt and reads the
+cache it returns, so multi-query (one KV head), MLA (keys and values of different widths) and
+fp16 models get the right example cache. :func:`generate_greedy` drives the exported model in
+onnxruntime (prefill, then one decode step per token, present fed back as past).
 
 torch and transformers are imported on first call only. See ``docs/llm.md``.
 """
@@ -25,14 +31,54 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from irkit.errors import LoweringOptionsError
+from irkit.errors import ExportError, LoweringOptionsError
 
-__all__ = ["CausalLMExport", "export_causal_lm", "causal_lm_feeds", "torch_inputs", "run_eager"]
+__all__ = [
+    "TESTED_TRANSFORMERS",
+    "CacheLayout",
+    "CausalLMExport",
+    "cache_layout",
+    "export_causal_lm",
+    "causal_lm_feeds",
+    "generate_greedy",
+    "torch_inputs",
+    "run_eager",
+]
+
+#: The transformers versions ``tests/llm`` and the causal-LM zoo pass with (torch 2.13).
+TESTED_TRANSFORMERS = ("4.54", "5.24")
+_CACHE_ARGS = ("cache", "past_key_values")  # the cache's forward parameter: new name, old name
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """The KV cache of a causal LM as the model itself returns it.
+
+    Attributes:
+        keys: Per layer, ``(heads, head_dim)`` of the key tensors
+            ``(batch, heads, sequence, head_dim)``.
+        values: Per layer, ``(heads, head_dim)`` of the value tensors.
+        dtype: The cache's ``torch.dtype`` (the model's compute dtype).
+    """
+
+    keys: tuple[tuple[int, int], ...]
+    values: tuple[tuple[int, int], ...]
+    dtype: Any
+
+    @property
+    def num_layers(self) -> int:
+        """Number of cached layers."""
+        return len(self.keys)
+
+    def numpy_dtype(self) -> Any:
+        """The numpy dtype of the cache tensors (float32 where numpy has none, e.g. bfloat16)."""
+        name = str(self.dtype).removeprefix("torch.")
+        return np.dtype(name) if name in ("float16", "float32", "float64") else np.dtype("float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +89,7 @@ class CausalLMExport:
         program: The ``torch.export.ExportedProgram``.
         input_names: ONNX names of its flattened tensor inputs (pass as ``input_names=``).
         output_names: ONNX names of its flattened outputs (pass as ``output_names=``).
-        num_layers: Number of cached layers (``N`` in ``past_key_values.N.key``).
-        num_kv_heads: Key/value heads of the cache tensors.
-        head_dim: Last dim of the cache tensors.
+        cache: The model's cache layout (per layer and per kind: heads, head dim; dtype).
         position_ids: Whether ``position_ids`` is an input.
         dynamic_shapes: The ``dynamic_shapes`` given to ``torch.export.export`` (keyed like
             :func:`torch_inputs`), e.g. to export the same way with ``torch.onnx.export``.
@@ -54,39 +98,153 @@ class CausalLMExport:
     program: Any
     input_names: list[str]
     output_names: list[str]
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    cache: CacheLayout
     position_ids: bool
     dynamic_shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        """Number of cached layers (``N`` in ``past_key_values.N.key``)."""
+        return self.cache.num_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Heads of the first layer's key tensors (see :attr:`cache` for values and per layer)."""
+        return self.cache.keys[0][0]
+
+    @property
+    def head_dim(self) -> int:
+        """Last dim of the first layer's key tensors (see :attr:`cache`)."""
+        return self.cache.keys[0][1]
 
     def lower_kwargs(self) -> dict[str, list[str]]:
         """``{"input_names": ..., "output_names": ...}`` for ``irkit.lower(program, **kw)``."""
         return {"input_names": list(self.input_names), "output_names": list(self.output_names)}
 
 
-def _cache_geometry(model: Any) -> tuple[int, int, int]:
-    config = getattr(model, "config", None)
-    if config is None:
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    """Which of the inputs the model's ``forward`` takes, and the name of its cache argument."""
+
+    cache: str
+    attention_mask: bool
+    position_ids: bool
+    use_cache: bool
+
+
+def _versions() -> str:
+    import torch
+
+    try:
+        import transformers
+
+        have = f"transformers {transformers.__version__}"
+    except ImportError:  # pragma: no cover - export_causal_lm needs it anyway
+        have = "no transformers"
+    low, high = TESTED_TRANSFORMERS
+    return (
+        f"{have}, torch {torch.__version__} (tested: transformers {low} … {high} with torch 2.13)"
+    )
+
+
+def _export_error(what: str, exc: BaseException) -> ExportError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return ExportError(
+        f"export_causal_lm: {what} failed with {_versions()}: {type(exc).__name__}: {first}\n"
+        "If the versions are outside the tested range, install one inside it; else report the "
+        "model and the chained error."
+    )
+
+
+def _bind(model: Any) -> _Binding:
+    if getattr(model, "config", None) is None:
         raise LoweringOptionsError(
             f"export_causal_lm: {type(model).__name__} has no `config`; "
             "pass a transformers causal LM (e.g. LlamaForCausalLM)"
         )
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None)
-    heads = getattr(text, "num_attention_heads", None)
-    if not isinstance(layers, int) or not isinstance(heads, int):
-        raise LoweringOptionsError(
-            f"export_causal_lm: the config of {type(model).__name__} has no "
-            "num_hidden_layers/num_attention_heads; only decoder-only causal LMs are supported"
+    params = inspect.signature(model.forward).parameters
+    cache = next((name for name in _CACHE_ARGS if name in params), None)
+    if cache is None or "input_ids" not in params:
+        raise ExportError(
+            f"export_causal_lm: {type(model).__name__}.forward takes no "
+            f"{' or '.join(_CACHE_ARGS)} and input_ids argument ({_versions()}); "
+            "pass a decoder-only transformers *ForCausalLM"
         )
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return layers, kv_heads, head_dim
+    return _Binding(
+        cache=cache,
+        attention_mask="attention_mask" in params,
+        position_ids="position_ids" in params,
+        use_cache="use_cache" in params,
+    )
 
 
-def _takes_position_ids(model: Any) -> bool:
-    return "position_ids" in inspect.signature(model.forward).parameters
+def _returned_cache(output: Any) -> Any:
+    from transformers.cache_utils import Cache
+
+    values = output.values() if isinstance(output, Mapping) else output
+    return next((v for v in values if isinstance(v, Cache)), None)
+
+
+def _layer_shapes(model: Any, cache: Any) -> CacheLayout:
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        raise ExportError(
+            f"export_causal_lm: {type(model).__name__} returned a {type(cache).__name__} without "
+            f"`layers` ({_versions()}): only transformers' layered KV caches are supported"
+        )
+    keys, values = [], []
+    for i, layer in enumerate(layers):
+        key, value = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if getattr(key, "ndim", 0) != 4 or getattr(value, "ndim", 0) != 4:
+            raise ExportError(
+                f"export_causal_lm: layer {i} of {type(model).__name__}'s cache "
+                f"({type(layer).__name__}) holds no 4-d key/value tensors "
+                "(batch, heads, sequence, head_dim); only attention KV caches are supported"
+            )
+        keys.append((int(key.shape[1]), int(key.shape[3])))
+        values.append((int(value.shape[1]), int(value.shape[3])))
+    return CacheLayout(keys=tuple(keys), values=tuple(values), dtype=layers[0].keys.dtype)
+
+
+def cache_layout(model: Any) -> CacheLayout:
+    """The KV cache layout of ``model``, read from the cache it returns for a two-token prompt.
+
+    The model runs once eagerly (``torch.no_grad()``, ``use_cache=True``); nothing is guessed
+    from the config, so multi-query attention (one KV head), MLA (keys wider than values) and
+    per-layer differences come out as the model has them.
+
+    Args:
+        model: A transformers causal LM.
+
+    Returns:
+        The :class:`CacheLayout`.
+
+    Raises:
+        LoweringOptionsError: Not a transformers model.
+        ExportError: The model fails to run, or returns no layered KV cache.
+    """
+    import torch
+
+    binding = _bind(model)
+    device = next(iter(model.parameters())).device
+    ids = torch.ones((1, 2), dtype=torch.long, device=device)
+    kwargs: dict[str, Any] = {"input_ids": ids}
+    if binding.attention_mask:
+        kwargs["attention_mask"] = torch.ones_like(ids)
+    if binding.use_cache:
+        kwargs["use_cache"] = True
+    try:
+        with torch.no_grad():
+            output = model(**kwargs)
+    except Exception as exc:
+        raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc
+    cache = _returned_cache(output)
+    if cache is None:
+        raise ExportError(
+            f"export_causal_lm: {type(model).__name__} returned no transformers Cache for "
+            f"use_cache=True ({_versions()}); only models with a KV cache can be exported"
+        )
+    return _layer_shapes(model, cache)
 
 
 def causal_lm_feeds(
@@ -97,7 +255,8 @@ def causal_lm_feeds(
     past: int,
     seed: int = 0,
     position_ids: bool | None = None,
-    dtype: Any = np.float32,
+    dtype: Any = None,
+    layout: CacheLayout | None = None,
 ) -> dict[str, np.ndarray]:
     """Random inputs keyed by the ONNX names :func:`export_causal_lm` gives (for tests, benches).
 
@@ -108,14 +267,17 @@ def causal_lm_feeds(
         past: Cached tokens (0 for a prefill).
         seed: Seed of the numpy generator.
         position_ids: Include ``position_ids`` (default: if ``model.forward`` takes them).
-        dtype: dtype of the KV cache tensors.
+        dtype: dtype of the KV cache tensors (default: the model's cache dtype).
+        layout: The model's cache layout (default: :func:`cache_layout`; pass
+            ``exported.cache`` to skip the eager run).
 
     Returns:
         ``{name: array}`` with ``attention_mask`` all ones and positions ``past..past+seq-1``.
     """
-    layers, kv_heads, head_dim = _cache_geometry(model)
+    layout = layout or cache_layout(model)
     if position_ids is None:
-        position_ids = _takes_position_ids(model)
+        position_ids = _bind(model).position_ids
+    dtype = np.dtype(dtype) if dtype is not None else layout.numpy_dtype()
     rng = np.random.default_rng(seed)
     vocab = int(model.config.get_text_config().vocab_size)
     feeds: dict[str, np.ndarray] = {
@@ -124,9 +286,9 @@ def causal_lm_feeds(
     }
     if position_ids:
         feeds["position_ids"] = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
-    shape = (batch, kv_heads, past, head_dim)
-    for kind in ("key", "value"):
-        for i in range(layers):
+    for kind, shapes in (("key", layout.keys), ("value", layout.values)):
+        for i, (heads, dim) in enumerate(shapes):
+            shape = (batch, heads, past, dim)
             feeds[f"past_key_values.{i}.{kind}"] = rng.standard_normal(shape).astype(dtype)
     return feeds
 
@@ -140,6 +302,27 @@ def _cache(tensors: list[tuple[Any, Any]]) -> Any:
     return cache
 
 
+def _num_layers(feeds: Mapping[str, Any]) -> int:
+    return sum(1 for name in feeds if name.startswith("past_key_values.") and name.endswith(".key"))
+
+
+def _torch_inputs(
+    model: Any, feeds: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any]
+) -> dict[str, Any]:
+    binding = _bind(model)
+    inputs: dict[str, Any] = {
+        k: convert(feeds[k]) for k in ("input_ids", "attention_mask", "position_ids") if k in feeds
+    }
+    pairs = [
+        (convert(feeds[f"past_key_values.{i}.key"]), convert(feeds[f"past_key_values.{i}.value"]))
+        for i in range(_num_layers(feeds))
+    ]
+    inputs[binding.cache] = _cache(pairs)
+    if binding.use_cache:
+        inputs["use_cache"] = True
+    return inputs
+
+
 def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """The keyword arguments of ``model`` for ``feeds`` (a fresh ``DynamicCache``, ``use_cache``).
 
@@ -148,26 +331,12 @@ def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
         feeds: Inputs keyed by ONNX name (as from :func:`causal_lm_feeds`).
 
     Returns:
-        ``{"input_ids": tensor, ..., "past_key_values": DynamicCache, "use_cache": True}``.
+        ``{"input_ids": tensor, ..., <cache argument>: DynamicCache, "use_cache": True}``, the
+        cache under the name ``model.forward`` gives it (``cache`` or ``past_key_values``).
     """
     import torch
 
-    layers, _, _ = _cache_geometry(model)
-    inputs: dict[str, Any] = {
-        k: torch.from_numpy(np.array(feeds[k]))
-        for k in ("input_ids", "attention_mask", "position_ids")
-        if k in feeds
-    }
-    pairs = [
-        (
-            torch.from_numpy(np.array(feeds[f"past_key_values.{i}.key"])),
-            torch.from_numpy(np.array(feeds[f"past_key_values.{i}.value"])),
-        )
-        for i in range(layers)
-    ]
-    inputs["past_key_values"] = _cache(pairs)
-    inputs["use_cache"] = True
-    return inputs
+    return _torch_inputs(model, feeds, lambda a: torch.from_numpy(np.array(a)))
 
 
 def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -184,10 +353,32 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
 
     with torch.no_grad():
         out = model(**torch_inputs(model, feeds))
-    cache = out.past_key_values
-    keys = [layer.keys.numpy() for layer in cache.layers]
-    values = [layer.values.numpy() for layer in cache.layers]
-    return [out.logits.numpy(), *keys, *values]
+    cache = _returned_cache(out)
+    keys = [layer.keys.float().numpy() for layer in cache.layers]
+    values = [layer.values.float().numpy() for layer in cache.layers]
+    return [out.logits.float().numpy(), *keys, *values]
+
+
+def _register_cache_pytree() -> None:
+    """Make ``DynamicCache`` a pytree node the way transformers' exporters do (idempotent).
+
+    Recent transformers register it on request
+    (``integrations.executorch.register_dynamic_cache_export_support``); older versions
+    (4.54) registered it when ``cache_utils`` was imported.
+    """
+    import torch.utils._pytree as pytree
+    from transformers import DynamicCache
+
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError as exc:
+        if DynamicCache in pytree.SUPPORTED_NODES:
+            return
+        raise _export_error("registering DynamicCache as a pytree node", exc) from exc
+    try:
+        register_dynamic_cache_export_support()
+    except Exception as exc:
+        raise _export_error("registering DynamicCache as a pytree node", exc) from exc
 
 
 def export_causal_lm(
@@ -204,8 +395,8 @@ def export_causal_lm(
     The model is exported as it is (call ``model.eval()`` first), without an outer
     ``torch.no_grad()``, at example sizes ``batch``/``seq``/``past`` that become the dynamic
     dims ``batch``, ``sequence``, ``past_sequence`` and ``total_sequence`` (pick sizes ≥ 2 that
-    differ from each other so torch.export does not specialize them). The model is not
-    modified.
+    differ from each other so torch.export does not specialize them). The example cache has the
+    model's own layout and dtype (:func:`cache_layout`). The model is not modified.
 
     Args:
         model: A transformers ``*ForCausalLM`` with a decoder-only config.
@@ -220,7 +411,9 @@ def export_causal_lm(
         A :class:`CausalLMExport`: the program and the names for :func:`irkit.lower`.
 
     Raises:
-        LoweringOptionsError: Not a decoder-only transformers model, or unusable sizes.
+        LoweringOptionsError: Not a transformers model, or unusable sizes.
+        ExportError: transformers or torch.export failed (the message names both versions and
+            the tested range; the original exception is chained), or the model has no KV cache.
 
     Example:
         >>> import irkit, transformers                                     # doctest: +SKIP
@@ -235,35 +428,48 @@ def export_causal_lm(
         ['input_ids', 'attention_mask', 'position_ids', 'past_key_values.0.key']
     """
     import torch
-    from transformers.integrations.executorch import register_dynamic_cache_export_support
 
     if min(batch, seq, past) < 2 or len({batch, seq, past, seq + past}) < 4:
         raise LoweringOptionsError(
             f"export_causal_lm: example sizes batch={batch}, seq={seq}, past={past} would be "
             "specialized by torch.export; use distinct sizes >= 2 (e.g. batch=2, seq=3, past=5)"
         )
-    layers, kv_heads, head_dim = _cache_geometry(model)
+    binding = _bind(model)
     if position_ids is None:
-        position_ids = _takes_position_ids(model)
-    register_dynamic_cache_export_support()  # idempotent; what transformers' exporters do
+        position_ids = binding.position_ids
+    layout = cache_layout(model)
+    _register_cache_pytree()
 
     limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
     d_batch = torch.export.Dim("batch", max=4096)
     d_seq = torch.export.Dim("sequence", max=limit)
     d_past = torch.export.Dim("past_sequence", max=limit)
     d_total = torch.export.Dim("total_sequence", min=4, max=2 * limit)  # a guard of the mask code
-    feeds = causal_lm_feeds(model, batch=batch, seq=seq, past=past, position_ids=position_ids)
-    inputs = torch_inputs(model, feeds)
+    feeds = causal_lm_feeds(
+        model, batch=batch, seq=seq, past=past, position_ids=position_ids, layout=layout
+    )
+    device = next(iter(model.parameters())).device
+
+    def convert(array: np.ndarray) -> Any:
+        tensor = torch.from_numpy(np.array(array)).to(device)
+        return tensor.to(layout.dtype) if tensor.is_floating_point() else tensor
+
+    inputs = _torch_inputs(model, feeds, convert)
     kv = {0: d_batch, 2: d_past}
+    layers = layout.num_layers
     dynamic: dict[str, Any] = {
         "input_ids": {0: d_batch, 1: d_seq},
         "attention_mask": {0: d_batch, 1: d_total},
-        "past_key_values": [[kv] * layers, [kv] * layers],
-        "use_cache": None,
+        binding.cache: [[kv] * layers, [kv] * layers],
     }
+    if binding.use_cache:
+        dynamic["use_cache"] = None
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
-    program = torch.export.export(model, (), inputs, dynamic_shapes=dynamic)
+    try:
+        program = torch.export.export(model, (), inputs, dynamic_shapes=dynamic)
+    except Exception as exc:
+        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
     input_names = ["input_ids", "attention_mask"]
     if position_ids:
@@ -273,9 +479,117 @@ def export_causal_lm(
         program=program,
         input_names=input_names + past_names,
         output_names=output_names,
-        num_layers=layers,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        cache=layout,
         position_ids=bool(position_ids),
         dynamic_shapes=dynamic,
     )
+
+
+_ORT_FLOATS = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+}
+
+
+def _positions(mask: np.ndarray) -> np.ndarray:
+    """Position ids as transformers' ``generate`` derives them: ``cumsum(mask) - 1``, pads 0."""
+    return np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int64)
+
+
+def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
+    feeds = {}
+    for arg in session.get_inputs():
+        if not arg.name.startswith("past_key_values."):
+            continue
+        heads, dim = arg.shape[1], arg.shape[3]
+        if not isinstance(heads, int) or not isinstance(dim, int) or arg.type not in _ORT_FLOATS:
+            raise LoweringOptionsError(
+                f"generate_greedy: input {arg.name!r} has shape {arg.shape} and type {arg.type}; "
+                "expected (batch, heads, past_sequence, head_dim) with static heads and head_dim "
+                "and a float type, as irkit.llm.export_causal_lm writes"
+            )
+        feeds[arg.name] = np.zeros((batch, heads, 0, dim), dtype=_ORT_FLOATS[arg.type])
+    return feeds
+
+
+def generate_greedy(
+    session: Any,
+    input_ids: Any,
+    attention_mask: Any = None,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> np.ndarray:
+    """Greedy decoding of a model exported by :func:`export_causal_lm`, with its KV cache.
+
+    A prefill with an empty cache, then one decode step per new token: the arg-max of the last
+    logits is the next token, ``present.*`` is fed back as ``past_key_values.*``, the mask grows
+    by one and ``position_ids`` are ``cumsum(attention_mask) - 1`` (pads 0), as transformers'
+    ``generate(do_sample=False)`` does; batches may be left-padded (zeros on the left of
+    ``attention_mask``). No tokenizer: ids in, ids out.
+
+    Args:
+        session: An ``onnxruntime.InferenceSession`` of the lowered model (or anything with its
+            ``get_inputs()``/``get_outputs()``/``run(None, feeds)``).
+        input_ids: ``(batch, prompt)`` int token ids.
+        attention_mask: ``(batch, prompt)`` 0/1 (default: all ones).
+        max_new_tokens: Tokens to generate.
+        eos_token_id: A sequence that produced it is finished (later tokens are
+            ``pad_token_id``); generation stops when every sequence is finished.
+        pad_token_id: Token after the end of a finished sequence (default: ``eos_token_id``).
+
+    Returns:
+        ``(batch, prompt + generated)`` int64 ids: the prompt, then the new tokens.
+
+    Raises:
+        LoweringOptionsError: The session's inputs are not those ``export_causal_lm`` names.
+
+    Example:
+        >>> import onnxruntime as ort                                       # doctest: +SKIP
+        >>> from irkit.llm import generate_greedy
+        >>> session = ort.InferenceSession("llama.onnx")                    # doctest: +SKIP
+        >>> generate_greedy(session, [[5, 17, 42]], max_new_tokens=4)       # doctest: +SKIP
+        array([[ 5, 17, 42, 96, 96, 11,  3]])
+    """
+    ids = np.asarray(input_ids, dtype=np.int64)
+    if ids.ndim != 2:
+        raise LoweringOptionsError(f"generate_greedy: input_ids must be 2-d, got {ids.shape}")
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int64)
+    if mask.shape != ids.shape:
+        raise LoweringOptionsError(
+            f"generate_greedy: attention_mask {mask.shape} and input_ids {ids.shape} differ"
+        )
+    inputs = {arg.name for arg in session.get_inputs()}
+    outputs = [arg.name for arg in session.get_outputs()]
+    if not {"input_ids", "attention_mask"} <= inputs or "logits" not in outputs:
+        raise LoweringOptionsError(
+            f"generate_greedy: the session takes {sorted(inputs)} and returns {outputs}; expected "
+            "input_ids, attention_mask, past_key_values.* and logits, present.* (the names "
+            "irkit.llm.export_causal_lm gives)"
+        )
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+    step_ids, past = ids, _empty_past(session, ids.shape[0])
+    finished = np.zeros(ids.shape[0], dtype=bool)
+    new: list[np.ndarray] = []
+    for _ in range(max_new_tokens):
+        feeds = {"input_ids": step_ids, "attention_mask": mask, **past}
+        if "position_ids" in inputs:
+            feeds["position_ids"] = _positions(mask)[:, -step_ids.shape[1] :]
+        result = dict(zip(outputs, session.run(None, feeds), strict=True))
+        token = result["logits"][:, -1].argmax(-1).astype(np.int64)
+        if eos_token_id is not None:
+            token = np.where(finished, pad, token)
+            finished |= token == eos_token_id
+        new.append(token)
+        if finished.all():
+            break
+        step_ids = token[:, None]
+        mask = np.concatenate([mask, np.ones_like(step_ids)], axis=1)
+        past = {
+            name.replace("present.", "past_key_values.", 1): value
+            for name, value in result.items()
+            if name.startswith("present.")
+        }
+    return np.concatenate([ids, np.stack(new, axis=1)], axis=1) if new else ids

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -655,6 +656,9 @@ def llama_kv() -> ArchModel:
     cfg = _decoder_config(LlamaConfig, use_cache=True)
     model = LlamaForCausalLM(cfg)
     kv_heads, head_dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    # The cache argument by the forward signature: `cache` (transformers 5.2x) or `past_key_values`.
+    params = inspect.signature(model.forward).parameters
+    cache_arg = next(name for name in ("cache", "past_key_values") if name in params)
 
     def make(batch: int, seq: int, past: int, tag: int) -> dict[str, Any]:
         g = _gen(tag)
@@ -668,7 +672,7 @@ def llama_kv() -> ArchModel:
         return {
             "input_ids": _ids(batch, seq, tag),
             "attention_mask": torch.ones(batch, past + seq, dtype=torch.long),
-            "past_key_values": _dynamic_cache(layers),
+            cache_arg: _dynamic_cache(layers),
             "use_cache": True,  # as transformers' export_with_dynamic_cache passes it
         }
 
@@ -678,7 +682,7 @@ def llama_kv() -> ArchModel:
     dyn = {
         "input_ids": {0: batch, 1: seq},
         "attention_mask": {0: batch, 1: torch.export.Dim("total", min=4, max=2 * POSITIONS)},
-        "past_key_values": [[kv] * LAYERS, [kv] * LAYERS],
+        cache_arg: [[kv] * LAYERS, [kv] * LAYERS],
         "use_cache": None,
     }
     # The pytree of a DynamicCache flattens all keys, then all values.

@@ -16,6 +16,7 @@ import pytest
 import irkit
 from irkit import errors
 from irkit import metadata as md
+from irkit.llm import generate_greedy
 from tests.hierarchy import builders
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -95,6 +96,10 @@ CASES = {
     "ModuleSelector: a path that is not a string": (
         lambda: irkit.ModuleSelector(paths=[3]),
         errors.OutlineError,
+    ),
+    "llm.generate_greedy: 1-d input_ids": (
+        lambda: generate_greedy(None, [1, 2], max_new_tokens=1),
+        errors.LoweringOptionsError,
     ),
     "metadata: malformed call": (lambda: md.decode_call("[1]"), errors.MetadataError),
     "metadata: malformed scope": (lambda: md.decode_scope("[[1]]"), errors.MetadataError),

@@ -24,6 +24,7 @@ from irkit.lowering._legalize import legalize_kernel_types
 from irkit.lowering._plan import Plan, assumptions, describe, make_plan, needs_functionalization
 from irkit.lowering._recorder import Recorder
 from irkit.lowering._registry import LoweringTable
+from irkit.lowering._retrace import run_decompositions
 from irkit.lowering._signatures import store_call_signatures
 from irkit.lowering._source import node_location, op_name, python_spelling
 
@@ -75,7 +76,7 @@ def lower_program(
     ep = exported_program
     if uses_predispatch_vmap(ep.graph):  # (associative_scan, torch.vmap): a new program
         logger.info("irkit.lower: the program holds vmap nodes; running its decompositions.")
-        ep = ep.run_decompositions({})
+        ep = run_decompositions(ep)
     plan = make_plan(ep.graph, table)
     inplace = needs_functionalization(ep.graph, plan)
     if inplace:
@@ -86,7 +87,7 @@ def lower_program(
             inplace[0].name,
         )
         t0 = time.perf_counter()
-        ep = ep.run_decompositions({})  # returns a new program; the input is not modified
+        ep = run_decompositions(ep)  # returns a new program; the input is not modified
         logger.info("irkit.lower: functionalization took %.2fs", time.perf_counter() - t0)
         plan = make_plan(ep.graph, table)
     logger.info("irkit.lower: plan %s", describe(plan))

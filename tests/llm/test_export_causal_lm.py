@@ -8,14 +8,24 @@ every present key/value must match eager PyTorch.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import numpy as np
 import pytest
 
 import irkit
-from irkit.errors import LoweringOptionsError
-from irkit.llm import causal_lm_feeds, export_causal_lm, run_eager
-from tests.helpers import FP32_ATOL, assert_close, ort_session
+from irkit.errors import ExportError, LoweringOptionsError
+from irkit.llm import (
+    TESTED_TRANSFORMERS,
+    cache_layout,
+    causal_lm_feeds,
+    export_causal_lm,
+    generate_greedy,
+    run_eager,
+    torch_inputs,
+)
+from tests.helpers import FP32_ATOL, assert_close, ort_session, run_ort
+from tests.llm_zoo import BY_NAME
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -97,3 +107,177 @@ def test_feeds_shapes():
     assert feeds["attention_mask"].shape == (3, 5)
     assert feeds["past_key_values.0.key"].shape == (3, 2, 4, 16)
     assert np.all(feeds["input_ids"] >= 1)
+
+
+# --- binding, cache layout, errors (issue 22) ----------------------------------------------------
+
+
+class _OldSignature(torch.nn.Module):
+    """A causal LM whose forward takes the cache as ``past_key_values`` (transformers < 5.2x)."""
+
+    config = object()
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):
+        raise NotImplementedError
+
+
+def test_cache_is_bound_by_the_forward_signature():
+    feeds = causal_lm_feeds(_lm("LlamaConfig", "LlamaForCausalLM"), batch=1, seq=2, past=3)
+    del feeds["position_ids"]
+    old = torch_inputs(_OldSignature(), feeds)
+    assert set(old) == {"input_ids", "attention_mask", "past_key_values", "use_cache"}
+    new = torch_inputs(_lm("LlamaConfig", "LlamaForCausalLM"), feeds)
+    cache_arg = (
+        "cache"
+        if "cache" in inspect.signature(transformers.LlamaModel.forward).parameters
+        else "past_key_values"
+    )
+    assert cache_arg in new and new[cache_arg].layers[1].keys.shape == (1, 2, 3, 16)
+
+
+def test_cache_layout_is_the_models_own():
+    falcon = cache_layout(BY_NAME["falcon"].model())  # multi-query: one KV head
+    assert falcon.keys == falcon.values == ((1, 16), (1, 16))
+    deepseek = BY_NAME["deepseek_v3"].model()  # MLA: keys and values of different widths
+    layout = cache_layout(deepseek)
+    assert layout.keys[0] != layout.values[0]
+    feeds = causal_lm_feeds(deepseek, batch=2, seq=1, past=3, layout=layout)
+    assert feeds["past_key_values.1.key"].shape == (2, *layout.keys[1][:1], 3, layout.keys[1][1])
+    assert feeds["past_key_values.1.value"].shape[-1] == layout.values[1][1]
+    half = cache_layout(_lm("LlamaConfig", "LlamaForCausalLM").half())
+    assert str(half.dtype) == "torch.float16" and half.numpy_dtype() == np.float16
+
+
+def test_export_failure_is_an_irkit_error_naming_versions(monkeypatch):
+    lm = _lm("LlamaConfig", "LlamaForCausalLM")
+    boom = RuntimeError("boom from torch.export")
+
+    def fail(*args, **kwargs):
+        raise boom
+
+    monkeypatch.setattr(torch.export, "export", fail)
+    with pytest.raises(ExportError) as info:
+        export_causal_lm(lm)
+    message = str(info.value)
+    assert f"transformers {transformers.__version__}" in message
+    assert f"torch {torch.__version__}" in message
+    low, high = TESTED_TRANSFORMERS
+    assert f"tested: transformers {low} … {high}" in message
+    assert "RuntimeError: boom from torch.export" in message
+    assert info.value.__cause__ is boom
+
+
+def test_a_model_without_a_cache_argument():
+    class NoCache(torch.nn.Module):
+        config = object()
+
+        def forward(self, input_ids):
+            raise NotImplementedError
+
+    with pytest.raises(ExportError, match="takes no cache or past_key_values"):
+        export_causal_lm(NoCache())
+
+
+@pytest.mark.slow
+def test_fp16_model_exports_and_matches_eager():
+    lm = _lm("LlamaConfig", "LlamaForCausalLM").half()
+    exported = export_causal_lm(lm)
+    assert str(exported.cache.dtype) == "torch.float16"
+    model = irkit.lower(exported.program, **exported.lower_kwargs())
+    session = ort_session(model)
+    feeds = causal_lm_feeds(lm, batch=2, seq=3, past=4, layout=exported.cache)
+    assert feeds["past_key_values.0.key"].dtype == np.float16
+    got = [g.astype(np.float32) for g in session.run(None, feeds)]
+    assert_close(got, run_eager(lm, feeds), atol=2e-2)
+
+
+# --- generate_greedy ------------------------------------------------------------------------------
+
+
+class _Arg:
+    def __init__(self, name, shape=(), type_="tensor(float)"):
+        self.name, self.shape, self.type = name, list(shape), type_
+
+
+class _FakeSession:
+    """Logits that always pick ``(last token + 1) % 7``: checks the loop's bookkeeping."""
+
+    def __init__(self):
+        self.feeds = []
+
+    def get_inputs(self):
+        names = ["input_ids", "attention_mask", "position_ids"]
+        return [_Arg(n) for n in names] + [_Arg("past_key_values.0.key", ("b", 1, "p", 2))]
+
+    def get_outputs(self):
+        return [_Arg("logits"), _Arg("present.0.key")]
+
+    def run(self, names, feeds):
+        self.feeds.append(feeds)
+        ids = feeds["input_ids"]
+        logits = np.zeros((*ids.shape, 7), dtype=np.float32)
+        np.put_along_axis(logits, (ids[..., None] + 1) % 7, 1.0, axis=-1)
+        past = feeds["past_key_values.0.key"]
+        present = np.concatenate([past, np.zeros((len(ids), 1, ids.shape[1], 2), past.dtype)], 2)
+        return [logits, present]
+
+
+def test_generate_greedy_loop_bookkeeping():
+    session = _FakeSession()
+    out = generate_greedy(session, [[0, 5, 1], [3, 4, 5]], [[0, 1, 1], [1, 1, 1]], max_new_tokens=3)
+    assert out.tolist() == [[0, 5, 1, 2, 3, 4], [3, 4, 5, 6, 0, 1]]
+    first, second, third = session.feeds
+    assert first["position_ids"].tolist() == [[0, 0, 1], [0, 1, 2]]
+    assert first["past_key_values.0.key"].shape == (2, 1, 0, 2)
+    assert second["position_ids"].tolist() == [[2], [3]] and second["input_ids"].tolist() == [
+        [2],
+        [6],
+    ]
+    assert second["attention_mask"].shape == (2, 4) and third["attention_mask"].shape == (2, 5)
+    assert third["past_key_values.0.key"].shape == (2, 1, 4, 2)
+
+
+def test_generate_greedy_stops_at_eos_and_pads():
+    out = generate_greedy(
+        _FakeSession(), [[1], [4]], max_new_tokens=5, eos_token_id=3, pad_token_id=0
+    )
+    assert out.tolist() == [[1, 2, 3, 0, 0, 0], [4, 5, 6, 0, 1, 2]]
+    stop = generate_greedy(_FakeSession(), [[1]], max_new_tokens=5, eos_token_id=3)
+    assert stop.tolist() == [[1, 2, 3]]
+
+
+def test_generate_greedy_refuses_other_models():
+    class Other(_FakeSession):
+        def get_inputs(self):
+            return [_Arg("x")]
+
+    with pytest.raises(LoweringOptionsError, match="names irkit.llm.export_causal_lm gives"):
+        generate_greedy(Other(), [[1]], max_new_tokens=1)
+
+
+# --- the default export: a DynamicCache output -----------------------------------------------------
+
+
+class _ReturnsDynamicCache(torch.nn.Module):
+    """Builds and returns a ``DynamicCache`` (as ``use_cache=True`` does) and writes into a view
+    (so irkit.lower functionalizes the program: torch retraces it)."""
+
+    def forward(self, x):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        doubled = x.new_empty(x.shape)
+        doubled[:, :] = x * 2  # an in-place copy into a view
+        cache.update(doubled, x + 1, 0)
+        return {"out": x * 3, "cache": cache}
+
+
+def test_default_export_with_a_dynamic_cache_output_lowers():
+    from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    register_dynamic_cache_export_support()
+    x = torch.randn(2, 1, 3, 4)
+    program = torch.export.export(_ReturnsDynamicCache(), (x,))
+    model = irkit.lower(program)  # was: SpecViolationError (lifted_tensor_N) in the retrace
+    assert [v.name for v in model.graph.outputs] == ["out", "cache_0_0", "cache_1_0"]
+    assert_close(run_ort(model, [x]), [(x * 3).numpy(), (x * 2).numpy(), (x + 1).numpy()], 1e-6)
