@@ -125,6 +125,23 @@ def test_harness_passes_irkit_and_catches_wrong_numbers() -> None:
     assert refused.outcome is Outcome.BROKEN and "onnxruntime refuses" in refused.reason
 
 
+def test_harness_checks_the_result_when_the_original_passes_check() -> None:
+    case = _relu_case()
+    outputs = _reference(case)
+
+    def bad_metadata(model: bytes, target: str) -> bytes:  # (onnxruntime runs it; lint does not)
+        proto = onnx.load_from_string(ob.optimize_bytes(model, target))
+        proto.graph.node[0].metadata_props.add(key="irkit.no_such_key", value="1")
+        return proto.SerializeToString()
+
+    assert ob.after(case, "onnx", outputs, optimizer=bad_metadata).outcome is Outcome.PASS
+    result = ob.after(case, "onnx", outputs, optimizer=bad_metadata, check=True)
+    assert result.outcome is Outcome.BROKEN, result
+    assert (
+        "irkit.check rejects the result" in result.reason and "irkit.no_such_key" in result.reason
+    )
+
+
 def test_harness_tells_refusals_from_crashes() -> None:
     import irkit
 
