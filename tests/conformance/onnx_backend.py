@@ -387,7 +387,8 @@ def run_case(case: Case, targets: Sequence[str] = TARGETS) -> CaseResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tests.conformance.onnx_backend [-k SUBSTRING]``: the sweep, with a summary."""
+    """``python -m tests.conformance.onnx_backend [-k SUBSTRING] [--json FILE]``: the sweep, with
+    a summary; exit status 1 if a result is broken or crashed."""
     import argparse
     import collections
 
@@ -431,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {key[0]:>8} {key[1]:<15} {n}")
     for seconds, name in sorted(slowest, reverse=True)[:10]:
         print(f"  {seconds:6.2f} s {name}")
-    return 0
+    bad = {Outcome.BROKEN.value, Outcome.CRASH.value}
+    return 1 if any(outcome in bad for _, outcome in counts) else 0
 
 
 if __name__ == "__main__":
