@@ -70,8 +70,8 @@ def optimize_with(
     :class:`irkit.weights.FoldWeightlessPass`),
     :func:`irkit.rewrite` with ``rules``, unused-node removal,
     common-subexpression elimination (main graph and every function body), lifting the main
-    graph's ``Constant`` nodes to initializers, initializer deduplication, unused-function
-    removal. Local functions are kept: the hierarchy survives.
+    graph's ``Constant`` nodes to initializers (IR version 4 and newer: before, an initializer
+    must also be a graph input), initializer deduplication, unused-function removal. Local functions are kept: the hierarchy survives.
 
     Args:
         model: The model; modified in place.
@@ -154,17 +154,21 @@ def optimize_with(
         ),
     )
     timed("remove_unused", lambda: common_passes.RemoveUnusedNodesPass()(model))
+    # An initializer of IR < 4 must also be a graph input: there constants stay Constant nodes.
+    lift = (model.ir_version or 0) >= _IR_INITIALIZERS_NEED_NO_INPUT
     # Weights rules derived from weightless ones: initializers before CSE reads Constant values.
-    timed("lift_constants", lambda: LiftWeightlessConstantsPass()(model))
+    if lift:
+        timed("lift_constants", lambda: LiftWeightlessConstantsPass()(model))
     if common_subexpressions:
         timed("cse", lambda: cse(model))
     # Main-graph Constant nodes become initializers (function bodies keep their Constant nodes).
-    timed(
-        "lift_constants",
-        lambda: common_passes.LiftConstantsToInitializersPass(
-            lift_all_constants=True, size_limit=0
-        )(model),
-    )
+    if lift:
+        timed(
+            "lift_constants",
+            lambda: common_passes.LiftConstantsToInitializersPass(
+                lift_all_constants=True, size_limit=0
+            )(model),
+        )
 
     def dedupe_known() -> None:
         with hide_weightless(model, "optimize: dedupe_initializers"):
@@ -181,6 +185,10 @@ def optimize_with(
     if report is not None:
         report.fill_from(result)
     return model
+
+
+_IR_INITIALIZERS_NEED_NO_INPUT = 4
+"""The first ONNX IR version whose initializers need not be graph inputs as well."""
 
 
 # ----------------------------------------------------------------------------------------------

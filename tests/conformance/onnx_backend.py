@@ -17,7 +17,8 @@ exactly, ``assert_allclose(rtol, atol)`` with the case's tolerances, rtol 1e-3 a
 densenet121 2e-3). For an applicable case, per target (``"onnx"``, ``"ort"``), what
 ``irkit optimize [--target ort]`` does (:func:`optimize_bytes`: load, ONNX shape inference,
 ``irkit.optimize(infer_shapes=False)``, ``irkit.save``) must give a model onnxruntime loads and
-that matches the original's outputs on the same inputs (the same comparison), or raise an
+that matches the original's outputs on the same inputs (the same comparison) — and that passes
+``irkit.check`` when the original does —, or raise an
 irkit error (a *refusal*, which writes nothing). ``irkit.check`` and the text render of
 ``irkit view`` run on the original too: each succeeds or raises an irkit error.
 
@@ -291,9 +292,11 @@ def after(
     reference_outputs: list[list[Any]],
     optimizer: Optimizer = optimize_bytes,
     verdicts: dict[bytes, Result] | None = None,
+    check: bool = False,
 ) -> Result:
     """The optimized model against the original's outputs. ``verdicts`` (optimized file →
-    result) lets a case's targets share the run when they write the same file."""
+    result) lets a case's targets share the run when they write the same file. With ``check``
+    (the original passes ``irkit.check``), the optimized file must pass it too."""
     from irkit.errors import IrkitError
 
     try:
@@ -303,13 +306,23 @@ def after(
     except Exception as exc:
         return Result(Outcome.CRASH, _brief(exc))
     if verdicts is None:
-        return _run_optimized(case, optimized, reference_outputs)
+        return _run_optimized(case, optimized, reference_outputs, check)
     if optimized not in verdicts:
-        verdicts[optimized] = _run_optimized(case, optimized, reference_outputs)
+        verdicts[optimized] = _run_optimized(case, optimized, reference_outputs, check)
     return verdicts[optimized]
 
 
-def _run_optimized(case: Case, optimized: bytes, reference_outputs: list[list[Any]]) -> Result:
+def _run_optimized(
+    case: Case, optimized: bytes, reference_outputs: list[list[Any]], check: bool
+) -> Result:
+    import irkit
+    from irkit.errors import CheckError
+
+    if check:
+        try:
+            irkit.check(ir.serde.deserialize_model(onnx.load_from_string(optimized)))
+        except CheckError as exc:
+            return Result(Outcome.BROKEN, f"irkit.check rejects the result: {_brief(exc)}")
     try:
         sess = session(optimized)
     except Exception as exc:
@@ -363,16 +376,19 @@ def run_case(case: Case, targets: Sequence[str] = TARGETS) -> CaseResult:
     """The original in onnxruntime, then each target, then check and view."""
     start = time.perf_counter()
     outputs, original = reference(case)
+    runs = original.outcome is Outcome.PASS
+    tools = check_and_view(case, runs)
     results: dict[str, Result] = {}
-    if original.outcome is Outcome.PASS:
+    if runs:
         verdicts: dict[bytes, Result] = {}  # (most files come out the same for both targets)
-        results = {t: after(case, t, outputs, verdicts=verdicts) for t in targets}
-    tools = check_and_view(case, original.outcome is Outcome.PASS)
+        checked = tools.outcome is Outcome.PASS
+        results = {t: after(case, t, outputs, verdicts=verdicts, check=checked) for t in targets}
     return CaseResult(case.name, original, results, tools, time.perf_counter() - start)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tests.conformance.onnx_backend [-k SUBSTRING]``: the sweep, with a summary."""
+    """``python -m tests.conformance.onnx_backend [-k SUBSTRING] [--json FILE]``: the sweep, with
+    a summary; exit status 1 if a result is broken or crashed."""
     import argparse
     import collections
 
@@ -416,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {key[0]:>8} {key[1]:<15} {n}")
     for seconds, name in sorted(slowest, reverse=True)[:10]:
         print(f"  {seconds:6.2f} s {name}")
-    return 0
+    bad = {Outcome.BROKEN.value, Outcome.CRASH.value}
+    return 1 if any(outcome in bad for _, outcome in counts) else 0
 
 
 if __name__ == "__main__":

@@ -92,3 +92,22 @@ def test_a_pass_failing_on_a_malformed_model_says_what_check_says(monkeypatch):
       g (float[2] x) => (float[2] y) { y = NoSuchOp(x) }""")
     with pytest.raises(irkit.RewriteError, match="malformed: irkit.check says: irkit.lint found"):
         irkit.optimize(model)
+
+
+_TILE = """<ir_version: {ir}, opset_import: ["" : 9]>
+g (float[1,2] x) => (float[2,4] y) {{
+  reps = Constant<value=int64[2] {{2, 2}}>()
+  y = Tile(x, reps)
+}}"""
+
+
+@pytest.mark.parametrize("ir_version", [3, 10])
+def test_constants_are_lifted_only_where_initializers_need_no_input(ir_version):
+    """Before IR 4 an initializer must also be a graph input: onnx.checker rejects a lifted one
+    (onnx's pytorch-converted/test_PixelShuffle, IR 3)."""
+    model = _optimized_runs_the_same(_TILE.format(ir=ir_version))
+    irkit.check(model)
+    assert [n.op_type for n in model.graph] == (
+        ["Constant", "Tile"] if ir_version < 4 else ["Tile"]
+    )
+    assert len(model.graph.initializers) == (0 if ir_version < 4 else 1)

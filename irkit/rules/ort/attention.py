@@ -42,6 +42,7 @@ the past (``nonpad_kv_seqlen``), stop the rewrite. Every refusal says why (see `
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -139,7 +140,9 @@ def _precision(value: object, dtype: ir.DataType | None) -> str | None:
     return f"softmax in another precision than the input's {dtype} (data type {value})"
 
 
-CARRIED: dict[str, Any] = {
+_ValueCheck = Callable[[object, ir.DataType | None], str | None]
+
+CARRIED: Mapping[str, _ValueCheck] = {
     "scale": _any,  # passed on
     "is_causal": _any,  # each rule decides (GroupQueryAttention: causal; MHA: not causal)
     "softcap": _any,  # GroupQueryAttention passes it on; MultiHeadAttention refuses a non-zero one

@@ -41,7 +41,9 @@ _TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 a, b, w, bias = var("a"), var("b"), var("w"), var("bias")
 _SUM = a + b
 _RMS = op.RMSNormalization(_SUM, w, axis=attr("axis"), epsilon=attr("epsilon"), stash_type=1)
-_LN = op.LayerNormalization(_SUM, w, optional(bias), axis=attr("axis"), epsilon=attr("epsilon"))
+_LN = op.LayerNormalization(
+    _SUM, w, optional(bias), axis=attr("axis"), epsilon=attr("epsilon"), stash_type=1
+)  # (every attribute of the op listed: the contrib op computes in float32, as stash_type=1)
 
 
 def _check_rms(a: ir.Value, b: ir.Value, w: ir.Value, axis: int) -> Verdict:

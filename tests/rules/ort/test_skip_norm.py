@@ -67,3 +67,9 @@ def test_skip_layer_norm_declines_rank_4():
     m = parse("""g (float[2,2,3,8] x, float[2,2,3,8] r, float[8] w) => (float[2,2,3,8] y) {
       z = Add(x, r)  y = LayerNormalization<axis=-1, epsilon=1e-5>(z, w) }""")
     no_fire(m, "SkipLayerNormalization", "input has rank 4")
+
+
+def test_skip_layer_norm_declines_another_stash_type():
+    m = parse("""g (float[2,3,8] x, float[2,3,8] r, float[8] w) => (float[2,3,8] y, float[2,3,8] z) {
+      z = Add(x, r)  y = LayerNormalization<axis=-1, epsilon=1e-5, stash_type=0>(z, w) }""")
+    no_fire(m, "SkipLayerNormalization", "attribute stash_type=0, pattern requires 1")
