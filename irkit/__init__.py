@@ -38,6 +38,7 @@ from irkit.errors import (
     MetadataError,
     ModelLoadError,
     OutlineError,
+    QuantizationError,
     RewriteError,
     RuleDefinitionError,
     SaveError,
@@ -71,6 +72,7 @@ from irkit.rewriting import (
     rewrite,
     var,
 )
+from irkit.rules.quantize import QuantizeReport, quantize
 
 __version__ = "0.1.0"
 
@@ -89,6 +91,8 @@ __all__ = [
     "lint",
     "rewrite",
     "optimize",
+    "quantize",
+    "QuantizeReport",
     "Rule",
     "RuleSet",
     "NodeRule",
@@ -119,4 +123,5 @@ __all__ = [
     "UnknownRuleError",
     "VizError",
     "WeightsError",
+    "QuantizationError",
 ]

@@ -191,7 +191,9 @@ def _pack_zero_points(zero_points: npt.NDArray[np.uint8], bits: int) -> npt.NDAr
 def _checked_weight(weight: npt.ArrayLike) -> npt.NDArray[np.floating]:
     array = np.asarray(weight)
     if array.ndim != 2:
-        raise QuantizationError(f"a weight to pack must be a (K, N) matrix, got shape {array.shape}")
+        raise QuantizationError(
+            f"a weight to pack must be a (K, N) matrix, got shape {array.shape}"
+        )
     if array.dtype not in FLOAT_DTYPES:
         raise QuantizationError(
             f"a weight of dtype {array.dtype} cannot be packed: MatMulNBits takes "
