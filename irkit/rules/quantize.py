@@ -277,9 +277,8 @@ def _through_transpose(b: ir.Value, transposed: bool) -> tuple[ir.Value, bool]:
     ):
         return b, transposed
     source = producer.inputs[0]
-    perm = producer.attributes.get("perm")
-    rank = source.shape.rank() if source is not None and source.shape is not None else None
-    if source is None or rank != 2 or (perm is not None and list(perm.as_ints()) != [1, 0]):
+    perm = producer.attributes.get("perm")  # (none: reverse the dims; the rank-2 check follows)
+    if source is None or (perm is not None and list(perm.as_ints()) != [1, 0]):
         return b, transposed
     return source, not transposed
 
@@ -446,7 +445,7 @@ class _Packer:
                 values.append(None)
                 continue
             name = self._unique(owner, base + suffix)
-            if isinstance(owner, ir.Graph) and weight.is_initializer():
+            if isinstance(owner, ir.Graph):  # (a main-graph Constant becomes an initializer)
                 value = ir.Value(name=name, const_value=ir.Tensor(array, name=name))
                 value.shape, value.type = (
                     ir.Shape(array.shape),
