@@ -319,8 +319,8 @@ def _leaves(
     """The constants a weight value takes, one per chain of calls, or why it is not constant."""
     index = _function_input_index(owner, value)
     if index is None:
-        found = _constant_tensor(owner, value)
-        return found if isinstance(found, str) else [found]
+        tensor = _constant_tensor(owner, value)
+        return tensor if isinstance(tensor, str) else [tensor]
     assert isinstance(owner, ir.Function)
     sites = calls.of_function(owner)
     if not sites:
@@ -446,11 +446,9 @@ class _Packer:
                 continue
             name = self._unique(owner, base + suffix)
             if isinstance(owner, ir.Graph):  # (a main-graph Constant becomes an initializer)
-                value = ir.Value(name=name, const_value=ir.Tensor(array, name=name))
-                value.shape, value.type = (
-                    ir.Shape(array.shape),
-                    ir.TensorType(value.const_value.dtype),
-                )  # type: ignore[union-attr]
+                tensor = ir.Tensor(array, name=name)
+                value = ir.Value(name=name, const_value=tensor)
+                value.shape, value.type = ir.Shape(array.shape), ir.TensorType(tensor.dtype)
                 owner.register_initializer(value)
             else:
                 node = ir.node("Constant", [], {"value": ir.Tensor(array, name=name)})

@@ -125,7 +125,8 @@ def _symmetric_scales(blocks: npt.NDArray[np.float32], bits: int) -> npt.NDArray
     """Per block: the value of largest magnitude (the minimum on a tie) over ``-2^(bits-1)``."""
     hi, lo = blocks.max(axis=2), blocks.min(axis=2)
     extreme = np.where(np.abs(hi) > np.abs(lo), hi, lo)
-    return (extreme / np.float32(-(1 << (bits - 1)))).astype(np.float32)
+    scales: npt.NDArray[np.float32] = (extreme / np.float32(-(1 << (bits - 1)))).astype(np.float32)
+    return scales
 
 
 def _asymmetric_params(
@@ -160,7 +161,10 @@ def _codes(
 
 def _pack_nibbles(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     """Two 4-bit codes per byte along the last axis, the first in the low nibble."""
-    return (codes[..., 0::2] & 0xF) | (codes[..., 1::2] << 4)
+    packed: npt.NDArray[np.uint8] = ((codes[..., 0::2] & 0xF) | (codes[..., 1::2] << 4)).astype(
+        np.uint8
+    )
+    return packed
 
 
 def _pack_codes(codes: npt.NDArray[np.uint8], k: int, bits: int) -> npt.NDArray[np.uint8]:
@@ -168,7 +172,7 @@ def _pack_codes(codes: npt.NDArray[np.uint8], k: int, bits: int) -> npt.NDArray[
     an odd ``K`` onnxruntime's kernel leaves the high nibble of the last byte holding the code of
     row ``K - 2`` when that row lies in the same two-block stretch (its loop reuses the pair)."""
     n, n_blocks, block_size = codes.shape
-    flat = codes.reshape(n, n_blocks * block_size).copy()
+    flat: npt.NDArray[np.uint8] = codes.reshape(n, n_blocks * block_size).copy()
     flat[:, k:] = 0
     if bits == 8:
         return flat.reshape(n, n_blocks, block_size)
