@@ -150,7 +150,7 @@ class _Calls:
             key: [] for key in model.functions
         }
         for owner in _owners(model):
-            for node in owner:
+            for node in ir.traversal.RecursiveGraphIterator(owner):  # (If/Loop bodies too)
                 key = (node.domain, node.op_type, node.overload)
                 if key in by_function:
                     by_function[key].append((owner, node))
@@ -193,7 +193,7 @@ def _module_paths(owner: Owner, path: str, calls: _Calls, depth: int = 0) -> lis
         else:
             up = frame.path
         paths += _module_paths(caller, up, calls, depth + 1)
-    return paths
+    return paths or [path]
 
 
 def _node_path(node: ir.Node) -> str:
@@ -460,8 +460,8 @@ class _Packer:
             values.append(value)
         if new_nodes:
             producer = weight.producer()
-            assert producer is not None
-            owner.insert_after(producer, new_nodes)
+            assert producer is not None and producer.graph is not None
+            producer.graph.insert_after(producer, new_nodes)
         q, scales, zp = values
         assert q is not None and scales is not None
         return q, scales, zp

@@ -227,3 +227,42 @@ def test_bad_options_are_quantization_errors(kwargs, message):
     with pytest.raises(QuantizationError, match=message):
         irkit.quantize(model, **kwargs)
     assert ir.serde.serialize_model(model).SerializeToString() == before
+
+
+def test_constant_weight_inside_a_function_body_and_a_matmul_inside_an_if_body():
+    (w, w2) = support.weights((64, 16), (64, 16))
+    const = helper.make_tensor("c", TensorProto.FLOAT, w.shape, w.ravel())
+    body = helper.make_function(
+        "local",
+        "Proj",
+        ["x"],
+        ["y"],
+        [
+            helper.make_node("Constant", [], ["w"], value=const),
+            helper.make_node("MatMul", ["x", "w"], ["y"], name="proj"),
+        ],
+        [helper.make_opsetid("", 21)],
+    )
+    branch = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w2"], ["z"], name="in_branch")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("z", FLOAT, [2, 16])],
+    )
+    nodes = [
+        helper.make_node("Proj", ["x"], ["y"], domain="local"),
+        helper.make_node("If", ["cond"], ["b"], then_branch=branch, else_branch=branch),
+    ]
+    inputs = {"x": (FLOAT, [2, 64]), "cond": (TensorProto.BOOL, [])}
+    model = support.model(nodes, inputs, ["y", "b"], {"w2": w2}, [body])
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, accuracy_level=0, report=report)
+    proj = model.functions[("local", "Proj", "")]
+    assert op_histogram(proj) == {"Constant": 2, "com.microsoft::MatMulNBits": 1}
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("in_branch", "inside an If/Loop/Scan body")
+    ] * 2  # (then and else)
+    x = np.ones((2, 64), np.float32)
+    y, b = run_ort(model, [x, np.array(True)])
+    np.testing.assert_allclose(y, x @ fake_quant(w), atol=1e-4)
+    np.testing.assert_allclose(b, x @ w2, atol=1e-4)
