@@ -93,3 +93,20 @@ def test_a_shared_body_whose_calls_want_different_bits_is_reported():
     (mixed,) = [s for s in report.skipped if "different settings" in s.reason]
     assert "layers.0.mlp.gate_proj: 4 bits" in mixed.reason
     assert "layers.0.mlp.up_proj: 8 bits" in mixed.reason
+
+
+def test_after_the_ort_target_every_projection_is_quantized():
+    """``target="ort"`` packs q/k/v and gate/up and writes ``FusedMatMul(transB=1)``: onnxruntime's
+    quantizer takes none of those; irkit.quantize takes all."""
+    _, ids, reference, layers = _lowered()
+    model = irkit.optimize(_model(), "ort")
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, report=report)
+    assert report.skipped == []
+    kinds = sorted({q.op_type for q in report.quantized})
+    assert kinds == ["FusedMatMul", "MatMul"]
+    assert sum(len(q.modules) for q in report.quantized) == 4 * layers  # qkv, o, gate/up, down
+    for owner in [model.graph, *model.functions.values()]:
+        assert not [n for n in owner if n.op_type in ("MatMul", "FusedMatMul", "Gemm")]
+    (out,) = run_ort(model, [ids])
+    assert np.abs(out - reference).max() < 0.6
