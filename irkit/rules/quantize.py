@@ -24,6 +24,7 @@ call of it, up to the main graph.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 import time
@@ -178,22 +179,32 @@ def _origin_path(function: ir.Function) -> str | None:
     return origin[-1].path if origin else None
 
 
-def _module_paths(owner: Owner, path: str, calls: _Calls, depth: int = 0) -> list[str]:
-    """The module paths a body path stands for: one per chain of calls up to the main graph."""
+_Chain = tuple[tuple[Owner, ir.Node], ...]
+"""The calls leading from the main graph to a body, outermost first: ``(caller, call node)``."""
+
+
+def _chains(owner: Owner, calls: _Calls, depth: int = 0) -> list[_Chain]:
+    """Every chain of calls that reaches ``owner`` (``[()]`` for the main graph)."""
     if not isinstance(owner, ir.Function) or depth > 64:
-        return [path]
-    origin = _origin_path(owner)
-    paths: list[str] = []
+        return [()]
+    chains: list[_Chain] = []
     for caller, call in calls.of_function(owner):
+        chains += [(*chain, (caller, call)) for chain in _chains(caller, calls, depth + 1)]
+    return chains or [()]
+
+
+def _chain_path(owner: Owner, path: str, chain: _Chain) -> str:
+    """The module path a body path stands for when the body is reached through ``chain``."""
+    for caller, call in reversed(chain):
         frame = metadata.node_call(call.metadata_props)
-        if frame is None:
-            up = path
-        elif origin is not None and (path == origin or path.startswith(origin + ".")):
-            up = frame.path + path[len(origin) :]
-        else:
-            up = frame.path
-        paths += _module_paths(caller, up, calls, depth + 1)
-    return paths or [path]
+        if frame is not None and isinstance(owner, ir.Function):
+            origin = _origin_path(owner)
+            if origin is not None and (path == origin or path.startswith(origin + ".")):
+                path = frame.path + path[len(origin) :]
+            else:
+                path = frame.path
+        owner = caller
+    return path
 
 
 def _node_path(node: ir.Node) -> str:
@@ -612,37 +623,203 @@ def _candidates(model: ir.Model) -> Iterator[tuple[Owner, ir.Node, bool]]:
                 yield owner, node, node.graph is top
 
 
-def _choose_bits(
-    paths: Sequence[str],
-    name: str,
-    default: int,
-    exclude: Sequence[str],
-    bits_for: Mapping[str, int],
-) -> int | str:
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """What the options ask for one module: its bits, or ``None`` (excluded)."""
+
+    default: int
+    exclude: tuple[str, ...]
+    bits_for: Mapping[str, int]
+
+    def setting(self, path: str, name: str) -> int | None:
+        if any(_matches(p, path, name) for p in self.exclude):
+            return None
+        return next((b for p, b in self.bits_for.items() if _matches(p, path, name)), self.default)
+
+
+def _settings_of(
+    owner: Owner, node: ir.Node, calls: _Calls, choice: _Choice
+) -> list[tuple[_Chain, str, int | None]]:
+    """``(chain, module path, setting)`` for each instance of a node."""
+    base = _node_path(node)
+    out = []
+    for chain in _chains(owner, calls):
+        path = _chain_path(owner, base, chain)
+        out.append((chain, path, choice.setting(path, node.name or "")))
+    return out
+
+
+def _choose_bits(instances: Sequence[tuple[_Chain, str, int | None]]) -> int | str:
     """The bits for a site, or why it is left alone (excluded, or its instances disagree)."""
-    chosen: dict[str, int | None] = {}
-    for path in paths:
-        if any(_matches(p, path, name) for p in exclude):
-            chosen[path] = None
-            continue
-        chosen[path] = next(
-            (b for p, b in bits_for.items() if _matches(p, path, name)),
-            default,
-        )
-    settings = set(chosen.values())
+    settings = {s for _, _, s in instances}
     if settings == {None}:
         return "excluded by exclude="
     if len(settings) > 1:
         shown = ", ".join(
-            f"{p}: {'excluded' if b is None else f'{b} bits'}" for p, b in chosen.items()
+            f"{p}: {'excluded' if b is None else f'{b} bits'}" for _, p, b in instances
         )
         return (
-            f"a shared function body whose calls want different settings ({shown}): "
-            "give them one setting, or outline these modules apart"
+            f"a shared function body whose calls want different settings ({shown}) and that no "
+            "level of calls parts: give them one setting, or outline them apart"
         )
     (bits,) = settings
     assert bits is not None
     return bits
+
+
+# --- giving instances that want different settings their own copies of a shared body ---------
+
+
+_Key = frozenset[int | None]
+"""The settings wanted through one call node (``None``: float)."""
+
+
+class _Specializer:
+    """Copies shared function bodies so that calls wanting different settings part ways.
+
+    For a node whose instances disagree, the innermost level of calls (1: the calls of the body
+    itself) at which the call nodes lead to different sets of settings is found; the calls whose
+    set is not the most common one are pointed at copies of the functions down to the body (one
+    copy per function and set, reused by every node). Repeated until each body's instances
+    agree (see :func:`_specialize`).
+    """
+
+    def __init__(self, model: ir.Model):
+        self.model = model
+        self.copies: dict[tuple[ir.OperatorIdentifier, _Key], ir.Function] = {}
+        self.key_of_copy: dict[ir.OperatorIdentifier, _Key] = {}
+        self.notes: list[str] = []
+
+    def specialize(
+        self, target: ir.Function, instances: Sequence[tuple[_Chain, str, int | None]]
+    ) -> bool:
+        """Part ``target``'s instances one level; whether anything changed."""
+        found = _parting_level(instances)
+        if found is None:
+            return False
+        depth, keys = found
+        counts = collections.Counter(keys[id(chain[-depth][1])] for chain, _, _ in instances)
+        keep = max(counts, key=lambda k: (counts[k], sorted(str(x) for x in k)))
+        done: set[int] = set()
+        for chain, _, _ in instances:
+            _, call = chain[-depth]
+            key = keys[id(call)]
+            if key == keep or id(call) in done:
+                continue
+            done.add(id(call))
+            callee = self.model.functions[(call.domain, call.op_type, call.overload)]
+            copy = self._copy_down(callee, key, target)
+            call.op_type, call.overload = copy.name, copy.overload
+        return bool(done)
+
+    def _copy_down(self, function: ir.Function, key: _Key, target: ir.Function) -> ir.Function:
+        """A copy of ``function`` for ``key`` whose calls leading to ``target`` go to copies."""
+        ident = function.identifier()
+        if self.key_of_copy.get(ident) == key:
+            copy = function  # already a copy made for these settings
+        elif (ident, key) in self.copies:
+            copy = self.copies[(ident, key)]
+        else:
+            copy = self._new_copy(function, key)
+        if function is target or copy is target:
+            return copy
+        for node in ir.traversal.RecursiveGraphIterator(copy):
+            callee = self.model.functions.get((node.domain, node.op_type, node.overload))
+            if callee is not None and _reaches(self.model, callee, target):
+                inner = self._copy_down(callee, key, target)
+                node.op_type, node.overload = inner.name, inner.overload
+        return copy
+
+    def _new_copy(self, function: ir.Function, key: _Key) -> ir.Function:
+        copy = function.clone()
+        suffix = _describe(key)
+        name, i = f"{function.name}_{suffix}", 1
+        while (function.domain, name, function.overload) in self.model.functions:
+            name, i = f"{function.name}_{suffix}_{i}", i + 1
+        copy.name = name
+        copy.metadata_props.update(function.metadata_props)
+        for domain, version in function.opset_imports.items():
+            copy.opset_imports[domain] = version
+        self.model.functions[copy.identifier()] = copy
+        self.copies[(function.identifier(), key)] = copy
+        self.key_of_copy[copy.identifier()] = key
+        self.notes.append(
+            f"{function.domain}::{function.name} copied as {name} for the calls that want "
+            f"{_describe(key, long=True)}"
+        )
+        return copy
+
+
+def _describe(key: _Key, long: bool = False) -> str:
+    if len(key) > 1:
+        return "several settings" if long else "mixed"
+    (setting,) = key
+    if setting is None:
+        return "float"
+    return f"{setting} bits" if long else f"q{setting}"
+
+
+def _parting_level(
+    instances: Sequence[tuple[_Chain, str, int | None]],
+) -> tuple[int, dict[int, _Key]] | None:
+    """The innermost call level (1: the body's own calls) whose call nodes lead to different
+    sets of settings, with each call node's set; ``None`` if no level parts them."""
+    shortest = min((len(c) for c, _, _ in instances), default=0)
+    for depth in range(1, shortest + 1):
+        wanted: dict[int, set[int | None]] = collections.defaultdict(set)
+        for chain, _, setting in instances:
+            wanted[id(chain[-depth][1])].add(setting)
+        keys = {call: frozenset(s) for call, s in wanted.items()}
+        if len(set(keys.values())) > 1:
+            return depth, keys
+    return None
+
+
+def _reaches(model: ir.Model, function: ir.Function, target: ir.Function, depth: int = 0) -> bool:
+    """Whether ``function`` is ``target`` or calls it, directly or not."""
+    if function is target:
+        return True
+    if depth > 64:
+        return False
+    for node in ir.traversal.RecursiveGraphIterator(function):
+        callee = model.functions.get((node.domain, node.op_type, node.overload))
+        if callee is not None and _reaches(model, callee, target, depth + 1):
+            return True
+    return False
+
+
+def _specialize(model: ir.Model, choice: _Choice, block_size: int) -> list[str]:
+    """Copy shared bodies until every quantizable node's calls want one setting (or no level of
+    calls can part them)."""
+    specializer = _Specializer(model)
+    for _ in range(_MAX_SPECIALIZE_ROUNDS):
+        if not _specialize_one(model, choice, block_size, specializer):
+            break
+    calls = _Calls.of(model)
+    for ident in specializer.key_of_copy:  # a copy whose calls all moved on to later copies
+        if ident in model.functions and not calls.by_function.get(ident):
+            del model.functions[ident]
+    return specializer.notes
+
+
+_MAX_SPECIALIZE_ROUNDS = 1000
+
+
+def _specialize_one(
+    model: ir.Model, choice: _Choice, block_size: int, specializer: _Specializer
+) -> bool:
+    """Part the instances of the first node that needs it, one level; whether one was found."""
+    calls = _Calls.of(model)
+    for owner, node, top in _candidates(model):
+        if not top or not isinstance(owner, ir.Function):
+            continue
+        instances = _settings_of(owner, node, calls, choice)
+        if len({s for _, _, s in instances}) < 2:
+            continue
+        quantizable = isinstance(_site(owner, node, calls, block_size), _Site)
+        if quantizable and specializer.specialize(owner, instances):
+            return True
+    return False
 
 
 def _checked_options(
@@ -716,20 +893,17 @@ def quantize(
     level = _checked_options(bits, block_size, accuracy_level, overrides)
     settings = _Settings(bits, block_size, symmetric, level)
     result = QuantizeReport(bytes_before=_initializer_bytes(model))
+    choice = _Choice(bits, patterns, overrides)
+    result.notes += _specialize(model, choice, block_size)
     calls = _Calls.of(model)
     packer = _Packer(model, calls, settings)
     sites: list[tuple[_Site, int, tuple[str, ...]]] = []
     already = 0
     for owner, node, top in list(_candidates(model)):
-        paths = tuple(_module_paths(owner, _node_path(node), calls))
-        shown = tuple(p for p in paths if p)
-
+        instances = _settings_of(owner, node, calls, choice)
+        shown = tuple(p for _, p, _ in instances if p)
         site = _site(owner, node, calls, block_size) if top else "inside an If/Loop/Scan body"
-        chosen = (
-            site
-            if isinstance(site, str)
-            else _choose_bits(paths, node.name or "", bits, patterns, overrides)
-        )
+        chosen = site if isinstance(site, str) else _choose_bits(instances)
         if isinstance(site, str) or isinstance(chosen, str):
             reason = site if isinstance(site, str) else str(chosen)
             where = _where(owner)

@@ -114,15 +114,19 @@ def _stamp_scopes(m: ir.Model) -> None:
 
 
 def shared_blocks_reference(
-    x: np.ndarray, inits: Mapping[str, np.ndarray], **settings
+    x: np.ndarray,
+    inits: Mapping[str, np.ndarray],
+    float_weights: Sequence[str] = (),
+    **settings,
 ) -> np.ndarray:
-    """``shared_blocks``' output computed with the fake-quantized weights."""
+    """``shared_blocks``' output with the weights fake-quantized (but ``float_weights``)."""
 
-    def lin(h: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return h @ fake_quant(np.ascontiguousarray(w.T), **settings)
+    def lin(h: np.ndarray, name: str) -> np.ndarray:
+        w = np.ascontiguousarray(inits[name].T)
+        return h @ (w if name in float_weights else fake_quant(w, **settings))
 
-    h = lin(np.maximum(lin(x, inits["a1"]), 0), inits["a2"])
-    return lin(np.maximum(lin(h, inits["b1"]), 0), inits["b2"])
+    h = lin(np.maximum(lin(x, "a1"), 0), "a2")
+    return lin(np.maximum(lin(h, "b1"), 0), "b2")
 
 
 def quiet_ort_quantizer() -> None:

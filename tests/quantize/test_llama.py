@@ -86,13 +86,36 @@ def test_exclude_a_module_and_int8_for_another():
     assert np.abs(out - reference).max() < 0.6
 
 
-def test_a_shared_body_whose_calls_want_different_bits_is_reported():
+def test_layer_0_in_float_and_up_proj_in_int8_get_their_own_function_copies():
+    """Settings that differ between calls of shared bodies (gate/up share one Linear body; the
+    layers share one decoder-layer body): the bodies are copied where the calls part."""
+    _, ids, reference, layers = _lowered()
     model = _model()
+    before = len(model.functions)
     report = irkit.QuantizeReport()
-    irkit.quantize(model, bits_for={"*.up_proj": 8}, report=report)  # gate/up share one body
-    (mixed,) = [s for s in report.skipped if "different settings" in s.reason]
-    assert "layers.0.mlp.gate_proj: 4 bits" in mixed.reason
-    assert "layers.0.mlp.up_proj: 8 bits" in mixed.reason
+    irkit.quantize(model, exclude="layers.0", bits_for={"*.up_proj": 8}, report=report)
+    excluded = sorted(
+        m for s in report.skipped if s.reason.startswith("excluded") for m in s.modules
+    )
+    assert excluded == sorted(
+        f"layers.0.{m}"
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    )
+    quantized = {m: q.bits for q in report.quantized for m in q.modules}
+    assert len(quantized) == LINEARS_PER_LAYER * (layers - 1)
+    assert {m: b for m, b in quantized.items() if b == 8} == {"layers.1.mlp.up_proj": 8}
+    assert all(not s.reason.startswith("a shared") for s in report.skipped)
+    assert len(model.functions) > before and report.notes
+    (out,) = run_ort(model, [ids])
+    assert np.abs(out - reference).max() < 0.6
 
 
 def test_after_the_ort_target_every_projection_is_quantized():

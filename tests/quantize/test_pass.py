@@ -107,28 +107,78 @@ def test_shared_function_body_is_quantized_once_and_stays_shared():
 
 
 def test_exclude_and_bits_for_by_module_path():
-    model, _ = support.shared_blocks()
+    model, inits = support.shared_blocks()
     report = irkit.QuantizeReport()
-    irkit.quantize(model, exclude="block1", report=report)
-    (skipped,) = report.skipped
-    assert (
-        "calls want different settings" in skipped.reason
-        and "block1.fc1: excluded" in skipped.reason
-    )
-    assert op_histogram(model.functions[("local", "Lin", "")]) == {"MatMul": 1, "Transpose": 1}
-
-    model, _ = support.shared_blocks()
     irkit.quantize(model, exclude=["block*"], report=report)
     assert [s.reason for s in report.skipped] == ["excluded by exclude="]
+    assert len(model.functions) == 2
 
     model, inits = support.shared_blocks()
     irkit.quantize(model, bits_for={"*.fc?": 8}, accuracy_level=0, report=report)
     assert [q.bits for q in report.quantized] == [8]
+    assert len(model.functions) == 2
     x = np.ones((2, 3, 64), np.float32)
     (y,) = run_ort(model, [x])
-    np.testing.assert_allclose(
-        y, support.shared_blocks_reference(x, inits, bits=8), atol=1e-3, rtol=1e-4
+    expected = support.shared_blocks_reference(x, inits, bits=8)
+    np.testing.assert_allclose(y, expected, atol=1e-3, rtol=1e-4)
+
+
+def test_calls_of_a_shared_body_wanting_different_settings_get_their_own_copies():
+    """block1 is excluded: Block and Lin are copied for it (at the level of calls that parts
+    the two settings: the main graph's calls of Block); block0 keeps the quantized originals."""
+    model, inits = support.shared_blocks()
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, exclude="block1", accuracy_level=0, report=report)
+    assert [(s.where, s.modules, s.reason) for s in report.skipped] == [
+        ("local::Lin", ("block1.fc1", "block1.fc2"), "excluded by exclude=")
+    ]
+    ((q),) = report.quantized
+    assert (q.where, q.modules) == ("local::Lin_q4", ("block0.fc1", "block0.fc2"))
+    assert report.notes == [
+        "local::Block copied as Block_q4 for the calls that want 4 bits",
+        "local::Lin copied as Lin_q4 for the calls that want 4 bits",
+    ]
+    assert sorted(f.name for f in model.functions.values()) == [
+        "Block",
+        "Block_q4",
+        "Lin",
+        "Lin_q4",
+    ]
+    assert [n.op_type for n in model.graph] == ["Block_q4", "Block"]
+    x = np.ones((2, 3, 64), np.float32)
+    (y,) = run_ort(model, [x])
+    expected = support.shared_blocks_reference(x, inits, float_weights=("b1", "b2"))
+    np.testing.assert_allclose(y, expected, atol=1e-3, rtol=1e-4)
+
+    model, inits = support.shared_blocks()  # the two Lin calls of Block part at level 1
+    irkit.quantize(model, bits_for={"*.fc2": 8}, accuracy_level=0, report=report)
+    assert sorted((q.where, q.bits) for q in report.quantized) == [
+        ("local::Lin", 8),
+        ("local::Lin_q4", 4),
+    ]
+    assert len(model.functions) == 3
+    (y,) = run_ort(model, [x])
+    np.testing.assert_allclose(y, _mixed_reference(x, inits), atol=1e-3, rtol=1e-4)
+
+
+def _mixed_reference(x: np.ndarray, inits) -> np.ndarray:
+    def lin(h: np.ndarray, name: str, bits: int) -> np.ndarray:
+        return h @ fake_quant(np.ascontiguousarray(inits[name].T), bits=bits)
+
+    h = lin(np.maximum(lin(x, "a1", 4), 0), "a2", 8)
+    return lin(np.maximum(lin(h, "b1", 4), 0), "b2", 8)
+
+
+def test_settings_no_level_of_calls_parts_are_reported():
+    model, _ = support.shared_blocks()
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, exclude=["block0.fc2", "block1.fc1"], report=report)  # a "xor"
+    (skipped,) = report.skipped
+    assert skipped.reason.startswith(
+        "a shared function body whose calls want different settings (block0.fc1: 4 bits, "
+        "block1.fc1: excluded, block0.fc2: excluded, block1.fc2: 4 bits) and that no level"
     )
+    assert op_histogram(model.functions[("local", "Lin", "")]) == {"MatMul": 1, "Transpose": 1}
 
 
 def test_report_lists_every_matmul_left_alone_with_why():
