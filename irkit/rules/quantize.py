@@ -15,7 +15,9 @@ Which nodes (each one not taken is reported with why, see :class:`QuantizeReport
 - or the weight is an input of a local function whose every call passes such a constant (through
   any depth of calls). The function body is rewritten once: that input becomes the packed
   weight, scales (and zero points) inputs, and every call passes its own packed initializers, so
-  a deduplicated body stays one function.
+  a deduplicated body stays one function. When the calls of one body want different settings
+  (``exclude=``/``bits_for=`` by module path), the functions are copied from the innermost level
+  of calls that parts them down to the body (:class:`_Specializer`).
 
 This is a pass rather than a :class:`~irkit.rewriting.Rule`: a rule rewrites inside one graph or
 function body, while quantizing a function's weight changes the function's signature and every
