@@ -421,6 +421,17 @@ class _Packer:
             self.replaced.append((owner, weight))
         return self.done[key]
 
+    def prepare(self, site: _Site, bits: int) -> str | None:
+        """Pack every constant the site's weight takes; why not, if a weight cannot be packed."""
+        leaves = _leaves(site.owner, site.weight, self.calls)
+        assert not isinstance(leaves, str)
+        for tensor in leaves:
+            try:
+                self._pack(tensor, site.transposed, bits)
+            except QuantizationError as exc:
+                return str(exc)
+        return None
+
     def _pack(self, tensor: ir.TensorProtocol, transposed: bool, bits: int) -> PackedWeight:
         key = (id(tensor), transposed, bits)
         if key not in self.arrays:
@@ -910,6 +921,12 @@ def quantize(
             reason = site if isinstance(site, str) else str(chosen)
             where = _where(owner)
             result.skipped.append(SkippedNode(node.name or "", node.op_type, where, shown, reason))
+            continue
+        problem = packer.prepare(site, chosen)  # (every weight packed before any change)
+        if problem is not None:
+            result.skipped.append(
+                SkippedNode(node.name or "", node.op_type, _where(owner), shown, problem)
+            )
             continue
         sites.append((site, chosen, shown))
     for owner in _owners(model):

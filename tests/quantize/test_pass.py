@@ -316,3 +316,20 @@ def test_constant_weight_inside_a_function_body_and_a_matmul_inside_an_if_body()
     y, b = run_ort(model, [x, np.array(True)])
     np.testing.assert_allclose(y, x @ fake_quant(w), atol=1e-4)
     np.testing.assert_allclose(b, x @ w2, atol=1e-4)
+
+
+def test_a_weight_with_nan_is_reported_and_nothing_else_changes_for_it():
+    (w, bad) = support.weights((64, 8), (64, 8))
+    bad[3, 1] = np.nan
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="fine"),
+        helper.make_node("MatMul", ["x", "bad"], ["b"], name="nan"),
+    ]
+    model = support.model(nodes, {"x": (FLOAT, [2, 64])}, ["a", "b"], {"w": w, "bad": bad})
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, report=report)
+    assert [q.node for q in report.quantized] == ["fine"]
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("nan", "the weight holds inf or NaN values: no finite scale fits them")
+    ]
+    assert op_histogram(model.graph) == {"MatMul": 1, "com.microsoft::MatMulNBits": 1}
