@@ -17,7 +17,7 @@ Which nodes (each one not taken is reported with why, see :class:`QuantizeReport
   weight, scales (and zero points) inputs, and every call passes its own packed initializers, so
   a deduplicated body stays one function. When the calls of one body want different settings
   (``exclude=``/``bits_for=`` by module path), the functions are copied from the innermost level
-  of calls that parts them down to the body (:class:`_Specializer`).
+  of calls that parts them down to the body (:class:`Specializer`).
 
 This is a pass rather than a :class:`~irkit.rewriting.Rule`: a rule rewrites inside one graph or
 function body, while quantizing a function's weight changes the function's signature and every
@@ -26,7 +26,6 @@ call of it, up to the main graph.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import fnmatch
 import time
@@ -37,6 +36,17 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit.errors import QuantizationError
+from irkit.rules._calls import (
+    Calls,
+    Instance,
+    Owner,
+    Specializer,
+    chain_path,
+    chains,
+    node_path,
+    owner_name,
+    owners,
+)
 from irkit.weights.packing import PackedWeight, check_settings, quantize_blockwise
 
 __all__ = ["quantize", "QuantizeReport", "QuantizedNode", "SkippedNode", "DEFAULT_ACCURACY_LEVEL"]
@@ -47,9 +57,6 @@ the onnxruntime-genai builder's CPU default, about 2× faster decode on CPU than
 
 _MS = "com.microsoft"
 _QUANTIZED_OP = "MatMulNBits"
-
-Owner = ir.Graph | ir.Function
-"""Where a node lives: the main graph or a local function's body."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,82 +143,6 @@ class QuantizeReport:
                 f"  ✗ {s.op_type} {s.node} in {s.where}{mods if s.modules else ''}: {s.reason}"
             )
         return "\n".join(lines)
-
-
-# --- the model's call structure ------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Calls:
-    """Which nodes call each local function, and from where."""
-
-    by_function: dict[ir.OperatorIdentifier, list[tuple[Owner, ir.Node]]]
-
-    @classmethod
-    def of(cls, model: ir.Model) -> _Calls:
-        by_function: dict[ir.OperatorIdentifier, list[tuple[Owner, ir.Node]]] = {
-            key: [] for key in model.functions
-        }
-        for owner in _owners(model):
-            for node in ir.traversal.RecursiveGraphIterator(owner):  # (If/Loop bodies too)
-                key = (node.domain, node.op_type, node.overload)
-                if key in by_function:
-                    by_function[key].append((owner, node))
-        return cls(by_function)
-
-    def of_function(self, function: ir.Function) -> list[tuple[Owner, ir.Node]]:
-        return self.by_function.get(function.identifier(), [])
-
-
-def _owners(model: ir.Model) -> list[Owner]:
-    return [model.graph, *model.functions.values()]
-
-
-def _where(owner: Owner) -> str:
-    if isinstance(owner, ir.Function):
-        return f"{owner.domain}::{owner.name}"
-    return "<main>"
-
-
-# --- module paths (for exclude= and bits_for=) ---------------------------------------------------
-
-
-def _origin_path(function: ir.Function) -> str | None:
-    origin = metadata.decode_scope(function.metadata_props.get(metadata.OUTLINE_ORIGIN))
-    return origin[-1].path if origin else None
-
-
-_Chain = tuple[tuple[Owner, ir.Node], ...]
-"""The calls leading from the main graph to a body, outermost first: ``(caller, call node)``."""
-
-
-def _chains(owner: Owner, calls: _Calls, depth: int = 0) -> list[_Chain]:
-    """Every chain of calls that reaches ``owner`` (``[()]`` for the main graph)."""
-    if not isinstance(owner, ir.Function) or depth > 64:
-        return [()]
-    chains: list[_Chain] = []
-    for caller, call in calls.of_function(owner):
-        chains += [(*chain, (caller, call)) for chain in _chains(caller, calls, depth + 1)]
-    return chains or [()]
-
-
-def _chain_path(owner: Owner, path: str, chain: _Chain) -> str:
-    """The module path a body path stands for when the body is reached through ``chain``."""
-    for caller, call in reversed(chain):
-        frame = metadata.node_call(call.metadata_props)
-        if frame is not None and isinstance(owner, ir.Function):
-            origin = _origin_path(owner)
-            if origin is not None and (path == origin or path.startswith(origin + ".")):
-                path = frame.path + path[len(origin) :]
-            else:
-                path = frame.path
-        owner = caller
-    return path
-
-
-def _node_path(node: ir.Node) -> str:
-    scope = metadata.node_scope(node.metadata_props)
-    return scope[-1].path if scope else ""
 
 
 def _matches(pattern: str, path: str, name: str) -> bool:
@@ -327,7 +258,7 @@ def _function_input_index(owner: Owner, value: ir.Value) -> int | None:
 
 
 def _leaves(
-    owner: Owner, value: ir.Value, calls: _Calls, depth: int = 0
+    owner: Owner, value: ir.Value, calls: Calls, depth: int = 0
 ) -> list[ir.TensorProtocol] | str:
     """The constants a weight value takes, one per chain of calls, or why it is not constant."""
     index = _function_input_index(owner, value)
@@ -337,22 +268,22 @@ def _leaves(
     assert isinstance(owner, ir.Function)
     sites = calls.of_function(owner)
     if not sites:
-        return f"function {_where(owner)} is never called"
+        return f"function {owner_name(owner)} is never called"
     if depth > 64:
         return "calls nested deeper than 64"
     tensors: list[ir.TensorProtocol] = []
     for caller, call in sites:
         arg = call.inputs[index] if index < len(call.inputs) else None
         if arg is None:
-            return f"a call of {_where(owner)} omits the weight input {value.name!r}"
+            return f"a call of {owner_name(owner)} omits the weight input {value.name!r}"
         found = _leaves(caller, arg, calls, depth + 1)
         if isinstance(found, str):
-            return f"at a call in {_where(caller)}: {found}"
+            return f"at a call in {owner_name(caller)}: {found}"
         tensors += found
     return tensors
 
 
-def _site(owner: Owner, node: ir.Node, calls: _Calls, block_size: int) -> _Site | str:
+def _site(owner: Owner, node: ir.Node, calls: Calls, block_size: int) -> _Site | str:
     """The node as a site to quantize, or why it is not one."""
     operands = _operands(node)
     if isinstance(operands, str):
@@ -401,7 +332,7 @@ _Packed = tuple[ir.Value, ir.Value, ir.Value | None]
 class _Packer:
     """Makes packed weight values in each owner, once per (owner, weight, layout, bits)."""
 
-    def __init__(self, model: ir.Model, calls: _Calls, settings: _Settings):
+    def __init__(self, model: ir.Model, calls: Calls, settings: _Settings):
         self.model, self.calls, self.settings = model, calls, settings
         self.done: dict[tuple[int, int, bool, int], _Packed] = {}
         self.arrays: dict[tuple[int, bool, int], PackedWeight] = {}
@@ -565,7 +496,7 @@ def _replace(site: _Site, packed: _Packed, settings: _Settings, bits: int) -> No
     )
 
 
-def _remove_if_unused(owner: Owner, value: ir.Value, calls: _Calls) -> bool:
+def _remove_if_unused(owner: Owner, value: ir.Value, calls: Calls) -> bool:
     """Drop a packed-away weight that nothing uses any more; whether it was dropped."""
     if value.uses() or (isinstance(owner, ir.Graph) and value.is_graph_output()):
         return False
@@ -600,7 +531,7 @@ def _remove_dead_transpose(site: _Site) -> None:
         node.graph.remove(node, safe=True)
 
 
-def _clean_up(packer: _Packer, calls: _Calls, report: QuantizeReport) -> None:
+def _clean_up(packer: _Packer, calls: Calls, report: QuantizeReport) -> None:
     """Remove the weights nothing reads any more (in callees first, so callers follow)."""
     pending = list(packer.replaced)
     changed = True
@@ -614,7 +545,7 @@ def _clean_up(packer: _Packer, calls: _Calls, report: QuantizeReport) -> None:
         users = sorted({u.node.op_type for u in value.uses()})
         if users:
             report.notes.append(
-                f"{value.name!r} in {_where(owner)} is also read by {', '.join(users)}: "
+                f"{value.name!r} in {owner_name(owner)} is also read by {', '.join(users)}: "
                 "kept beside its packed form"
             )
 
@@ -629,7 +560,7 @@ def _initializer_bytes(model: ir.Model) -> int:
 
 def _candidates(model: ir.Model) -> Iterator[tuple[Owner, ir.Node, bool]]:
     """Every MatMul-like node: ``(owner, node, directly in the owner's body)``."""
-    for owner in _owners(model):
+    for owner in owners(model):
         top = owner.graph if isinstance(owner, ir.Function) else owner
         for node in ir.traversal.RecursiveGraphIterator(owner):
             if _is_candidate(node):
@@ -650,19 +581,17 @@ class _Choice:
         return next((b for p, b in self.bits_for.items() if _matches(p, path, name)), self.default)
 
 
-def _settings_of(
-    owner: Owner, node: ir.Node, calls: _Calls, choice: _Choice
-) -> list[tuple[_Chain, str, int | None]]:
+def _settings_of(owner: Owner, node: ir.Node, calls: Calls, choice: _Choice) -> list[Instance]:
     """``(chain, module path, setting)`` for each instance of a node."""
-    base = _node_path(node)
+    base = node_path(node)
     out = []
-    for chain in _chains(owner, calls):
-        path = _chain_path(owner, base, chain)
+    for chain in chains(owner, calls):
+        path = chain_path(owner, base, chain)
         out.append((chain, path, choice.setting(path, node.name or "")))
     return out
 
 
-def _choose_bits(instances: Sequence[tuple[_Chain, str, int | None]]) -> int | str:
+def _choose_bits(instances: Sequence[Instance]) -> int | str:
     """The bits for a site, or why it is left alone (excluded, or its instances disagree)."""
     settings = {s for _, _, s in instances}
     if settings == {None}:
@@ -680,135 +609,14 @@ def _choose_bits(instances: Sequence[tuple[_Chain, str, int | None]]) -> int | s
     return bits
 
 
-# --- giving instances that want different settings their own copies of a shared body ---------
-
-
-_Key = frozenset[int | None]
-"""The settings wanted through one call node (``None``: float)."""
-
-
-class _Specializer:
-    """Copies shared function bodies so that calls wanting different settings part ways.
-
-    For a node whose instances disagree, the innermost level of calls (1: the calls of the body
-    itself) at which the call nodes lead to different sets of settings is found; the calls whose
-    set is not the most common one are pointed at copies of the functions down to the body (one
-    copy per function and set, reused by every node). Repeated until each body's instances
-    agree (see :func:`_specialize`).
-    """
-
-    def __init__(self, model: ir.Model):
-        self.model = model
-        self.copies: dict[tuple[ir.OperatorIdentifier, _Key], ir.Function] = {}
-        self.key_of_copy: dict[ir.OperatorIdentifier, _Key] = {}
-        self.notes: list[str] = []
-
-    def specialize(
-        self, target: ir.Function, instances: Sequence[tuple[_Chain, str, int | None]]
-    ) -> bool:
-        """Part ``target``'s instances one level; whether anything changed."""
-        found = _parting_level(instances)
-        if found is None:
-            return False
-        depth, keys = found
-        counts = collections.Counter(keys[id(chain[-depth][1])] for chain, _, _ in instances)
-        keep = max(counts, key=lambda k: (counts[k], sorted(str(x) for x in k)))
-        done: set[int] = set()
-        for chain, _, _ in instances:
-            _, call = chain[-depth]
-            key = keys[id(call)]
-            if key == keep or id(call) in done:
-                continue
-            done.add(id(call))
-            callee = self.model.functions[(call.domain, call.op_type, call.overload)]
-            copy = self._copy_down(callee, key, target)
-            call.op_type, call.overload = copy.name, copy.overload
-        return bool(done)
-
-    def _copy_down(self, function: ir.Function, key: _Key, target: ir.Function) -> ir.Function:
-        """A copy of ``function`` for ``key`` whose calls leading to ``target`` go to copies."""
-        ident = function.identifier()
-        if self.key_of_copy.get(ident) == key:
-            copy = function  # already a copy made for these settings
-        elif (ident, key) in self.copies:
-            copy = self.copies[(ident, key)]
-        else:
-            copy = self._new_copy(function, key)
-        if function is target or copy is target:
-            return copy
-        for node in ir.traversal.RecursiveGraphIterator(copy):
-            callee = self.model.functions.get((node.domain, node.op_type, node.overload))
-            if callee is not None and _reaches(self.model, callee, target):
-                inner = self._copy_down(callee, key, target)
-                node.op_type, node.overload = inner.name, inner.overload
-        return copy
-
-    def _new_copy(self, function: ir.Function, key: _Key) -> ir.Function:
-        copy = function.clone()
-        suffix = _describe(key)
-        name, i = f"{function.name}_{suffix}", 1
-        while (function.domain, name, function.overload) in self.model.functions:
-            name, i = f"{function.name}_{suffix}_{i}", i + 1
-        copy.name = name
-        copy.metadata_props.update(function.metadata_props)
-        for domain, version in function.opset_imports.items():
-            copy.opset_imports[domain] = version
-        self.model.functions[copy.identifier()] = copy
-        self.copies[(function.identifier(), key)] = copy
-        self.key_of_copy[copy.identifier()] = key
-        self.notes.append(
-            f"{function.domain}::{function.name} copied as {name} for the calls that want "
-            f"{_describe(key, long=True)}"
-        )
-        return copy
-
-
-def _describe(key: _Key, long: bool = False) -> str:
-    if len(key) > 1:
-        return "several settings" if long else "mixed"
-    (setting,) = key
-    if setting is None:
-        return "float"
-    return f"{setting} bits" if long else f"q{setting}"
-
-
-def _parting_level(
-    instances: Sequence[tuple[_Chain, str, int | None]],
-) -> tuple[int, dict[int, _Key]] | None:
-    """The innermost call level (1: the body's own calls) whose call nodes lead to different
-    sets of settings, with each call node's set; ``None`` if no level parts them."""
-    shortest = min((len(c) for c, _, _ in instances), default=0)
-    for depth in range(1, shortest + 1):
-        wanted: dict[int, set[int | None]] = collections.defaultdict(set)
-        for chain, _, setting in instances:
-            wanted[id(chain[-depth][1])].add(setting)
-        keys = {call: frozenset(s) for call, s in wanted.items()}
-        if len(set(keys.values())) > 1:
-            return depth, keys
-    return None
-
-
-def _reaches(model: ir.Model, function: ir.Function, target: ir.Function, depth: int = 0) -> bool:
-    """Whether ``function`` is ``target`` or calls it, directly or not."""
-    if function is target:
-        return True
-    if depth > 64:
-        return False
-    for node in ir.traversal.RecursiveGraphIterator(function):
-        callee = model.functions.get((node.domain, node.op_type, node.overload))
-        if callee is not None and _reaches(model, callee, target, depth + 1):
-            return True
-    return False
-
-
 def _specialize(model: ir.Model, choice: _Choice, block_size: int) -> list[str]:
     """Copy shared bodies until every quantizable node's calls want one setting (or no level of
     calls can part them)."""
-    specializer = _Specializer(model)
+    specializer = Specializer(model)
     for _ in range(_MAX_SPECIALIZE_ROUNDS):
         if not _specialize_one(model, choice, block_size, specializer):
             break
-    calls = _Calls.of(model)
+    calls = Calls.of(model)
     for ident in specializer.key_of_copy:  # a copy whose calls all moved on to later copies
         if ident in model.functions and not calls.by_function.get(ident):
             del model.functions[ident]
@@ -819,10 +627,10 @@ _MAX_SPECIALIZE_ROUNDS = 1000
 
 
 def _specialize_one(
-    model: ir.Model, choice: _Choice, block_size: int, specializer: _Specializer
+    model: ir.Model, choice: _Choice, block_size: int, specializer: Specializer
 ) -> bool:
     """Part the instances of the first node that needs it, one level; whether one was found."""
-    calls = _Calls.of(model)
+    calls = Calls.of(model)
     for owner, node, top in _candidates(model):
         if not top or not isinstance(owner, ir.Function):
             continue
@@ -833,6 +641,70 @@ def _specialize_one(
         if quantizable and specializer.specialize(owner, instances):
             return True
     return False
+
+
+_Chosen = tuple[_Site, int, tuple[str, ...]]
+"""A site to quantize, its bits and its module paths."""
+
+
+def _collect(
+    model: ir.Model, calls: Calls, choice: _Choice, packer: _Packer, result: QuantizeReport
+) -> list[_Chosen]:
+    """The sites to quantize (each weight packed already); the others go to the report."""
+    sites: list[_Chosen] = []
+    for owner, node, top in list(_candidates(model)):
+        instances = _settings_of(owner, node, calls, choice)
+        shown = tuple(p for _, p, _ in instances if p)
+        site = _site(owner, node, calls, packer.settings.block_size) if top else _IN_SUBGRAPH
+        chosen = site if isinstance(site, str) else _choose_bits(instances)
+        if not isinstance(site, str) and not isinstance(chosen, str):
+            problem = packer.prepare(site, chosen)  # (every weight packed before any change)
+            if problem is None:
+                sites.append((site, chosen, shown))
+                continue
+            chosen = problem
+        reason = site if isinstance(site, str) else str(chosen)
+        where = owner_name(owner)
+        result.skipped.append(SkippedNode(node.name or "", node.op_type, where, shown, reason))
+    return sites
+
+
+_IN_SUBGRAPH = "inside an If/Loop/Scan body"
+
+
+def _note_quantized(model: ir.Model, sites: Sequence[_Chosen], result: QuantizeReport) -> None:
+    already = sum(
+        1
+        for owner in owners(model)
+        for n in owner
+        if n.domain == _MS and n.op_type == _QUANTIZED_OP
+    )
+    if already:
+        result.notes.append(f"the model already holds {already} MatMulNBits node(s)")
+    if not sites:
+        result.notes.append("nothing was quantized")
+
+
+def _apply(
+    model: ir.Model, sites: Sequence[_Chosen], packer: _Packer, result: QuantizeReport
+) -> None:
+    """Replace each site by MatMulNBits, then drop the float weights nothing reads any more."""
+    for site, chosen, shown in sites:
+        packed = packer.packed(site.owner, site.weight, site.transposed, chosen)
+        _replace(site, packed, packer.settings, chosen)
+        node = site.node
+        where = owner_name(site.owner)
+        result.quantized.append(
+            QuantizedNode(node.name or "", node.op_type, where, shown, site.k, site.n, chosen)
+        )
+    for site, _, _ in sites:
+        _remove_dead_transpose(site)
+    _clean_up(packer, packer.calls, result)
+    if sites:
+        model.opset_imports.setdefault(_MS, 1)
+        for owner in {id(s.owner): s.owner for s, _, _ in sites}.values():
+            if isinstance(owner, ir.Function):
+                owner.opset_imports.setdefault(_MS, 1)
 
 
 def _checked_options(
@@ -908,55 +780,11 @@ def quantize(
     result = QuantizeReport(bytes_before=_initializer_bytes(model))
     choice = _Choice(bits, patterns, overrides)
     result.notes += _specialize(model, choice, block_size)
-    calls = _Calls.of(model)
+    calls = Calls.of(model)
     packer = _Packer(model, calls, settings)
-    sites: list[tuple[_Site, int, tuple[str, ...]]] = []
-    already = 0
-    for owner, node, top in list(_candidates(model)):
-        instances = _settings_of(owner, node, calls, choice)
-        shown = tuple(p for _, p, _ in instances if p)
-        site = _site(owner, node, calls, block_size) if top else "inside an If/Loop/Scan body"
-        chosen = site if isinstance(site, str) else _choose_bits(instances)
-        if isinstance(site, str) or isinstance(chosen, str):
-            reason = site if isinstance(site, str) else str(chosen)
-            where = _where(owner)
-            result.skipped.append(SkippedNode(node.name or "", node.op_type, where, shown, reason))
-            continue
-        problem = packer.prepare(site, chosen)  # (every weight packed before any change)
-        if problem is not None:
-            result.skipped.append(
-                SkippedNode(node.name or "", node.op_type, _where(owner), shown, problem)
-            )
-            continue
-        sites.append((site, chosen, shown))
-    for owner in _owners(model):
-        already += sum(1 for n in owner if n.domain == _MS and n.op_type == _QUANTIZED_OP)
-    if already:
-        result.notes.append(f"the model already holds {already} MatMulNBits node(s)")
-    if not sites:
-        result.notes.append("nothing was quantized")
-    for site, chosen, shown in sites:
-        packed = packer.packed(site.owner, site.weight, site.transposed, chosen)
-        _replace(site, packed, settings, chosen)
-        result.quantized.append(
-            QuantizedNode(
-                site.node.name or "",
-                site.node.op_type,
-                _where(site.owner),
-                shown,
-                site.k,
-                site.n,
-                chosen,
-            )
-        )
-    for site, _, _ in sites:
-        _remove_dead_transpose(site)
-    _clean_up(packer, calls, result)
-    if sites:
-        model.opset_imports.setdefault(_MS, 1)
-        for owner in {id(s.owner): s.owner for s, _, _ in sites}.values():
-            if isinstance(owner, ir.Function):
-                owner.opset_imports.setdefault(_MS, 1)
+    sites = _collect(model, calls, choice, packer, result)
+    _note_quantized(model, sites, result)
+    _apply(model, sites, packer, result)
     result.functions = sorted(f"{f.domain}::{f.name}" for f in packer.changed_functions.values())
     result.bytes_after = _initializer_bytes(model)
     result.seconds = time.perf_counter() - start
