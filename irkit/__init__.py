@@ -40,6 +40,7 @@ from irkit.errors import (
     MetadataError,
     ModelLoadError,
     OutlineError,
+    QuantizationError,
     RewriteError,
     RuleDefinitionError,
     SaveError,
@@ -73,6 +74,7 @@ from irkit.rewriting import (
     rewrite,
     var,
 )
+from irkit.rules.quantize import QuantizeReport, quantize
 
 __version__ = "0.1.0"
 
@@ -91,6 +93,8 @@ __all__ = [
     "lint",
     "rewrite",
     "optimize",
+    "quantize",
+    "QuantizeReport",
     "Rule",
     "RuleSet",
     "NodeRule",
@@ -122,4 +126,5 @@ __all__ = [
     "VizError",
     "WeightsError",
     "ExportError",
+    "QuantizationError",
 ]

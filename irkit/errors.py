@@ -22,6 +22,7 @@ __all__ = [
     "ModelLoadError",
     "SaveError",
     "WeightsError",
+    "QuantizationError",
     "CheckError",
     "MetadataError",
     "UnknownRuleError",
@@ -150,6 +151,13 @@ class WeightsError(IrkitError, ValueError):
     def __init__(self, message: str, names: Sequence[str] = ()):
         self.names = list(names)
         super().__init__(message)
+
+
+class QuantizationError(IrkitError, ValueError):
+    """Weight quantization cannot do what was asked: a bit width or block size
+    ``com.microsoft.MatMulNBits`` does not support, a weight that is not a 2-D float matrix or
+    holds non-finite values, or an option of :func:`irkit.quantize` that makes no sense (a
+    ``bits_for`` entry with unsupported bits). Also a ``ValueError``."""
 
 
 class CheckError(IrkitError):

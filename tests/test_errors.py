@@ -101,6 +101,14 @@ CASES = {
         lambda: generate_greedy(None, [1, 2], max_new_tokens=1),
         errors.LoweringOptionsError,
     ),
+    "quantize: unsupported bits": (
+        lambda: irkit.quantize(_relu(), bits=3),
+        errors.QuantizationError,
+    ),
+    "quantize: unsupported block size": (
+        lambda: irkit.quantize(_relu(), block_size=48),
+        errors.QuantizationError,
+    ),
     "metadata: malformed call": (lambda: md.decode_call("[1]"), errors.MetadataError),
     "metadata: malformed scope": (lambda: md.decode_scope("[[1]]"), errors.MetadataError),
     "metadata: malformed signatures": (

@@ -14,6 +14,8 @@ module                        identity
 :mod:`irkit.rules.attention`   decomposed attention (+GQA, KV cache) → ``Attention`` (opset ≥ 23)
 :mod:`irkit.rules.rotary`      rotate-half / interleaved rotary → ``RotaryEmbedding`` (opset ≥ 23)
 :mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
+:mod:`irkit.rules.quantize`    constant-weight MatMul/FusedMatMul/Gemm → ``MatMulNBits`` (a pass:
+                              :func:`irkit.quantize`, not in any default rule set)
 ============================  ======================================================
 
 The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported on demand).

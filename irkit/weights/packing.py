@@ -1,0 +1,279 @@
+"""Block quantization of a weight matrix into ``com.microsoft.MatMulNBits``'s packed layout.
+
+Round-to-nearest (RTN) quantization of a ``(K, N)`` weight along ``K`` in blocks of
+``block_size``, numpy only. The result is what onnxruntime's ``MatMulNBits`` reads and is equal
+byte for byte to what onnxruntime's ``MatMulNBitsQuantizer`` (default RTN configuration) writes
+for the same settings (``tests/quantize/test_packing.py`` proves it):
+
+- ``B``: ``uint8 [N, n_blocks, blob_size]`` with ``n_blocks = ceil(K / block_size)`` and
+  ``blob_size = block_size * bits / 8``; 4-bit values are packed two per byte, the first in the
+  low nibble. ``K`` not divisible by the block is padded: the last block's missing rows do not
+  take part in its range and their codes are left as onnxruntime leaves them.
+- ``scales``: ``[N, n_blocks]``, the weight's float dtype.
+- ``zero_points`` (asymmetric only): ``uint8 [N, ceil(n_blocks * bits / 8)]``, packed like
+  ``B``; a missing last nibble is the mid value (8).
+
+Symmetric: a block's scale is ``v / -2^(bits-1)`` where ``v`` is its value of largest magnitude
+(the smaller one on a tie), so ``v`` maps to code 0; the zero point is implicit
+(``2^(bits-1)``). Asymmetric: the block's range is widened to include 0, ``scale = (max - min) /
+(2^bits - 1)`` and ``zero_point = round(-min / scale)`` clamped to the code range. A code is
+``clamp(round(w / scale + zero_point), 0, 2^bits - 1)``. Arithmetic is float32 as in
+onnxruntime's kernel, and rounding is half away from zero (C ``roundf``).
+
+This module imports nothing from irkit but :mod:`irkit.errors`: it is a leaf of the weights
+floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import numpy.typing as npt
+
+from irkit.errors import QuantizationError
+
+__all__ = [
+    "BITS",
+    "BLOCK_SIZES",
+    "FLOAT_DTYPES",
+    "PackedWeight",
+    "check_settings",
+    "quantize_blockwise",
+    "dequantize",
+]
+
+BITS = (4, 8)
+"""Bit widths irkit packs (``MatMulNBits`` also defines 2; onnxruntime's CPU kernel is slow there)."""
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+"""Block sizes ``MatMulNBits`` supports (powers of two, at least 16)."""
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+"""Weight dtypes that can be packed (the scales keep the weight's dtype, as ``A`` must)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedWeight:
+    """One quantized ``(K, N)`` weight, laid out as ``MatMulNBits``' inputs.
+
+    Attributes:
+        data: ``B``: ``uint8 [N, n_blocks, blob_size]``.
+        scales: ``[N, n_blocks]``, the weight's dtype.
+        zero_points: ``uint8 [N, ceil(n_blocks * bits / 8)]``, or ``None`` when symmetric.
+        k: Rows of the weight (``MatMulNBits``' ``K``).
+        n: Columns of the weight (``N``).
+        bits: Bits per code.
+        block_size: Rows per block.
+    """
+
+    data: npt.NDArray[np.uint8]
+    scales: npt.NDArray[np.floating]
+    zero_points: npt.NDArray[np.uint8] | None
+    k: int
+    n: int
+    bits: int
+    block_size: int
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks per column: ``ceil(K / block_size)``."""
+        return -(-self.k // self.block_size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed data, scales and zero points together."""
+        zp = 0 if self.zero_points is None else self.zero_points.nbytes
+        return int(self.data.nbytes + self.scales.nbytes + zp)
+
+
+def check_settings(bits: int, block_size: int) -> None:
+    """Raise unless ``MatMulNBits`` supports this bit width and block size.
+
+    Raises:
+        QuantizationError: ``bits`` not in :data:`BITS` or ``block_size`` not in
+            :data:`BLOCK_SIZES`.
+    """
+    if isinstance(bits, bool) or bits not in BITS:
+        raise QuantizationError(
+            f"bits={bits!r} is not supported: choose one of {list(BITS)} "
+            "(com.microsoft.MatMulNBits packs 4- and 8-bit codes)"
+        )
+    if isinstance(block_size, bool) or block_size not in BLOCK_SIZES:
+        raise QuantizationError(
+            f"block_size={block_size!r} is not supported: choose one of {list(BLOCK_SIZES)} "
+            "(MatMulNBits needs a power of two of at least 16)"
+        )
+
+
+def _round_half_away(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """C ``roundf``: halves away from zero (float64 holds ``x ± 0.5`` exactly)."""
+    wide = x.astype(np.float64)
+    return np.trunc(wide + np.copysign(0.5, wide))
+
+
+def _blocks(weight: npt.NDArray[np.floating], block_size: int) -> npt.NDArray[np.float32]:
+    """The weight transposed to ``(N, n_blocks, block_size)`` float32, zero-padded along K."""
+    k, n = weight.shape
+    n_blocks = -(-k // block_size)
+    padded = np.zeros((n, n_blocks * block_size), dtype=np.float32)
+    padded[:, :k] = weight.T
+    return padded.reshape(n, n_blocks, block_size)
+
+
+def _symmetric_scales(blocks: npt.NDArray[np.float32], bits: int) -> npt.NDArray[np.float32]:
+    """Per block: the value of largest magnitude (the minimum on a tie) over ``-2^(bits-1)``."""
+    hi, lo = blocks.max(axis=2), blocks.min(axis=2)
+    extreme = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+    scales: npt.NDArray[np.float32] = (extreme / np.float32(-(1 << (bits - 1)))).astype(np.float32)
+    return scales
+
+
+def _asymmetric_params(
+    blocks: npt.NDArray[np.float32], bits: int
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
+    """Per block: ``scale = (max - min) / (2^bits - 1)`` over the range widened to include 0, and
+    the zero point ``round(-min / scale)`` clamped to the code range."""
+    top = (1 << bits) - 1
+    lo = np.minimum(blocks.min(axis=2), np.float32(0))
+    hi = np.maximum(blocks.max(axis=2), np.float32(0))
+    scales = ((hi - lo) / np.float32(top)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zp_float = np.where(scales != 0, np.float32(0) - lo / scales, lo).astype(np.float32)
+    zero_points = np.clip(_round_half_away(zp_float), 0, top).astype(np.uint8)
+    return scales, zero_points
+
+
+def _codes(
+    blocks: npt.NDArray[np.float32],
+    scales: npt.NDArray[np.float32],
+    zero_points: npt.NDArray[np.uint8],
+    bits: int,
+) -> npt.NDArray[np.uint8]:
+    """``clamp(round(w * (1 / scale) + zero_point), 0, 2^bits - 1)`` in float32."""
+    with np.errstate(divide="ignore"):
+        reciprocal = np.where(scales != 0, np.float32(1) / scales, np.float32(0))
+    reciprocal = reciprocal.astype(np.float32)
+    shifted = blocks * reciprocal[:, :, None] + zero_points.astype(np.float32)[:, :, None]
+    top = (1 << bits) - 1
+    return np.clip(_round_half_away(shifted.astype(np.float32)), 0, top).astype(np.uint8)
+
+
+def _pack_nibbles(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Two 4-bit codes per byte along the last axis, the first in the low nibble."""
+    packed: npt.NDArray[np.uint8] = ((codes[..., 0::2] & 0xF) | (codes[..., 1::2] << 4)).astype(
+        np.uint8
+    )
+    return packed
+
+
+def _pack_codes(codes: npt.NDArray[np.uint8], k: int, bits: int) -> npt.NDArray[np.uint8]:
+    """``B`` from the codes ``(N, n_blocks, block_size)``: padding rows are 0, except that for
+    an odd ``K`` onnxruntime's kernel leaves the high nibble of the last byte holding the code of
+    row ``K - 2`` when that row lies in the same two-block stretch (its loop reuses the pair)."""
+    n, n_blocks, block_size = codes.shape
+    flat: npt.NDArray[np.uint8] = codes.reshape(n, n_blocks * block_size).copy()
+    flat[:, k:] = 0
+    if bits == 8:
+        return flat.reshape(n, n_blocks, block_size)
+    if k % 2 and (k - 1) % (2 * block_size):
+        flat[:, k] = flat[:, k - 2]
+    return _pack_nibbles(flat).reshape(n, n_blocks, block_size // 2)
+
+
+def _pack_zero_points(zero_points: npt.NDArray[np.uint8], bits: int) -> npt.NDArray[np.uint8]:
+    """``zero_points`` packed like ``B``; an odd block count's missing nibble is the mid value."""
+    if bits == 8:
+        return zero_points
+    n, n_blocks = zero_points.shape
+    if n_blocks % 2:
+        mid = np.full((n, 1), 1 << (bits - 1), dtype=np.uint8)
+        zero_points = np.concatenate([zero_points, mid], axis=1)
+    return _pack_nibbles(zero_points)
+
+
+def _checked_weight(weight: npt.ArrayLike) -> npt.NDArray[np.floating]:
+    array = np.asarray(weight)
+    if array.ndim != 2:
+        raise QuantizationError(
+            f"a weight to pack must be a (K, N) matrix, got shape {array.shape}"
+        )
+    if array.dtype not in FLOAT_DTYPES:
+        raise QuantizationError(
+            f"a weight of dtype {array.dtype} cannot be packed: MatMulNBits takes "
+            f"{[str(d) for d in FLOAT_DTYPES]} (cast the model first)"
+        )
+    if 0 in array.shape:
+        raise QuantizationError(f"an empty weight {array.shape} cannot be packed")
+    if not np.isfinite(array).all():
+        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
+    return array
+
+
+def quantize_blockwise(
+    weight: npt.ArrayLike, *, bits: int = 4, block_size: int = 32, symmetric: bool = True
+) -> PackedWeight:
+    """Quantize a ``(K, N)`` weight along ``K`` into ``MatMulNBits``' packed inputs (RTN).
+
+    Args:
+        weight: The ``(K, N)`` matrix ``B`` of ``A @ B`` (float32 or float16).
+        bits: 4 or 8.
+        block_size: Rows of ``K`` sharing one scale: 16, 32, 64, 128 or 256.
+        symmetric: No zero points (the zero point is the mid code); else per-block zero points.
+
+    Returns:
+        The packed weight; see the module docstring for the layout.
+
+    Raises:
+        QuantizationError: Unsupported settings or weight (see :func:`check_settings`).
+
+    Example:
+        >>> w = np.arange(-8, 8, dtype=np.float32).reshape(16, 1)
+        >>> p = quantize_blockwise(w, bits=4, block_size=16)
+        >>> p.data.shape, p.scales.tolist(), p.zero_points
+        ((1, 1, 8), [[1.0]], None)
+        >>> bool((dequantize(p) == w).all())
+        True
+    """
+    check_settings(bits, block_size)
+    array = _checked_weight(weight)
+    k, n = array.shape
+    blocks = _blocks(array, block_size)
+    if symmetric:
+        scales32 = _symmetric_scales(blocks, bits)
+        zero_points = np.full(scales32.shape, 1 << (bits - 1), dtype=np.uint8)
+    else:
+        scales32, zero_points = _asymmetric_params(blocks, bits)
+    scales = scales32.astype(array.dtype)  # codes use the stored (rounded) scale, as the kernel
+    codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
+    return PackedWeight(
+        data=_pack_codes(codes, k, bits),
+        scales=scales,
+        zero_points=None if symmetric else _pack_zero_points(zero_points, bits),
+        k=k,
+        n=n,
+        bits=bits,
+        block_size=block_size,
+    )
+
+
+def _unpack(packed: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint8]:
+    """Codes along the last axis of a packed array, ``count`` of them."""
+    if bits == 8:
+        return packed[..., :count]
+    codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+    return codes[..., :count]
+
+
+def dequantize(packed: PackedWeight) -> npt.NDArray[np.float32]:
+    """The ``(K, N)`` float32 weight ``MatMulNBits`` computes with: ``(code - zp) * scale``."""
+    n, n_blocks, bs = packed.n, packed.n_blocks, packed.block_size
+    codes = packed.data.reshape(n, n_blocks, -1)
+    values = _unpack(codes, packed.bits, bs).astype(np.float32)
+    if packed.zero_points is None:
+        zp = np.full((n, n_blocks), 1 << (packed.bits - 1), dtype=np.float32)
+    else:
+        zp = _unpack(packed.zero_points, packed.bits, n_blocks).astype(np.float32)
+    scales = packed.scales.astype(np.float32)
+    full = (values - zp[:, :, None]) * scales[:, :, None]
+    return np.ascontiguousarray(full.reshape(n, n_blocks * bs)[:, : packed.k].T)

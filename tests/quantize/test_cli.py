@@ -1,0 +1,54 @@
+"""``irkit quantize`` on files: the round trip, the printed report, usage errors."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import irkit
+from irkit.cli import main
+from tests.helpers import op_histogram, run_ort
+from tests.quantize import support
+
+
+def test_cli_round_trip(tmp_path, capsys):
+    model, inits = support.shared_blocks()
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    irkit.save(model, source)
+    before = source.read_bytes()
+    argv = [str(source), "-o", str(out), "--bits", "8", "--block-size", "64", "--asymmetric"]
+    assert main(["quantize", *argv, "--accuracy-level", "0"]) == 0
+    assert source.read_bytes() == before
+    printed = capsys.readouterr().out
+    assert "quantize: 1 node(s) → MatMulNBits, 0 skipped, 2 function(s) changed" in printed
+    quantized = irkit.load(out)
+    lin = quantized.functions[("local", "Lin", "")]
+    assert op_histogram(lin) == {"com.microsoft::MatMulNBits": 1}
+    (node,) = lin
+    assert node.attributes["bits"].value == 8 and node.attributes["block_size"].value == 64
+    assert [v.name for v in lin.inputs] == ["x", "w_Q8", "w_scales", "w_zero_points"]
+    x = np.ones((2, 3, 64), np.float32)
+    expected = support.shared_blocks_reference(x, inits, bits=8, block_size=64, symmetric=False)
+    (y,) = run_ort(out, [x])
+    np.testing.assert_allclose(y, expected, atol=1e-3, rtol=1e-4)
+
+
+def test_cli_exclude_reports_the_skipped_matmul(tmp_path, capsys):
+    model, _ = support.shared_blocks()
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    irkit.save(model, source)
+    assert main(["quantize", str(source), "-o", str(out), "--exclude", "block*"]) == 0
+    printed = capsys.readouterr().out
+    assert "✗ MatMul mm in local::Lin [block0.fc1, block1.fc1, block0.fc2, …]: excluded" in printed
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    model, _ = support.shared_blocks()
+    source = tmp_path / "in.onnx"
+    irkit.save(model, source)
+    assert main(["quantize", str(source), "-o", str(tmp_path / "o.onnx"), "--bits", "3"]) == 2
+    assert "--bits: invalid choice: 3" in capsys.readouterr().err
+    assert (
+        main(["quantize", str(source), "-o", str(tmp_path / "o.onnx"), "--block-size", "48"]) == 2
+    )
+    assert main(["quantize", str(source), "-o", str(source)]) == 2
+    assert "never overwrites its input" in capsys.readouterr().err

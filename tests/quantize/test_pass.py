@@ -1,0 +1,335 @@
+"""irkit.quantize on hand-built models: each form, shared functions, the report, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+import irkit
+from irkit.errors import QuantizationError
+from tests.helpers import op_histogram, run_ort
+from tests.quantize import support
+from tests.quantize.support import FLOAT, fake_quant
+
+K, N = 80, 24  # K is not a multiple of the block: the last block is padded
+
+
+def _single(form: str):
+    """``y = x @ W (+ b)`` written as ``form``; returns the model and the (K, N) weight, bias."""
+    (w, b) = support.weights((K, N), (1, N))
+    b = b[0]
+    x3 = {"x": (FLOAT, [2, 3, K])}
+    if form == "matmul":
+        return (
+            support.model([helper.make_node("MatMul", ["x", "w"], ["y"])], x3, ["y"], {"w": w}),
+            w,
+            None,
+        )
+    if form == "transpose":
+        nodes = [
+            helper.make_node("Transpose", ["wt"], ["t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["x", "t"], ["y"]),
+        ]
+        return support.model(nodes, x3, ["y"], {"wt": w.T.copy()}), w, None
+    if form == "constant":
+        nodes = [
+            helper.make_node(
+                "Constant",
+                [],
+                ["w"],
+                value=helper.make_tensor("c", TensorProto.FLOAT, w.shape, w.ravel()),
+            ),
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+        ]
+        return support.model(nodes, x3, ["y"], {}), w, None
+    if form == "fused":
+        node = helper.make_node("FusedMatMul", ["x", "wt"], ["y"], domain="com.microsoft", transB=1)
+        return support.model([node], x3, ["y"], {"wt": w.T.copy()}), w, None
+    assert form == "gemm"
+    node = helper.make_node("Gemm", ["x", "wt", "b"], ["y"], transB=1)
+    return support.model([node], {"x": (FLOAT, [3, K])}, ["y"], {"wt": w.T.copy(), "b": b}), w, b
+
+
+@pytest.mark.parametrize("form", ["matmul", "transpose", "constant", "fused", "gemm"])
+@pytest.mark.parametrize(("bits", "symmetric"), [(4, True), (8, False)])
+def test_each_form_becomes_matmulnbits_and_computes_with_the_packed_weight(form, bits, symmetric):
+    model, w, b = _single(form)
+    x = (
+        np.random.default_rng(2)
+        .standard_normal([d for d in model.graph.inputs[0].shape.numpy()])
+        .astype(np.float32)
+    )
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, bits=bits, symmetric=symmetric, accuracy_level=0, report=report)
+    assert op_histogram(model.graph) == {"com.microsoft::MatMulNBits": 1}
+    (node,) = model.graph
+    assert {k: a.value for k, a in node.attributes.items()} == {
+        "K": K,
+        "N": N,
+        "bits": bits,
+        "block_size": 32,
+        "accuracy_level": 0,
+    }
+    assert len(report.quantized) == 1 and report.skipped == []
+    expected = x @ fake_quant(w, bits=bits, symmetric=symmetric) + (0 if b is None else b)
+    (y,) = run_ort(model, [x])
+    np.testing.assert_allclose(y, expected, atol=1e-4, rtol=1e-4)
+    if form != "constant":
+        assert set(model.graph.initializers) - {"b"} == {
+            n
+            for n in model.graph.initializers
+            if n.endswith(("_Q4", "_Q8", "_scales", "_zero_points"))
+        }  # the float weight is gone
+
+
+def test_shared_function_body_is_quantized_once_and_stays_shared():
+    model, inits = support.shared_blocks()
+    x = np.random.default_rng(3).standard_normal((2, 3, 64)).astype(np.float32)
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, accuracy_level=0, report=report)
+    assert len(model.functions) == 2
+    lin = model.functions[("local", "Lin", "")]
+    assert op_histogram(lin) == {"com.microsoft::MatMulNBits": 1}
+    assert [v.name for v in lin.inputs] == ["x", "w_Q4", "w_scales"]
+    block = model.functions[("local", "Block", "")]
+    assert [v.name for v in block.inputs] == ["x", "w1_Q4", "w1_scales", "w2_Q4", "w2_scales"]
+    assert sorted(model.graph.initializers) == sorted(
+        f"{n}{s}" for n in ("a1", "a2", "b1", "b2") for s in ("_Q4", "_scales")
+    )
+    (q,) = report.quantized
+    assert q.where == "local::Lin"
+    assert sorted(q.modules) == ["block0.fc1", "block0.fc2", "block1.fc1", "block1.fc2"]
+    assert report.functions == ["local::Block", "local::Lin"]
+    (y,) = run_ort(model, [x])
+    np.testing.assert_allclose(y, support.shared_blocks_reference(x, inits), atol=1e-3, rtol=1e-4)
+
+
+def test_exclude_and_bits_for_by_module_path():
+    model, inits = support.shared_blocks()
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, exclude=["block*"], report=report)
+    assert [s.reason for s in report.skipped] == ["excluded by exclude="]
+    assert len(model.functions) == 2
+
+    model, inits = support.shared_blocks()
+    irkit.quantize(model, bits_for={"*.fc?": 8}, accuracy_level=0, report=report)
+    assert [q.bits for q in report.quantized] == [8]
+    assert len(model.functions) == 2
+    x = np.ones((2, 3, 64), np.float32)
+    (y,) = run_ort(model, [x])
+    expected = support.shared_blocks_reference(x, inits, bits=8)
+    np.testing.assert_allclose(y, expected, atol=1e-3, rtol=1e-4)
+
+
+def test_calls_of_a_shared_body_wanting_different_settings_get_their_own_copies():
+    """block1 is excluded: Block and Lin are copied for it (at the level of calls that parts
+    the two settings: the main graph's calls of Block); block0 keeps the quantized originals."""
+    model, inits = support.shared_blocks()
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, exclude="block1", accuracy_level=0, report=report)
+    assert [(s.where, s.modules, s.reason) for s in report.skipped] == [
+        ("local::Lin", ("block1.fc1", "block1.fc2"), "excluded by exclude=")
+    ]
+    ((q),) = report.quantized
+    assert (q.where, q.modules) == ("local::Lin_q4", ("block0.fc1", "block0.fc2"))
+    assert report.notes == [
+        "local::Block copied as Block_q4 for the calls that want 4 bits",
+        "local::Lin copied as Lin_q4 for the calls that want 4 bits",
+    ]
+    assert sorted(f.name for f in model.functions.values()) == [
+        "Block",
+        "Block_q4",
+        "Lin",
+        "Lin_q4",
+    ]
+    assert [n.op_type for n in model.graph] == ["Block_q4", "Block"]
+    x = np.ones((2, 3, 64), np.float32)
+    (y,) = run_ort(model, [x])
+    expected = support.shared_blocks_reference(x, inits, float_weights=("b1", "b2"))
+    np.testing.assert_allclose(y, expected, atol=1e-3, rtol=1e-4)
+
+    model, inits = support.shared_blocks()  # the two Lin calls of Block part at level 1
+    irkit.quantize(model, bits_for={"*.fc2": 8}, accuracy_level=0, report=report)
+    assert sorted((q.where, q.bits) for q in report.quantized) == [
+        ("local::Lin", 8),
+        ("local::Lin_q4", 4),
+    ]
+    assert len(model.functions) == 3
+    (y,) = run_ort(model, [x])
+    np.testing.assert_allclose(y, _mixed_reference(x, inits), atol=1e-3, rtol=1e-4)
+
+
+def _mixed_reference(x: np.ndarray, inits) -> np.ndarray:
+    def lin(h: np.ndarray, name: str, bits: int) -> np.ndarray:
+        return h @ fake_quant(np.ascontiguousarray(inits[name].T), bits=bits)
+
+    h = lin(np.maximum(lin(x, "a1", 4), 0), "a2", 8)
+    return lin(np.maximum(lin(h, "b1", 4), 0), "b2", 8)
+
+
+def test_settings_no_level_of_calls_parts_are_reported():
+    model, _ = support.shared_blocks()
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, exclude=["block0.fc2", "block1.fc1"], report=report)  # a "xor"
+    (skipped,) = report.skipped
+    assert skipped.reason.startswith(
+        "a shared function body whose calls want different settings (block0.fc1: 4 bits, "
+        "block1.fc1: excluded, block0.fc2: excluded, block1.fc2: 4 bits) and that no level"
+    )
+    assert op_histogram(model.functions[("local", "Lin", "")]) == {"MatMul": 1, "Transpose": 1}
+
+
+def test_report_lists_every_matmul_left_alone_with_why():
+    (w, small, w64) = support.weights((64, 8), (8, 8), (64, 8))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="ok"),
+        helper.make_node("MatMul", ["x", "x_t"], ["b"], name="computed"),
+        helper.make_node("MatMul", ["a8", "small"], ["c"], name="tiny"),
+        helper.make_node("Gemm", ["x2", "w", "bias"], ["d"], name="scaled", alpha=2.0),
+        helper.make_node("MatMul", ["x", "fed"], ["e"], name="graph_input"),
+        helper.make_node("Cast", ["w"], ["w64"], to=TensorProto.DOUBLE),
+        helper.make_node("MatMul", ["x64", "wd"], ["f"], name="double"),
+    ]
+    model = support.model(
+        nodes,
+        {
+            "x": (FLOAT, [2, 64]),
+            "x_t": (FLOAT, [64, 8]),
+            "a8": (FLOAT, [2, 8]),
+            "x2": (FLOAT, [2, 64]),
+            "fed": (FLOAT, [64, 8]),
+            "x64": (TensorProto.DOUBLE, [2, 64]),
+        },
+        ["a", "b", "c", "d", "e", "f"],
+        {
+            "w": w,
+            "small": small,
+            "bias": np.zeros(8, np.float32),
+            "fed": w64,
+            "wd": w64.astype(np.float64),
+        },
+    )
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, report=report)
+    assert [q.node for q in report.quantized] == ["ok"]
+    reasons = {s.node: s.reason for s in report.skipped}
+    assert reasons == {
+        "computed": "weight 'x_t' is not a constant",
+        "tiny": "K=8 is smaller than one block (32)",
+        "scaled": "Gemm with alpha or beta != 1",
+        "graph_input": "weight 'fed' is a graph input (it can be fed at run time)",
+        "double": "weight dtype DOUBLE is not float32/float16",
+    }
+    assert "Gemm scaled in <main>: Gemm with alpha or beta != 1" in str(report)
+    # w is still read by the Gemm left alone: kept beside its packed form
+    assert "w" in model.graph.initializers
+    assert any("'w' in <main> is also read by Cast, Gemm" in n for n in report.notes)
+
+
+def test_tied_weight_is_packed_once_and_kept_for_its_other_use():
+    (emb,) = support.weights((40, 64))  # (vocab, hidden): a Gather table and, transposed, lm_head
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"]),
+        helper.make_node("Transpose", ["emb"], ["t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "t"], ["y"]),
+    ]
+    model = support.model(nodes, {"ids": (TensorProto.INT64, [2, 3])}, ["y"], {"emb": emb})
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, accuracy_level=0, report=report)
+    assert op_histogram(model.graph) == {"Gather": 1, "com.microsoft::MatMulNBits": 1}
+    assert sorted(model.graph.initializers) == ["emb", "emb_Q4", "emb_scales"]
+    ids = np.array([[0, 5, 39], [1, 2, 3]], np.int64)
+    (y,) = run_ort(model, [ids])
+    np.testing.assert_allclose(y, emb[ids] @ fake_quant(emb.T.copy()), atol=1e-4)
+
+
+def test_quantizing_twice_is_a_noop_with_a_note(tmp_path):
+    model, _ = support.shared_blocks()
+    irkit.quantize(model)
+    before = ir.serde.serialize_model(model).SerializeToString()
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, report=report)
+    assert ir.serde.serialize_model(model).SerializeToString() == before
+    assert report.quantized == [] and report.skipped == []
+    assert report.notes == [
+        "the model already holds 1 MatMulNBits node(s)",
+        "nothing was quantized",
+    ]
+    irkit.save(model, tmp_path / "q.onnx")
+    (y,) = run_ort(tmp_path / "q.onnx", [np.ones((2, 3, 64), np.float32)])
+    assert y.shape == (2, 3, 64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bits": 3}, "bits=3"),
+        ({"block_size": 48}, "block_size=48"),
+        ({"accuracy_level": 7}, "accuracy_level=7"),
+        ({"bits_for": {"lm_head": 2}}, "bits=2"),
+    ],
+)
+def test_bad_options_are_quantization_errors(kwargs, message):
+    model, _ = support.shared_blocks()
+    before = ir.serde.serialize_model(model).SerializeToString()
+    with pytest.raises(QuantizationError, match=message):
+        irkit.quantize(model, **kwargs)
+    assert ir.serde.serialize_model(model).SerializeToString() == before
+
+
+def test_constant_weight_inside_a_function_body_and_a_matmul_inside_an_if_body():
+    (w, w2) = support.weights((64, 16), (64, 16))
+    const = helper.make_tensor("c", TensorProto.FLOAT, w.shape, w.ravel())
+    body = helper.make_function(
+        "local",
+        "Proj",
+        ["x"],
+        ["y"],
+        [
+            helper.make_node("Constant", [], ["w"], value=const),
+            helper.make_node("MatMul", ["x", "w"], ["y"], name="proj"),
+        ],
+        [helper.make_opsetid("", 21)],
+    )
+    branch = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w2"], ["z"], name="in_branch")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("z", FLOAT, [2, 16])],
+    )
+    nodes = [
+        helper.make_node("Proj", ["x"], ["y"], domain="local"),
+        helper.make_node("If", ["cond"], ["b"], then_branch=branch, else_branch=branch),
+    ]
+    inputs = {"x": (FLOAT, [2, 64]), "cond": (TensorProto.BOOL, [])}
+    model = support.model(nodes, inputs, ["y", "b"], {"w2": w2}, [body])
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, accuracy_level=0, report=report)
+    proj = model.functions[("local", "Proj", "")]
+    assert op_histogram(proj) == {"Constant": 2, "com.microsoft::MatMulNBits": 1}
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("in_branch", "inside an If/Loop/Scan body")
+    ] * 2  # (then and else)
+    x = np.ones((2, 64), np.float32)
+    y, b = run_ort(model, [x, np.array(True)])
+    np.testing.assert_allclose(y, x @ fake_quant(w), atol=1e-4)
+    np.testing.assert_allclose(b, x @ w2, atol=1e-4)
+
+
+def test_a_weight_with_nan_is_reported_and_nothing_else_changes_for_it():
+    (w, bad) = support.weights((64, 8), (64, 8))
+    bad[3, 1] = np.nan
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="fine"),
+        helper.make_node("MatMul", ["x", "bad"], ["b"], name="nan"),
+    ]
+    model = support.model(nodes, {"x": (FLOAT, [2, 64])}, ["a", "b"], {"w": w, "bad": bad})
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, report=report)
+    assert [q.node for q in report.quantized] == ["fine"]
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("nan", "the weight holds inf or NaN values: no finite scale fits them")
+    ]
+    assert op_histogram(model.graph) == {"MatMul": 1, "com.microsoft::MatMulNBits": 1}
