@@ -216,7 +216,13 @@ def _unfoldable(node: ir.Node, opset: int | None) -> str | None:
         # 1-D shape (a 0-d graph input) as an array and fails (AttributeError on None).
         split = node.inputs[1]
         shape = None if split is None else split.shape
-        if split is not None and split.const_value is None and (shape is None or len(shape) != 1):
+        producer = None if split is None else split.producer()
+        constant = (
+            split is None
+            or split.const_value is not None
+            or (producer is not None and producer.op_type == "Constant" and producer.domain == "")
+        )
+        if not constant and (shape is None or len(shape) != 1):
             return "its split sizes are neither constant nor a known 1-D shape"
     return None
 

@@ -38,8 +38,14 @@ CHUNKS = [
 
 
 @pytest.fixture(scope="session")
-def backend_cases(request: pytest.FixtureRequest) -> tuple[Case, ...]:
-    return ob.cases(request.config.cache.mkdir("onnx_backend"))
+def backend_cases(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Case, ...]:
+    # pytest's cache keeps the generated node cases between runs; without it (-p no:cacheprovider)
+    # they are generated into this run's temporary directory.
+    cache = getattr(request.config, "cache", None)
+    where = cache.mkdir("onnx_backend") if cache is not None else tmp_path_factory.mktemp("ob")
+    return ob.cases(where)
 
 
 def _problems(result: ob.CaseResult) -> list[str]:
