@@ -9,6 +9,7 @@ The graphs are written the way torchlib lowers ``scaled_dot_product_attention`` 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import onnx_ir as ir
@@ -227,6 +228,35 @@ def test_cache_grown_along_heads_is_not_a_kv_cache():
     m = build(attention_text(cat_axis=1, hq=2, hkv=2, p=2, s=2, b=2))
     failures = _reason(m, "AttentionKVCache")
     assert "the cache grows along axis 1, not the sequence axis 2" in failures
+
+
+def _without_outputs(text: str, *names: str) -> str:
+    """``text`` with graph outputs ``names`` dropped (their values stay, used inside)."""
+    for name in names:
+        text = re.sub(rf", float\[[^\]]*\] {name}\b", "", text)
+    return text
+
+
+@pytest.mark.parametrize("dropped", [("kc", "vc"), ("vc",)], ids=["both", "value"])
+def test_joint_attention_concat_is_no_cache(dropped):
+    # SD3's joint attention concatenates image and text K/V: no present leaves the graph. The
+    # cache form (past inputs without present outputs) is a node onnxruntime refuses to run;
+    # the Concat stays and feeds a plain Attention (run() checks the numbers in onnxruntime).
+    text = _without_outputs(attention_text(), *dropped)
+    m = build(text)
+    assert [v.name for v in m.graph.outputs] == [n for n in ("y", "kc", "vc") if n not in dropped]
+    report = run(m)
+    assert fired(report) == {"Attention": 1, "AttentionGQA": 1}
+    assert util.ops(m) == {"Concat": 2, "Attention": 1}
+    (att,) = [n for n in m.graph if n.op_type == "Attention"]
+    assert [v.name for v in att.inputs] == ["q", "kc", "vc", "m"]
+    assert len(att.outputs) == 1
+    failures = _reason(build(text), "AttentionKVCache")
+    name = "key" if "kc" in dropped else "value"
+    assert (
+        f"the concatenated {name} is not an output of the graph or function (no present to "
+        "return): a concatenation, not a cache update"
+    ) in failures
 
 
 def test_q_of_rank_3_is_not_matched():
