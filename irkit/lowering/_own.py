@@ -19,6 +19,7 @@ from onnxscript import opset18 as op
 from irkit.lowering._own_indexing import indexing_lowerings
 from irkit.lowering._own_ordering import ordering_lowerings
 from irkit.lowering._own_scan import scan_lowerings
+from irkit.lowering._own_squeeze import squeeze_lowerings
 from irkit.lowering._source import resolve_op
 
 __all__ = ["OwnLowering", "own_lowerings"]
@@ -419,6 +420,8 @@ def own_lowerings(
     for target, (fn, applies) in indexing_lowerings(torchlib).items():
         table[target] = OwnLowering(fn, applies)
     for target, (fn, applies) in scan_lowerings().items():
+        table[target] = OwnLowering(fn, applies)
+    for target, (fn, applies) in squeeze_lowerings().items():
         table[target] = OwnLowering(fn, applies)
     for name, lowering in _LIBRARY_OPS.items():
         target = resolve_op(name)
