@@ -6,7 +6,8 @@ torchvision``; timm and transformers import torchvision, so they fail too). :fun
 makes torchvision importable and its ops usable here: if, and only if, loading torchvision's
 ``_C`` fails, the library is defined from Python instead — torchvision's own schemas (its
 ``csrc/ops/*.cpp`` ``TORCH_LIBRARY_FRAGMENT`` definitions), with plain-PyTorch CPU kernels for
-``nms`` and ``roi_align`` — and torchvision's Python code then registers its own fake (meta)
+``nms`` and ``roi_align`` (the C++ kernel's arithmetic: a sample more than one pixel outside the
+map counts as 0, which torchvision's own Python ``_roi_align`` misses) — and torchvision's Python code then registers its own fake (meta)
 kernels, autograd and autocast wrappers on them as it does on the C++ ops. Ops without a kernel
 here raise torch's ``NotImplementedError`` when called (exporting them still works: the fake
 kernels are torchvision's).
@@ -18,7 +19,7 @@ torchvision``), so every test sees the same torchvision; irkit never imports tor
 from __future__ import annotations
 
 import functools
-import importlib
+import math
 import importlib.abc
 import importlib.util
 import os
@@ -85,6 +86,37 @@ def _nms(dets: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
     return torch.tensor(keep, dtype=torch.int64)
 
 
+def _bilinear(image: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``image`` ``(C, H, W)`` sampled at every ``(y[i], x[j])``: ``(C, len(y), len(x))``.
+
+    torchvision's C++ rule: a sample beyond one pixel outside the map is 0; otherwise
+    coordinates are clamped at 0 and at the last row/column.
+    """
+    _, height, width = image.shape
+    y_ok = (y >= -1.0) & (y <= height)
+    x_ok = (x >= -1.0) & (x <= width)
+    y, x = y.clamp(min=0), x.clamp(min=0)
+    y_low, x_low = y.floor().long(), x.floor().long()
+    y_edge, x_edge = y_low >= height - 1, x_low >= width - 1
+    y_low, x_low = y_low.clamp(max=height - 1), x_low.clamp(max=width - 1)
+    y_high = torch.where(y_edge, y_low, y_low + 1)
+    x_high = torch.where(x_edge, x_low, x_low + 1)
+    ly = torch.where(y_edge, torch.zeros_like(y), y - y_low)
+    lx = torch.where(x_edge, torch.zeros_like(x), x - x_low)
+    hy, hx = 1 - ly, 1 - lx
+
+    def at(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return image[:, rows[:, None], cols[None, :]]
+
+    value = (
+        (hy[:, None] * hx[None, :]) * at(y_low, x_low)
+        + (hy[:, None] * lx[None, :]) * at(y_low, x_high)
+        + (ly[:, None] * hx[None, :]) * at(y_high, x_low)
+        + (ly[:, None] * lx[None, :]) * at(y_high, x_high)
+    )
+    return value * (y_ok[:, None] & x_ok[None, :])
+
+
 def _roi_align(
     input: torch.Tensor,
     rois: torch.Tensor,
@@ -94,13 +126,30 @@ def _roi_align(
     sampling_ratio: int,
     aligned: bool,
 ) -> torch.Tensor:
-    """torchvision's own plain-PyTorch ``roi_align`` (its reference, without ``torch.compile``)."""
-    module = importlib.import_module("torchvision.ops.roi_align")
-    reference = module._roi_align
-    reference = getattr(reference, "__wrapped__", reference)
-    return reference(
-        input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
-    )
+    """RoIAlign (average) as torchvision's C++ CPU kernel computes it, one box at a time."""
+    offset = 0.5 if aligned else 0.0
+    out = input.new_zeros((rois.shape[0], input.shape[1], pooled_height, pooled_width))
+    for k, (index, x1, y1, x2, y2) in enumerate(rois.tolist()):
+        start_w, start_h = x1 * spatial_scale - offset, y1 * spatial_scale - offset
+        width = x2 * spatial_scale - offset - start_w
+        height = y2 * spatial_scale - offset - start_h
+        if not aligned:  # the legacy form: boxes at least one pixel
+            width, height = max(width, 1.0), max(height, 1.0)
+        bin_h, bin_w = height / pooled_height, width / pooled_width
+        grid_h = sampling_ratio if sampling_ratio > 0 else math.ceil(height / pooled_height)
+        grid_w = sampling_ratio if sampling_ratio > 0 else math.ceil(width / pooled_width)
+        if grid_h <= 0 or grid_w <= 0:
+            continue
+        iy = (torch.arange(grid_h, dtype=torch.float64) + 0.5) * bin_h / grid_h
+        ix = (torch.arange(grid_w, dtype=torch.float64) + 0.5) * bin_w / grid_w
+        ph = torch.arange(pooled_height, dtype=torch.float64) * bin_h
+        pw = torch.arange(pooled_width, dtype=torch.float64) * bin_w
+        y = (start_h + ph[:, None] + iy[None, :]).reshape(-1).to(input.dtype)
+        x = (start_w + pw[:, None] + ix[None, :]).reshape(-1).to(input.dtype)
+        samples = _bilinear(input[int(index)], y, x)  # (C, PH·gh, PW·gw)
+        samples = samples.reshape(-1, pooled_height, grid_h, pooled_width, grid_w)
+        out[k] = samples.sum((2, 4)) / (grid_h * grid_w)
+    return out
 
 
 @functools.cache
@@ -135,12 +184,12 @@ class _BeforeTorchvision(importlib.abc.MetaPathFinder):
     """Runs once, when ``torchvision`` is first imported, before any of its code."""
 
     def __init__(self, package_dir: str):
-        self._package_dir = package_dir
+        self._package_dir: str | None = package_dir
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "torchvision":
-            sys.meta_path.remove(self)
+        if name == "torchvision" and self._package_dir is not None:
             _fall_back_on_failure(self._package_dir)
+            self._package_dir = None  # once (the finder stays: the import is iterating the list)
         return None  # the ordinary finders import it
 
 

@@ -206,8 +206,16 @@ def _float_target(node: torch.fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
+def _not_4d(node: torch.fx.Node) -> bool:
+    """``scaled_dot_product_attention`` of query/key/value not all 4-D (NesT's and Twins'
+    ``(B, T, H, N, D)`` blocks): torchlib asserts 4-D; torch's math decomposition takes any rank."""
+    values = [a.meta.get("val") for a in node.args[:3] if isinstance(a, torch.fx.Node)]
+    return any(isinstance(v, torch.Tensor) and v.dim() != 4 for v in values)
+
+
 _TORCHLIB_REFUSES: Mapping[Any, Callable[[torch.fx.Node], bool]] = {
     torch.ops.aten.cross_entropy_loss.default: _float_target,
+    torch.ops.aten.scaled_dot_product_attention.default: _not_4d,
 }
 """torchlib lowerings that do not cover some arguments: when the predicate holds, the node takes
 the next way (torch's decompositions) instead of an ONNX op no runtime can run."""
