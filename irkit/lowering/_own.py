@@ -20,6 +20,7 @@ from irkit.lowering._own_indexing import indexing_lowerings
 from irkit.lowering._own_ordering import ordering_lowerings
 from irkit.lowering._own_scan import scan_lowerings
 from irkit.lowering._own_squeeze import squeeze_lowerings
+from irkit.lowering._own_vision import vision_lowerings
 from irkit.lowering._source import resolve_op
 
 __all__ = ["OwnLowering", "own_lowerings"]
@@ -283,6 +284,7 @@ def _grouped_mm_fallback(input, weight, offs):
 # data-dependent expert offsets, which no trace can follow) where ``aten._grouped_mm`` is unusable.
 _LIBRARY_OPS: Mapping[str, OwnLowering] = {
     "transformers::grouped_mm_fallback": OwnLowering(_grouped_mm_fallback, _grouped_mm_applies),
+    **{name: OwnLowering(fn) for name, fn in vision_lowerings().items()},
 }
 
 
