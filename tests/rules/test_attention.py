@@ -259,6 +259,27 @@ def test_joint_attention_concat_is_no_cache(dropped):
     ) in failures
 
 
+@pytest.mark.parametrize("present", [True, False], ids=["presents", "no-presents"])
+def test_cache_inside_a_function_needs_function_outputs(present):
+    # The block as a local function called once: a present leaves the function, not the graph.
+    text = attention_text() if present else _without_outputs(attention_text(), "kc", "vc")
+    body = build(text).graph
+    function = ir.Function("test", "Block", graph=body, attributes=[])
+    inputs = [ir.Value(name=v.name, type=v.type, shape=v.shape) for v in body.inputs]
+    call = ir.Node("test", "Block", inputs, num_outputs=len(body.outputs))
+    for out, inner in zip(call.outputs, body.outputs, strict=True):
+        out.name, out.type, out.shape = inner.name, inner.type, inner.shape
+    graph = ir.Graph(
+        inputs, list(call.outputs), nodes=[call], opset_imports={"": 23, "test": 1}, name="g"
+    )
+    m = ir.Model(graph, ir_version=10, functions=[function])
+    report = run(m)
+    expect = {"Attention": 1, "AttentionGQA": 1}
+    if present:
+        expect["AttentionKVCache"] = 1
+    assert fired(report) == expect
+
+
 def test_q_of_rank_3_is_not_matched():
     text = attention_text(form="eager", mask="none", cache=False, hkv=4).replace(
         "float[2,4,3,8] q", "float[8,3,8] q"
