@@ -19,9 +19,9 @@ torchvision``), so every test sees the same torchvision; irkit never imports tor
 from __future__ import annotations
 
 import functools
-import math
 import importlib.abc
 import importlib.util
+import math
 import os
 import sys
 
@@ -177,7 +177,7 @@ def _fall_back_on_failure(package_dir: str) -> None:
                 raise
             _library()
 
-    torch.ops.load_library = load_library  # type: ignore[method-assign]
+    torch.ops.load_library = load_library
 
 
 class _BeforeTorchvision(importlib.abc.MetaPathFinder):
