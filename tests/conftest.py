@@ -14,6 +14,12 @@ import os
 import pytest
 from hypothesis import settings
 
+from tests import torchvision_ops
+
+# torchvision's CUDA wheel cannot load its C++ ops beside the CPU torch, and transformers, timm
+# and diffusers import torchvision: stand in for the ops (only if they fail to load).
+torchvision_ops.install()
+
 # Property tests draw the same examples on every run (CI must not pass or fail by luck);
 # HYPOTHESIS_PROFILE=explore draws new ones, to look for failures locally.
 settings.register_profile("deterministic", derandomize=True)

@@ -188,6 +188,7 @@ _ORT_UNSUPPORTED_FROM: Mapping[tuple[str, str], int] = {
     ("", "RandomUniformLike"): 22,
     ("", "Multinomial"): 22,
     ("", "Bernoulli"): 22,
+    ("", "RoiAlign"): 22,  # torchvision::roi_align
 }
 
 

@@ -19,6 +19,8 @@ from onnxscript import opset18 as op
 from irkit.lowering._own_indexing import indexing_lowerings
 from irkit.lowering._own_ordering import ordering_lowerings
 from irkit.lowering._own_scan import scan_lowerings
+from irkit.lowering._own_squeeze import squeeze_lowerings
+from irkit.lowering._own_vision import vision_lowerings
 from irkit.lowering._source import resolve_op
 
 __all__ = ["OwnLowering", "own_lowerings"]
@@ -282,6 +284,7 @@ def _grouped_mm_fallback(input, weight, offs):
 # data-dependent expert offsets, which no trace can follow) where ``aten._grouped_mm`` is unusable.
 _LIBRARY_OPS: Mapping[str, OwnLowering] = {
     "transformers::grouped_mm_fallback": OwnLowering(_grouped_mm_fallback, _grouped_mm_applies),
+    **{name: OwnLowering(fn) for name, fn in vision_lowerings().items()},
 }
 
 
@@ -419,6 +422,8 @@ def own_lowerings(
     for target, (fn, applies) in indexing_lowerings(torchlib).items():
         table[target] = OwnLowering(fn, applies)
     for target, (fn, applies) in scan_lowerings().items():
+        table[target] = OwnLowering(fn, applies)
+    for target, (fn, applies) in squeeze_lowerings().items():
         table[target] = OwnLowering(fn, applies)
     for name, lowering in _LIBRARY_OPS.items():
         target = resolve_op(name)

@@ -57,19 +57,30 @@ class _TorchlibEntry:
 
 
 @functools.cache
-def _torchlib_entries() -> Mapping[Any, _TorchlibEntry]:
+def _torchlib_scan() -> tuple[Mapping[Any, _TorchlibEntry], tuple[tuple[str, _TorchlibEntry], ...]]:
+    """torchlib's registry: the entries by target, and those whose op is not registered (yet)."""
     # Importing the ops module registers every torchlib function in the default registry.
     from onnxscript.function_libs.torch_lib import ops  # noqa: F401
 
     entries: dict[Any, _TorchlibEntry] = {}
+    pending: list[tuple[str, _TorchlibEntry]] = []
     for qualified_name, overloaded in registration.default_registry.items():
-        target = resolve_op(qualified_name)
-        if target is None:
-            continue
         real = overloaded.overloads[0] if overloaded.overloads else None
         cplx = overloaded.complex[0] if overloaded.complex else None
-        entries[target] = _TorchlibEntry(real, cplx)
-    return entries
+        target = resolve_op(qualified_name)
+        if target is None:
+            pending.append((qualified_name, _TorchlibEntry(real, cplx)))
+        else:
+            entries[target] = _TorchlibEntry(real, cplx)
+    return entries, tuple(pending)
+
+
+def _torchlib_entries() -> Mapping[Any, _TorchlibEntry]:
+    """Target → torchlib entry, including library ops registered since the first call (a
+    process that lowered a model before importing torchvision still finds ``torchvision::*``)."""
+    entries, pending = _torchlib_scan()
+    late = {t: e for name, e in pending if (t := resolve_op(name)) is not None}
+    return {**entries, **late} if late else entries
 
 
 def torchlib_table() -> Mapping[Any, Callable[..., Any]]:
@@ -206,8 +217,16 @@ def _float_target(node: torch.fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
+def _not_4d(node: torch.fx.Node) -> bool:
+    """``scaled_dot_product_attention`` of query/key/value not all 4-D (NesT's and Twins'
+    ``(B, T, H, N, D)`` blocks): torchlib asserts 4-D; torch's math decomposition takes any rank."""
+    values = [a.meta.get("val") for a in node.args[:3] if isinstance(a, torch.fx.Node)]
+    return any(isinstance(v, torch.Tensor) and v.dim() != 4 for v in values)
+
+
 _TORCHLIB_REFUSES: Mapping[Any, Callable[[torch.fx.Node], bool]] = {
     torch.ops.aten.cross_entropy_loss.default: _float_target,
+    torch.ops.aten.scaled_dot_product_attention.default: _not_4d,
 }
 """torchlib lowerings that do not cover some arguments: when the predicate holds, the node takes
 the next way (torch's decompositions) instead of an ONNX op no runtime can run."""

@@ -31,7 +31,10 @@ Three rules, applied in stages (each fires on what the previous one produced):
     Concat(pv, v)) = Attention(q, k, v, mask, pk, pv)`` with outputs ``(y, present_key,
     present_value)``: HF's cache update becomes the op's ``past_key``/``past_value`` inputs and
     ``present_key``/``present_value`` outputs (which keep the concatenations' names, e.g.
-    ``present.0.key``).
+    ``present.0.key``). Only a real cache update: both concatenations must leave the graph (or
+    the function) as outputs. A concatenation used only by the attention (joint attention of
+    image and text tokens, as in SD3) is no cache — the op would get past inputs and no present
+    outputs, which onnxruntime refuses — and stays a ``Concat`` feeding a plain ``Attention``.
 
 The form emitted (what the ``"ort"`` target's rules consume): **4-D** ``Attention`` with inputs
 ``(Q, K, V[, attn_mask[, past_key, past_value]])`` — ``Q`` ``(B, Hq, S, D)``, ``K``/``V``
@@ -428,6 +431,16 @@ def _check_cache(
     attrs = _same_attrs(att)
     if attrs.get("is_causal", 0):
         return fail("is_causal=1: a cache would move the causal diagonal", att.outputs[0])
+    for name, joined in (("key", att.inputs[1]), ("value", att.inputs[2])):
+        if joined is None or not joined.is_graph_output():
+            # Not a cache update: joint attention (SD3's image + text tokens) concatenates K/V
+            # too. The op's past inputs need present outputs (onnxruntime refuses the node
+            # otherwise), and only a present that leaves the graph is one.
+            return fail(
+                f"the concatenated {name} is not an output of the graph or function "
+                "(no present to return): a concatenation, not a cache update",
+                joined,
+            )
     for name, value in (("past key", past_k), ("past value", past_v), ("k", k_new), ("v", v_new)):
         if _rank(value) not in (None, 4):
             return fail(f"{name} must be 4-D, rank is {_rank(value)}", value)

@@ -9,6 +9,7 @@ The graphs are written the way torchlib lowers ``scaled_dot_product_attention`` 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import onnx_ir as ir
@@ -227,6 +228,56 @@ def test_cache_grown_along_heads_is_not_a_kv_cache():
     m = build(attention_text(cat_axis=1, hq=2, hkv=2, p=2, s=2, b=2))
     failures = _reason(m, "AttentionKVCache")
     assert "the cache grows along axis 1, not the sequence axis 2" in failures
+
+
+def _without_outputs(text: str, *names: str) -> str:
+    """``text`` with graph outputs ``names`` dropped (their values stay, used inside)."""
+    for name in names:
+        text = re.sub(rf", float\[[^\]]*\] {name}\b", "", text)
+    return text
+
+
+@pytest.mark.parametrize("dropped", [("kc", "vc"), ("vc",)], ids=["both", "value"])
+def test_joint_attention_concat_is_no_cache(dropped):
+    # SD3's joint attention concatenates image and text K/V: no present leaves the graph. The
+    # cache form (past inputs without present outputs) is a node onnxruntime refuses to run;
+    # the Concat stays and feeds a plain Attention (run() checks the numbers in onnxruntime).
+    text = _without_outputs(attention_text(), *dropped)
+    m = build(text)
+    assert [v.name for v in m.graph.outputs] == [n for n in ("y", "kc", "vc") if n not in dropped]
+    report = run(m)
+    assert fired(report) == {"Attention": 1, "AttentionGQA": 1}
+    assert util.ops(m) == {"Concat": 2, "Attention": 1}
+    (att,) = [n for n in m.graph if n.op_type == "Attention"]
+    assert [v.name for v in att.inputs] == ["q", "kc", "vc", "m"]
+    assert len(att.outputs) == 1
+    failures = _reason(build(text), "AttentionKVCache")
+    name = "key" if "kc" in dropped else "value"
+    assert (
+        f"the concatenated {name} is not an output of the graph or function (no present to "
+        "return): a concatenation, not a cache update"
+    ) in failures
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["presents", "no-presents"])
+def test_cache_inside_a_function_needs_function_outputs(present):
+    # The block as a local function called once: a present leaves the function, not the graph.
+    text = attention_text() if present else _without_outputs(attention_text(), "kc", "vc")
+    body = build(text).graph
+    function = ir.Function("test", "Block", graph=body, attributes=[])
+    inputs = [ir.Value(name=v.name, type=v.type, shape=v.shape) for v in body.inputs]
+    call = ir.Node("test", "Block", inputs, num_outputs=len(body.outputs))
+    for out, inner in zip(call.outputs, body.outputs, strict=True):
+        out.name, out.type, out.shape = inner.name, inner.type, inner.shape
+    graph = ir.Graph(
+        inputs, list(call.outputs), nodes=[call], opset_imports={"": 23, "test": 1}, name="g"
+    )
+    m = ir.Model(graph, ir_version=10, functions=[function])
+    report = run(m)
+    expect = {"Attention": 1, "AttentionGQA": 1}
+    if present:
+        expect["AttentionKVCache"] = 1
+    assert fired(report) == expect
 
 
 def test_q_of_rank_3_is_not_matched():
