@@ -1,0 +1,32 @@
+"""Causal language models: export with the KV cache, run, deploy.
+
+The implementation lives in private modules (``_causal_lm``: :func:`export_causal_lm`,
+:func:`generate_greedy`, the cache layout); this package re-exports the public names. The
+stages (``irkit.lowering``, ``irkit.rewriting``, …) never import it. See ``docs/llm.md``.
+"""
+
+from __future__ import annotations
+
+from irkit.llm._causal_lm import (
+    TESTED_TRANSFORMERS,
+    CacheLayout,
+    CausalLMExport,
+    cache_layout,
+    causal_lm_feeds,
+    export_causal_lm,
+    generate_greedy,
+    run_eager,
+    torch_inputs,
+)
+
+__all__ = [
+    "TESTED_TRANSFORMERS",
+    "CacheLayout",
+    "CausalLMExport",
+    "cache_layout",
+    "export_causal_lm",
+    "causal_lm_feeds",
+    "generate_greedy",
+    "torch_inputs",
+    "run_eager",
+]
