@@ -1,7 +1,8 @@
 """Causal language models: export with the KV cache, run, deploy.
 
 The implementation lives in private modules (``_causal_lm``: :func:`export_causal_lm`,
-:func:`generate_greedy`, the cache layout); this package re-exports the public names. The
+:func:`generate_greedy`, the cache layout; ``_export``: :func:`export`, a model folder to an
+onnxruntime-genai folder; ``_genai_config``; ``_meta``); this package re-exports the public names. The
 stages (``irkit.lowering``, ``irkit.rewriting``, …) never import it. See ``docs/llm.md``.
 """
 
@@ -18,6 +19,7 @@ from irkit.llm._causal_lm import (
     run_eager,
     torch_inputs,
 )
+from irkit.llm._export import ExportedFolder, export
 
 __all__ = [
     "TESTED_TRANSFORMERS",
@@ -29,4 +31,6 @@ __all__ = [
     "generate_greedy",
     "torch_inputs",
     "run_eager",
+    "export",
+    "ExportedFolder",
 ]
