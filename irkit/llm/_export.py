@@ -289,7 +289,9 @@ def export(
     decoder = _decoder(exported, text_config)
     length = _max_length(decoder, max_length)
     say(f"lowering and optimizing (target {target})")
-    model = irkit.lower(exported.program, **exported.lower_kwargs())
+    model = irkit.lower(
+        exported.program, input_names=exported.input_names, output_names=exported.output_names
+    )
     irkit.optimize(model, target=target)
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None

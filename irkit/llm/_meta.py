@@ -34,7 +34,8 @@ def probe_mode(model: Any) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    return FakeTensorMode(allow_non_fake_inputs=True)
+    mode: contextlib.AbstractContextManager[Any] = FakeTensorMode(allow_non_fake_inputs=True)
+    return mode
 
 
 @contextlib.contextmanager
@@ -57,11 +58,11 @@ def _parameters_on_meta() -> Iterator[None]:
                 param.to("meta"), requires_grad=param.requires_grad
             )
 
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = register
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+        torch.nn.Module.register_parameter = original
 
 
 class MetaModel:
@@ -97,7 +98,7 @@ def meta_causal_lm(config: Any, *, dtype: Any, trust_remote_code: bool = False) 
     from transformers import AutoModelForCausalLM
 
     with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, dtype=dtype, trust_remote_code=trust_remote_code
         )
     model.eval()

@@ -9,17 +9,17 @@ model export.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
 
-import numpy as np
 import pytest
 
 from irkit.cli import main
 from irkit.errors import LoweringOptionsError, ModelLoadError, SaveError
 from irkit.llm import export
-from irkit.llm._genai_config import GENAI_LLM_TYPES, genai_model_type, token_ids
+from irkit.llm._genai_config import GENAI_LLM_TYPES, Decoder, genai_model_type, token_ids
 
 og = pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
@@ -69,10 +69,6 @@ CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(
         **_ATTENTION, **_COMMON, num_key_value_heads=2, tie_word_embeddings=True
     ),
-    # q/k/v biases
-    "qwen2": lambda: transformers.Qwen2Config(
-        **_ATTENTION, **_COMMON, num_key_value_heads=2, tie_word_embeddings=False
-    ),
     # packed qkv and gate_up projections
     "phi3": lambda: transformers.Phi3Config(**_ATTENTION, **_COMMON, num_key_value_heads=4),
     # learned positions, Conv1D; genai's own "gpt2" type wants other inputs: written as "decoder"
@@ -103,7 +99,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
         if arch not in done:
             folder = _save_folder(root, arch)
             out = root / f"{arch}-onnx"
-            assert main(["export", str(folder), "-o", str(out), "-q"]) == 0
+            out.mkdir()
+            (out / "stale.txt").write_text("replaced by --overwrite")
+            argv = ["export", str(folder), "-o", str(out), "-q", "--overwrite"]
+            assert main([*argv, "--max-length", "64"]) == 0
             done[arch] = (folder, out)
         return done[arch]
 
@@ -170,7 +169,7 @@ def test_folder_contents_and_config(exported):
     config = json.loads((out / "genai_config.json").read_text())
     model, search = config["model"], config["search"]
     assert model["type"] == "llama"
-    assert model["context_length"] == 128 and search["max_length"] == 128
+    assert model["context_length"] == 128 and search["max_length"] == 64
     assert (model["bos_token_id"], model["eos_token_id"], model["pad_token_id"]) == (0, [1], 2)
     decoder = model["decoder"]
     assert (decoder["num_hidden_layers"], decoder["num_attention_heads"]) == (2, 4)
@@ -192,6 +191,7 @@ def test_folder_contents_and_config(exported):
     )
     assert text == "<s>user: hello\nassistant:"
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert not (out / "stale.txt").exists()  # --overwrite replaced the folder
 
 
 @pytest.mark.slow
@@ -222,19 +222,22 @@ def test_every_listed_genai_type_runs_the_same(exported, tmp_path):
 
 
 @pytest.mark.slow
-def test_overwrite_replaces_the_folder(exported, tmp_path):
+def test_max_length_and_kv_bytes(exported):
+    """The default max_length is min(max_position_embeddings, 4096); the KV bytes it implies."""
     folder, _ = exported("llama")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
-    result = export(folder, out, overwrite=True, max_length=64)
-    assert not (out / "stale.txt").exists()
-    assert result.genai_config["search"]["max_length"] == 64
-    assert result.kv_cache_bytes == 2 * 2 * 2 * 16 * 64 * 4  # k+v, layers, heads, dim, tokens
-    assert np.array_equal(
-        np.fromfile(out / "model.onnx.data", dtype=np.uint8),
-        np.fromfile(exported("llama")[1] / "model.onnx.data", dtype=np.uint8),
-    )
+    from irkit.llm._export import _max_length, tokenizer_files
+
+    assert [p.name for p in tokenizer_files(folder)] == [
+        "chat_template.jinja",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    decoder = Decoder("model.onnx", 2, 4, 2, 16, 64, 300, 128, True)
+    assert _max_length(decoder, None) == 128
+    assert _max_length(dataclasses.replace(decoder, context_length=131072), None) == 4096
+    assert decoder.kv_bytes(64) == 2 * 2 * 2 * 16 * 64 * 4  # k+v, layers, heads, dim, tokens
+    with pytest.raises(LoweringOptionsError, match="max_length 129 must be in 2..128"):
+        _max_length(decoder, 129)
 
 
 # ---------------------------------------------------------------- bad input (no export)
