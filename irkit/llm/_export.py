@@ -231,8 +231,80 @@ def _replace(tmp: pathlib.Path, out: pathlib.Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclasses.dataclass
+class _Source:
+    """The model to export and what goes beside it."""
+
+    model: Any  # a transformers causal LM (parameters on meta for a folder)
+    config: Any  # its transformers config
+    generation: dict[str, Any] | None  # generation_config.json
+    weights: list[Any] | None  # irkit.save's weights= (None: the model's own)
+    folder: (
+        pathlib.Path | None
+    )  # where config, generation config and tokenizer files are copied from
+    description: str
+
+
+def _folder_source(
+    folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool, say: Callable[[str], None]
+) -> _Source:
+    config = _config(folder, raw, trust_remote_code)
+    say(f"building {config.model_type} from {folder}/config.json on the meta device")
+    meta = _build(folder, config, trust_remote_code)
+    generation_file = folder / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else None
+    return _Source(
+        model=meta.model,
+        config=config,
+        generation=generation,
+        weights=[folder, meta.buffers],
+        folder=folder,
+        description=f"weights streamed from {folder}",
+    )
+
+
+def _model_source(model: Any) -> _Source:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_file"):
+        raise LoweringOptionsError(
+            f"export: {type(model).__name__} is neither a model folder nor a transformers "
+            "model; pass the folder save_pretrained wrote, or a *ForCausalLM"
+        )
+    generation = getattr(model, "generation_config", None)
+    name = pathlib.Path(str(getattr(config, "_name_or_path", "") or ""))
+    return _Source(
+        model=model.eval(),
+        config=config,
+        generation=generation.to_diff_dict() if generation is not None else None,
+        weights=None,
+        folder=name if str(name) and name.is_dir() else None,
+        description="the model's own weights",
+    )
+
+
+def _write_side_files(source: _Source, tmp: pathlib.Path, say: Callable[[str], None]) -> None:
+    if source.folder is not None:
+        for name in _COPIED:
+            if (source.folder / name).is_file():
+                shutil.copyfile(source.folder / name, tmp / name)
+        tokenizer = tokenizer_files(source.folder)
+        for path in tokenizer:
+            shutil.copyfile(path, tmp / path.name)
+    else:
+        tokenizer = []
+    if not (tmp / "config.json").exists():
+        source.config.to_json_file(tmp / "config.json")
+    if source.generation is not None and not (tmp / "generation_config.json").exists():
+        (tmp / "generation_config.json").write_text(json.dumps(source.generation, indent=2))
+    if not tokenizer:
+        say(
+            "warning: no tokenizer files found (the model's folder is unknown): copy them into "
+            "the output folder for og.Tokenizer"
+        )
+
+
 def export(
-    model_or_dir: str | os.PathLike[str],
+    model_or_dir: Any,
     out_dir: str | os.PathLike[str],
     *,
     precision: str = "fp32",
@@ -242,15 +314,19 @@ def export(
     trust_remote_code: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> ExportedFolder:
-    """Export a Hugging Face causal-LM folder to a folder onnxruntime-genai runs.
+    """Export a Hugging Face causal LM to a folder onnxruntime-genai runs.
 
-    ``out_dir`` gets ``model.onnx`` + ``model.onnx.data`` (the weights, streamed from the
-    folder's safetensors shards), ``genai_config.json``, ``config.json``,
-    ``generation_config.json`` (if the folder has one) and the tokenizer and chat-template files.
-    Nothing is read from the network.
+    ``out_dir`` gets ``model.onnx`` + ``model.onnx.data``, ``genai_config.json``,
+    ``config.json``, ``generation_config.json`` (if there is one) and the tokenizer and
+    chat-template files. From a folder, the model is built on the ``meta`` device and the
+    weights are streamed from its safetensors shards (never all in memory); nothing is read
+    from the network. A loaded transformers model is exported with its own weights, its
+    tokenizer files copied from the folder it was loaded from (``config._name_or_path``) if
+    that is a local folder.
 
     Args:
-        model_or_dir: The model folder (``config.json``, ``*.safetensors``, tokenizer files).
+        model_or_dir: The model folder (``config.json``, ``*.safetensors``, tokenizer files),
+            or a transformers ``*ForCausalLM``.
         out_dir: The folder to write (created; must be empty or absent unless ``overwrite``).
         precision: ``"fp32"`` (others are refused for now).
         target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
@@ -267,25 +343,28 @@ def export(
             ``trust_remote_code``, a config transformers cannot build.
         SaveError: ``out_dir`` is not empty (without ``overwrite``) or cannot be written.
         LoweringOptionsError: A precision or target not available, an unusable ``max_length``,
-            a cache genai cannot hold.
+            a cache genai cannot hold, neither a folder nor a transformers model.
         ExportError: ``torch.export`` failed.
         WeightsError: The shards lack a weight or have the wrong shape (nothing written).
     """
     say = log or (lambda _line: None)
-    folder, out = pathlib.Path(model_or_dir), pathlib.Path(out_dir)
+    out = pathlib.Path(out_dir)
     _check_options(precision, target)
-    raw = _check_folder(folder)
+    is_folder = isinstance(model_or_dir, (str, os.PathLike))
+    raw = _check_folder(pathlib.Path(model_or_dir)) if is_folder else {}
     _check_output(out, overwrite)
 
     import irkit
     from irkit.llm._causal_lm import export_causal_lm
 
-    config = _config(folder, raw, trust_remote_code)
-    say(f"building {config.model_type} on the meta device")
-    meta = _build(folder, config, trust_remote_code)
+    source = (
+        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, say)
+        if is_folder
+        else _model_source(model_or_dir)
+    )
     say("torch.export with the KV cache")
-    exported = export_causal_lm(meta.model)
-    text_config = config.get_text_config()
+    exported = export_causal_lm(source.model)
+    text_config = source.config.get_text_config()
     decoder = _decoder(exported, text_config)
     length = _max_length(decoder, max_length)
     say(f"lowering and optimizing (target {target})")
@@ -293,31 +372,22 @@ def export(
         exported.program, input_names=exported.input_names, output_names=exported.output_names
     )
     irkit.optimize(model, target=target)
-    generation_file = folder / "generation_config.json"
-    generation = _read_json(generation_file) if generation_file.is_file() else None
     content = genai_config(
         decoder,
-        model_type=str(config.model_type),
-        tokens=token_ids(text_config.to_dict(), generation),
-        generation=generation,
+        model_type=str(source.config.model_type),
+        tokens=token_ids(text_config.to_dict(), source.generation),
+        generation=source.generation,
         max_length=length,
         input_names=exported.input_names,
     )
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the renamed folder
-        say(f"writing {out}/{_ONNX_FILE} (weights streamed from {folder})")
+        say(f"writing {out}/{_ONNX_FILE} ({source.description})")
         irkit.save(
-            model,
-            tmp / _ONNX_FILE,
-            weights=[folder, meta.buffers],
-            external_data=f"{_ONNX_FILE}.data",
+            model, tmp / _ONNX_FILE, weights=source.weights, external_data=f"{_ONNX_FILE}.data"
         )
-        for name in _COPIED:
-            if (folder / name).is_file():
-                shutil.copyfile(folder / name, tmp / name)
-        for path in tokenizer_files(folder):
-            shutil.copyfile(path, tmp / path.name)
+        _write_side_files(source, tmp, say)
         (tmp / "genai_config.json").write_text(json.dumps(content, indent=2) + "\n")
         files = tuple(sorted(p.name for p in tmp.iterdir()))
         _replace(tmp, out)

@@ -19,6 +19,7 @@ import pytest
 from irkit.cli import main
 from irkit.errors import LoweringOptionsError, ModelLoadError, SaveError
 from irkit.llm import export
+from irkit.llm._export import tokenizer_files
 from irkit.llm._genai_config import GENAI_LLM_TYPES, Decoder, genai_model_type, token_ids
 
 og = pytest.importorskip("onnxruntime_genai")
@@ -78,6 +79,9 @@ CONFIGS = {
 }
 
 
+FROM_MODEL = {"phi3"}
+
+
 def _save_folder(root: pathlib.Path, arch: str) -> pathlib.Path:
     import torch
 
@@ -101,8 +105,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
             out = root / f"{arch}-onnx"
             out.mkdir()
             (out / "stale.txt").write_text("replaced by --overwrite")
-            argv = ["export", str(folder), "-o", str(out), "-q", "--overwrite"]
-            assert main([*argv, "--max-length", "64"]) == 0
+            if arch in FROM_MODEL:  # irkit.llm.export of a loaded model, its own weights
+                loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+                export(loaded, out, max_length=64, overwrite=True)
+            else:  # the command line, weights streamed from the folder
+                argv = ["export", str(folder), "-o", str(out), "-q", "--overwrite"]
+                assert main([*argv, "--max-length", "64"]) == 0
             done[arch] = (folder, out)
         return done[arch]
 
@@ -190,8 +198,21 @@ def test_folder_contents_and_config(exported):
         [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
     )
     assert text == "<s>user: hello\nassistant:"
+    # genai's own tokenizer loads the folder's and encodes as transformers does
+    og_tokenizer = og.Tokenizer(og.Model(str(out)))
+    for prompt in [*PROMPTS, text]:
+        assert list(og_tokenizer.encode(prompt)) == tokenizer(prompt)["input_ids"], prompt
+    assert og_tokenizer.decode(og_tokenizer.encode(PROMPTS[1])) == PROMPTS[1]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary left
     assert not (out / "stale.txt").exists()  # --overwrite replaced the folder
+
+
+@pytest.mark.slow
+def test_a_loaded_model_takes_its_folder_files(exported):
+    folder, out = exported("phi3")  # exported from AutoModelForCausalLM.from_pretrained(folder)
+    assert {p.name for p in tokenizer_files(out)} == {p.name for p in tokenizer_files(folder)}
+    assert json.loads((out / "config.json").read_text())["model_type"] == "phi3"
+    assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == "phi3"
 
 
 @pytest.mark.slow
@@ -225,7 +246,7 @@ def test_every_listed_genai_type_runs_the_same(exported, tmp_path):
 def test_max_length_and_kv_bytes(exported):
     """The default max_length is min(max_position_embeddings, 4096); the KV bytes it implies."""
     folder, _ = exported("llama")
-    from irkit.llm._export import _max_length, tokenizer_files
+    from irkit.llm._export import _max_length
 
     assert [p.name for p in tokenizer_files(folder)] == [
         "chat_template.jinja",
