@@ -14,6 +14,7 @@ import json
 import pathlib
 import shutil
 
+import onnx
 import pytest
 
 from irkit.cli import main
@@ -79,7 +80,7 @@ CONFIGS = {
 }
 
 
-FROM_MODEL = {"phi3"}
+FROM_MODEL = {"phi3"}  # exported from the loaded model, for target "ort"
 
 
 def _save_folder(root: pathlib.Path, arch: str) -> pathlib.Path:
@@ -107,7 +108,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
             (out / "stale.txt").write_text("replaced by --overwrite")
             if arch in FROM_MODEL:  # irkit.llm.export of a loaded model, its own weights
                 loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
-                export(loaded, out, max_length=64, overwrite=True)
+                export(loaded, out, max_length=64, overwrite=True, target="ort")
             else:  # the command line, weights streamed from the folder
                 argv = ["export", str(folder), "-o", str(out), "-q", "--overwrite"]
                 assert main([*argv, "--max-length", "64"]) == 0
@@ -213,6 +214,10 @@ def test_a_loaded_model_takes_its_folder_files(exported):
     assert {p.name for p in tokenizer_files(out)} == {p.name for p in tokenizer_files(folder)}
     assert json.loads((out / "config.json").read_text())["model_type"] == "phi3"
     assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == "phi3"
+    # target "ort": onnxruntime's contrib ops, which genai's CPU session runs
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    assert {n.op_type for n in nodes if n.domain == "com.microsoft"} >= {"FusedMatMul"}
 
 
 @pytest.mark.slow
