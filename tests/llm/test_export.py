@@ -227,6 +227,25 @@ def test_gpt2_is_a_generic_decoder(exported):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="the graph derives positions and the causal mask from the past tensor's length, "
+    "which under genai's shared static buffer is its capacity (GatherND: invalid index)",
+)
+def test_shared_buffer_not_yet(exported, tmp_path):
+    """Flips to a pass (and strict xfail fails) when the graph supports the shared buffer."""
+    folder, out = exported("llama")
+    shared = tmp_path / "shared"
+    shutil.copytree(out, shared)
+    path = shared / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["search"]["past_present_share_buffer"] = True
+    path.write_text(json.dumps(config))
+    want = [_until_eos(ids) for ids in _reference_ids(folder, PROMPTS[:1])]
+    assert [_until_eos([int(t) for t in ids]) for ids in _genai_ids(shared, PROMPTS[:1])] == want
+
+
+@pytest.mark.slow
 def test_every_listed_genai_type_runs_the_same(exported, tmp_path):
     """genai 0.18 accepts each type irkit writes, and runs an irkit folder the same under it."""
     _, out = exported("llama")
