@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Each subcommand's parser is also in the returned parser's ``subcommands`` attribute.
     """
-    from irkit.cli import _files, _lower, _quantize
+    from irkit.cli import _export, _files, _lower, _quantize
 
     parser = _Parser(
         prog="irkit",
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"irkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subcommands: dict[str, argparse.ArgumentParser] = {}
-    for module in (_lower, _files, _quantize):
+    for module in (_lower, _files, _quantize, _export):
         for name, (summary, epilog, add_arguments, _) in module.COMMANDS.items():
             p = sub.add_parser(
                 name,
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 ok, 1 the model has problems, 2 usage error or unreadable input.
     """
-    from irkit.cli import _files, _lower, _quantize
+    from irkit.cli import _export, _files, _lower, _quantize
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "view":
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     _configure_logging(args)
-    commands = {**_lower.COMMANDS, **_files.COMMANDS, **_quantize.COMMANDS}
+    commands = {**_lower.COMMANDS, **_files.COMMANDS, **_quantize.COMMANDS, **_export.COMMANDS}
     run = commands[args.command][3]
     prog = f"irkit {args.command}"
     try:

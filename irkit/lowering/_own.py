@@ -166,6 +166,10 @@ def _dropout_applies(node: torch.fx.Node) -> bool:
     return train is False
 
 
+def _detach_(input):
+    return input  # detach_ changes autograd metadata only: the same values, nothing to mutate
+
+
 def _conv_no_bias(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """ONNX Conv without its optional bias (torchlib computes an all-zero bias tensor)."""
     spatial = len(weight.shape) - 2
@@ -388,6 +392,9 @@ def own_lowerings(
         aten.split.Tensor: OwnLowering(_split_tensor, _split_tensor_applies),
         aten.split_with_sizes.default: OwnLowering(_split_with_sizes, _split_with_sizes_applies),
         aten.dropout.default: OwnLowering(_dropout_eval, _dropout_applies, identity=True),
+        # transformers' DynamicCache detaches empty placeholder constants in place: no
+        # functionalization (a re-trace of the whole program) for that.
+        aten.detach_.default: OwnLowering(_detach_, identity=True),
         aten.conv1d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
         aten.conv2d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
         aten.conv3d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),

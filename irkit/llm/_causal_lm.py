@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
+from irkit.llm._meta import probe_mode
 
 __all__ = [
     "TESTED_TRANSFORMERS",
@@ -234,7 +235,7 @@ def cache_layout(model: Any) -> CacheLayout:
     if binding.use_cache:
         kwargs["use_cache"] = True
     try:
-        with torch.no_grad():
+        with torch.no_grad(), probe_mode(model):  # a meta-device model runs on fake tensors
             output = model(**kwargs)
     except Exception as exc:
         raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc

@@ -1,0 +1,399 @@
+"""``irkit.llm.export``: a Hugging Face causal-LM folder → a folder onnxruntime-genai runs.
+
+The model is built from ``config.json`` with its parameters on the ``meta`` device
+(:func:`irkit.llm._meta.meta_causal_lm`), exported with its KV cache
+(:func:`irkit.llm.export_causal_lm`), lowered and optimized, and saved with the weights
+streamed from the folder's safetensors shards into ``model.onnx.data`` (``irkit.save(...,
+weights=folder)``): no weight is ever in memory. Everything is written into a temporary folder
+beside the output folder, renamed into place at the end. See ``docs/export.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from irkit.errors import LoweringOptionsError, ModelLoadError, SaveError
+from irkit.llm._genai_config import (
+    DEFAULT_MAX_LENGTH,
+    Decoder,
+    genai_config,
+    token_ids,
+)
+
+__all__ = ["PRECISIONS", "TARGETS", "ExportedFolder", "export", "tokenizer_files"]
+
+PRECISIONS = ("fp32", "fp16", "int4", "int8")
+TARGETS = ("onnx", "ort")
+_ONNX_FILE = "model.onnx"
+_TOKENIZER_PATTERNS = (
+    "tokenizer*.json",
+    "tokenizer.model",
+    "*.tiktoken",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece*.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "processor_config.json",
+)
+_COPIED = ("config.json", "generation_config.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportedFolder:
+    """What :func:`export` wrote.
+
+    Attributes:
+        path: The output folder.
+        files: The file names in it.
+        genai_config: The ``genai_config.json`` content.
+        kv_cache_bytes: Bytes of the KV cache of one sequence of ``search.max_length`` tokens.
+    """
+
+    path: pathlib.Path
+    files: tuple[str, ...]
+    genai_config: dict[str, Any]
+    kv_cache_bytes: int
+
+
+def tokenizer_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The tokenizer and chat-template files of a Hugging Face folder (sorted, no duplicates)."""
+    found = {p for pattern in _TOKENIZER_PATTERNS for p in folder.glob(pattern) if p.is_file()}
+    return sorted(found, key=lambda p: p.name)
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{str(path)!r}: cannot be read as JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{str(path)!r}: is not a JSON object")
+    return data
+
+
+def _check_folder(folder: pathlib.Path) -> dict[str, Any]:
+    if not folder.is_dir():
+        raise ModelLoadError(
+            f"{str(folder)!r}: not a folder; pass a Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer files), e.g. one save_pretrained wrote"
+        )
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ModelLoadError(
+            f"{str(config)!r}: missing; a Hugging Face model folder has its config.json "
+            "(model.config.save_pretrained(folder) writes it)"
+        )
+    if not any(folder.glob("*.safetensors")):
+        other = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+            p.name for p in folder.glob("*.pt")
+        )
+        hint = (
+            f" (it has {', '.join(other)}: convert with "
+            "model.save_pretrained(folder, safe_serialization=True))"
+            if other
+            else ""
+        )
+        raise ModelLoadError(
+            f"{str(folder)!r}: no *.safetensors weights{hint}; irkit export streams the weights "
+            "from safetensors shards"
+        )
+    return _read_json(config)
+
+
+def _check_output(out: pathlib.Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SaveError(f"{str(out)!r}: exists and is not a folder; name a folder to write")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise SaveError(
+            f"{str(out)!r}: the folder is not empty; pass overwrite=True (--overwrite) to "
+            "replace it, or name a new folder"
+        )
+    if not out.parent.is_dir():
+        raise SaveError(f"{str(out.parent)!r}: the folder to write {out.name!r} in does not exist")
+
+
+def _check_options(precision: str, target: str) -> None:
+    if precision not in PRECISIONS:
+        raise LoweringOptionsError(
+            f"export: precision {precision!r} is not one of {', '.join(PRECISIONS)}"
+        )
+    if precision != "fp32":
+        raise LoweringOptionsError(
+            f"export: precision {precision!r} is not available yet: fp16 needs the fp16 "
+            "fusions and int4/int8 irkit.quantize (the quantization issue); export fp32"
+        )
+    if target not in TARGETS:
+        raise LoweringOptionsError(f"export: target {target!r} is not one of {', '.join(TARGETS)}")
+
+
+def _config(folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = raw.get("model_type")
+    known = model_type in CONFIG_MAPPING
+    if raw.get("auto_map") and not known and not trust_remote_code:
+        raise ModelLoadError(
+            f"{str(folder / 'config.json')!r}: model_type {model_type!r} is defined by code in "
+            "the folder (auto_map), which runs only with trust_remote_code=True "
+            "(--trust-remote-code); read that code first"
+        )
+    if not known and not raw.get("auto_map"):
+        import transformers
+
+        raise ModelLoadError(
+            f"{str(folder / 'config.json')!r}: transformers {transformers.__version__} does "
+            f"not know model_type {model_type!r}; install a transformers that does"
+        )
+    try:
+        return AutoConfig.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{str(folder / 'config.json')!r}: transformers cannot read it: "
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from exc
+
+
+def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool) -> Any:
+    import torch
+
+    from irkit.llm._meta import meta_causal_lm
+
+    try:
+        return meta_causal_lm(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelLoadError(
+            f"{str(folder / 'config.json')!r}: transformers cannot build a causal LM from it "
+            f"(AutoModelForCausalLM.from_config: {type(exc).__name__}: {first}); is it a "
+            "decoder-only language model?"
+        ) from exc
+
+
+def _decoder(exported: Any, text_config: Any) -> Decoder:
+    layout = exported.cache
+    kinds = set(layout.keys) | set(layout.values)
+    if len(kinds) != 1:
+        raise LoweringOptionsError(
+            f"export: the KV cache has keys {sorted(set(layout.keys))} and values "
+            f"{sorted(set(layout.values))} (heads, head size) across layers; "
+            "onnxruntime-genai has one head count and one head size for every cache "
+            "(MLA and per-layer sizes are not supported yet)"
+        )
+    ((heads, head_size),) = kinds
+    return Decoder(
+        filename=_ONNX_FILE,
+        num_layers=layout.num_layers,
+        num_attention_heads=int(text_config.num_attention_heads),
+        num_kv_heads=heads,
+        head_size=head_size,
+        hidden_size=int(text_config.hidden_size),
+        vocab_size=int(text_config.vocab_size),
+        context_length=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+        position_ids=exported.position_ids,
+        cache_itemsize=int(layout.numpy_dtype().itemsize),
+    )
+
+
+def _max_length(decoder: Decoder, max_length: int | None) -> int:
+    limit = decoder.context_length or DEFAULT_MAX_LENGTH
+    if max_length is None:
+        return min(limit, DEFAULT_MAX_LENGTH)
+    if max_length < 2 or (decoder.context_length and max_length > decoder.context_length):
+        raise LoweringOptionsError(
+            f"export: max_length {max_length} must be in 2..{limit} "
+            "(the model's max_position_embeddings)"
+        )
+    return max_length
+
+
+def _replace(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    old = None
+    if out.exists():
+        old = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / out.name)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class _Source:
+    """The model to export and what goes beside it."""
+
+    model: Any  # a transformers causal LM (parameters on meta for a folder)
+    config: Any  # its transformers config
+    generation: dict[str, Any] | None  # generation_config.json
+    weights: list[Any] | None  # irkit.save's weights= (None: the model's own)
+    folder: (
+        pathlib.Path | None
+    )  # where config, generation config and tokenizer files are copied from
+    description: str
+
+
+def _folder_source(
+    folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool, say: Callable[[str], None]
+) -> _Source:
+    config = _config(folder, raw, trust_remote_code)
+    say(f"building {config.model_type} from {folder}/config.json on the meta device")
+    meta = _build(folder, config, trust_remote_code)
+    generation_file = folder / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else None
+    return _Source(
+        model=meta.model,
+        config=config,
+        generation=generation,
+        weights=[folder, meta.buffers],
+        folder=folder,
+        description=f"weights streamed from {folder}",
+    )
+
+
+def _model_source(model: Any) -> _Source:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_file"):
+        raise LoweringOptionsError(
+            f"export: {type(model).__name__} is neither a model folder nor a transformers "
+            "model; pass the folder save_pretrained wrote, or a *ForCausalLM"
+        )
+    generation = getattr(model, "generation_config", None)
+    name = pathlib.Path(str(getattr(config, "_name_or_path", "") or ""))
+    return _Source(
+        model=model.eval(),
+        config=config,
+        generation=generation.to_diff_dict() if generation is not None else None,
+        weights=None,
+        folder=name if str(name) and name.is_dir() else None,
+        description="the model's own weights",
+    )
+
+
+def _write_side_files(source: _Source, tmp: pathlib.Path, say: Callable[[str], None]) -> None:
+    if source.folder is not None:
+        for name in _COPIED:
+            if (source.folder / name).is_file():
+                shutil.copyfile(source.folder / name, tmp / name)
+        tokenizer = tokenizer_files(source.folder)
+        for path in tokenizer:
+            shutil.copyfile(path, tmp / path.name)
+    else:
+        tokenizer = []
+    if not (tmp / "config.json").exists():
+        source.config.to_json_file(tmp / "config.json")
+    if source.generation is not None and not (tmp / "generation_config.json").exists():
+        (tmp / "generation_config.json").write_text(json.dumps(source.generation, indent=2))
+    if not tokenizer:
+        say(
+            "warning: no tokenizer files found (the model's folder is unknown): copy them into "
+            "the output folder for og.Tokenizer"
+        )
+
+
+def export(
+    model_or_dir: Any,
+    out_dir: str | os.PathLike[str],
+    *,
+    precision: str = "fp32",
+    target: str = "onnx",
+    max_length: int | None = None,
+    overwrite: bool = False,
+    trust_remote_code: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> ExportedFolder:
+    """Export a Hugging Face causal LM to a folder onnxruntime-genai runs.
+
+    ``out_dir`` gets ``model.onnx`` + ``model.onnx.data``, ``genai_config.json``,
+    ``config.json``, ``generation_config.json`` (if there is one) and the tokenizer and
+    chat-template files. From a folder, the model is built on the ``meta`` device and the
+    weights are streamed from its safetensors shards (never all in memory); nothing is read
+    from the network. A loaded transformers model is exported with its own weights, its
+    tokenizer files copied from the folder it was loaded from (``config._name_or_path``) if
+    that is a local folder.
+
+    Args:
+        model_or_dir: The model folder (``config.json``, ``*.safetensors``, tokenizer files),
+            or a transformers ``*ForCausalLM``.
+        out_dir: The folder to write (created; must be empty or absent unless ``overwrite``).
+        precision: ``"fp32"`` (others are refused for now).
+        target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
+        max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
+        overwrite: Replace a non-empty ``out_dir``.
+        trust_remote_code: Allow a folder whose model is defined by its own code.
+        log: Called with one line per stage (default: nothing).
+
+    Returns:
+        The :class:`ExportedFolder`.
+
+    Raises:
+        ModelLoadError: Not a model folder, no safetensors weights, remote code without
+            ``trust_remote_code``, a config transformers cannot build.
+        SaveError: ``out_dir`` is not empty (without ``overwrite``) or cannot be written.
+        LoweringOptionsError: A precision or target not available, an unusable ``max_length``,
+            a cache genai cannot hold, neither a folder nor a transformers model.
+        ExportError: ``torch.export`` failed.
+        WeightsError: The shards lack a weight or have the wrong shape (nothing written).
+    """
+    say = log or (lambda _line: None)
+    out = pathlib.Path(out_dir)
+    _check_options(precision, target)
+    is_folder = isinstance(model_or_dir, (str, os.PathLike))
+    raw = _check_folder(pathlib.Path(model_or_dir)) if is_folder else {}
+    _check_output(out, overwrite)
+
+    import irkit
+    from irkit.llm._causal_lm import export_causal_lm
+
+    source = (
+        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, say)
+        if is_folder
+        else _model_source(model_or_dir)
+    )
+    say("torch.export with the KV cache")
+    exported = export_causal_lm(source.model)
+    text_config = source.config.get_text_config()
+    decoder = _decoder(exported, text_config)
+    length = _max_length(decoder, max_length)
+    say(f"lowering and optimizing (target {target})")
+    model = irkit.lower(
+        exported.program, input_names=exported.input_names, output_names=exported.output_names
+    )
+    irkit.optimize(model, target=target)
+    content = genai_config(
+        decoder,
+        model_type=str(source.config.model_type),
+        tokens=token_ids(text_config.to_dict(), source.generation),
+        generation=source.generation,
+        max_length=length,
+        input_names=exported.input_names,
+    )
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the renamed folder
+        say(f"writing {out}/{_ONNX_FILE} ({source.description})")
+        irkit.save(
+            model, tmp / _ONNX_FILE, weights=source.weights, external_data=f"{_ONNX_FILE}.data"
+        )
+        _write_side_files(source, tmp, say)
+        (tmp / "genai_config.json").write_text(json.dumps(content, indent=2) + "\n")
+        files = tuple(sorted(p.name for p in tmp.iterdir()))
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    kv = decoder.kv_bytes(length)
+    say(f"search.max_length {length}: KV cache {kv / 2**20:.1f} MiB per sequence")
+    return ExportedFolder(path=out, files=files, genai_config=content, kv_cache_bytes=kv)
