@@ -10,6 +10,9 @@
   ``i`` of ``out`` windows of size ``k`` over ``n`` starts at ``int((i + u)·α) − int(u·α)`` with
   ``α = (n − k) / (out − 1)`` in the input's dtype, the last at ``n − k`` (torch's
   ``generate_intervals``).
+* ``avg_pool2d`` / ``avg_pool3d`` with ``divisor_override`` (torchlib ignores it: wrong numbers):
+  the window sum — a ``Conv`` of each plane with a ones kernel; zero padding adds nothing — over
+  the divisor.
 
 A box max (or mean) is separable: each spatial dim is reduced in turn, last to first, by
 gathering its windows as a new trailing axis ``(…, out, k)`` and reducing that axis. Bins of
@@ -252,6 +255,68 @@ def _fractional_applies(spatial: int) -> Callable[[torch.fx.Node], bool]:
 
     return applies
 
+# ----------------------------------------------------------------------------------------------
+# Average pooling with divisor_override: a window sum (a Conv with a ones kernel) / the divisor
+
+
+def _pool_output_size(n: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
+    """torch's ``pooling_output_shape`` (dilation 1)."""
+    out = (n + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def _avg_pool_divisor(spatial: int) -> Callable[..., Any]:
+    def lower(
+        self,
+        kernel_size,
+        stride=(),
+        padding=0,
+        ceil_mode=False,
+        count_include_pad=True,
+        divisor_override=None,
+    ):
+        rank = len(self.shape)
+        sizes = [int(n) for n in self.shape[rank - spatial :]]
+        kernel = _expand(kernel_size, spatial)
+        strides = _expand(stride, spatial) if stride else kernel
+        pads = _expand(padding, spatial)
+        outs = [
+            _pool_output_size(n, k, st, pd, ceil_mode)
+            for n, k, st, pd in zip(sizes, kernel, strides, pads, strict=True)
+        ]
+        # Zero padding adds nothing to a sum: pad the end so that the last (ceil-mode) window fits.
+        ends = [
+            max(0, (o - 1) * st + k - n - pd)
+            for o, st, k, n, pd in zip(outs, strides, kernel, sizes, pads, strict=True)
+        ]
+        planes = op.Reshape(self, ints(-1, 1, *sizes))
+        ones = op.CastLike(_const(np.ones([1, 1, *kernel], dtype=np.float32)), self)
+        total = op.Conv(planes, ones, kernel_shape=kernel, strides=strides, pads=pads + ends)
+        leading = op.Shape(self, start=0, end=rank - spatial)
+        total = op.Reshape(total, op.Concat(leading, ints(*outs), axis=0))
+        return op.Div(total, op.CastLike(divisor_override, self))
+
+    return lower
+
+
+def _expand(value: Any, spatial: int) -> list[int]:
+    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    return values * spatial if len(values) == 1 else values
+
+
+def _divisor_given(spatial: int) -> Callable[[torch.fx.Node], bool]:
+    """``divisor_override`` given (torchlib ignores it), static pooled sizes."""
+
+    def applies(node: torch.fx.Node) -> bool:
+        args = list(node.args) + [None] * 7
+        divisor = node.kwargs.get("divisor_override", args[6])
+        shape = node.args[0].meta["val"].shape
+        return divisor is not None and all(isinstance(n, int) for n in shape[-spatial:])
+
+    return applies
+
 
 def pool_lowerings() -> dict[Any, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool]]]:
     """Target → (lowering, applies) for the pooling ops above."""
@@ -262,4 +327,6 @@ def pool_lowerings() -> dict[Any, tuple[Callable[..., Any], Callable[[torch.fx.N
         aten._adaptive_avg_pool3d.default: (_adaptive_avg(3), _static_spatial(3)),
         aten.fractional_max_pool2d.default: (_fractional(2), _fractional_applies(2)),
         aten.fractional_max_pool3d.default: (_fractional(3), _fractional_applies(3)),
+        aten.avg_pool2d.default: (_avg_pool_divisor(2), _divisor_given(2)),
+        aten.avg_pool3d.default: (_avg_pool_divisor(3), _divisor_given(3)),
     }
