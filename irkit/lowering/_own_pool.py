@@ -307,13 +307,17 @@ def _expand(value: Any, spatial: int) -> list[int]:
 
 
 def _divisor_given(spatial: int) -> Callable[[torch.fx.Node], bool]:
-    """``divisor_override`` given (torchlib ignores it), static pooled sizes."""
+    """``divisor_override`` given (torchlib ignores it), a float input, static pooled sizes."""
 
     def applies(node: torch.fx.Node) -> bool:
         args = list(node.args) + [None] * 7
         divisor = node.kwargs.get("divisor_override", args[6])
-        shape = node.args[0].meta["val"].shape
-        return divisor is not None and all(isinstance(n, int) for n in shape[-spatial:])
+        val = node.args[0].meta["val"]
+        return (
+            divisor is not None
+            and val.dtype.is_floating_point
+            and all(isinstance(n, int) for n in val.shape[-spatial:])
+        )
 
     return applies
 
