@@ -214,6 +214,8 @@ def _fractional(spatial: int) -> Callable[..., Any]:
         # [T, H, W] in 3-D).
         order = [1, 0] if spatial == 2 else [0, 1, 2]
         middle = list(range(2, spatial + 1))  # the other spatial dims, between (N, C) and last
+        # torch reads the first N rows of the samples (N = 1 without a batch dim).
+        random_samples = op.Slice(random_samples, ints(0), op.Shape(x, start=0, end=1), ints(0))
         starts = []
         for i, (n, out, k) in enumerate(zip(sizes, output_size, kernel, strict=True)):
             j = order[i]
