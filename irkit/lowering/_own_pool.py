@@ -257,6 +257,7 @@ def _fractional_applies(spatial: int) -> Callable[[torch.fx.Node], bool]:
 
     return applies
 
+
 # ----------------------------------------------------------------------------------------------
 # Average pooling with divisor_override: a window sum (a Conv with a ones kernel) / the divisor
 

@@ -203,9 +203,8 @@ def _cross_entropy_gap(node: torch.fx.Node) -> bool:
     (ignored: wrong numbers) or an input without a batch dim (the op needs ``(N, C, ...)``:
     onnxruntime refuses the file). torch's decomposition (``log_softmax`` and ``nll_loss`` or
     the probabilities) lowers instead."""
-    args = dict(
-        zip(("self", "target", "weight", "reduction", "ignore_index", "label_smoothing"), node.args)
-    )
+    names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
+    args = dict(zip(names, node.args, strict=False))
     args.update(node.kwargs)
     target, scores = args.get("target"), args.get("self")
     value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
