@@ -56,8 +56,8 @@ def _perm_to_last(rank: int, axis: int) -> tuple[list[int], list[int]]:
 def _take_max(
     windows: Callable[[ir.Value], ir.Value], values: ir.Value, flat: ir.Value | None
 ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-    """Max over the windows of the last axis: ``(values, k, flat at k)`` with ``k`` the first
-    maximum's offset in its window, shape ``(…, out, 1)``."""
+    """Max over the windows of the last axis: ``(values, k, flat at k)``, each ``(…, out)``, with
+    ``k`` the first maximum's offset in its window (``ArgMax`` keeps the first)."""
     win = windows(values)  # (…, out, k)
     k = op.ArgMax(win, axis=-1, keepdims=1)
     best = op.Squeeze(op.GatherElements(win, k, axis=-1), ints(-1))
