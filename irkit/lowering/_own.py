@@ -18,6 +18,8 @@ from onnxscript import opset18 as op
 
 from irkit.lowering._own_indexing import indexing_lowerings
 from irkit.lowering._own_ordering import ordering_lowerings
+from irkit.lowering._own_pool import pool_lowerings
+from irkit.lowering._own_rnn import rnn_lowerings
 from irkit.lowering._own_scan import scan_lowerings
 from irkit.lowering._own_squeeze import squeeze_lowerings
 from irkit.lowering._own_vision import vision_lowerings
@@ -431,6 +433,10 @@ def own_lowerings(
     for target, (fn, applies) in scan_lowerings().items():
         table[target] = OwnLowering(fn, applies)
     for target, (fn, applies) in squeeze_lowerings().items():
+        table[target] = OwnLowering(fn, applies)
+    for target, (fn, applies) in pool_lowerings().items():
+        table[target] = OwnLowering(fn, applies)
+    for target, (fn, applies) in rnn_lowerings().items():
         table[target] = OwnLowering(fn, applies)
     for name, lowering in _LIBRARY_OPS.items():
         target = resolve_op(name)

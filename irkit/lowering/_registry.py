@@ -208,13 +208,23 @@ class LoweringTable:
         return None
 
 
-def _float_target(node: torch.fx.Node) -> bool:
-    """``cross_entropy_loss`` with class probabilities (a float target): torchlib writes
-    ``SoftmaxCrossEntropyLoss``, whose labels are class indices only (no kernel, no exact
-    widening); torch's decomposition (``log_softmax`` times the probabilities) lowers instead."""
-    target = node.args[1] if len(node.args) > 1 else node.kwargs.get("target")
+def _cross_entropy_gap(node: torch.fx.Node) -> bool:
+    """``cross_entropy_loss`` that torchlib's ``SoftmaxCrossEntropyLoss`` cannot carry: class
+    probabilities (a float target: labels are class indices only, no kernel), label smoothing
+    (ignored: wrong numbers) or an input without a batch dim (the op needs ``(N, C, ...)``:
+    onnxruntime refuses the file). torch's decomposition (``log_softmax`` and ``nll_loss`` or
+    the probabilities) lowers instead."""
+    names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
+    args = dict(zip(names, node.args, strict=False))
+    args.update(node.kwargs)
+    target, scores = args.get("target"), args.get("self")
     value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
+    rank = scores.meta["val"].dim() if isinstance(scores, torch.fx.Node) else 2
+    return (
+        (isinstance(value, torch.Tensor) and value.is_floating_point())
+        or args.get("label_smoothing", 0.0) != 0.0
+        or rank < 2
+    )
 
 
 def _not_4d(node: torch.fx.Node) -> bool:
@@ -225,7 +235,7 @@ def _not_4d(node: torch.fx.Node) -> bool:
 
 
 _TORCHLIB_REFUSES: Mapping[Any, Callable[[torch.fx.Node], bool]] = {
-    torch.ops.aten.cross_entropy_loss.default: _float_target,
+    torch.ops.aten.cross_entropy_loss.default: _cross_entropy_gap,
     torch.ops.aten.scaled_dot_product_attention.default: _not_4d,
 }
 """torchlib lowerings that do not cover some arguments: when the predicate holds, the node takes

@@ -476,8 +476,15 @@ EXPORTERS: dict[str, Callable[[torch.export.ExportedProgram], Any]] = {
 # onnxruntime vs eager
 
 
-def run_and_compare(model: Any, ep: torch.export.ExportedProgram, sample: Sample) -> Result:
-    """Run ``model`` (an ``onnx_ir.Model``) in onnxruntime and compare with eager."""
+def run_and_compare(
+    model: Any,
+    ep: torch.export.ExportedProgram,
+    sample: Sample,
+    rtol: float = FP32_RTOL,
+    atol: float = FP32_ATOL,
+) -> Result:
+    """Run ``model`` (an ``onnx_ir.Model``) in onnxruntime and compare with eager (floating
+    outputs within ``atol + rtol * |expected|``)."""
     from tests.helpers import ort_session
 
     try:
@@ -499,7 +506,7 @@ def run_and_compare(model: Any, ep: torch.export.ExportedProgram, sample: Sample
         actual = session.run(None, feeds)
     except Exception as e:
         return Result(Outcome.ORT_RUN_FAILED, _line(e))
-    return compare(actual, sample.expected, random=sample.random)
+    return compare(actual, sample.expected, random=sample.random, rtol=rtol, atol=atol)
 
 
 def _is_user_input(spec: Any) -> bool:
@@ -514,7 +521,13 @@ def _numpy_dtype(t: torch.Tensor) -> np.dtype:
     return torch.empty((), dtype=t.dtype).numpy().dtype
 
 
-def compare(actual: Sequence[np.ndarray], expected: Sequence[torch.Tensor], random: bool) -> Result:
+def compare(
+    actual: Sequence[np.ndarray],
+    expected: Sequence[torch.Tensor],
+    random: bool,
+    rtol: float = FP32_RTOL,
+    atol: float = FP32_ATOL,
+) -> Result:
     """Compare onnxruntime's outputs with eager's (policy in the module docstring)."""
     if len(actual) != len(expected):
         return Result(
@@ -535,14 +548,16 @@ def compare(actual: Sequence[np.ndarray], expected: Sequence[torch.Tensor], rand
             )
         if random or not a.size:
             continue
-        ok, diff = _close(a, e.numpy())
+        ok, diff = _close(a, e.numpy(), rtol, atol)
         worst = max(worst, diff)
         if not ok:
             return Result(Outcome.MISMATCH, f"output {i}: max abs diff {diff:.3g}")
     return Result(Outcome.PASS, "random op: shape and dtype only" if random else "")
 
 
-def _close(a: np.ndarray, e: np.ndarray) -> tuple[bool, float]:
+def _close(
+    a: np.ndarray, e: np.ndarray, rtol: float = FP32_RTOL, atol: float = FP32_ATOL
+) -> tuple[bool, float]:
     """(within tolerance, max abs diff over finite values)."""
     if not np.issubdtype(e.dtype, np.floating):
         equal = np.array_equal(a, e)
@@ -555,7 +570,7 @@ def _close(a: np.ndarray, e: np.ndarray) -> tuple[bool, float]:
     inf_ok = np.where(np.isinf(e64) | np.isinf(a64), a64 == e64, True)
     finite = np.isfinite(a64) & np.isfinite(e64)
     absdiff = np.where(finite, raw, 0.0)
-    within = absdiff <= FP32_ATOL + FP32_RTOL * np.abs(np.where(finite, e64, 0.0))
+    within = absdiff <= atol + rtol * np.abs(np.where(finite, e64, 0.0))
     diff = float(absdiff.max()) if absdiff.size else 0.0
     if not nan_ok.all():
         return False, float("nan")
