@@ -355,9 +355,12 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """
     import torch
 
+    inputs = torch_inputs(model, feeds)
     with torch.no_grad():
-        out = model(**torch_inputs(model, feeds))
+        out = model(**inputs)
     cache = _returned_cache(out)
+    if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
+        cache = inputs[_bind(model).cache]
     keys = [layer.keys.float().numpy() for layer in cache.layers]
     values = [layer.values.float().numpy() for layer in cache.layers]
     return [out.logits.float().numpy(), *keys, *values]
