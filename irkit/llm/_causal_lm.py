@@ -210,7 +210,8 @@ def _layer_shapes(model: Any, cache: Any) -> CacheLayout:
 def cache_layout(model: Any) -> CacheLayout:
     """The KV cache layout of ``model``, read from the cache it returns for a two-token prompt.
 
-    The model runs once eagerly (``torch.no_grad()``, ``use_cache=True``); nothing is guessed
+    The model runs once eagerly (``torch.no_grad()``, ``use_cache=True``, an empty
+    ``DynamicCache`` passed as its cache, as :func:`export_causal_lm` does); nothing is guessed
     from the config, so multi-query attention (one KV head), MLA (keys wider than values) and
     per-layer differences come out as the model has them.
 
@@ -229,7 +230,8 @@ def cache_layout(model: Any) -> CacheLayout:
     binding = _bind(model)
     device = next(iter(model.parameters())).device
     ids = torch.ones((1, 2), dtype=torch.long, device=device)
-    kwargs: dict[str, Any] = {"input_ids": ids}
+    passed = _cache([])  # an empty DynamicCache, as export_causal_lm passes one
+    kwargs: dict[str, Any] = {"input_ids": ids, binding.cache: passed}
     if binding.attention_mask:
         kwargs["attention_mask"] = torch.ones_like(ids)
     if binding.use_cache:
@@ -240,6 +242,8 @@ def cache_layout(model: Any) -> CacheLayout:
     except Exception as exc:
         raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc
     cache = _returned_cache(output)
+    if cache is None and getattr(passed, "layers", None):
+        cache = passed  # older transformers may return the legacy tuples; the cache was updated
     if cache is None:
         raise ExportError(
             f"export_causal_lm: {type(model).__name__} returned no transformers Cache for "
@@ -352,9 +356,12 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """
     import torch
 
+    inputs = torch_inputs(model, feeds)
     with torch.no_grad():
-        out = model(**torch_inputs(model, feeds))
+        out = model(**inputs)
     cache = _returned_cache(out)
+    if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
+        cache = inputs[_bind(model).cache]
     keys = [layer.keys.float().numpy() for layer in cache.layers]
     values = [layer.values.float().numpy() for layer in cache.layers]
     return [out.logits.float().numpy(), *keys, *values]

@@ -273,11 +273,16 @@ class _ReturnsDynamicCache(torch.nn.Module):
 
 
 def test_default_export_with_a_dynamic_cache_output_lowers():
-    from transformers.integrations.executorch import register_dynamic_cache_export_support
-
-    register_dynamic_cache_export_support()
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError:  # transformers 4.54 registered DynamicCache when it was imported
+        pass
+    else:
+        register_dynamic_cache_export_support()
     x = torch.randn(2, 1, 3, 4)
     program = torch.export.export(_ReturnsDynamicCache(), (x,))
     model = irkit.lower(program)  # was: SpecViolationError (lifted_tensor_N) in the retrace
-    assert [v.name for v in model.graph.outputs] == ["out", "cache_0_0", "cache_1_0"]
+    names = [v.name for v in model.graph.outputs]  # keys of the cache's pytree context
+    assert names[0] == "out" and len(set(names)) == 3
+    assert all(name.startswith("cache_") for name in names[1:]), names
     assert_close(run_ort(model, [x]), [(x * 3).numpy(), (x * 2).numpy(), (x + 1).numpy()], 1e-6)
