@@ -106,8 +106,8 @@ class ScopeIndex(ScopeTree):
     """The module calls of one graph's nodes (a :class:`~irkit._scope_tree.ScopeTree`), kept
     current across rewrites: what :class:`HierarchyGuard` reads instead of scanning the graph.
 
-    Removed nodes are dropped lazily (:meth:`live` skips a node whose ``graph`` is no longer the
-    graph); replacement nodes are added with :meth:`add` after each commit.
+    Removed nodes are dropped lazily (:meth:`live_nodes` skips a node whose ``graph`` is no longer
+    the graph); replacement nodes are added with :meth:`add` after each commit.
     """
 
     def __init__(self, graph: GraphLike):
