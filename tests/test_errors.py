@@ -46,7 +46,7 @@ CASES = {
     ),
     "outline: malformed scope metadata": (
         lambda: irkit.outline(_with_scope(_relu(), "{")),
-        errors.OutlineError,
+        errors.MetadataError,
     ),
     "inline: one string for modules=": (
         lambda: irkit.inline(_relu(), modules="layers.*"),

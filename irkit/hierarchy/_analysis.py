@@ -1,9 +1,6 @@
-"""Nesting analysis: the scope tree of module calls and the dataflow DAG of the ONNX nodes.
+"""Nesting analysis: the dataflow DAG of the ONNX nodes (the scope tree of module calls is
+:class:`irkit._scope_tree.ScopeTree`, shared with the rewrite engine's guard and viz).
 
-* The **scope tree** has one node per module *call*, keyed by its full scope (a tuple of
-  :class:`~irkit.metadata.Frame`, outermost first; ``()`` is the root). ``a`` and ``a@1`` are two
-  calls of one module and therefore two tree nodes. Each ONNX node is a *direct member* of its
-  innermost call; a call *owns* its direct members and everything its descendants own.
 * The **dataflow DAG** has one node per ONNX node, an edge producer → consumer. It is the graph
   itself (values know their producer and uses); only the span of a non-contiguous region is
   copied into a small :class:`networkx.DiGraph` for the cycle and reachability checks.
@@ -21,23 +18,20 @@ about O(nodes x depth) with a small constant.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from irkit import metadata as md
 from irkit._irutil import node_subgraphs
-from irkit.errors import OutlineError
+from irkit._scope_tree import Scope
 
 if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = [
     "Scope",
-    "build_scope_tree",
     "Dataflow",
     "ContractionPlan",
     "has_subgraph",
@@ -47,68 +41,7 @@ __all__ = [
     "nested_nodes",
 ]
 
-Scope = tuple[md.Frame, ...]
 _REGION = "<region>"
-
-
-def build_scope_tree(nodes: Iterable[ir.Node]) -> tuple[nx.DiGraph, dict[Scope, list[ir.Node]]]:
-    """The scope tree of the module calls found in ``nodes``' metadata, and each call's direct members.
-
-    Returns:
-        ``(tree, members)``: ``tree`` has the root ``()`` and an edge parent → child per call
-        (a call's frame is ``scope[-1]``, its depth ``len(scope)``); ``members[scope]`` lists
-        the nodes whose innermost call is ``scope``, in the given order.
-
-    Example:
-        >>> tree, members = build_scope_tree([])
-        >>> list(tree.nodes), members
-        ([()], {(): []})
-    """
-    import networkx as nx  # (imported on use: keeps `import irkit` fast)
-
-    members: dict[Scope, list[ir.Node]] = {(): []}
-    by_text: dict[str, list[ir.Node]] = {}  # many nodes share one scope string: decode it once
-    frames: dict[tuple[object, ...], md.Frame] = {}  # and many strings share their outer frames
-    key = md.SCOPE
-    for node in nodes:
-        text = node.metadata_props.get(key, "")
-        bucket = by_text.get(text)
-        if bucket is None:
-            scope = _decode(node, text, frames)
-            bucket = members.get(scope)
-            if bucket is None:
-                for depth in range(1, len(scope) + 1):
-                    prefix = scope[:depth]
-                    if prefix not in members:
-                        members[prefix] = []
-                bucket = members[scope]
-            by_text[text] = bucket
-        bucket.append(node)
-    tree = nx.DiGraph()
-    tree.add_node(())
-    tree.add_edges_from((s[:-1], s) for s in list(members)[1:])  # (parents come first)
-    return tree, members
-
-
-def _decode(node: ir.Node, text: str, frames: dict[tuple[object, ...], md.Frame]) -> Scope:
-    """:func:`irkit.metadata.decode_scope`, sharing one :class:`Frame` per distinct triple."""
-    if not text:
-        return ()
-    try:
-        scope = []
-        for item in json.loads(text):
-            key = tuple(item)
-            frame = frames.get(key)
-            if frame is None:
-                frame = frames[key] = md.Frame.from_json(item)
-            scope.append(frame)
-        return tuple(scope)
-    except (ValueError, TypeError) as exc:
-        raise OutlineError(
-            f"Node {node.name!r} ({node.op_type}) has malformed {md.SCOPE} metadata {text!r} "
-            f"({exc}). Expected a JSON list of [path, call_index, class] triples as written by "
-            "irkit.metadata.encode_scope; fix the rewrite that set it or delete the key."
-        ) from exc
 
 
 _SUBGRAPH = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)

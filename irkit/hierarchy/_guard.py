@@ -10,11 +10,12 @@ module calls, rewrites across them and outlines again) passes a :class:`Hierarch
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import onnx_ir as ir
 
 from irkit import metadata
+from irkit._scope_tree import Scope, ScopeTree, common_scope
 
 __all__ = ["HierarchyGuard", "ScopeIndex", "keeps_weight_transposes"]
 
@@ -51,7 +52,8 @@ class HierarchyGuard:
             index = self._indexes[graph] = ScopeIndex(graph)
         matched = set(nodes)
         scopes = [index.scope(n) for n in matched]
-        common = _common_scope(s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
+        scoped = (s for n, s in zip(matched, scopes, strict=True) if s or _scoped(n))
+        common = common_scope(scoped) or ()
         depth = len(common)
         touched = {s[depth] for s in scopes if len(s) > depth and s[:depth] == common}
         if not touched:
@@ -65,10 +67,10 @@ class HierarchyGuard:
                     node.inputs
                     or not all(u.node in matched for o in node.outputs for u in o.uses())
                 )
-                for node in index.live(frame)
+                for node in index.live_nodes((*common, frame))
             )  # (a constant only the replaced nodes read counts as replaced)
         }
-        classes = collections.Counter(f.cls for f in index.children.get(common, ()))
+        classes = collections.Counter(c[-1].cls for c in index.children.get(common, ()))
         repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
         if not repeated:
             return None
@@ -100,55 +102,21 @@ def keeps_weight_transposes(node: ir.Node) -> bool | None:
     return None
 
 
-class ScopeIndex:
-    """The nodes of each module call in a graph (every frame of a node's scope), and the child
-    calls of each scope: what :class:`HierarchyGuard` reads instead of scanning the graph.
+class ScopeIndex(ScopeTree):
+    """The module calls of one graph's nodes (a :class:`~irkit._scope_tree.ScopeTree`), kept
+    current across rewrites: what :class:`HierarchyGuard` reads instead of scanning the graph.
 
-    Removed nodes are dropped lazily (a node whose ``graph`` is no longer the graph is skipped);
-    replacement nodes are added with :meth:`add` after each commit.
+    Removed nodes are dropped lazily (:meth:`live_nodes` skips a node whose ``graph`` is no longer
+    the graph); replacement nodes are added with :meth:`add` after each commit.
     """
 
     def __init__(self, graph: GraphLike):
         self.owner = graph.graph if isinstance(graph, ir.Function) else graph
-        self.nodes: dict[metadata.Frame, list[ir.Node]] = collections.defaultdict(list)
-        self.children: dict[tuple[metadata.Frame, ...], set[metadata.Frame]] = (
-            collections.defaultdict(set)
-        )
-        self._memo: dict[str, tuple[metadata.Frame, ...]] = {}
-        self.add(graph)
+        super().__init__(graph)
 
-    def scope(self, node: ir.Node) -> tuple[metadata.Frame, ...]:
-        text = node.metadata_props.get(metadata.SCOPE)
-        if not text:
-            return ()
-        scope = self._memo.get(text)
-        if scope is None:
-            scope = self._memo[text] = metadata.decode_scope(text)
-        return scope
-
-    def add(self, nodes: Iterable[ir.Node]) -> None:
-        for node in nodes:
-            scope = self.scope(node)
-            for k, frame in enumerate(scope):
-                self.nodes[frame].append(node)
-                self.children[scope[:k]].add(frame)
-
-    def live(self, frame: metadata.Frame) -> Iterator[ir.Node]:
-        """The nodes of call ``frame`` still in the graph."""
-        return (n for n in self.nodes.get(frame, ()) if n.graph is self.owner)
-
-
-def _common_scope(scopes: Iterable[tuple[metadata.Frame, ...]]) -> tuple[metadata.Frame, ...]:
-    common: tuple[metadata.Frame, ...] | None = None
-    for scope in scopes:
-        if common is None:
-            common = scope
-            continue
-        k = 0
-        while k < min(len(common), len(scope)) and common[k] == scope[k]:
-            k += 1
-        common = common[:k]
-    return common or ()
+    def live_nodes(self, scope: Scope) -> Iterator[ir.Node]:
+        """The nodes of call ``scope`` (its sub-calls' included) still in the graph."""
+        return self.live(scope, self.owner)
 
 
 def _scoped(node: ir.Node) -> bool:

@@ -6,20 +6,19 @@ import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 from onnx_ir.passes.common import TopologicalSortPass
 
 from irkit import metadata as md
 from irkit._irutil import fresh_name
+from irkit._scope_tree import ScopeTree
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import (
     SUBGRAPH_OPS,
     ContractionPlan,
     Dataflow,
     Scope,
-    build_scope_tree,
     captured_uses,
     nested_nodes,
     used_outside,
@@ -35,9 +34,6 @@ from irkit.hierarchy._dedupe import (
 from irkit.hierarchy._replay import Pending, Template, make_template, relative_labels
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 from irkit.metadata import function_domain
-
-if TYPE_CHECKING:
-    import networkx as nx
 
 __all__ = ["outline", "CallSignatures", "OutlineWarning", "function_domain"]
 
@@ -174,7 +170,8 @@ def outline(
         model.graph.sort()
     if copied or len(model.graph) != len(nodes):  # (unused constants are dropped)
         nodes = list(model.graph)
-    tree, members = build_scope_tree(nodes)
+    tree = ScopeTree(nodes)
+    members = {scope: list(own) for scope, own in tree.members.items()}  # (the working lists)
     signatures = (
         md.decode_call_signatures(model.metadata_props.get(md.CALL_SIGNATURES))
         if call_signatures is None
@@ -227,7 +224,7 @@ def outline(
 
 
 def _walk(
-    tree: nx.DiGraph, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
+    tree: ScopeTree, flow: Dataflow, members: Mapping[Scope, list[ir.Node]]
 ) -> list[tuple[Scope, bool]]:
     """Depth-first ``(call, entering?)`` events, root excluded; siblings in order of their
     first node (deterministic). Leaving a call comes after leaving all its children."""
@@ -238,11 +235,11 @@ def _walk(
             first[scope[:-1]] = first[scope]
 
     def children(scope: Scope) -> list[Scope]:
-        return sorted(tree.successors(scope), key=lambda c: (first[c], c))
+        return sorted(tree.children[scope], key=lambda c: (first[c], c))
 
     events: list[tuple[Scope, bool]] = []
     stack: list[tuple[Scope, bool]] = [((), False)]
-    while stack:  # iterative DFS with sorted children (networkx's dfs cannot sort them)
+    while stack:  # iterative DFS with sorted children
         scope, expanded = stack.pop()
         events.append((scope, not expanded))
         if not expanded:
@@ -251,12 +248,12 @@ def _walk(
     return events[1:-1]  # without the root
 
 
-def _repeated_classes(tree: nx.DiGraph) -> set[str]:
+def _repeated_classes(tree: ScopeTree) -> set[str]:
     """Classes of calls that have child calls and occur more than once: replay candidates."""
     seen: set[str] = set()
     repeated: set[str] = set()
-    for scope in tree:
-        if scope and tree.out_degree(scope):
+    for scope in tree.calls():
+        if tree.children[scope]:
             cls = scope[-1].cls
             (repeated if cls in seen else seen).add(cls)
     return repeated

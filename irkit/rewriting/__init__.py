@@ -8,8 +8,8 @@ The engine knows no rules: the library is :mod:`irkit.rules`, bound to targets b
 See ``docs/rules.md`` for a worked example.
 
 Everything a rule author needs is imported from here — the pattern language, :class:`Rule`,
-:func:`fail`, :class:`Const` and the check helpers (:func:`dims`, :func:`scalar`,
-:func:`reduced_axis` …), and the helpers that make a weight from weights
+:func:`fail`, :class:`Const` and the check helpers (:func:`dims`, :func:`known_dims`,
+:func:`scalar`, :func:`reduced_axis` …), and the helpers that make a weight from weights
 (:func:`transpose_weight`, :func:`concat_weights`, :func:`cast_weight`, :func:`reshape_weight`,
 :func:`multiply_weight`, :func:`weight_constant`): they return a real tensor when the inputs
 have data and a :class:`DerivedTensor` (computed at save time) when some are weightless. The
@@ -18,6 +18,7 @@ have data and a :class:`DerivedTensor` (computed at save time) when some are wei
 
 from __future__ import annotations
 
+from irkit._shapes import known_dims
 from irkit.rewriting._apply import Guard, count_nodes, graph_io_guard, rewrite
 from irkit.rewriting._builder import RewriteBuilder, weight_constant
 from irkit.rewriting._checks import (
@@ -83,6 +84,7 @@ __all__ = [
     "Verdict",
     "rank",
     "dims",
+    "known_dims",
     "static_shape",
     "is_float",
     "FLOAT_TYPES",

@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit._irutil import nested_subgraphs
+from irkit._scope_tree import common_scope
 from irkit.errors import FixedPointError, IrkitError, RewriteError, RuleDefinitionError
 from irkit.rewriting._match import MatchFailure
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
@@ -327,21 +328,15 @@ class _Worklist:
 def provenance(nodes: Iterable[ir.Node], rule_name: str) -> dict[str, str]:
     """Metadata for replacement nodes: rule, union of sources, deepest common scope."""
     sources: set[str] = set()
-    common: tuple[metadata.Frame, ...] | None = None
+    scopes: list[tuple[metadata.Frame, ...]] = []
     for n in nodes:
         props = n.metadata_props
         if src := props.get(metadata.SOURCE):
             sources.add(src)
         sources.update(metadata.decode_list(props.get(metadata.REWRITE_SOURCES)))
         if metadata.SCOPE in props:
-            scope = metadata.node_scope(props)
-            if common is None:
-                common = scope
-            else:
-                k = 0
-                while k < min(len(common), len(scope)) and common[k] == scope[k]:
-                    k += 1
-                common = common[:k]
+            scopes.append(metadata.node_scope(props))
+    common = common_scope(scopes)
     meta = {metadata.REWRITE_RULE: rule_name}
     if sources:
         meta[metadata.REWRITE_SOURCES] = metadata.encode_list(sorted(sources))

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit._shapes import value_dims
 from irkit.rewriting._match import MatchFailure, const_value, fail
 
 __all__ = [
@@ -47,9 +48,7 @@ def rank(value: ir.Value | None) -> int | None:
 
 def dims(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
     """The dims of ``value`` (ints, symbolic names or None) if its shape is known."""
-    if value is None or value.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+    return value_dims(value)
 
 
 def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:

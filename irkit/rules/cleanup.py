@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from irkit._shapes import reshape_target
 from irkit.rewriting import (
     MatchFailure,
     Rule,
@@ -51,34 +52,18 @@ def _target_and_dims(x: ir.Value, shape: ir.Value) -> tuple[list[int], Dims] | M
     return target, xd
 
 
-def _reshape_target(
-    x: ir.Value, shape: ir.Value, allowzero: int | None
-) -> list[object] | MatchFailure:
-    """The resolved target dims of Reshape(x, shape), or a failure."""
+def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None) -> Verdict:
     known = _target_and_dims(x, shape)
     if isinstance(known, MatchFailure):
         return known
     target, xd = known
     if len(target) != len(xd):
         return fail("reshape changes the rank", shape)
-    resolved: list[object] = []
-    for i, t in enumerate(target):
-        resolved.append(xd[i] if (t == 0 and not allowzero) else t)
-    if resolved.count(-1) == 1:
-        j = resolved.index(-1)
-        others = [d for k, d in enumerate(resolved) if k != j]
-        if others == [d for k, d in enumerate(xd) if k != j]:
-            resolved[j] = xd[j]
-    return resolved
-
-
-def _reshape_is_noop(x: ir.Value, shape: ir.Value, allowzero: int | None) -> Verdict:
-    resolved = _reshape_target(x, shape, allowzero)
-    if isinstance(resolved, MatchFailure):
-        return resolved
-    xd = dims(x) or ()  # (known: _reshape_target checked it)
-    if any(d is None for d in xd) or list(xd) != resolved:
-        return fail(f"target {resolved} differs from input shape {list(xd)}", shape)
+    resolved = reshape_target(xd, target, allowzero or 0)
+    if resolved is None:
+        return fail(f"target {target} does not fit input shape {list(xd)}", shape)
+    if any(d is None for d in xd) or resolved != xd:
+        return fail(f"target {list(resolved)} differs from input shape {list(xd)}", shape)
     return True
 
 

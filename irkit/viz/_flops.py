@@ -7,13 +7,13 @@ whose shapes are not known well enough is counted in :attr:`Flops.unknown` inste
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-from irkit.rewriting import const_ints, dims
+from irkit._shapes import output_dims
+from irkit.rewriting import dims
 
 __all__ = ["Flops", "node_flops", "format_count", "derived_shape", "ShapeTracker"]
 
@@ -140,98 +140,16 @@ def node_flops(node: ir.Node, shape_of: ShapeOf = _value_shape) -> Flops:
     return _product([*out, a[-1]], factor=2)
 
 
-_SAME_SHAPE = frozenset(
-    [
-        "Identity",
-        "Cast",
-        "CastLike",
-        "Neg",
-        "Relu",
-        "Sigmoid",
-        "Tanh",
-        "Erf",
-        "Exp",
-        "Log",
-        "Sqrt",
-        "Reciprocal",
-        "Abs",
-        "Softmax",
-        "LogSoftmax",
-        "Gelu",
-        "Elu",
-        "LeakyRelu",
-        "HardSigmoid",
-        "HardSwish",
-        "Mish",
-        "Softplus",
-        "Not",
-        "Dropout",
-    ]
-)
-
-_BROADCAST = frozenset(
-    [
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "Where",
-        "Max",
-        "Min",
-        "And",
-        "Or",
-        "Equal",
-        "Less",
-        "Greater",
-    ]
-)
-
-
-def _broadcast(shapes: list[tuple[int | str | None, ...] | None]) -> tuple[Dim | None, ...] | None:
-    """Numpy broadcasting of known shapes; ``None`` if a shape or a needed dim is unknown."""
-    known = [s for s in shapes if s is not None]
-    if not shapes or len(known) != len(shapes):
-        return None
-    rank = max(len(s) for s in known)
-    result: list[Dim | None] = []
-    for i in range(rank):
-        seen = {s[i - rank + len(s)] for s in known if i - rank + len(s) >= 0}
-        seen.discard(1)
-        result.append(seen.pop() if len(seen) == 1 else (1 if not seen else None))
-    return tuple(result)
-
-
-def _reshaped(node: ir.Node, shape: tuple[int | str | None, ...]) -> tuple[Dim, ...] | None:
-    """The output shape of ``Reshape(x, constant)``: ``0`` copies a dim, ``-1`` is inferred."""
-    target = const_ints(node.inputs[1])
-    if target is None:
-        return None
-    allowzero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0
-    out: list[Dim | None] = [
-        (shape[i] if i < len(shape) else None) if d == 0 and not allowzero else d
-        for i, d in enumerate(target)
-    ]
-    if -1 in out:
-        sizes = [d for d in shape if isinstance(d, int)]
-        others = [d for d in out if d != -1]
-        known = [d for d in others if isinstance(d, int)]
-        if len(sizes) != len(shape) or len(known) != len(others):
-            return None
-        rest = math.prod(known)
-        out[out.index(-1)] = math.prod(sizes) // rest if rest else None
-    resolved = [d for d in out if d is not None]
-    return tuple(resolved) if len(resolved) == len(out) else None
-
-
 def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, ...] | None:
-    """The first output's shape of a shape-preserving op or a ``Transpose``, from its input.
+    """The first output's shape of ``node`` from its inputs' shapes (``shape_of``):
+    :func:`irkit._shapes.output_dims`, which knows the shape-preserving and broadcasting ops,
+    ``Reshape``, ``Expand``, ``(Un)Squeeze`` and ``Transpose``.
 
     Values inside ONNX function bodies usually carry no shapes (a ``Linear`` body is
     ``MatMul(x, Transpose(weight))``); this recovers enough of them to estimate FLOPs. (ONNX's
     shape inference, which onnx-ir's ``ShapeInferencePass`` runs, annotates main-graph values
     only, and a function body's input shapes differ per call site; so viz derives these few ops
-    itself, with dims and constants read by :mod:`irkit.rewriting`'s helpers.)
+    with the shape helpers the rules use.)
 
     Example:
         >>> import onnx_ir as ir
@@ -239,28 +157,7 @@ def derived_shape(node: ir.Node, shape_of: ShapeOf) -> tuple[int | str | None, .
         >>> derived_shape(ir.node("Transpose", [w], {"perm": [1, 0]}), _value_shape)
         (64, 32)
     """
-    if node.domain not in ("", "ai.onnx"):
-        return None
-    if node.op_type == "Constant" and "value" in node.attributes:
-        return tuple(node.attributes["value"].as_tensor().shape.numpy())
-    if not node.inputs or node.inputs[0] is None:
-        return None
-    if node.op_type in _BROADCAST:
-        return _broadcast([None if v is None else shape_of(v) for v in node.inputs])
-    shape = shape_of(node.inputs[0])
-    if shape is None:
-        return None
-    if node.op_type in _SAME_SHAPE:
-        return shape
-    if node.op_type == "Reshape" and len(node.inputs) > 1:
-        return _reshaped(node, shape)
-    if node.op_type == "Transpose":
-        perm = node.attributes.get("perm")
-        order = perm.as_ints() if perm is not None else range(len(shape) - 1, -1, -1)
-        if sorted(order) != list(range(len(shape))):
-            return None
-        return tuple(shape[i] for i in order)
-    return None
+    return output_dims(node, shape_of)
 
 
 class ShapeTracker:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from irkit import metadata
+from irkit._scope_tree import Scope, ScopeTree
 from irkit.viz._style import Style, indexed_successor, plural
 from irkit.viz._summary import relative_name, scope_of
 
@@ -107,21 +108,37 @@ class ScopeNode:
 def scope_tree(nodes: Iterable[ir.Node]) -> ScopeNode | None:
     """The call tree of ``nodes``' scopes (see :func:`node_frames`); ``None`` if no node
     carries scope metadata."""
+    ordered = list(nodes)
+    tree = ScopeTree(ordered, scope_of=node_frames)
+    if not tree.children[()]:
+        return None
+    position = {node: i for i, node in enumerate(ordered)}
     root = ScopeNode(None)
-    found = False
-    for node in nodes:
-        frames = node_frames(node)
-        if not frames:
-            continue
-        found = True
-        current = root
-        current.nodes += 1
-        for frame in frames:
-            current = current.children.setdefault(frame.call_id, ScopeNode(frame))
-            current.nodes += 1
-            current.members.append(node)
-        current.ops[node.op_type] += 1
-    return root if found and root.children else None
+    _add_children(root, tree.children[()], tree, position)
+    root.nodes = sum(child.nodes for child in root.children.values())
+    return root
+
+
+def _add_children(
+    parent: ScopeNode, calls: list[Scope], tree: ScopeTree, position: dict[ir.Node, int]
+) -> None:
+    """Add the child ``calls`` of ``parent``, calls with one call id (``layers.0``) as one node,
+    in the order of their first node."""
+    groups: dict[str, list[Scope]] = {}
+    for call in calls:
+        groups.setdefault(call[-1].call_id, []).append(call)
+    children = []
+    for group in groups.values():
+        child = ScopeNode(group[0][-1])
+        child.members = sorted(
+            (n for call in group for n in tree.nodes(call)), key=position.__getitem__
+        )
+        child.nodes = len(child.members)
+        child.ops.update(n.op_type for call in group for n in tree.members[call])
+        _add_children(child, [c for call in group for c in tree.children[call]], tree, position)
+        children.append(child)
+    for child in sorted(children, key=lambda c: position[c.members[0]]):
+        parent.children[child.path] = child
 
 
 def scope_groups(children: list[ScopeNode], expand: tuple[str, ...] = ()) -> list[list[ScopeNode]]:

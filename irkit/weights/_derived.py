@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit._shapes import reshape_target
 from irkit.errors import WeightsError
 from irkit.metadata import DERIVED_KEY, WEIGHTLESS_KEY
 from irkit.weights._weightless import WeightlessTensor
@@ -490,26 +491,14 @@ def cast(tensor: TensorLike, dtype: ir.DataType) -> ir.TensorProtocol:
 def reshape(tensor: TensorLike, shape: Sequence[int]) -> ir.TensorProtocol:
     """``tensor`` reshaped to a static ``shape`` (one ``-1`` allowed): real or derived."""
     source = as_recipe(tensor)
-    size = int(np.prod(source.shape, dtype=np.int64))
-    try:
-        new_shape = _static_shape(size, shape)
-    except ValueError as exc:
-        raise WeightsError(f"reshape: {source.shape} cannot become {list(shape)} ({exc}).") from exc
+    resolved = reshape_target(source.shape, [int(d) for d in shape], allowzero=1)
+    new_shape = tuple(d for d in resolved or () if isinstance(d, int))
+    if resolved is None or len(new_shape) != len(resolved):
+        raise WeightsError(
+            f"reshape: {source.shape} cannot become {list(shape)} (at most one -1, no other "
+            "negative dimension, and as many elements as the tensor has)."
+        )
     return _make(Reshape(source, new_shape), [tensor])
-
-
-def _static_shape(size: int, shape: Sequence[int]) -> tuple[int, ...]:
-    dims = [int(d) for d in shape]
-    if dims.count(-1) > 1 or any(d < -1 for d in dims):
-        raise ValueError("at most one -1 and no other negative dimension")
-    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
-    if -1 in dims:
-        if known == 0 or size % known:
-            raise ValueError(f"{size} elements do not divide into {dims}")
-        dims[dims.index(-1)] = size // known
-    if int(np.prod(dims, dtype=np.int64)) != size:
-        raise ValueError(f"{size} elements do not fill {dims}")
-    return tuple(dims)
 
 
 def multiply(tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:

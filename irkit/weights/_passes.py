@@ -26,6 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from irkit._irutil import const_tensor
+from irkit._shapes import Dims, reshape_target, squeezed, unsqueezed
 from irkit.errors import IrkitError
 from irkit.metadata import DERIVED_KEY
 from irkit.weights import _derived as derived
@@ -267,10 +268,10 @@ def _cast(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProto
 
 
 def _reshape(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    shape, dims = _ints(tensors[1]), _dims(tensors[0])
-    if not _attr(node, "allowzero", 0):
-        shape = [dims[i] if d == 0 else d for i, d in enumerate(shape)]
-    return derived.reshape(tensors[0], shape)
+    allowzero = int(_attr(node, "allowzero", 0))  # type: ignore[call-overload]
+    return derived.reshape(
+        tensors[0], _static(reshape_target(_dims(tensors[0]), _ints(tensors[1]), allowzero), node)
+    )
 
 
 def _axes(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> list[int] | None:
@@ -281,23 +282,22 @@ def _axes(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> list[int] | No
 
 
 def _unsqueeze(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    dims, axes = _dims(tensors[0]), _axes(node, tensors)
+    axes = _axes(node, tensors)
     if axes is None:
         raise ValueError("Unsqueeze without axes")
-    rank = len(dims) + len(axes)
-    for axis in sorted(a % rank for a in axes):
-        dims.insert(axis, 1)
-    return derived.reshape(tensors[0], dims)
+    return derived.reshape(tensors[0], _static(unsqueezed(_dims(tensors[0]), axes), node))
 
 
 def _squeeze(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
-    dims, axes = _dims(tensors[0]), _axes(node, tensors)
-    drop = (
-        {i for i, d in enumerate(dims) if d == 1} if axes is None else {a % len(dims) for a in axes}
-    )
-    if any(dims[i] != 1 for i in drop):
-        raise ValueError("Squeeze of a dimension that is not 1")
-    return derived.reshape(tensors[0], [d for i, d in enumerate(dims) if i not in drop])
+    dims = _static(squeezed(_dims(tensors[0]), _axes(node, tensors)), node)
+    return derived.reshape(tensors[0], dims)
+
+
+def _static(dims: Dims | None, node: ir.Node) -> list[int]:
+    """``dims`` (of a tensor with data or a weightless one: all known), or why they are not."""
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        raise ValueError(f"{node.op_type} does not apply to its input's shape")
+    return [int(d) for d in dims]  # type: ignore[arg-type]
 
 
 def _concat(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:

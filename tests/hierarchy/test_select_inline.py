@@ -8,7 +8,7 @@ import pytest
 
 import irkit
 from irkit import metadata as md
-from irkit.errors import OutlineError
+from irkit.errors import MetadataError, OutlineError
 from tests.helpers import run_ort
 from tests.hierarchy import builders as B
 
@@ -130,10 +130,10 @@ def test_functions_and_metadata_survive_save_and_load(tmp_path):
 def test_malformed_scope_metadata_is_reported_with_the_node():
     model = B.stack(1)
     model.graph.node(0).metadata_props[md.SCOPE] = '[["layers.0", 0]]'
-    with pytest.raises(OutlineError) as err:
+    with pytest.raises(MetadataError) as err:  # (as outline's docstring says)
         irkit.outline(model)
     assert str(err.value).startswith(
-        "Node 'matmul_1' (MatMul) has malformed irkit.scope metadata '[[\"layers.0\", 0]]' ("
+        "Node 'matmul_1' (MatMul) has malformed irkit.scope metadata '[[\"layers.0\", 0]]': "
     )
     assert "irkit.metadata.encode_scope" in str(err.value)
 
