@@ -19,6 +19,10 @@ from tests import torchvision_ops
 # torchvision's CUDA wheel cannot load its C++ ops beside the CPU torch, and transformers, timm
 # and diffusers import torchvision: stand in for the ops (only if they fail to load).
 torchvision_ops.install()
+# ... and so do the Python subprocesses the tests start (the demo, the command line, tools):
+# tests/site/sitecustomize.py applies the same stand-in when they import torchvision.
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
 
 # Property tests draw the same examples on every run (CI must not pass or fail by luck);
 # HYPOTHESIS_PROFILE=explore draws new ones, to look for failures locally.

@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-__all__ = ["install"]
+__all__ = ["install", "fall_back_on_failure"]
 
 # torchvision 0.28's schemas (torchvision/csrc/ops/*.cpp and vision.cpp).
 _SCHEMAS = (
@@ -164,7 +164,7 @@ def _library() -> torch.library.Library:
     return lib
 
 
-def _fall_back_on_failure(package_dir: str) -> None:
+def fall_back_on_failure(package_dir: str) -> None:
     """From now on, a failure to load torchvision's ``_C`` defines the ops from Python instead."""
     real = torch.ops.load_library
 
@@ -188,7 +188,7 @@ class _BeforeTorchvision(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name == "torchvision" and self._package_dir is not None:
-            _fall_back_on_failure(self._package_dir)
+            fall_back_on_failure(self._package_dir)
             self._package_dir = None  # once (the finder stays: the import is iterating the list)
         return None  # the ordinary finders import it
 
