@@ -82,6 +82,7 @@ def shards(real, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["onnx", "ort"])
 def test_optimized_meta_llama_has_the_real_graph_and_saves_with_streamed_weights(
     target, real, shards, tmp_path
@@ -429,6 +430,7 @@ SAVE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM (Linux)")
 def test_streamed_save_of_packed_tensors_stays_within_a_fixed_budget(tmp_path):
     rng = np.random.default_rng(0)

@@ -56,7 +56,7 @@ def _lowered(config_name: str, model_name: str):
 
 
 ARCHS = [
-    pytest.param("LlamaConfig", "LlamaForCausalLM", id="llama"),
+    pytest.param("LlamaConfig", "LlamaForCausalLM", id="llama", marks=pytest.mark.slow),
     pytest.param("Qwen2Config", "Qwen2ForCausalLM", id="qwen2", marks=pytest.mark.slow),
 ]
 

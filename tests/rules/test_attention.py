@@ -340,7 +340,7 @@ def _decoder(arch: str, impl: str):
 @pytest.mark.parametrize(
     ("arch", "impl"),
     [
-        pytest.param("Llama", "sdpa", id="llama-sdpa"),
+        pytest.param("Llama", "sdpa", id="llama-sdpa", marks=pytest.mark.slow),
         pytest.param("Llama", "eager", id="llama-eager", marks=pytest.mark.slow),
         pytest.param("Qwen2", "sdpa", id="qwen2-sdpa", marks=pytest.mark.slow),
     ],
