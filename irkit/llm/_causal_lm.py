@@ -195,7 +195,8 @@ def _layer_shapes(model: Any, cache: Any) -> CacheLayout:
         )
     keys, values = [], []
     for i, layer in enumerate(layers):
-        key, value = getattr(layer, "keys", None), getattr(layer, "values", None)
+        key: Any = getattr(layer, "keys", None)
+        value: Any = getattr(layer, "values", None)
         if getattr(key, "ndim", 0) != 4 or getattr(value, "ndim", 0) != 4:
             raise ExportError(
                 f"export_causal_lm: layer {i} of {type(model).__name__}'s cache "
@@ -384,7 +385,7 @@ def _register_cache_pytree() -> None:
             return
         raise _export_error("registering DynamicCache as a pytree node", exc) from exc
     try:
-        register_dynamic_cache_export_support()
+        register_dynamic_cache_export_support()  # type: ignore[no-untyped-call]
     except Exception as exc:
         raise _export_error("registering DynamicCache as a pytree node", exc) from exc
 
@@ -502,7 +503,8 @@ _ORT_FLOATS = {
 
 def _positions(mask: np.ndarray) -> np.ndarray:
     """Position ids as transformers' ``generate`` derives them: ``cumsum(mask) - 1``, pads 0."""
-    return np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int64)
+    positions: np.ndarray = np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int64)
+    return positions
 
 
 def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
