@@ -58,6 +58,7 @@ from irkit.rewriting import (
     const_value,
     dims,
     fail,
+    matches,
     op,
     optional,
     rank,
@@ -147,7 +148,8 @@ def _check_half(
     low, high = _slice(x, a0, e0, ax0, st0), _slice(x, a1, e1, ax1, st1)
     if low != (0, h, 1) or high != (h, d, 1):
         return fail(f"slices {low} / {high} are not the halves [0, {h}) / [{h}, {d})", x)
-    return _check_duplicated(cos, sin, False, match, ctx)
+    duplicated = _check_duplicated(cos, sin, False, match, ctx)
+    return duplicated if duplicated is not True else {"head_dim": d}
 
 
 def _check_interleaved(
@@ -182,18 +184,22 @@ def _check_interleaved(
         w is not None and g is not None and w != g for w, g in zip(want, got, strict=True)
     ):
         return fail(f"reshape {flat_dims} does not restore x's shape {xd}", flat)
-    return _check_duplicated(cos, sin, True, match, ctx)
+    duplicated = _check_duplicated(cos, sin, True, match, ctx)
+    return duplicated if duplicated is not True else {"head_dim": d}
 
 
-def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value) -> ir.Value:
+_UNSQUEEZED = op.Unsqueeze(var("cache3"), Const(1))  # (shared by the q and k rotations: kept)
+
+
+def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value, opset: int) -> ir.Value:
     """(B, 1, S, D) → (B, S, D): the Unsqueeze's input when there is one, else a Squeeze.
 
     A batch-1 cache (positions shared by the batch) is expanded to ``x``'s batch: onnxruntime's
     kernel does not broadcast it.
     """
-    node = c.producer()
-    if node is not None and node.op_type == "Unsqueeze" and const_ints(node.inputs[1]) == [1]:
-        out: ir.Value = node.inputs[0]  # type: ignore[assignment]
+    unsqueezed = matches(_UNSQUEEZED, c, opset)
+    if isinstance(unsqueezed, dict):
+        out: ir.Value = unsqueezed["cache3"]
     else:
         out = op.Squeeze(c, op.const([1], np.int64))
     cd, xd = dims(c), dims(x)
@@ -203,23 +209,27 @@ def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value) -> ir.Value:
     return out
 
 
-def _half(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+def _half(
+    op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value, head_dim: int, match: Match
+) -> ir.Value:
     """RotaryEmbedding(x, cos[..., :D/2], sin[..., :D/2])"""
-    h = int(dims(x)[-1]) // 2  # type: ignore[index, arg-type]
+    h = head_dim // 2
     start, end, axis = op.const([0], np.int64), op.const([h], np.int64), op.const([-1], np.int64)
-    c, s = _cache3(op, cos, x), _cache3(op, sin, x)
+    c, s = _cache3(op, cos, x, match.opset), _cache3(op, sin, x, match.opset)
     return op.RotaryEmbedding(x, op.Slice(c, start, end, axis), op.Slice(s, start, end, axis))
 
 
-def _interleaved(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+def _interleaved(
+    op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value, head_dim: int, match: Match
+) -> ir.Value:
     """RotaryEmbedding(x, cos[..., ::2], sin[..., ::2], interleaved=1)"""
-    d = int(dims(x)[-1])  # type: ignore[index, arg-type]
+    d = head_dim
     start, end = op.const([0], np.int64), op.const([d], np.int64)
     axis, step = op.const([-1], np.int64), op.const([2], np.int64)
     return op.RotaryEmbedding(
         x,
-        op.Slice(_cache3(op, cos, x), start, end, axis, step),
-        op.Slice(_cache3(op, sin, x), start, end, axis, step),
+        op.Slice(_cache3(op, cos, x, match.opset), start, end, axis, step),
+        op.Slice(_cache3(op, sin, x, match.opset), start, end, axis, step),
         interleaved=1,
     )
 
