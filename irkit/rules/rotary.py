@@ -82,8 +82,6 @@ _STACKED = op.Concat(
 )
 _INTERLEAVED = x * _COS4 + op.Reshape(_STACKED, var("flat")) * _SIN4
 
-_BIG = 2**62  # a Slice end at or above this means "to the end"
-
 
 def _slice(
     x: ir.Value, start: ir.Value, end: ir.Value, axis: ir.Value | None, step: ir.Value | None
@@ -100,7 +98,7 @@ def _slice(
     last = d[-1] if d else None
     if not isinstance(last, int):
         return None
-    stop = last if e[0] >= _BIG or e[0] > last else e[0] + last if e[0] < 0 else e[0]
+    stop = min(e[0], last) if e[0] >= 0 else e[0] + last  # (an end past the dim: to the end)
     first = s[0] + last if s[0] < 0 else s[0]
     return first, stop, t[0]
 
