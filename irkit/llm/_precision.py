@@ -12,8 +12,9 @@ bfloat16 is read, never written: onnxruntime's CPU kernels have almost no bfloat
 (``MatMul``, ``RMSNormalization``, ``Attention`` have none), so a bfloat16 checkpoint exports as
 float32 (the default) or float16 (``Precision.FP16``). float16 has 5 fewer exponent bits than
 bfloat16: values past 65504 become ``inf``; the conversion refuses weights outside the range,
-and :func:`irkit.rules.fp32_islands.check_half_range` the known activation sites (e.g. Gemma's
-``sqrt(hidden)`` embedding scale) before anything is written.
+and :func:`check_half_range` the known activation sites (:data:`HALF_OVERFLOW_SITES`, e.g.
+Gemma's ``sqrt(hidden)`` embedding scale) before anything is written;
+:func:`irkit.rules.fp32_islands.keep_fp32` keeps a named list of ops in float32.
 
 torch and transformers are imported on first call only. See ``docs/precision.md``.
 """
@@ -24,10 +25,26 @@ import copy
 import enum
 from typing import Any
 
-from irkit.errors import LoweringOptionsError
-from irkit.llm._meta import MetaModel, meta_causal_lm
+import numpy as np
 
-__all__ = ["Precision", "convert_model", "meta_model"]
+from irkit.errors import LoweringOptionsError, WeightsError
+from irkit.llm._meta import MetaModel, meta_causal_lm
+from irkit.weights import open_weights
+
+__all__ = [
+    "HALF_OVERFLOW_SITES",
+    "Precision",
+    "check_half_range",
+    "convert_model",
+    "meta_model",
+]
+
+#: Activation sites that leave float16's range for some weights, checked by
+#: :func:`check_half_range`: the module attribute that marks one, and what it computes.
+HALF_OVERFLOW_SITES: dict[str, str] = {
+    "embed_scale": "embedding rows times embed_scale (Gemma's sqrt(hidden_size))",
+}
+_HALF_MAX = float(np.finfo(np.float16).max)
 
 
 class Precision(enum.Enum):
@@ -55,9 +72,7 @@ class Precision(enum.Enum):
                 else ""
             )
             choices = ", ".join(p.value for p in cls)
-            raise LoweringOptionsError(
-                f"precision {name!r} is not one of {choices}{why}"
-            ) from None
+            raise LoweringOptionsError(f"precision {name!r} is not one of {choices}{why}") from None
 
     def torch_dtype(self) -> Any:
         """The ``torch.dtype`` of the parameters (``torch.float32`` / ``torch.float16``)."""
@@ -92,10 +107,12 @@ def meta_model(
 
 
 def convert_model(model: Any, precision: str | Precision) -> Any:
-    """``model`` with its floating-point parameters and buffers in ``precision``.
+    """``model`` with its floating-point parameters in ``precision``.
 
     The model itself when they already are; else a converted copy in eval mode (the caller's
-    model is not modified; the copy holds the weights a second time, in the new dtype).
+    model is not modified; the copy holds the weights a second time, in the new dtype). Buffers
+    keep their dtype, as ``from_pretrained(dtype=...)`` builds them: the rotary ``inv_freq``
+    stays float32 (``model.half()`` would round it to float16).
 
     Args:
         model: A ``torch.nn.Module`` (a transformers causal LM).
@@ -108,15 +125,73 @@ def convert_model(model: Any, precision: str | Precision) -> Any:
         LoweringOptionsError: An unknown precision, or ``model`` is not a torch module.
     """
     dtype = Precision.parse(precision).torch_dtype()
-    if not hasattr(model, "parameters") or not hasattr(model, "to"):
+    if not hasattr(model, "named_parameters") or not hasattr(model, "named_buffers"):
         raise LoweringOptionsError(
             f"convert_model: {type(model).__name__} is not a torch module; pass the "
             "transformers model"
         )
-    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-    if all(t.dtype == dtype for t in floats):
+    if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
         return model
-    converted = copy.deepcopy(model).to(dtype)
+    converted = copy.deepcopy(model)
+    buffers = [(name, b) for name, b in converted.named_buffers() if b is not None]
+    converted.to(dtype)
+    for name, buffer in buffers:  # back to the dtype they were built in
+        owner, _, leaf = name.rpartition(".")
+        converted.get_submodule(owner)._buffers[leaf] = buffer
     if hasattr(converted, "config"):
         converted.config.dtype = dtype  # (what from_pretrained(dtype=...) records)
     return converted.eval()
+
+
+def _tensor(module_tensor: Any, key: str, source: Any) -> np.ndarray | None:
+    """``module_tensor`` as float32 numpy, read from ``source`` when it is on ``meta``."""
+    if module_tensor is None:
+        return None
+    if not hasattr(module_tensor, "device"):
+        return np.asarray(float(module_tensor), dtype=np.float32)
+    if module_tensor.device.type != "meta":
+        return np.asarray(module_tensor.detach().float().cpu().numpy())
+    stored = source.get(key) if source is not None else None
+    return None if stored is None else np.asarray(stored.numpy(), dtype=np.float32)
+
+
+def check_half_range(model: Any, weights: object = None) -> None:
+    """Refuse a float16 export whose :data:`HALF_OVERFLOW_SITES` overflow for these weights.
+
+    For each module with an ``embed_scale`` (Gemma's scaled embedding), the largest embedding
+    value times the scale must stay within float16's 65504, else the float16 graph computes
+    ``inf`` on the first layer. Weights on the ``meta`` device are read from ``weights`` (what
+    :func:`irkit.save` gets: a folder, a ``.safetensors`` file, a state dict, a list of them).
+
+    Args:
+        model: The transformers model (real or ``meta`` parameters).
+        weights: Where ``meta`` tensors are read (default: only the model's own tensors).
+
+    Raises:
+        WeightsError: A site overflows (the message names the module, the bound and the fix),
+            or a ``meta`` tensor is in none of ``weights``.
+    """
+    source = open_weights(weights) if weights is not None else None
+    for name, module in model.named_modules():
+        for attribute, what in HALF_OVERFLOW_SITES.items():
+            marker = getattr(module, attribute, None)
+            if marker is None or getattr(module, "weight", None) is None:
+                continue
+            prefix = f"{name}." if name else ""
+            table = _tensor(module.weight, f"{prefix}weight", source)
+            scale = _tensor(marker, f"{prefix}{attribute}", source)
+            if table is None or scale is None:
+                raise WeightsError(
+                    f"check_half_range: {prefix}weight or {prefix}{attribute} is on the meta "
+                    "device and in none of the weights given; pass the checkpoint folder "
+                    "(and MetaModel.buffers) as weights="
+                )
+            scale16 = float(np.float16(scale.reshape(-1)[0]))  # as the float16 model rounds it
+            bound = float(np.abs(table).max()) * abs(scale16)
+            if bound > _HALF_MAX:
+                raise WeightsError(
+                    f"float16 export: {name or 'the model'} ({type(module).__name__}) computes "
+                    f"{what}: max |row| {float(np.abs(table).max()):g} × {scale16:g} = "
+                    f"{bound:g}, past float16's {_HALF_MAX:g} (inf in the float16 graph). "
+                    "Fix: export in float32 (precision 'fp32', --precision fp32)."
+                )
