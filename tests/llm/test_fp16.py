@@ -192,7 +192,20 @@ def _gemma(tmp_path=None, big: float | None = None):
 @pytest.mark.slow
 def test_gemma_embedding_scale_overflow_is_refused(tmp_path):
     _, fine = _gemma()
-    check_half_range(convert_model(fine, "fp16"))  # sqrt(64) × small rows: in range
+    fine16 = convert_model(fine, "fp16")
+    check_half_range(fine16)  # sqrt(64) × small rows: in range
+    # it exports; Gemma's float32 norm (1 + w included) stays a float32 RMSNormalization
+    exported = export_causal_lm(fine16)
+    model = irkit.lower(exported.program, **exported.lower_kwargs())
+    irkit.optimize(model, target="ort")
+    norm = next(f for f in model.functions.values() if f.name == "GemmaRMSNorm")
+    ops = collections.Counter(n.op_type for n in norm)
+    assert ops["RMSNormalization"] == 1 and ops["Pow"] == 0
+    fused = next(n for n in norm if n.op_type == "RMSNormalization")
+    assert fused.inputs[0].dtype == irkit_dtype(np.float32)
+    feeds = causal_lm_feeds(fine16, batch=2, seq=3, past=4, layout=exported.cache)
+    got = [g.astype(np.float32) for g in ort_session(model).run(None, feeds)]
+    assert_close(got, run_eager(fine16, feeds), atol=ATOL)
     cfg, lm = _gemma(tmp_path / "big", big=9000.0)  # 9000 × 8 = 72000 > 65504
     with pytest.raises(WeightsError, match=r"model.embed_tokens \(GemmaTextScaledWordEmbedding\)"):
         check_half_range(convert_model(lm, "fp16"))
