@@ -179,3 +179,60 @@ def test_kv_bytes():
     assert DECODER.kv_bytes(64, batch=3) == 3 * DECODER.kv_bytes(64)
     half = dataclasses.replace(DECODER, cache_itemsize=2)
     assert half.kv_bytes(4096) == DECODER.kv_bytes(4096) // 2
+
+
+# ------------------------------------------ one cache shape for genai (MLA: values padded)
+
+
+def _layout(keys, values):
+    from irkit.llm import CacheLayout
+
+    return CacheLayout(keys=tuple(keys), values=tuple(values), dtype=None)
+
+
+def test_one_cache_shape():
+    from irkit.llm._causal_lm import one_cache_shape
+
+    assert one_cache_shape(_layout([(2, 16)] * 2, [(2, 16)] * 2)) == (2, 16)
+    assert one_cache_shape(_layout([(4, 24)] * 2, [(4, 16)] * 2)) == (4, 24)  # MLA: padded
+    with pytest.raises(LoweringOptionsError, match="across layers"):
+        one_cache_shape(_layout([(2, 16), (2, 32)], [(2, 16), (2, 32)]))
+    with pytest.raises(LoweringOptionsError, match="only values narrower"):
+        one_cache_shape(_layout([(2, 16)], [(2, 24)]))
+
+
+def test_pad_value_cache_runs_the_same():
+    """Values of 2 stored as 3: the pad column is ignored on the way in, zero on the way out."""
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from irkit.llm._causal_lm import pad_value_cache
+
+    def info(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Concat", ["past_key_values.0.value", "x"], ["present.0.value"], axis=2
+            ),
+            helper.make_node("ReduceSum", ["present.0.value"], ["logits"], keepdims=0),
+        ],
+        "g",
+        [info("x", ["b", 1, "s", 2]), info("past_key_values.0.value", ["b", 1, "p", 2])],
+        [info("logits", []), info("present.0.value", ["b", 1, "t", 2])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model = ir.serde.deserialize_model(proto)
+    pad_value_cache(model, _layout([(1, 3)], [(1, 2)]))
+    assert [d for d in model.graph.inputs[1].shape.dims][-1] == 3
+    session = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 4, 2)).astype(np.float32)
+    past = rng.standard_normal((2, 1, 5, 3)).astype(np.float32)  # the pad column is garbage
+    logits, present = session.run(None, {"x": x, "past_key_values.0.value": past})
+    np.testing.assert_allclose(logits, past[..., :2].sum() + x.sum(), rtol=1e-5)
+    np.testing.assert_array_equal(present[..., :2], np.concatenate([past[..., :2], x], axis=2))
+    np.testing.assert_array_equal(present[..., 2], 0)
