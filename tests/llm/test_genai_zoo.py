@@ -46,6 +46,9 @@ FROM_MODEL = {
     # falcon indexes its fused qkv with Python lists: torch.export lifts the index tensors as
     # constants, which a meta-device model creates on meta, without their values
     "falcon": "list-index constants of a meta-device model have no values",
+    # longrope computes its long factors on first use (torch.tensor(long_factor) in forward):
+    # on a meta-device model the probe leaves a fake tensor behind and the constant has no value
+    "phi3_longrope": "longrope's lazily computed long factors on a meta-device model",
 }
 
 
