@@ -1,4 +1,4 @@
-"""The causal-LM zoo through ``irkit export`` and onnxruntime-genai's ``Generator``.
+"""(Shared by ``test_genai_zoo*.py``.) The causal-LM zoo through ``irkit export`` and onnxruntime-genai's ``Generator``.
 
 Each architecture of :data:`tests.llm_zoo.ZOO` (tiny config, random weights, vocabulary widened
 to :data:`VOCAB` for the local tokenizer) is saved with ``save_pretrained`` beside a byte-level
@@ -31,7 +31,6 @@ og = pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-pytestmark = pytest.mark.slow
 
 VOCAB = 320  # 256 bytes + the specials + merges; the zoo's 256 is too small for a byte-level BPE
 SPECIALS = ("<pad>", "<s>", "</s>")  # the zoo's ids: pad 0, bos 1, eos 2
@@ -52,8 +51,7 @@ FROM_MODEL = {
 }
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory):
+def make_exported(tmp_path_factory: pytest.TempPathFactory):
     """arch → (HF folder, exported folder, the transformers model), each exported once."""
     root = tmp_path_factory.mktemp("genai-zoo")
     tokenizer = gs.tokenizer(vocab_size=VOCAB, specials=SPECIALS)
@@ -86,8 +84,7 @@ def _before_eos(ids: list[int]) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
-@pytest.mark.parametrize("name", sorted(ARCHS))
-def test_genai_generator_equals_generate(exported, name):
+def check_generator(exported, name: str) -> None:
     folder, out, model = exported(name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     shortest = min(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
@@ -101,8 +98,7 @@ def test_genai_generator_equals_generate(exported, name):
     assert max(lengths) >= 8  # the comparison is not only an early eos
 
 
-@pytest.mark.parametrize("name", sorted(ARCHS))
-def test_tokenizer_and_chat_template(exported, name):
+def check_tokenizer(exported, name: str) -> None:
     _, out, _ = exported(name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     text = tokenizer.apply_chat_template(
@@ -114,7 +110,13 @@ def test_tokenizer_and_chat_template(exported, name):
         assert list(og_tokenizer.encode(prompt)) == tokenizer(prompt)["input_ids"], prompt
 
 
-def test_longrope_runs_past_the_original_context(exported):
+def part(index: int, parts: int = 3) -> list[str]:
+    """The architectures of part ``index`` (of ``parts``): files run in parallel under xdist."""
+    return sorted(ARCHS)[index::parts]
+
+
+def check_longrope(exported) -> None:
+    """The longrope phi3's prompt takes the short factors, its last tokens the long ones."""
     folder, _, model = exported("phi3_longrope")
     original = model.config.original_max_position_embeddings
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
@@ -122,18 +124,20 @@ def test_longrope_runs_past_the_original_context(exported):
         len(tokenizer(PROMPTS[1])["input_ids"])
         < original
         < len(tokenizer(PROMPTS[1])["input_ids"]) + NEW_TOKENS
-    )  # the prompt takes the short factors, the last tokens the long ones
+    )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
-        for n, r in FROM_MODEL.items()
-    ],
-)
-def test_streaming_from_the_folder_not_yet(exported, name, tmp_path):
-    """Flips to a pass (strict xfail fails) when the folder path streams these weights."""
+def check_streams_from_folder(exported, name: str, tmp_path: pathlib.Path) -> None:
+    """``irkit export`` of the architecture's folder (its weights streamed) succeeds."""
     folder, _, _ = exported(name)
     argv = ["export", str(folder), "-o", str(tmp_path / "out"), "-q"]
     assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
+
+
+def from_model_params(names: list[str]) -> list[object]:
+    """The :data:`FROM_MODEL` architectures among ``names``, as strict xfails."""
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FROM_MODEL[n]))
+        for n in names
+        if n in FROM_MODEL
+    ]
