@@ -59,9 +59,6 @@ KNOWN_CYCLE_EDGES = {
     # work of issue 25 (one public Emitter.emit_body, review §10 change 2).
     ("irkit.lowering._control_flow", "irkit.lowering._emit"),
     ("irkit.lowering._control_flow", "irkit.lowering._plan"),
-    # `from irkit import __version__` in lowering/_lower.py: lowering -> the root package ->
-    # _pipeline -> lowering. To be removed by the lowering work of issue 25 (importlib.metadata).
-    ("irkit.lowering._lower", "irkit"),
 }
 
 
@@ -110,6 +107,17 @@ def test_import_graph_has_no_cycle():
     cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
     shown = [" -> ".join([*c, c[0]]) for c in nx.simple_cycles(graph, length_bound=6)][:10]
     assert not cycles, f"import cycles among {cycles}, e.g.:\n" + "\n".join(shown)
+
+
+def test_the_version_has_one_home():
+    """``irkit/_version.py`` (below every stage: lowering stamps it as ``producer_version``)
+    is the version; ``pyproject.toml`` must say the same."""
+    import tomllib
+
+    from irkit._version import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__
 
 
 def test_ruff_format_check_is_clean():
