@@ -10,7 +10,10 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-__all__ = ["fresh_name", "node_subgraphs", "nested_subgraphs", "const_tensor"]
+__all__ = ["fresh_name", "node_subgraphs", "nested_subgraphs", "const_tensor", "SLICE_END"]
+
+SLICE_END = 2**62
+"""A ``Slice`` end past any size: "to the end" (an end at or above it reads the same)."""
 
 
 def fresh_name(base: str, taken: set[str], *, sep: str = "_", keep: bool = True) -> str:

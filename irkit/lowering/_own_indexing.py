@@ -33,7 +33,8 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from irkit.lowering._own_common import INT64, SLICE_END, extreme, ints
+from irkit._irutil import SLICE_END
+from irkit.lowering._own_common import INT64, extreme, ints
 from irkit.lowering._registration import own, torchlib
 
 __all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
