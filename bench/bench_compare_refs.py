@@ -77,7 +77,7 @@ def _run(checkout: pathlib.Path, models: list[str]) -> dict[str, dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", required=True, help="the checkout to compare against")
+    parser.add_argument("--reference", help="the checkout to compare against (required)")
     parser.add_argument("--candidate", default=".", help="the checkout under test (default: .)")
     parser.add_argument("--models", default="stack16,gpt2,llama", help="tests/zoo.py names")
     parser.add_argument("--runs", type=int, default=5, help="interleaved runs per checkout")
@@ -86,6 +86,8 @@ def main() -> None:
     if args.worker:
         _worker(args.worker.split(","))
         return
+    if not args.reference:
+        parser.error("--reference is required")
     models = args.models.split(",")
     refs = {
         "reference": pathlib.Path(args.reference).resolve(),
