@@ -247,9 +247,11 @@ class _Context:
         Returns the body's results (values or Python constants), in output order.
         """
         target = self.frame.graph if graph is None else graph
+        if target is None:  # (a frame's graph is always set; None would mean the main graph)
+            target = self.emitter.graph
         if prefix is None:
             prefix = f"{self.frame.prefix}{self.node.name}/{body}/"
-        before = len(target) if target is not None else 0
+        before = len(target)
         try:
             results = self.emitter.emit_body(
                 self.bodies[body],
@@ -266,7 +268,7 @@ class _Context:
                 module_path=exc.module_path or module_path(self.node),
                 source=exc.source,
             ) from exc
-        self._adopt_scope(list(target if target is not None else self.emitter.graph)[before:])
+        self._adopt_scope(list(target)[before:])
         flat = list(results) if isinstance(results, (list, tuple)) else [results]
         return flat
 
