@@ -30,6 +30,7 @@ from irkit import errors, metadata
 from irkit._io import check, load, save
 from irkit._lint import lint
 from irkit._pipeline import lower, optimize
+from irkit._version import __version__ as __version__  # (the one home of the version)
 from irkit.errors import (
     CheckError,
     ExportError,
@@ -75,8 +76,6 @@ from irkit.rewriting import (
     var,
 )
 from irkit.rules.quantize import QuantizeReport, quantize
-
-__version__ = "0.1.0"
 
 __all__ = [
     "lower",

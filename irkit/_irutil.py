@@ -12,12 +12,16 @@ from typing import Any
 import onnx_ir as ir
 
 __all__ = [
-    "fresh_name",
-    "node_subgraphs",
-    "nested_subgraphs",
+    "SLICE_END",
     "const_tensor",
+    "fresh_name",
+    "nested_subgraphs",
     "node_attributes",
+    "node_subgraphs",
 ]
+
+SLICE_END = 2**62
+"""A ``Slice`` end past any size: "to the end" (an end at or above it reads the same)."""
 
 
 def fresh_name(base: str, taken: set[str], *, sep: str = "_", keep: bool = True) -> str:

@@ -16,6 +16,7 @@ import time
 import torch
 
 import irkit
+from irkit.rewriting import count_nodes
 
 
 def build_model(layers: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -67,10 +68,6 @@ def view_command(path: pathlib.Path) -> str:
     return f"irkit view {shlex.quote(str(path))} -o {shlex.quote(str(html))}"
 
 
-def _count_nodes(model) -> int:
-    return len(model.graph) + sum(len(f) for f in model.functions.values())
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="demo.onnx", help="where to save the model")
@@ -83,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     model = irkit.lower(ep)
     lowered = time.perf_counter() - start
-    flat_nodes = _count_nodes(model)
+    flat_nodes = count_nodes(model)
     report = irkit.RewriteReport()
     irkit.optimize(model, report=report)
     path = pathlib.Path(irkit.save(model, args.out))

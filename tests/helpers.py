@@ -22,13 +22,17 @@ def ort_session(model: ir.Model | str | os.PathLike) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
-    source = str(model) if isinstance(model, (str, os.PathLike)) else (
-        ir.serde.serialize_model(model).SerializeToString()
+    source = (
+        str(model)
+        if isinstance(model, (str, os.PathLike))
+        else (ir.serde.serialize_model(model).SerializeToString())
     )
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
-def run_ort(model: ir.Model | str | os.PathLike, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
+def run_ort(
+    model: ir.Model | str | os.PathLike, inputs: Sequence[Any] | Mapping[str, Any]
+) -> list[np.ndarray]:
     """Run ``model`` on ``inputs`` (positional, in graph-input order, or by name)."""
     sess = ort_session(model)
     names = [i.name for i in sess.get_inputs()]
@@ -56,7 +60,9 @@ def flatten_outputs(out: Any) -> list[np.ndarray]:
     return [leaf.detach().numpy() for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
-def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], atol: float) -> float:
+def assert_close(
+    actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], atol: float
+) -> float:
     """Assert elementwise closeness of two output lists; returns the max abs difference."""
     assert len(actual) == len(expected), f"{len(actual)} outputs vs {len(expected)} expected"
     worst = 0.0

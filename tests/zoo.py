@@ -70,7 +70,9 @@ class BasicBlock(nn.Module):
 class SmallResNet(nn.Module):
     def __init__(self, num_classes: int = 10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
         self.layer1 = nn.Sequential(BasicBlock(16, 16), BasicBlock(16, 16))
         self.layer2 = nn.Sequential(BasicBlock(16, 32, 2), BasicBlock(32, 32))
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -187,9 +189,14 @@ def gpt2() -> ZooModel:
     from transformers import GPT2Config, GPT2Model
 
     cfg = GPT2Config(
-        n_embd=_TINY["hidden"], n_layer=_TINY["layers"], n_head=_TINY["heads"],
-        vocab_size=_TINY["vocab"], n_positions=_TINY["positions"], use_cache=False,
-        bos_token_id=0, eos_token_id=0,
+        n_embd=_TINY["hidden"],
+        n_layer=_TINY["layers"],
+        n_head=_TINY["heads"],
+        vocab_size=_TINY["vocab"],
+        n_positions=_TINY["positions"],
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return ZooModel("gpt2", GPT2Model(cfg), (_ids(),))
 
@@ -199,9 +206,12 @@ def bert() -> ZooModel:
     from transformers import BertConfig, BertModel
 
     cfg = BertConfig(
-        hidden_size=_TINY["hidden"], num_hidden_layers=_TINY["layers"],
-        num_attention_heads=_TINY["heads"], intermediate_size=4 * _TINY["hidden"],
-        vocab_size=_TINY["vocab"], max_position_embeddings=_TINY["positions"],
+        hidden_size=_TINY["hidden"],
+        num_hidden_layers=_TINY["layers"],
+        num_attention_heads=_TINY["heads"],
+        intermediate_size=4 * _TINY["hidden"],
+        vocab_size=_TINY["vocab"],
+        max_position_embeddings=_TINY["positions"],
     )
     return ZooModel("bert", BertModel(cfg, add_pooling_layer=True), (_ids(),))
 
@@ -211,10 +221,14 @@ def llama() -> ZooModel:
     from transformers import LlamaConfig, LlamaModel
 
     cfg = LlamaConfig(
-        hidden_size=_TINY["hidden"], num_hidden_layers=_TINY["layers"],
-        num_attention_heads=_TINY["heads"], num_key_value_heads=2,
-        intermediate_size=2 * _TINY["hidden"], vocab_size=_TINY["vocab"],
-        max_position_embeddings=_TINY["positions"], use_cache=False,
+        hidden_size=_TINY["hidden"],
+        num_hidden_layers=_TINY["layers"],
+        num_attention_heads=_TINY["heads"],
+        num_key_value_heads=2,
+        intermediate_size=2 * _TINY["hidden"],
+        vocab_size=_TINY["vocab"],
+        max_position_embeddings=_TINY["positions"],
+        use_cache=False,
     )
     return ZooModel("llama", LlamaModel(cfg), (_ids(),))
 
@@ -234,8 +248,13 @@ def t5() -> ZooModel:
     from transformers import T5Config, T5Model
 
     cfg = T5Config(
-        d_model=_TINY["hidden"], d_ff=2 * _TINY["hidden"], num_layers=_TINY["layers"],
-        num_heads=_TINY["heads"], d_kv=16, vocab_size=_TINY["vocab"], decoder_start_token_id=0,
+        d_model=_TINY["hidden"],
+        d_ff=2 * _TINY["hidden"],
+        num_layers=_TINY["layers"],
+        num_heads=_TINY["heads"],
+        d_kv=16,
+        vocab_size=_TINY["vocab"],
+        decoder_start_token_id=0,
         use_cache=False,
     )
     return ZooModel("t5", T5Model(cfg), (), {"input_ids": _ids(), "decoder_input_ids": _ids(2, 5)})
@@ -246,9 +265,12 @@ def vit() -> ZooModel:
     from transformers import ViTConfig, ViTModel
 
     cfg = ViTConfig(
-        hidden_size=_TINY["hidden"], num_hidden_layers=_TINY["layers"],
-        num_attention_heads=_TINY["heads"], intermediate_size=2 * _TINY["hidden"],
-        image_size=32, patch_size=8,
+        hidden_size=_TINY["hidden"],
+        num_hidden_layers=_TINY["layers"],
+        num_attention_heads=_TINY["heads"],
+        intermediate_size=2 * _TINY["hidden"],
+        image_size=32,
+        patch_size=8,
     )
     return ZooModel("vit", ViTModel(cfg), (torch.randn(2, 3, 32, 32),))
 
@@ -258,12 +280,22 @@ def whisper() -> ZooModel:
     from transformers import WhisperConfig, WhisperModel
 
     cfg = WhisperConfig(
-        d_model=_TINY["hidden"], encoder_layers=_TINY["layers"], decoder_layers=_TINY["layers"],
-        encoder_attention_heads=_TINY["heads"], decoder_attention_heads=_TINY["heads"],
-        encoder_ffn_dim=2 * _TINY["hidden"], decoder_ffn_dim=2 * _TINY["hidden"],
-        num_mel_bins=16, max_source_positions=16, max_target_positions=32,
-        vocab_size=_TINY["vocab"], use_cache=False, pad_token_id=0, bos_token_id=0,
-        eos_token_id=0, decoder_start_token_id=0,
+        d_model=_TINY["hidden"],
+        encoder_layers=_TINY["layers"],
+        decoder_layers=_TINY["layers"],
+        encoder_attention_heads=_TINY["heads"],
+        decoder_attention_heads=_TINY["heads"],
+        encoder_ffn_dim=2 * _TINY["hidden"],
+        decoder_ffn_dim=2 * _TINY["hidden"],
+        num_mel_bins=16,
+        max_source_positions=16,
+        max_target_positions=32,
+        vocab_size=_TINY["vocab"],
+        use_cache=False,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+        decoder_start_token_id=0,
     )
     return ZooModel(
         "whisper", WhisperModel(cfg), (torch.randn(1, 16, 32),), {"decoder_input_ids": _ids(1, 4)}
@@ -275,15 +307,22 @@ def mistral() -> ZooModel:
     from transformers import MistralConfig, MistralModel
 
     cfg = MistralConfig(
-        hidden_size=_TINY["hidden"], intermediate_size=2 * _TINY["hidden"],
-        num_hidden_layers=_TINY["layers"], num_attention_heads=_TINY["heads"],
-        num_key_value_heads=2, vocab_size=_TINY["vocab"], use_cache=False,
+        hidden_size=_TINY["hidden"],
+        intermediate_size=2 * _TINY["hidden"],
+        num_hidden_layers=_TINY["layers"],
+        num_attention_heads=_TINY["heads"],
+        num_key_value_heads=2,
+        vocab_size=_TINY["vocab"],
+        use_cache=False,
     )
     return ZooModel("mistral", MistralModel(cfg), (_ids(),))
 
 
 MORE: dict[str, Callable[[], ZooModel]] = {
-    "t5": t5, "vit": vit, "whisper": whisper, "mistral": mistral,
+    "t5": t5,
+    "vit": vit,
+    "whisper": whisper,
+    "mistral": mistral,
 }
 
 ZOO: dict[str, Callable[[], ZooModel]] = {
@@ -299,7 +338,7 @@ ZOO: dict[str, Callable[[], ZooModel]] = {
 def load(name: str) -> ZooModel:
     """The zoo model ``name`` (``"stackN"`` for a pre-LN stack of N layers), built once."""
     if name.startswith("stack"):
-        return prenorm_stack(int(name[len("stack"):]))
+        return prenorm_stack(int(name[len("stack") :]))
     if name == "gpt2_dynamic":
         return gpt2_dynamic()
     return ZOO[name]() if name in ZOO else MORE[name]()

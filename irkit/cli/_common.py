@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from irkit._irutil import nested_subgraphs
 from irkit.errors import (
     CheckError,
     IrkitError,
@@ -162,18 +163,11 @@ def refuse_overwriting_weights(side: pathlib.Path | None, model: ir.Model) -> No
 
 
 def count_nodes(model: ir.Model) -> tuple[int, int]:
-    """``(main graph nodes, nodes of all function bodies)``, subgraphs of If/Loop/Scan included."""
+    """``(main graph nodes, nodes of all function bodies)``, subgraphs of If/Loop/Scan included
+    (their sum is :func:`irkit.rewriting.count_nodes`)."""
 
     def nodes(graph: ir.Graph | ir.Function) -> int:
-        total = 0
-        for node in graph:
-            total += 1
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.GRAPH:
-                    total += nodes(attr.as_graph())
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    total += sum(nodes(g) for g in attr.as_graphs())
-        return total
+        return len(graph) + sum(len(sub) for sub in nested_subgraphs(graph))
 
     return nodes(model.graph), sum(nodes(f) for f in model.functions.values())
 

@@ -32,20 +32,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import onnx_ir as ir
 import torch
 
 from irkit import metadata
 from irkit.errors import IrkitError, LoweringError
-from irkit.lowering._source import module_path, node_location, node_scope
-
-if TYPE_CHECKING:
-    from irkit.lowering._emit import Emitter, _Frame
-    from irkit.lowering._plan import Decomposition
+from irkit.lowering._plan_types import Decomposition, Frame
+from irkit.lowering._recorder import Recorder
+from irkit.lowering._source import MetadataStamper, module_path, node_location, node_scope
 
 __all__ = [
+    "BodyEmitter",
     "ControlFlowState",
     "is_control_flow",
     "plan_bodies",
@@ -140,22 +139,52 @@ def plan_bodies(
 
 
 # --- emission -------------------------------------------------------------------------------
-def lower_control_flow(emitter: Emitter, frame: _Frame, node: torch.fx.Node) -> Any:
-    """Lower one control-flow node; returns its outputs (recorded, not yet appended)."""
-    bodies = frame.plan.bodies[node]
+class BodyEmitter(Protocol):
+    """What control flow needs of the emitter (:class:`~irkit.lowering._emit.Emitter`)."""
+
+    recorder: Recorder
+    stamper: MetadataStamper
+    graph: ir.Graph
+    control_flow: ControlFlowState
+
+    def emit_body(
+        self,
+        body: Decomposition,
+        inputs: Sequence[Any],
+        *,
+        graph: ir.Graph | None,
+        prefix: str,
+        stamp_from: torch.fx.Node | None,
+    ) -> Any:
+        """Emit ``body`` into ``graph``; returns its outputs."""
+
+    def append(
+        self, nodes: list[ir.Node], props: dict[str, str], name: str, graph: ir.Graph | None = None
+    ) -> None:
+        """Name, stamp and append ``nodes`` to ``graph``."""
+
+    def set_type(self, value: ir.Value, val: Any) -> None:
+        """Type ``value`` like the FX value ``val``."""
+
+
+def lower_control_flow(
+    emitter: BodyEmitter, frame: Frame, node: torch.fx.Node, bodies: dict[str, Decomposition]
+) -> Any:
+    """Lower one control-flow node with its planned ``bodies``; returns its outputs (recorded,
+    not yet appended)."""
     lowering = _LOWERINGS[_table()[node.target].label]
     return lowering(_Context(emitter, frame, node, bodies))
 
 
 @dataclasses.dataclass
 class _Context:
-    emitter: Emitter
-    frame: _Frame
+    emitter: BodyEmitter
+    frame: Frame
     node: torch.fx.Node
     bodies: dict[str, Decomposition]
 
     @property
-    def recorder(self) -> Any:
+    def recorder(self) -> Recorder:
         return self.emitter.recorder
 
     @property
@@ -192,7 +221,7 @@ class _Context:
     def flush(self, graph: ir.Graph | None, what: str) -> None:
         """Append the nodes recorded so far to ``graph`` (default: the frame's graph)."""
         name = f"{self.frame.prefix}{self.node.name}/{what}"
-        self.emitter._append(
+        self.emitter.append(
             self.recorder.take_nodes(),
             self.emitter.stamper.props(self.frame.stamp_from or self.node),
             name,
@@ -202,7 +231,7 @@ class _Context:
     def new_input(self, placeholder: torch.fx.Node, name: str) -> ir.Value:
         """A body graph input typed like the body's placeholder."""
         value = self.recorder.new_value(name=name)
-        self.emitter._set_type(value, placeholder.meta.get("val"))
+        self.emitter.set_type(value, placeholder.meta.get("val"))
         return value
 
     def emit(
@@ -217,27 +246,20 @@ class _Context:
 
         Returns the body's results (values or Python constants), in output order.
         """
-        decomposition = self.bodies[body]
         target = self.frame.graph if graph is None else graph
-        assert target is not None  # (every frame has a target graph)
+        if target is None:  # (a frame's graph is always set; None would mean the main graph)
+            target = self.emitter.graph
         if prefix is None:
             prefix = f"{self.frame.prefix}{self.node.name}/{body}/"
-        sub = dataclasses.replace(
-            self.frame, plan=decomposition.plan, env={}, prefix=prefix, graph=target
-        )
         before = len(target)
-        feed = iter(inputs)
-        results: Any = ()
         try:
-            for sub_node in decomposition.graph_module.graph.nodes:
-                if sub_node.op == "placeholder":
-                    sub.env[sub_node] = next(feed)
-                elif sub_node.op == "call_function":
-                    self.emitter._call_function(sub, sub_node)
-                elif sub_node.op == "get_attr":
-                    self.emitter._get_attr(sub, sub_node)
-                elif sub_node.op == "output":
-                    results = _map(sub_node.args[0], sub.env)
+            results = self.emitter.emit_body(
+                self.bodies[body],
+                inputs,
+                graph=target,
+                prefix=prefix,
+                stamp_from=self.frame.stamp_from,
+            )
         except LoweringError as exc:
             raise LoweringError(
                 f"in {_label(self.node)}.{body}: {exc}",
@@ -304,14 +326,6 @@ def _all_nodes(node: ir.Node) -> Iterator[ir.Node]:
             for graph in attr.value:
                 for inner in graph:
                     yield from _all_nodes(inner)
-
-
-def _map(arg: Any, env: dict[torch.fx.Node, Any]) -> Any:
-    if isinstance(arg, torch.fx.Node):
-        return env[arg]
-    if isinstance(arg, (list, tuple)):
-        return type(arg)(_map(a, env) for a in arg)
-    return arg
 
 
 def _placeholders(ctx: _Context, body: str) -> list[torch.fx.Node]:
@@ -395,7 +409,7 @@ def _while_loop(ctx: _Context) -> Any:
 def _as_bool(ctx: _Context, value: ir.Value, graph: ir.Graph | None) -> ir.Value:
     if value.dtype in (None, ir.DataType.BOOL):
         return value
-    cast = ctx.recorder.opset.Cast(value, to=int(ir.DataType.BOOL))
+    cast: ir.Value = ctx.recorder.opset.Cast(value, to=int(ir.DataType.BOOL))
     ctx.flush(graph, "cond_cast")
     return cast
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -14,12 +13,11 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
-from irkit.lowering._plan import Decomposition, Plan
+from irkit.lowering._plan_types import Choice, Decomposition, Env, Frame, Plan, Via
 from irkit.lowering._promotion import input_casts, output_cast
 from irkit.lowering._rank0 import is_rank0_dim_op, lift_rank0, lower_to_rank0
 from irkit.lowering._recorder import Recorder, call_lowering
 from irkit.lowering._regions import region_op, region_operands
-from irkit.lowering._registry import Via
 from irkit.lowering._source import (
     MetadataStamper,
     module_path,
@@ -33,19 +31,6 @@ from irkit.weights import WeightlessTensor
 __all__ = ["Emitter"]
 
 logger = logging.getLogger(__name__)
-
-Env = dict[torch.fx.Node, Any]
-
-
-@dataclasses.dataclass
-class _Frame:
-    """One graph being emitted: the top-level program, or a traced decomposition inside it."""
-
-    plan: Plan
-    env: Env
-    prefix: str = ""  # prepended to value/node names of a decomposition
-    stamp_from: torch.fx.Node | None = None  # a decomposition's nodes carry their parent's stamp
-    graph: ir.Graph | None = None  # where nodes go: the main graph, or a control-flow body
 
 
 class Emitter:
@@ -82,7 +67,7 @@ class Emitter:
         self._alias_memo: dict[Any, bool] = {}
         self.control_flow = ControlFlowState()
         self._progress = progress
-        self._handlers: Mapping[str, Callable[[_Frame, torch.fx.Node], None]] = {
+        self._handlers: Mapping[str, Callable[[Frame, torch.fx.Node], None]] = {
             "placeholder": self._placeholder,
             "call_function": self._call_function,
             "output": self._output,
@@ -90,7 +75,7 @@ class Emitter:
         }
 
     def run(self, plan: Plan) -> ir.Graph:
-        frame = _Frame(plan, self.env, graph=self.graph)
+        frame = Frame(plan, self.env, graph=self.graph)
         for node in self.ep.graph.nodes:
             try:
                 self._handlers[node.op](frame, node)
@@ -131,7 +116,7 @@ class Emitter:
         }
 
     # --- placeholders: user inputs and weights ----------------------------------------------------
-    def _placeholder(self, frame: _Frame, node: torch.fx.Node) -> None:
+    def _placeholder(self, frame: Frame, node: torch.fx.Node) -> None:
         spec = self._input_specs[node.name]
         if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument):
             frame.env[node] = spec.arg.value
@@ -139,7 +124,7 @@ class Emitter:
             index = self._user_inputs.index(node.name)
             name = self._input_names[index] if self._input_names else node.name
             value = self.recorder.new_value(name=name)
-            self._set_type(value, node.meta.get("val"))
+            self.set_type(value, node.meta.get("val"))
             self.graph.inputs.append(value)
             frame.env[node] = value
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
@@ -187,7 +172,7 @@ class Emitter:
         self._tensors_by_storage[key] = value
         return value
 
-    def _get_attr(self, frame: _Frame, node: torch.fx.Node) -> None:
+    def _get_attr(self, frame: Frame, node: torch.fx.Node) -> None:
         """A submodule reference (the body of a higher-order op): nothing to emit.
 
         The higher-order op that uses it resolves the body from the node itself.
@@ -209,7 +194,7 @@ class Emitter:
         )
 
     # --- outputs ------------------------------------------------------------------------------
-    def _output(self, frame: _Frame, node: torch.fx.Node) -> None:
+    def _output(self, frame: Frame, node: torch.fx.Node) -> None:
         specs = self.ep.graph_signature.output_specs
         results = list(node.args[0])
         user = [
@@ -243,7 +228,7 @@ class Emitter:
             seen.add(id(value))
             self.graph.outputs.append(value)
 
-    def _as_output_value(self, frame: _Frame, result: Any, name: str) -> ir.Value:
+    def _as_output_value(self, frame: Frame, result: Any, name: str) -> ir.Value:
         if isinstance(result, torch.fx.Node):
             value = frame.env[result]
             if not isinstance(value, ir.Value):
@@ -258,7 +243,7 @@ class Emitter:
             return value
         with os_evaluator.default_as(self.recorder):
             value = self.recorder.constant(result, None)
-        self._append(self.recorder.take_nodes(), {}, name)
+        self.append(self.recorder.take_nodes(), {}, name)
         return value
 
     def _identity(self, value: ir.Value, name: str) -> ir.Value:
@@ -268,7 +253,7 @@ class Emitter:
         return out
 
     # --- call_function --------------------------------------------------------------------------
-    def _call_function(self, frame: _Frame, node: torch.fx.Node) -> None:
+    def _call_function(self, frame: Frame, node: torch.fx.Node) -> None:
         choice = frame.plan.choices[node]
         if choice.via is Via.GETITEM:
             source = frame.env[node.args[0]]
@@ -282,7 +267,7 @@ class Emitter:
             elif choice.via is Via.REGION:
                 outputs = self._region(frame, node)
             elif choice.via is Via.CONTROL_FLOW:
-                outputs = lower_control_flow(self, frame, node)
+                outputs = lower_control_flow(self, frame, node, frame.plan.bodies[node])
                 self._finish(frame, node, outputs, self.stamper.props(stamp_node))
             else:
                 args, kwargs = _convert_args(node, frame.env)
@@ -296,7 +281,7 @@ class Emitter:
                         self._cast_inputs(node, args, kwargs)
                     if choice.via is Via.TORCHLIB:
                         self._pin_result_dtype(choice.fn, node, args, kwargs)
-                    outputs = call_lowering(self.recorder, choice.fn, args, kwargs)
+                    outputs = call_lowering(self.recorder, _lowering_of(choice, node), args, kwargs)
                     if rank0:
                         outputs = lower_to_rank0(self.recorder, outputs)
                     outputs = self._cast_outputs(node, outputs)
@@ -385,7 +370,7 @@ class Emitter:
         return outputs
 
     def _cast(self, value: ir.Value, to: ir.DataType) -> ir.Value:
-        cast = self.recorder.opset.Cast(value, to=int(to))
+        cast: ir.Value = self.recorder.opset.Cast(value, to=int(to))
         cast.dtype, cast.shape = to, value.shape
         return cast
 
@@ -420,7 +405,7 @@ class Emitter:
         kwargs["dtype"] = result
 
     def _finish(
-        self, frame: _Frame, node: torch.fx.Node, outputs: Any, props: dict[str, str]
+        self, frame: Frame, node: torch.fx.Node, outputs: Any, props: dict[str, str]
     ) -> None:
         nodes = self.recorder.take_nodes()
         name = frame.prefix + node.name
@@ -428,19 +413,21 @@ class Emitter:
         meta = node.meta.get("val")
         if isinstance(outputs, ir.Value):
             if id(outputs) in produced:
-                self._set_type(outputs, meta)
+                self.set_type(outputs, meta)
                 outputs.name = name
         elif isinstance(outputs, (tuple, list)):
             metas = meta if isinstance(meta, (tuple, list)) else [None] * len(outputs)
             for i, (value, val) in enumerate(zip(outputs, metas, strict=False)):
                 if isinstance(value, ir.Value) and id(value) in produced:
-                    self._set_type(value, val)
+                    self.set_type(value, val)
                     value.name = f"{name}__{i}"
-        self._append(nodes, props, name, frame.graph)
+        self.append(nodes, props, name, frame.graph)
 
-    def _append(
+    def append(
         self, nodes: list[ir.Node], props: dict[str, str], name: str, graph: ir.Graph | None = None
     ) -> None:
+        """Name ``nodes`` after ``name``, stamp them with ``props`` and append them to ``graph``
+        (None: the main graph)."""
         for counter, ir_node in enumerate(nodes):
             ir_node.name = name if len(nodes) == 1 else f"{name}/{ir_node.op_type}_{counter}"
             ir_node.metadata_props.update(props)
@@ -449,7 +436,7 @@ class Emitter:
                     out.name = f"{ir_node.name}/{k}" if len(nodes) > 1 else f"{name}/{k}"
         (self.graph if graph is None else graph).extend(nodes)
 
-    def _decomposed(self, frame: _Frame, node: torch.fx.Node) -> Any:
+    def _decomposed(self, frame: Frame, node: torch.fx.Node) -> Any:
         decomposition = frame.plan.decompositions[node]
         result = self._inline(
             frame,
@@ -466,10 +453,11 @@ class Emitter:
             result = result[0]
         return result
 
-    def _region(self, frame: _Frame, node: torch.fx.Node) -> Any:
+    def _region(self, frame: Frame, node: torch.fx.Node) -> Any:
         """A context region (no_grad, autocast): its body inline, each node with its own stamp."""
         region = region_op(node.target)
-        assert region is not None
+        if region is None:  # (the plan chose REGION for it)
+            raise _bug(node, "planned as a context region, but its target is none")
         operands = [_map_fx(a, frame.env) for a in region_operands(node, region)]
         result = self._inline(
             frame, node, frame.plan.decompositions[node], operands, stamp_from=frame.stamp_from
@@ -478,35 +466,69 @@ class Emitter:
 
     def _inline(
         self,
-        frame: _Frame,
+        frame: Frame,
         node: torch.fx.Node,
         decomposition: Decomposition,
         inputs: Sequence[Any],
         stamp_from: torch.fx.Node | None,
     ) -> Any:
         """Emit a sub-graph (a traced decomposition or a region body) in place of ``node``."""
-        sub = _Frame(
-            decomposition.plan,
-            {},
+        return self.emit_body(
+            decomposition,
+            inputs,
+            graph=frame.graph,
             prefix=f"{frame.prefix}{node.name}/",
             stamp_from=stamp_from,
-            graph=frame.graph,
         )
+
+    def emit_body(
+        self,
+        body: Decomposition,
+        inputs: Sequence[Any],
+        *,
+        graph: ir.Graph | None,
+        prefix: str,
+        stamp_from: torch.fx.Node | None,
+    ) -> Any:
+        """Emit an FX sub-graph (a decomposition, a region or a control-flow body) into ``graph``.
+
+        Args:
+            body: The sub-graph and its plan.
+            inputs: One lowered value per placeholder, in order.
+            graph: Where its nodes go (None: the main graph).
+            prefix: Prepended to the names of its nodes and values.
+            stamp_from: The node whose metadata its nodes carry (None: each its own).
+
+        Returns:
+            The sub-graph's output structure, with lowered values in place of FX nodes.
+        """
+        frame = Frame(body.plan, {}, prefix=prefix, stamp_from=stamp_from, graph=graph)
         feed = iter(inputs)
-        result: Any = None
-        for sub_node in decomposition.graph_module.graph.nodes:
+        for sub_node in body.graph_module.graph.nodes:
             if sub_node.op == "placeholder":
-                sub.env[sub_node] = next(feed)
-            elif sub_node.op == "call_function":
-                self._call_function(sub, sub_node)
-            elif sub_node.op == "get_attr":
-                self._get_attr(sub, sub_node)
+                frame.env[sub_node] = next(feed)
             elif sub_node.op == "output":
-                result = _map_fx(sub_node.args[0], sub.env)
-        return result
+                return _map_fx(sub_node.args[0], frame.env)
+            else:
+                self._body_handler(sub_node)(frame, sub_node)
+        return None
+
+    def _body_handler(self, node: torch.fx.Node) -> Callable[[Frame, torch.fx.Node], None]:
+        handler = self._handlers.get(node.op)
+        if handler is None or node.op in ("placeholder", "output"):
+            raise LoweringError(
+                f"a sub-graph holds a {node.op!r} node; irkit emits call_function and get_attr "
+                "nodes in sub-graphs. Fix: export with torch.export (which records only those).",
+                fx_node=node.name,
+                target=node.op,
+                module_path=module_path(node),
+                source=node_location(node),
+            )
+        return handler
 
     # --- types ----------------------------------------------------------------------------------
-    def _set_type(self, value: ir.Value, val: Any) -> None:
+    def set_type(self, value: ir.Value, val: Any) -> None:
+        """Give ``value`` the ONNX type and shape of the FX value ``val`` (a tensor or a scalar)."""
         if isinstance(val, torch.Tensor) and val.dtype.is_complex:
             # torchlib represents a complex tensor as real numbers with a trailing dim of 2.
             value.dtype = onnx_dtype(val.dtype.to_real())
@@ -520,6 +542,23 @@ class Emitter:
             value.dtype, value.shape = ir.DataType.INT64, ir.Shape([])
         elif isinstance(val, (float, torch.SymFloat)):
             value.dtype, value.shape = ir.DataType.FLOAT, ir.Shape([])
+
+
+def _lowering_of(choice: Choice, node: torch.fx.Node) -> Callable[..., Any]:
+    """The function ``choice`` lowers ``node`` with."""
+    if choice.fn is None:
+        raise _bug(node, f"planned {choice.via.value!r} without a lowering function")
+    return choice.fn
+
+
+def _bug(node: torch.fx.Node, what: str) -> LoweringError:
+    return LoweringError(
+        f"{what}. This is a bug in irkit; please report it with this message.",
+        fx_node=node.name,
+        target=op_name(node.target),
+        module_path=module_path(node),
+        source=node_location(node),
+    )
 
 
 def _check_names(what: str, names: Sequence[str] | None, expected: int) -> Sequence[str] | None:

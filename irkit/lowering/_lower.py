@@ -17,6 +17,7 @@ from onnxscript.function_libs.torch_lib import _constants as torchlib_constants
 
 from irkit import metadata
 from irkit._runtime import newest_opset, ort_version
+from irkit._version import __version__
 from irkit.errors import LoweringError, LoweringOptionsError
 from irkit.lowering._control_flow import convert_keeping_functions, uses_predispatch_vmap
 from irkit.lowering._emit import Emitter
@@ -162,7 +163,7 @@ def _assemble(graph: ir.Graph, recorder: Recorder) -> ir.Model:
         graph,
         ir_version=IR_VERSION,
         producer_name=metadata.MODEL_PRODUCER,
-        producer_version=_version(),
+        producer_version=__version__,
     )
     if recorder.functions:
         # The few torchlib functions written as onnxscript scripts were emitted as calls;
@@ -235,12 +236,6 @@ def _convert_opset(model: ir.Model, opset: int) -> None:
             f"Fix: use opset >= {TORCHLIB_OPSET}."
         ) from exc
     model.graph.opset_imports[""] = opset
-
-
-def _version() -> str:
-    from irkit import __version__
-
-    return __version__
 
 
 class _progress:

@@ -1,47 +1,44 @@
-"""irkit's own lowerings: only for aten overloads torchlib has no entry for.
+"""irkit's own lowerings: only for aten overloads torchlib has no entry for (or covers badly).
 
-Each is small and, where it can, delegates to the torchlib function that does the real work
-(``__and__`` *is* ``bitwise_and``). Ops with a generic fallback (CompositeImplicit
-decompositions such as ``aten.diff``, in-place ops) are handled by the planner, not here.
+Each is small, registered where it is defined (``@own``, :mod:`irkit.lowering._registration`),
+and, where it can, delegates to the torchlib function that does the real work (``__and__`` *is*
+``bitwise_and``). Ops with a generic fallback (CompositeImplicit decompositions such as
+``aten.diff``, in-place ops) are handled by the planner, not here. :func:`own_lowerings` collects
+the records of this module and of the ``_own_*`` modules.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from irkit.lowering._own_indexing import indexing_lowerings
-from irkit.lowering._own_ordering import ordering_lowerings
-from irkit.lowering._own_pool import pool_lowerings
-from irkit.lowering._own_rnn import rnn_lowerings
-from irkit.lowering._own_scan import scan_lowerings
-from irkit.lowering._own_squeeze import squeeze_lowerings
-from irkit.lowering._own_vision import vision_lowerings
-from irkit.lowering._source import resolve_op
+from irkit.lowering import (
+    _own_indexing,
+    _own_ordering,
+    _own_pool,
+    _own_rnn,
+    _own_scan,
+    _own_squeeze,
+    _own_vision,
+)
+from irkit.lowering._registration import OwnLowering, collect, own, torchlib, torchlib_gap
 
 __all__ = ["OwnLowering", "own_lowerings"]
 
-
-@dataclasses.dataclass(frozen=True)
-class OwnLowering:
-    """A lowering plus an optional plan-time test of whether it applies to an FX node.
-
-    When ``applies(node)`` is false the planner falls back to decomposing the node.
-    """
-
-    fn: Callable[..., Any]
-    applies: Callable[[torch.fx.Node], bool] | None = None
-    # The lowering returns its input unchanged (eval-mode dropout): as an in-place op's
-    # counterpart it mutates nothing, so aliasing never forces functionalization.
-    identity: bool = False
+aten = torch.ops.aten
 
 
+@own(aten._assert_tensor_metadata.default)
+@own(aten._assert_scalar.default)
+@own(aten._assert_async.default)
+@own(aten._assert_async.msg)
+@own(aten.sym_constrain_range_for_size.default)
 def _no_output(*args: Any, **kwargs: Any) -> None:
     """``_assert_tensor_metadata`` and friends check at trace time and compute nothing."""
     return None
@@ -66,10 +63,12 @@ def _cast_to(x: ir.Value, dtype: Any = None) -> ir.Value:
     return op.Cast(x, to=int(dtype))
 
 
+@own(aten.to.dtype)
 def _to_dtype(self, dtype=None, non_blocking=False, copy=False, memory_format=None):
     return _cast_to(self, dtype)
 
 
+@own(aten.to.dtype_layout)
 def _to_dtype_layout(
     self,
     *,
@@ -84,21 +83,20 @@ def _to_dtype_layout(
     return _cast_to(self, dtype)
 
 
+@own(aten.to.device)
 def _to_device(self, device=None, dtype=None, non_blocking=False, copy=False, memory_format=None):
     return _cast_to(self, dtype)
 
 
+@own(aten.to.other)
 def _to_other(self, other, non_blocking=False, copy=False, memory_format=None):
     return _cast_to(self, other.dtype)
 
 
-def _batch_norm(native_no_training: Callable[..., Any]) -> Callable[..., Any]:
-    def lower(
-        input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True
-    ):
-        return native_no_training(input, weight, bias, running_mean, running_var, momentum, eps)[0]
-
-    return lower
+# Python's & | ^ on tensors are the bitwise ops (logical on bool).
+_AND = OwnLowering(aten.__and__.Tensor, torchlib("aten::bitwise_and.Tensor"))
+_OR = OwnLowering(aten.__or__.Tensor, torchlib("aten::bitwise_or.Tensor"))
+_XOR = OwnLowering(aten.__xor__.Tensor, torchlib("aten::bitwise_xor.Tensor"))
 
 
 def _batch_norm_applies(node: torch.fx.Node) -> bool:
@@ -106,13 +104,12 @@ def _batch_norm_applies(node: torch.fx.Node) -> bool:
     return training is False and node.args[3] is not None
 
 
-def _adaptive_avg_pool2d(x: ir.Value, output_size):
-    out_h, out_w = output_size
-    if (out_h, out_w) == (1, 1):
-        return op.GlobalAveragePool(x)
-    in_h, in_w = x.shape[-2], x.shape[-1]
-    kernel = [in_h // out_h, in_w // out_w]
-    return op.AveragePool(x, kernel_shape=kernel, strides=kernel)
+@own(aten.batch_norm.default, applies=_batch_norm_applies)
+def _batch_norm(
+    input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True
+):
+    native = torchlib("aten::_native_batch_norm_legit_no_training")
+    return native(input, weight, bias, running_mean, running_var, momentum, eps)[0]
 
 
 def _adaptive_avg_pool2d_applies(node: torch.fx.Node) -> bool:
@@ -125,6 +122,16 @@ def _adaptive_avg_pool2d_applies(node: torch.fx.Node) -> bool:
         isinstance(i, int) and isinstance(o, int) and o > 0 and i % o == 0
         for i, o in zip(shape[-2:], out, strict=False)
     )
+
+
+@own(aten.adaptive_avg_pool2d.default, applies=_adaptive_avg_pool2d_applies)
+def _adaptive_avg_pool2d(x: ir.Value, output_size):
+    out_h, out_w = output_size
+    if (out_h, out_w) == (1, 1):
+        return op.GlobalAveragePool(x)
+    in_h, in_w = x.shape[-2], x.shape[-1]
+    kernel = [in_h // out_h, in_w // out_w]
+    return op.AveragePool(x, kernel_shape=kernel, strides=kernel)
 
 
 def _split_sizes(x: ir.Value, split_size: int, dim: int) -> list[int]:
@@ -140,14 +147,6 @@ def _split(x: ir.Value, sizes: list[int], dim: int):
     return op.Split(x, op.Constant(value=ir.tensor(sizes, dtype=ir.DataType.INT64)), axis=dim)
 
 
-def _split_tensor(self, split_size, dim=0):
-    return _split(self, _split_sizes(self, split_size, dim), dim)
-
-
-def _split_with_sizes(self, split_sizes, dim=0):
-    return _split(self, list(split_sizes), dim)
-
-
 def _split_tensor_applies(node: torch.fx.Node) -> bool:
     """torchlib emits SplitToSequence; a static size lets us emit a plain multi-output Split."""
     dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
@@ -159,8 +158,14 @@ def _split_with_sizes_applies(node: torch.fx.Node) -> bool:
     return all(isinstance(s, int) for s in node.args[1])
 
 
-def _dropout_eval(input, p=0.5, train=False):
-    return input  # inference: dropout is the identity (torchlib emits a Dropout node)
+@own(aten.split.Tensor, applies=_split_tensor_applies)
+def _split_tensor(self, split_size, dim=0):
+    return _split(self, _split_sizes(self, split_size, dim), dim)
+
+
+@own(aten.split_with_sizes.default, applies=_split_with_sizes_applies)
+def _split_with_sizes(self, split_sizes, dim=0):
+    return _split(self, list(split_sizes), dim)
 
 
 def _dropout_applies(node: torch.fx.Node) -> bool:
@@ -168,10 +173,34 @@ def _dropout_applies(node: torch.fx.Node) -> bool:
     return train is False
 
 
+@own(aten.dropout.default, applies=_dropout_applies, identity=True)
+def _dropout_eval(input, p=0.5, train=False):
+    return input  # inference: dropout is the identity (torchlib emits a Dropout node)
+
+
+# transformers' DynamicCache detaches empty placeholder constants in place: no
+# functionalization (a re-trace of the whole program) for that.
+@own(aten.detach_.default, identity=True)
 def _detach_(input):
     return input  # detach_ changes autograd metadata only: the same values, nothing to mutate
 
 
+def _conv_no_bias_applies(node: torch.fx.Node) -> bool:
+    """Batched input, no bias, numeric padding (not "same"/"valid")."""
+    args = dict(zip(("input", "weight", "bias", "stride", "padding"), node.args, strict=False))
+    args.update(node.kwargs)
+    weight = args["weight"].meta["val"]
+    padding = args.get("padding", 0)
+    return (
+        args.get("bias") is None
+        and not isinstance(padding, str)
+        and args["input"].meta["val"].dim() == weight.dim()
+    )
+
+
+@own(aten.conv1d.default, applies=_conv_no_bias_applies)
+@own(aten.conv2d.default, applies=_conv_no_bias_applies)
+@own(aten.conv3d.default, applies=_conv_no_bias_applies)
 def _conv_no_bias(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """ONNX Conv without its optional bias (torchlib computes an all-zero bias tensor)."""
     spatial = len(weight.shape) - 2
@@ -191,34 +220,16 @@ def _conv_no_bias(input, weight, bias=None, stride=1, padding=0, dilation=1, gro
     )
 
 
-def _conv_no_bias_applies(node: torch.fx.Node) -> bool:
-    """Batched input, no bias, numeric padding (not "same"/"valid")."""
-    args = dict(zip(("input", "weight", "bias", "stride", "padding"), node.args, strict=False))
-    args.update(node.kwargs)
-    weight = args["weight"].meta["val"]
-    padding = args.get("padding", 0)
-    return (
-        args.get("bias") is None
-        and not isinstance(padding, str)
-        and args["input"].meta["val"].dim() == weight.dim()
-    )
-
-
-def _swap_last_two(transpose: Callable[..., Any]) -> Callable[..., Any]:
-    def lower(self):
-        return transpose(self, -2, -1)
-
-    return lower
-
-
 def _is_real(node: torch.fx.Node) -> bool:
     """torchlib writes ``mT``/``mH`` as an ``Einsum``, which has no bool kernel; a real tensor's
     ``mT`` (and ``mH``) is a ``Transpose`` of the last two dims, for every dtype."""
     return not node.args[0].meta["val"].dtype.is_complex
 
 
-def _resize(self, size, memory_format=None):
-    return op.Reshape(self, list(size))
+@own(aten.mT.default, applies=_is_real)
+@own(aten.mH.default, applies=_is_real)
+def _swap_last_two(self):
+    return torchlib("aten::transpose.int")(self, -2, -1)
 
 
 def _resize_applies(node: torch.fx.Node) -> bool:
@@ -232,6 +243,28 @@ def _resize_applies(node: torch.fx.Node) -> bool:
     )
 
 
+@own(aten.resize.default, applies=_resize_applies)
+def _resize(self, size, memory_format=None):
+    return op.Reshape(self, list(size))
+
+
+def _grouped_mm_applies(node: torch.fx.Node) -> bool:
+    """Ragged rows (2-D ``self``, 3-D ``mat2``, ``offs`` given) with a static group count;
+    torchlib covers the dense forms."""
+    args = dict(zip(("self", "mat2", "offs"), node.args, strict=False))
+    args.update(node.kwargs)
+    a, b, offs = (
+        args.get("self", args.get("input")),
+        args.get("mat2", args.get("weight")),
+        args.get("offs"),
+    )
+    if not all(isinstance(v, torch.fx.Node) for v in (a, b, offs)):
+        return False
+    a_val, b_val = a.meta["val"], b.meta["val"]
+    return a_val.dim() == 2 and b_val.dim() == 3 and isinstance(b_val.shape[0], int)
+
+
+@own(aten._grouped_mm.default, applies=_grouped_mm_applies)
 def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     """``out[r] = self[r] @ mat2[g] (+ bias[g])`` for the rows ``offs[g-1] <= r < offs[g]``.
 
@@ -264,40 +297,21 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     return _cast_to(result, out_dtype)
 
 
-def _grouped_mm_applies(node: torch.fx.Node) -> bool:
-    """Ragged rows (2-D ``self``, 3-D ``mat2``, ``offs`` given) with a static group count;
-    torchlib covers the dense forms."""
-    args = dict(zip(("self", "mat2", "offs"), node.args, strict=False))
-    args.update(node.kwargs)
-    a, b, offs = (
-        args.get("self", args.get("input")),
-        args.get("mat2", args.get("weight")),
-        args.get("offs"),
-    )
-    if not all(isinstance(v, torch.fx.Node) for v in (a, b, offs)):
-        return False
-    a_val, b_val = a.meta["val"], b.meta["val"]
-    return a_val.dim() == 2 and b_val.dim() == 3 and isinstance(b_val.shape[0], int)
-
-
-def _grouped_mm_fallback(input, weight, offs):
-    return _grouped_mm(input, weight, offs)
-
-
 # Custom ops of libraries that compute exactly an aten op irkit lowers, by registered name (the
 # library is never imported here; an op that is not registered is simply absent).
 # transformers' MoE experts call ``transformers::grouped_mm_fallback`` (a Python loop over the
 # data-dependent expert offsets, which no trace can follow) where ``aten._grouped_mm`` is unusable.
-_LIBRARY_OPS: Mapping[str, OwnLowering] = {
-    "transformers::grouped_mm_fallback": OwnLowering(_grouped_mm_fallback, _grouped_mm_applies),
-    **{name: OwnLowering(fn) for name, fn in vision_lowerings().items()},
-}
+@own("transformers::grouped_mm_fallback", applies=_grouped_mm_applies)
+def _grouped_mm_fallback(input, weight, offs):
+    return _grouped_mm(input, weight, offs)
 
 
+@own(aten.hypot.default)
 def _hypot(self, other):
     return op.Sqrt(op.Add(op.Mul(self, self), op.Mul(other, other)))
 
 
+@own(aten.signbit.default)
 def _signbit(self):
     """``x < 0``, and for floats also ``-0.0`` (``1 / -0.0 = -inf``), compared with a scalar zero
     so a 0-d input stays 0-d (torchlib compares with ``[0]`` and misses ``-0.0``). The sign bit
@@ -324,26 +338,33 @@ def _nan_ignoring(pick: Callable[..., Any]) -> Callable[..., Any]:
     return lower
 
 
-def _uniform(self, from_=0.0, to=1.0, *, generator=None, **kwargs):
-    low, high = kwargs.get("from", from_), to
-    return op.RandomUniformLike(self, low=float(low), high=float(high))
+_fmax = own(aten.fmax.default)(_nan_ignoring(op.Max))
+_fmin = own(aten.fmin.default)(_nan_ignoring(op.Min))
 
 
 def _is_float(node: torch.fx.Node) -> bool:
     return node.args[0].meta["val"].dtype.is_floating_point
 
 
+@own(aten.uniform.default, applies=_is_float)
+def _uniform(self, from_=0.0, to=1.0, *, generator=None, **kwargs):
+    low, high = kwargs.get("from", from_), to
+    return op.RandomUniformLike(self, low=float(low), high=float(high))
+
+
 _SCATTER_REDUCTIONS = {"add": "add", "multiply": "mul"}
-
-
-def _scatter_reduce(self, dim, index, src, *, reduce):
-    if not isinstance(src, ir.Value):  # scatter.value_reduce: a scalar for every index
-        src = op.Expand(op.CastLike(src, self), op.Shape(index))
-    return op.ScatterElements(self, index, src, axis=dim, reduction=_SCATTER_REDUCTIONS[reduce])
 
 
 def _scatter_reduce_applies(node: torch.fx.Node) -> bool:
     return node.kwargs.get("reduce") in _SCATTER_REDUCTIONS
+
+
+@own(aten.scatter.reduce, applies=_scatter_reduce_applies)
+@own(aten.scatter.value_reduce, applies=_scatter_reduce_applies)
+def _scatter_reduce(self, dim, index, src, *, reduce):
+    if not isinstance(src, ir.Value):  # scatter.value_reduce: a scalar for every index
+        src = op.Expand(op.CastLike(src, self), op.Shape(index))
+    return op.ScatterElements(self, index, src, axis=dim, reduction=_SCATTER_REDUCTIONS[reduce])
 
 
 def _symbolic(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -359,6 +380,13 @@ def _symbolic(fn: Callable[..., Any]) -> Callable[..., Any]:
     return lower
 
 
+# Python's min()/max()/not/if on symbolic sizes, recorded as torch.sym_* calls.
+_sym_min = own(torch.sym_min)(_symbolic(op.Min))
+_sym_max = own(torch.sym_max)(_symbolic(op.Max))
+_sym_not = own(torch.sym_not)(_symbolic(op.Not))
+
+
+@own(torch.sym_float)
 def _sym_float(a: Any) -> Any:
     # torch computes a SymFloat in double; the dtype reconciliation casts to the node's dtype.
     return op.Cast(a, to=int(ir.DataType.DOUBLE))
@@ -368,78 +396,59 @@ def _sym_ite(condition: Any, then: Any, otherwise: Any) -> Any:
     return op.Where(condition, then, otherwise)
 
 
+_sym_ite_lowering = own(torch.sym_ite)(_symbolic(_sym_ite))
+
+
+@own(torch.sym_sum)
 def _sym_sum(values: Any) -> Any:
     return op.Sum(*values) if len(values) > 1 else op.Identity(values[0])
 
 
-def own_lowerings(
-    torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
-) -> dict[Any, OwnLowering]:
-    """The table of irkit's own lowerings, delegating to ``torchlib``'s functions where it can."""
-    aten = torch.ops.aten
-    table = {
-        aten._assert_tensor_metadata.default: OwnLowering(_no_output),
-        aten._assert_scalar.default: OwnLowering(_no_output),
-        aten._assert_async.default: OwnLowering(_no_output),
-        aten._assert_async.msg: OwnLowering(_no_output),
-        aten.sym_constrain_range_for_size.default: OwnLowering(_no_output),
-        aten.to.dtype: OwnLowering(_to_dtype),
-        aten.to.dtype_layout: OwnLowering(_to_dtype_layout),
-        aten.to.device: OwnLowering(_to_device),
-        aten.to.other: OwnLowering(_to_other),
-        # Python's & | ^ on tensors are the bitwise ops (logical on bool).
-        aten.__and__.Tensor: OwnLowering(torchlib[aten.bitwise_and.Tensor]),
-        aten.__or__.Tensor: OwnLowering(torchlib[aten.bitwise_or.Tensor]),
-        aten.__xor__.Tensor: OwnLowering(torchlib[aten.bitwise_xor.Tensor]),
-        aten.split.Tensor: OwnLowering(_split_tensor, _split_tensor_applies),
-        aten.split_with_sizes.default: OwnLowering(_split_with_sizes, _split_with_sizes_applies),
-        aten.dropout.default: OwnLowering(_dropout_eval, _dropout_applies, identity=True),
-        # transformers' DynamicCache detaches empty placeholder constants in place: no
-        # functionalization (a re-trace of the whole program) for that.
-        aten.detach_.default: OwnLowering(_detach_, identity=True),
-        aten.conv1d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
-        aten.conv2d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
-        aten.conv3d.default: OwnLowering(_conv_no_bias, _conv_no_bias_applies),
-        aten.batch_norm.default: OwnLowering(
-            _batch_norm(torchlib[aten._native_batch_norm_legit_no_training.default]),
-            _batch_norm_applies,
-        ),
-        aten.mT.default: OwnLowering(_swap_last_two(torchlib[aten.transpose.int]), _is_real),
-        aten.mH.default: OwnLowering(_swap_last_two(torchlib[aten.transpose.int]), _is_real),
-        aten.resize.default: OwnLowering(_resize, _resize_applies),
-        aten.adaptive_avg_pool2d.default: OwnLowering(
-            _adaptive_avg_pool2d, _adaptive_avg_pool2d_applies
-        ),
-        aten._grouped_mm.default: OwnLowering(_grouped_mm, _grouped_mm_applies),
-        aten.hypot.default: OwnLowering(_hypot),
-        aten.signbit.default: OwnLowering(_signbit),
-        aten.fmax.default: OwnLowering(_nan_ignoring(op.Max)),
-        aten.fmin.default: OwnLowering(_nan_ignoring(op.Min)),
-        aten.uniform.default: OwnLowering(_uniform, _is_float),
-        aten.scatter.reduce: OwnLowering(_scatter_reduce, _scatter_reduce_applies),
-        aten.scatter.value_reduce: OwnLowering(_scatter_reduce, _scatter_reduce_applies),
-    }
-    # Python's min()/max()/float()/not/if on symbolic sizes, recorded as torch.sym_* calls.
-    table[torch.sym_min] = OwnLowering(_symbolic(op.Min))
-    table[torch.sym_max] = OwnLowering(_symbolic(op.Max))
-    table[torch.sym_not] = OwnLowering(_symbolic(op.Not))
-    table[torch.sym_float] = OwnLowering(_sym_float)
-    table[torch.sym_ite] = OwnLowering(_symbolic(_sym_ite))
-    table[torch.sym_sum] = OwnLowering(_sym_sum)
-    for target, (fn, applies) in ordering_lowerings(torchlib).items():
-        table[target] = OwnLowering(fn, applies)
-    for target, (fn, applies) in indexing_lowerings(torchlib).items():
-        table[target] = OwnLowering(fn, applies)
-    for target, (fn, applies) in scan_lowerings().items():
-        table[target] = OwnLowering(fn, applies)
-    for target, (fn, applies) in squeeze_lowerings().items():
-        table[target] = OwnLowering(fn, applies)
-    for target, (fn, applies) in pool_lowerings().items():
-        table[target] = OwnLowering(fn, applies)
-    for target, (fn, applies) in rnn_lowerings().items():
-        table[target] = OwnLowering(fn, applies)
-    for name, lowering in _LIBRARY_OPS.items():
-        target = resolve_op(name)
-        if target is not None:
-            table[target] = lowering
-    return table
+# torchlib lowerings that do not cover some arguments: when the predicate holds, the node takes
+# the next way (torch's decompositions) instead of an ONNX op no runtime can run.
+
+
+@torchlib_gap(aten.cross_entropy_loss.default)
+def _cross_entropy_gap(node: torch.fx.Node) -> bool:
+    """``cross_entropy_loss`` that torchlib's ``SoftmaxCrossEntropyLoss`` cannot carry: class
+    probabilities (a float target: labels are class indices only, no kernel), label smoothing
+    (ignored: wrong numbers) or an input without a batch dim (the op needs ``(N, C, ...)``:
+    onnxruntime refuses the file). torch's decomposition (``log_softmax`` and ``nll_loss`` or
+    the probabilities) lowers instead."""
+    names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
+    args = dict(zip(names, node.args, strict=False))
+    args.update(node.kwargs)
+    target, scores = args.get("target"), args.get("self")
+    value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
+    rank = scores.meta["val"].dim() if isinstance(scores, torch.fx.Node) else 2
+    return (
+        (isinstance(value, torch.Tensor) and value.is_floating_point())
+        or args.get("label_smoothing", 0.0) != 0.0
+        or rank < 2
+    )
+
+
+@torchlib_gap(aten.scaled_dot_product_attention.default)
+def _not_4d(node: torch.fx.Node) -> bool:
+    """``scaled_dot_product_attention`` of query/key/value not all 4-D (NesT's and Twins'
+    ``(B, T, H, N, D)`` blocks): torchlib asserts 4-D; torch's math decomposition takes any rank."""
+    values = [a.meta.get("val") for a in node.args[:3] if isinstance(a, torch.fx.Node)]
+    return any(isinstance(v, torch.Tensor) and v.dim() != 4 for v in values)
+
+
+_MODULES = (
+    sys.modules[__name__],
+    _own_indexing,
+    _own_ordering,
+    _own_pool,
+    _own_rnn,
+    _own_scan,
+    _own_squeeze,
+    _own_vision,
+)
+
+
+def own_lowerings() -> dict[Any, OwnLowering]:
+    """Target → record of irkit's own lowerings: those registered in this module and the
+    ``_own_*`` modules (a library op while its library has registered it)."""
+    return collect(_MODULES)

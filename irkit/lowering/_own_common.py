@@ -6,10 +6,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
-__all__ = ["ints", "extreme", "SLICE_END"]
+__all__ = ["ints", "extreme", "INT64"]
 
-SLICE_END = 2**62
-"""A ``Slice`` end past any size ("to the end")."""
+INT64 = ir.DataType.INT64
+"""The index dtype (``int(INT64)`` where an op attribute wants the number)."""
 
 
 def ints(*values: int) -> ir.Value:

@@ -26,7 +26,6 @@ Each is a composition of standard ONNX ops with torch's semantics:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,22 +33,25 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from irkit.lowering._own_common import SLICE_END, extreme, ints
+from irkit._irutil import SLICE_END
+from irkit.lowering._own_common import INT64, extreme, ints
+from irkit.lowering._registration import own, torchlib
 
-__all__ = ["indexing_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
 
-
-_INT64 = ir.DataType.INT64
+aten = torch.ops.aten
 
 
 def _flat(x: ir.Value) -> ir.Value:
     return op.Reshape(x, ints(-1))
 
 
+@own(aten.take.default)
 def _take(self, index):
     return op.Gather(_flat(self), index, axis=0)
 
 
+@own(aten.put.default)
 def _put(self, index, source, accumulate=False):
     flat = _flat(self)
     where = _flat(index)
@@ -61,6 +63,13 @@ def _put(self, index, source, accumulate=False):
     return op.Reshape(put, op.Shape(self))
 
 
+def _nonzero_static_applies(node: torch.fx.Node) -> bool:
+    value = node.args[0].meta.get("val")
+    size = node.kwargs.get("size", node.args[1] if len(node.args) > 1 else None)
+    return isinstance(value, torch.Tensor) and isinstance(size, int)
+
+
+@own(aten.nonzero_static.default, applies=_nonzero_static_applies)
 def _nonzero_static(self, *, size, fill_value=-1):
     rank = len(self.shape)
     if rank == 0:  # a scalar's indices have no coordinates: (size, 0)
@@ -70,24 +79,25 @@ def _nonzero_static(self, *, size, fill_value=-1):
     return op.Slice(op.Concat(rows, fill, axis=0), ints(0), ints(size), ints(0))
 
 
-def _nonzero_static_applies(node: torch.fx.Node) -> bool:
-    value = node.args[0].meta.get("val")
-    size = node.kwargs.get("size", node.args[1] if len(node.args) > 1 else None)
-    return isinstance(value, torch.Tensor) and isinstance(size, int)
-
-
-def _nonzero_scalar(self):
-    """A scalar's nonzero indices have no coordinates: ``(1, 0)`` if it is nonzero, else
-    ``(0, 0)`` (ONNX ``NonZero`` treats a scalar as a vector: ``(n, 1)``)."""
-    count = op.Cast(op.Cast(op.Reshape(self, ints(1)), to=int(ir.DataType.BOOL)), to=int(_INT64))
-    return op.ConstantOfShape(op.Concat(count, ints(0), axis=0), value=ir.tensor([0], dtype=_INT64))
-
-
 def _is_scalar(node: torch.fx.Node) -> bool:
     value = node.args[0].meta.get("val")
     return isinstance(value, torch.Tensor) and value.dim() == 0
 
 
+@own(aten.nonzero.default, applies=_is_scalar)
+def _nonzero_scalar(self):
+    """A scalar's nonzero indices have no coordinates: ``(1, 0)`` if it is nonzero, else
+    ``(0, 0)`` (ONNX ``NonZero`` treats a scalar as a vector: ``(n, 1)``)."""
+    count = op.Cast(op.Cast(op.Reshape(self, ints(1)), to=int(ir.DataType.BOOL)), to=int(INT64))
+    return op.ConstantOfShape(op.Concat(count, ints(0), axis=0), value=ir.tensor([0], dtype=INT64))
+
+
+def _unique_consecutive_applies(node: torch.fx.Node) -> bool:
+    dim = node.args[3] if len(node.args) > 3 else node.kwargs.get("dim")
+    return dim is None
+
+
+@own(aten.unique_consecutive.default, applies=_unique_consecutive_applies)
 def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
     """Runs of equal neighbours in the flattened tensor (any dtype; NaNs are all distinct):
     ``keep`` marks each run's first element; the inverse is ``CumSum(keep) - 1``; the counts are
@@ -104,7 +114,7 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
     empty = op.Constant(value=ir.tensor(np.zeros(0, dtype=np.int64)))
     inverse, counts = empty, empty
     if return_inverse:
-        runs = op.CumSum(op.Cast(keep, to=int(_INT64)), axis)
+        runs = op.CumSum(op.Cast(keep, to=int(INT64)), axis)
         inverse = op.Reshape(op.Sub(runs, ints(1)), op.Shape(self))
     if return_counts:
         size = op.Size(flat)
@@ -117,24 +127,6 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
     return values, inverse, counts
 
 
-def _bool_scatter_extremum(scatter_reduce: Callable[..., Any]) -> Callable[..., Any]:
-    """``scatter_reduce`` ``amax``/``amin`` of booleans (OR / AND) computed on int32:
-    onnxruntime's ``ScatterElements`` has no bool kernel for ``reduction="max"``/``"min"``."""
-
-    def as_int32(value: ir.Value) -> ir.Value:
-        cast = op.Cast(value, to=int(ir.DataType.INT32))
-        cast.dtype, cast.shape = ir.DataType.INT32, value.shape  # (torchlib reads the dtype)
-        return cast
-
-    def lower(self, dim, index, src, reduce, *, include_self=True):
-        out = scatter_reduce(
-            as_int32(self), dim, index, as_int32(src), reduce, include_self=include_self
-        )
-        return op.Cast(out, to=int(ir.DataType.BOOL))
-
-    return lower
-
-
 def _bool_scatter_extremum_applies(node: torch.fx.Node) -> bool:
     value = node.args[0].meta.get("val")
     reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
@@ -143,11 +135,30 @@ def _bool_scatter_extremum_applies(node: torch.fx.Node) -> bool:
     )
 
 
-def _unique_consecutive_applies(node: torch.fx.Node) -> bool:
-    dim = node.args[3] if len(node.args) > 3 else node.kwargs.get("dim")
-    return dim is None
+def _as_int32(value: ir.Value) -> ir.Value:
+    cast = op.Cast(value, to=int(ir.DataType.INT32))
+    cast.dtype, cast.shape = ir.DataType.INT32, value.shape  # (torchlib reads the dtype)
+    return cast
 
 
+@own(aten.scatter_reduce.two, applies=_bool_scatter_extremum_applies)
+def _bool_scatter_extremum(self, dim, index, src, reduce, *, include_self=True):
+    """``scatter_reduce`` ``amax``/``amin`` of booleans (OR / AND) computed on int32:
+    onnxruntime's ``ScatterElements`` has no bool kernel for ``reduction="max"``/``"min"``."""
+    scatter_reduce = torchlib("aten::scatter_reduce.two")
+    out = scatter_reduce(
+        _as_int32(self), dim, index, _as_int32(src), reduce, include_self=include_self
+    )
+    return op.Cast(out, to=int(ir.DataType.BOOL))
+
+
+def _pad_circular_applies(node: torch.fx.Node) -> bool:
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    pad = node.args[1]
+    return mode == "circular" and all(isinstance(p, int) for p in pad)
+
+
+@own(aten.pad.default, applies=_pad_circular_applies)
 def _pad_circular(self, pad, mode="constant", value=None):
     """Circular padding as slices: each dim (last first) is cut by its negative pads, then the
     cut tensor's last ``left`` and first ``right`` elements wrap around it — torch's order."""
@@ -166,17 +177,12 @@ def _pad_circular(self, pad, mode="constant", value=None):
     return out
 
 
-def _pad_circular_applies(node: torch.fx.Node) -> bool:
-    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
-    pad = node.args[1]
-    return mode == "circular" and all(isinstance(p, int) for p in pad)
-
-
-def _empty_permuted(empty: Callable[..., Any]) -> Callable[..., Any]:
-    def lower(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
-        return empty(size, dtype=int(ir.DataType.FLOAT) if dtype is None else dtype)
-
-    return lower
+@own(aten.empty_permuted.default)
+def _empty_permuted(
+    size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None
+):
+    empty = torchlib("aten::empty.memory_format")
+    return empty(size, dtype=int(ir.DataType.FLOAT) if dtype is None else dtype)
 
 
 _REDUCTIONS = {"prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
@@ -191,6 +197,12 @@ def _identity(reduce: str, dtype: ir.DataType) -> Any:
     return extreme(dtype, largest=reduce == "amax").item()
 
 
+def _index_reduce_applies(node: torch.fx.Node) -> bool:
+    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
+    return reduce in _REDUCTIONS and isinstance(node.args[1], int)
+
+
+@own(aten.index_reduce.default, applies=_index_reduce_applies)
 def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if len(self.shape) == 0:  # a scalar is a one-element vector along dim 0
         flat = _index_reduce_nd(_flat(self), 1, 0, index, _flat(source), reduce, include_self)
@@ -226,32 +238,3 @@ def _index_reduce_nd(self, rank, dim, index, source, reduce, include_self):
     if np.issubdtype(dtype.numpy(), np.floating):
         return op.Div(out, counts)
     return op.Div(op.Sub(out, op.Mod(out, counts)), counts)  # floor division (counts > 0)
-
-
-def _index_reduce_applies(node: torch.fx.Node) -> bool:
-    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
-    return reduce in _REDUCTIONS and isinstance(node.args[1], int)
-
-
-def indexing_lowerings(
-    torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
-) -> dict[torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]]:
-    """``{op: (lowering, applies)}`` for the ops above."""
-    aten = torch.ops.aten
-    return {
-        aten.take.default: (_take, None),
-        aten.put.default: (_put, None),
-        aten.nonzero_static.default: (_nonzero_static, _nonzero_static_applies),
-        aten.empty_permuted.default: (
-            _empty_permuted(torchlib[aten.empty.memory_format]),
-            None,
-        ),
-        aten.index_reduce.default: (_index_reduce, _index_reduce_applies),
-        aten.nonzero.default: (_nonzero_scalar, _is_scalar),
-        aten.pad.default: (_pad_circular, _pad_circular_applies),
-        aten.unique_consecutive.default: (_unique_consecutive, _unique_consecutive_applies),
-        aten.scatter_reduce.two: (
-            _bool_scatter_extremum(torchlib[aten.scatter_reduce.two]),
-            _bool_scatter_extremum_applies,
-        ),
-    }

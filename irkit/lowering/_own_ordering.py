@@ -15,26 +15,31 @@ Each is a composition of standard ONNX ops with torch's semantics:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from irkit.lowering._own_common import ints
+from irkit.lowering._own_common import INT64, ints
+from irkit.lowering._registration import own, torchlib
 
-__all__ = ["ordering_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
 
-_INT64 = int(ir.DataType.INT64)
+aten = torch.ops.aten
 _INT32 = int(ir.DataType.INT32)
 
 
-def _sort_stable(sort: Callable[..., Any]) -> Callable[..., Any]:
-    def lower(self, *, stable=None, dim=-1, descending=False):
-        return sort(self, dim, descending)
+def _static_int_args(*positions: int) -> Callable[[torch.fx.Node], bool]:
+    def applies(node: torch.fx.Node) -> bool:
+        return all(isinstance(node.args[p], int) for p in positions if p < len(node.args))
 
-    return lower
+    return applies
+
+
+@own(aten.sort.stable)
+def _sort_stable(self, *, stable=None, dim=-1, descending=False):
+    return torchlib("aten::sort")(self, dim, descending)
 
 
 def _smallest(x: ir.Value, k: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
@@ -48,6 +53,7 @@ def _squeeze_unless(keepdim: bool, dim: int, *values: ir.Value) -> tuple[ir.Valu
     return values if keepdim else tuple(op.Squeeze(v, ints(dim)) for v in values)
 
 
+@own(aten.kthvalue.default, applies=_static_int_args(1, 2))
 def _kthvalue(self, k, dim=-1, keepdim=False):
     if len(self.shape) == 0:  # a 0-d tensor is its own (only) value, at index 0
         return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
@@ -71,12 +77,14 @@ def _nan_if_any_nan(self: ir.Value, result: ir.Value, dim: int | None, keepdim: 
     return op.Where(has_nan, op.CastLike(float("nan"), self), result)
 
 
+@own(aten.median.default)
 def _median(self):
     flat = op.Reshape(self, ints(-1))
     values, _ = _smallest(flat, _lower_median_k(op.Shape(flat)), 0)
     return _nan_if_any_nan(self, op.Squeeze(values, ints(0)), None, False)
 
 
+@own(aten.median.dim, applies=_static_int_args(1))
 def _median_dim(self, dim, keepdim=False):
     if len(self.shape) == 0:
         return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
@@ -94,7 +102,7 @@ def _nanmedian_along(self: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
         return _smallest(self, _lower_median_k(size), dim)
     nan = op.IsNaN(self)
     filled = op.Where(nan, op.CastLike(float("inf"), self), self)  # NaNs sort last
-    count = op.ReduceSum(op.Cast(op.Not(nan), to=_INT64), ints(dim), keepdims=1)
+    count = op.ReduceSum(op.Cast(op.Not(nan), to=int(INT64)), ints(dim), keepdims=1)
     rank = op.Max(op.Div(op.Sub(count, ints(1)), ints(2)), ints(0))  # 0-based lower median
     size = op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
     values, indices = op.TopK(filled, size, axis=dim, largest=0, sorted=1)
@@ -104,6 +112,7 @@ def _nanmedian_along(self: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
     return op.Where(empty, op.CastLike(float("nan"), self), value), index
 
 
+@own(aten.nanmedian.default)
 def _nanmedian(self):
     if len(self.shape) == 0:
         return op.Identity(self)
@@ -111,28 +120,12 @@ def _nanmedian(self):
     return op.Squeeze(value, ints(0))
 
 
+@own(aten.nanmedian.dim, applies=_static_int_args(1))
 def _nanmedian_dim(self, dim, keepdim=False):
     if len(self.shape) == 0:
         return op.Identity(self), op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64))
     values, indices = _nanmedian_along(self, dim)
     return _squeeze_unless(keepdim, dim, values, indices)
-
-
-def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
-    seq = sorted_sequence
-    rank = len(sorted_sequence.shape)  # (the gathered value below has no shape yet)
-    if sorter is not None:
-        seq = op.GatherElements(seq, sorter, axis=-1)
-    values = op.Unsqueeze(self, ints(-1))  # (..., K, 1) against the boundaries (..., 1, M)
-    if rank > 1:
-        seq = op.Unsqueeze(seq, ints(-2))
-    below = op.LessOrEqual(seq, values) if right or side == "right" else op.Less(seq, values)
-    count = op.ReduceSum(op.Cast(below, to=_INT64), ints(-1), keepdims=0)
-    return op.Cast(count, to=_INT32) if out_int32 else count
-
-
-def _bucketize(self, boundaries, *, out_int32=False, right=False):
-    return _searchsorted(boundaries, self, out_int32=out_int32, right=right)
 
 
 def _searchsorted_applies(node: torch.fx.Node) -> bool:
@@ -145,32 +138,27 @@ def _bucketize_applies(node: torch.fx.Node) -> bool:
     return node.args[1].meta["val"].dim() == 1
 
 
+@own(aten.searchsorted.Tensor, applies=_searchsorted_applies)
+def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    seq = sorted_sequence
+    rank = len(sorted_sequence.shape)  # (the gathered value below has no shape yet)
+    if sorter is not None:
+        seq = op.GatherElements(seq, sorter, axis=-1)
+    values = op.Unsqueeze(self, ints(-1))  # (..., K, 1) against the boundaries (..., 1, M)
+    if rank > 1:
+        seq = op.Unsqueeze(seq, ints(-2))
+    below = op.LessOrEqual(seq, values) if right or side == "right" else op.Less(seq, values)
+    count = op.ReduceSum(op.Cast(below, to=int(INT64)), ints(-1), keepdims=0)
+    return op.Cast(count, to=_INT32) if out_int32 else count
+
+
+@own(aten.bucketize.Tensor, applies=_bucketize_applies)
+def _bucketize(self, boundaries, *, out_int32=False, right=False):
+    return _searchsorted(boundaries, self, out_int32=out_int32, right=right)
+
+
+@own(aten.masked_select.default)
 def _masked_select(self, mask):
     both = op.Where(mask, self, self)  # self broadcast against mask
     flat_mask = op.Reshape(op.Expand(mask, op.Shape(both)), ints(-1))
     return op.Compress(op.Reshape(both, ints(-1)), flat_mask, axis=0)
-
-
-def _static_int_args(*positions: int) -> Callable[[torch.fx.Node], bool]:
-    def applies(node: torch.fx.Node) -> bool:
-        return all(isinstance(node.args[p], int) for p in positions if p < len(node.args))
-
-    return applies
-
-
-def ordering_lowerings(
-    torchlib: Mapping[torch._ops.OpOverload, Callable[..., Any]],
-) -> dict[torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]]:
-    """``{op: (lowering, applies)}`` for the ordering and selection ops above."""
-    aten = torch.ops.aten
-    return {
-        aten.sort.stable: (_sort_stable(torchlib[aten.sort.default]), None),
-        aten.kthvalue.default: (_kthvalue, _static_int_args(1, 2)),
-        aten.median.default: (_median, None),
-        aten.median.dim: (_median_dim, _static_int_args(1)),
-        aten.nanmedian.default: (_nanmedian, None),
-        aten.nanmedian.dim: (_nanmedian_dim, _static_int_args(1)),
-        aten.searchsorted.Tensor: (_searchsorted, _searchsorted_applies),
-        aten.bucketize.Tensor: (_bucketize, _bucketize_applies),
-        aten.masked_select.default: (_masked_select, None),
-    }

@@ -37,11 +37,12 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from irkit.lowering._own_common import ints
+from irkit.lowering._own_common import INT64, ints
+from irkit.lowering._registration import own
 
-__all__ = ["pool_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
 
-_INT64 = ir.DataType.INT64
+aten = torch.ops.aten
 
 
 def _const(array: np.ndarray) -> ir.Value:
@@ -183,6 +184,17 @@ def _uneven_max(spatial: int) -> Callable[[torch.fx.Node], bool]:
     return applies
 
 
+_adaptive_max_pool2d = own(aten.adaptive_max_pool2d.default, applies=_uneven_max(2))(
+    _adaptive_max(2)
+)
+_adaptive_max_pool3d = own(aten.adaptive_max_pool3d.default, applies=_uneven_max(3))(
+    _adaptive_max(3)
+)
+_adaptive_avg_pool3d = own(aten._adaptive_avg_pool3d.default, applies=_static_spatial(3))(
+    _adaptive_avg(3)
+)
+
+
 # ----------------------------------------------------------------------------------------------
 # Fractional max pooling: window starts per batch and channel, from the random samples
 
@@ -197,7 +209,7 @@ def _fractional_starts(u: ir.Value, n: int, out: int, k: int) -> ir.Value:
     steps = _const(np.arange(out - 1, dtype=dtype))
     scaled = op.Floor(op.Mul(op.Add(steps, u), _const(alpha)))
     first = op.Floor(op.Mul(u, _const(alpha)))
-    starts = op.Cast(op.Sub(scaled, first), to=int(_INT64))
+    starts = op.Cast(op.Sub(scaled, first), to=int(INT64))
     last = op.Expand(ints(n - k), op.Shape(u))
     return op.Concat(starts, last, axis=-1)
 
@@ -256,6 +268,14 @@ def _fractional_applies(spatial: int) -> Callable[[torch.fx.Node], bool]:
         )
 
     return applies
+
+
+_fractional_max_pool2d = own(aten.fractional_max_pool2d.default, applies=_fractional_applies(2))(
+    _fractional(2)
+)
+_fractional_max_pool3d = own(aten.fractional_max_pool3d.default, applies=_fractional_applies(3))(
+    _fractional(3)
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,15 +345,5 @@ def _divisor_given(spatial: int) -> Callable[[torch.fx.Node], bool]:
     return applies
 
 
-def pool_lowerings() -> dict[Any, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool]]]:
-    """Target → (lowering, applies) for the pooling ops above."""
-    aten = torch.ops.aten
-    return {
-        aten.adaptive_max_pool2d.default: (_adaptive_max(2), _uneven_max(2)),
-        aten.adaptive_max_pool3d.default: (_adaptive_max(3), _uneven_max(3)),
-        aten._adaptive_avg_pool3d.default: (_adaptive_avg(3), _static_spatial(3)),
-        aten.fractional_max_pool2d.default: (_fractional(2), _fractional_applies(2)),
-        aten.fractional_max_pool3d.default: (_fractional(3), _fractional_applies(3)),
-        aten.avg_pool2d.default: (_avg_pool_divisor(2), _divisor_given(2)),
-        aten.avg_pool3d.default: (_avg_pool_divisor(3), _divisor_given(3)),
-    }
+_avg_pool2d = own(aten.avg_pool2d.default, applies=_divisor_given(2))(_avg_pool_divisor(2))
+_avg_pool3d = own(aten.avg_pool3d.default, applies=_divisor_given(3))(_avg_pool_divisor(3))

@@ -18,16 +18,16 @@ with a ``LoweringError``. Batch may be dynamic. Inter-layer dropout only runs in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
 from irkit.lowering._own_common import ints
+from irkit.lowering._registration import own
 
-__all__ = ["rnn_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
 
 
 def _cell_steps(
@@ -50,6 +50,20 @@ def _cell_steps(
     return [x for x in outputs if x is not None], h, c
 
 
+def _lstm_projected_applies(node: torch.fx.Node) -> bool:
+    """A projection is there: one more weight (``w_hr``) per layer and direction."""
+    args = list(node.args)
+    if len(args) < 9:
+        return False
+    _, _, params, has_biases, num_layers, dropout, train, bidirectional, _ = args[:9]
+    directions = 2 if bidirectional else 1
+    per = len(params) // max(1, num_layers * directions)
+    if train and dropout > 0:
+        return False
+    return per == (5 if has_biases else 3) and len(params) == per * num_layers * directions
+
+
+@own(torch.ops.aten.lstm.input, applies=_lstm_projected_applies)
 def _lstm_projected(
     input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first
 ):
@@ -95,21 +109,3 @@ def _lstm_projected(
         x = op.Concat(*outs, axis=-1) if len(outs) > 1 else outs[0]
     output = op.Transpose(x, perm=[1, 0, 2]) if batch_first else x
     return output, op.Concat(*h_n, axis=0), op.Concat(*c_n, axis=0)
-
-
-def _lstm_projected_applies(node: torch.fx.Node) -> bool:
-    """A projection is there: one more weight (``w_hr``) per layer and direction."""
-    args = list(node.args)
-    if len(args) < 9:
-        return False
-    _, _, params, has_biases, num_layers, dropout, train, bidirectional, _ = args[:9]
-    directions = 2 if bidirectional else 1
-    per = len(params) // max(1, num_layers * directions)
-    if train and dropout > 0:
-        return False
-    return per == (5 if has_biases else 3) and len(params) == per * num_layers * directions
-
-
-def rnn_lowerings() -> dict[Any, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool]]]:
-    """Target → (lowering, applies) for the recurrent ops above."""
-    return {torch.ops.aten.lstm.input: (_lstm_projected, _lstm_projected_applies)}

@@ -22,10 +22,11 @@ import torch
 from onnxscript import opset18 as op
 
 from irkit.lowering._own_common import extreme, ints
+from irkit.lowering._registration import own
 
-__all__ = ["scan_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
 
-_INT64 = ir.DataType.INT64
+aten = torch.ops.aten
 
 
 def _running(largest: bool) -> Callable[..., Any]:
@@ -75,12 +76,5 @@ def _applies(node: torch.fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and isinstance(node.args[1], int)
 
 
-def scan_lowerings() -> dict[
-    torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]
-]:
-    """``{op: (lowering, applies)}`` for ``cummax`` and ``cummin``."""
-    aten = torch.ops.aten
-    return {
-        aten.cummax.default: (_running(largest=True), _applies),
-        aten.cummin.default: (_running(largest=False), _applies),
-    }
+_cummax = own(aten.cummax.default, applies=_applies)(_running(largest=True))
+_cummin = own(aten.cummin.default, applies=_applies)(_running(largest=False))

@@ -13,7 +13,7 @@ that this gives the rank torch computed; otherwise the node keeps torchlib's low
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -21,8 +21,11 @@ import torch
 from onnxscript import opset18 as op
 
 from irkit.lowering._own_common import ints
+from irkit.lowering._registration import own
 
-__all__ = ["squeeze_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
+
+aten = torch.ops.aten
 
 
 def _requested(rank: int, dim: int | Sequence[int] | None) -> list[int]:
@@ -40,13 +43,6 @@ def _squeezed(shape: Sequence[Any], dim: int | Sequence[int] | None) -> list[int
     return [d for d in _requested(len(shape), dim) if isinstance(shape[d], int) and shape[d] == 1]
 
 
-def _squeeze(self: ir.Value, dim: int | Sequence[int] | None = None) -> ir.Value:
-    if self.shape is None:  # unknown rank: torchlib's form, every requested dim
-        return op.Squeeze(self) if dim is None else op.Squeeze(self, ints(*_as_list(dim)))
-    axes = _squeezed(list(self.shape), dim)
-    return op.Squeeze(self, ints(*axes)) if axes else op.Identity(self)
-
-
 def _applies(node: torch.fx.Node) -> bool:
     """The input's rank is known and squeezing its static 1s gives the output's rank."""
     source, out = node.args[0], node.meta.get("val")
@@ -58,13 +54,11 @@ def _applies(node: torch.fx.Node) -> bool:
     return value.dim() - len(_squeezed(shape, dim)) == out.dim()
 
 
-def squeeze_lowerings() -> dict[
-    torch._ops.OpOverload, tuple[Callable[..., Any], Callable[[torch.fx.Node], bool] | None]
-]:
-    """``{op: (lowering, applies)}`` for ``squeeze``, ``squeeze.dim`` and ``squeeze.dims``."""
-    aten = torch.ops.aten
-    return {
-        aten.squeeze.default: (_squeeze, _applies),
-        aten.squeeze.dim: (_squeeze, _applies),
-        aten.squeeze.dims: (_squeeze, _applies),
-    }
+@own(aten.squeeze.default, applies=_applies)
+@own(aten.squeeze.dim, applies=_applies)
+@own(aten.squeeze.dims, applies=_applies)
+def _squeeze(self: ir.Value, dim: int | Sequence[int] | None = None) -> ir.Value:
+    if self.shape is None:  # unknown rank: torchlib's form, every requested dim
+        return op.Squeeze(self) if dim is None else op.Squeeze(self, ints(*_as_list(dim)))
+    axes = _squeezed(list(self.shape), dim)
+    return op.Squeeze(self, ints(*axes)) if axes else op.Identity(self)

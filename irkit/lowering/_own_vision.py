@@ -13,17 +13,16 @@ gets opset 21 (``_ORT_UNSUPPORTED_FROM`` in ``_lower.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
 from irkit.lowering._own_common import ints
+from irkit.lowering._registration import own
 
-__all__ = ["vision_lowerings"]
+__all__: list[str] = []  # (lowerings registered with @own, collected by _own.own_lowerings)
 
 
+@own("torchvision::roi_align")
 def _roi_align(
     input: ir.Value,
     rois: ir.Value,
@@ -45,8 +44,3 @@ def _roi_align(
         spatial_scale=float(spatial_scale),
         coordinate_transformation_mode="half_pixel" if aligned else "output_half_pixel",
     )
-
-
-def vision_lowerings() -> dict[str, Callable[..., Any]]:
-    """``{registered op name: lowering}`` for the torchvision ops irkit lowers itself."""
-    return {"torchvision::roi_align": _roi_align}

@@ -8,7 +8,6 @@ the program's in-place ops can be handled by renaming or need functionalization.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 from typing import Any
@@ -17,8 +16,9 @@ import torch
 
 from irkit.errors import LoweringError, UnsupportedOpError
 from irkit.lowering._control_flow import plan_bodies
+from irkit.lowering._plan_types import Choice, Decomposition, Plan, Via
 from irkit.lowering._regions import region_body, region_op
-from irkit.lowering._registry import Choice, LoweringTable, Via
+from irkit.lowering._registry import LoweringTable
 from irkit.lowering._source import node_location
 from irkit.lowering._source import op_name as _op_name
 from irkit.lowering._trace import ASSUMPTIONS, trace_decomposition
@@ -28,29 +28,6 @@ __all__ = ["Plan", "make_plan", "needs_functionalization", "Decomposition"]
 logger = logging.getLogger(__name__)
 
 _MAX_DECOMPOSITION_DEPTH = 4
-
-
-@dataclasses.dataclass
-class Decomposition:
-    """A node's decomposition traced into a small FX graph, with that graph's own plan."""
-
-    graph_module: torch.fx.GraphModule
-    plan: Plan
-
-
-@dataclasses.dataclass
-class Plan:
-    """Node → how it is lowered; decomposed nodes also carry their traced sub-graph."""
-
-    choices: dict[torch.fx.Node, Choice] = dataclasses.field(default_factory=dict)
-    decompositions: dict[torch.fx.Node, Decomposition] = dataclasses.field(default_factory=dict)
-    bodies: dict[torch.fx.Node, dict[str, Decomposition]] = dataclasses.field(default_factory=dict)
-
-    def histogram(self) -> collections.Counter[Via]:
-        counts: collections.Counter[Via] = collections.Counter(c.via for c in self.choices.values())
-        for sub in self.decompositions.values():
-            counts.update(sub.plan.histogram())
-        return counts
 
 
 @dataclasses.dataclass
@@ -108,7 +85,10 @@ def _plan_graph(
             continue
         plan.choices[node] = choice
         if choice.via is Via.REGION:
-            body = region_body(node, region_op(node.target))
+            region = region_op(node.target)
+            if region is None:  # (the table chose REGION for it)
+                raise _not_a_region(node)
+            body = region_body(node, region)
             plan.decompositions[node] = Decomposition(
                 body, _plan_graph(body.graph, table, missing, depth, decomposing)
             )
@@ -152,7 +132,8 @@ def _plan_decomposition(
         return "its decomposition leads back to itself"
     decomposing = decomposing | {node.target}
     reasons = []
-    for fn in choice.candidates or (choice.fn,):
+    candidates = choice.candidates or tuple(f for f in (choice.fn,) if f is not None)
+    for fn in candidates:
         try:
             gm = trace_decomposition(node, fn)
         except LoweringError as exc:
@@ -168,6 +149,16 @@ def _plan_decomposition(
         )
         reasons.append(f"a decomposition needs {inner}")
     return "; ".join(reasons)
+
+
+def _not_a_region(node: torch.fx.Node) -> LoweringError:
+    return LoweringError(
+        "planned as a context region, but its target is none. This is a bug in irkit; please "
+        "report it with this message.",
+        fx_node=node.name,
+        target=_op_name(node.target),
+        source=node_location(node),
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -194,7 +194,7 @@ def _promotes_non_float(node: torch.fx.Node) -> bool:
             return True
         dtype = val.dtype if isinstance(val, torch.Tensor) else None
         if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
-            return dtype != torch.bool
+            return bool(dtype != torch.bool)
     return False
 
 

@@ -67,8 +67,9 @@ def is_rank0_dim_op(node: torch.fx.Node) -> bool:
 
 def _one_element(recorder: Recorder, value: ir.Value) -> ir.Value:
     out = recorder.opset.Reshape(value, recorder.opset.Constant(value_ints=[1]))
-    out.dtype, out.shape = value.dtype, ir.Shape([1])
-    return out
+    out.dtype, out.shape = value.dtype, ir.Shape([1])  # (a 0-d input's dtype, maybe unknown)
+    result: ir.Value = out
+    return result
 
 
 def lift_rank0(

@@ -46,46 +46,46 @@ class Tensor(ir.Value):
     def _op(self, name: str, *args: Any) -> Any:
         return getattr(self._recorder.opset, name)(*args)
 
-    def __add__(self, other):
+    def __add__(self, other: Any) -> Any:
         return self._op("Add", self, other)  # noqa: E704
 
-    def __radd__(self, other):
+    def __radd__(self, other: Any) -> Any:
         return self._op("Add", other, self)  # noqa: E704
 
-    def __sub__(self, other):
+    def __sub__(self, other: Any) -> Any:
         return self._op("Sub", self, other)  # noqa: E704
 
-    def __rsub__(self, other):
+    def __rsub__(self, other: Any) -> Any:
         return self._op("Sub", other, self)  # noqa: E704
 
-    def __mul__(self, other):
+    def __mul__(self, other: Any) -> Any:
         return self._op("Mul", self, other)  # noqa: E704
 
-    def __rmul__(self, other):
+    def __rmul__(self, other: Any) -> Any:
         return self._op("Mul", other, self)  # noqa: E704
 
-    def __truediv__(self, other):
+    def __truediv__(self, other: Any) -> Any:
         return self._op("Div", self, other)  # noqa: E704
 
-    def __matmul__(self, other):
+    def __matmul__(self, other: Any) -> Any:
         return self._op("MatMul", self, other)  # noqa: E704
 
-    def __pow__(self, other):
+    def __pow__(self, other: Any) -> Any:
         return self._op("Pow", self, other)  # noqa: E704
 
-    def __neg__(self):
+    def __neg__(self) -> Any:
         return self._op("Neg", self)  # noqa: E704
 
-    def __lt__(self, other):
+    def __lt__(self, other: Any) -> Any:
         return self._op("Less", self, other)  # noqa: E704
 
-    def __le__(self, other):
+    def __le__(self, other: Any) -> Any:
         return self._op("LessOrEqual", self, other)  # noqa: E704
 
-    def __gt__(self, other):
+    def __gt__(self, other: Any) -> Any:
         return self._op("Greater", self, other)  # noqa: E704
 
-    def __ge__(self, other):
+    def __ge__(self, other: Any) -> Any:
         return self._op("GreaterOrEqual", self, other)  # noqa: E704
 
     __hash__ = ir.Value.__hash__
@@ -211,7 +211,7 @@ class Recorder:
             tensor = ir.tensor(value if dtype is None else value.astype(dtype.numpy()))
         else:
             tensor = ir.tensor(value, dtype=dtype)
-        result = self.opset.Constant(value=tensor)
+        result: ir.Value = self.opset.Constant(value=tensor)
         result.const_value = tensor  # lets later ops see the value (e.g. Split's output count)
         return result
 
@@ -230,7 +230,8 @@ class Recorder:
                 else self.constant([a], dtype)
                 for a in arg
             ]
-            return self.opset.Concat(*pieces, axis=0)
+            concat: ir.Value = self.opset.Concat(*pieces, axis=0)
+            return concat
         return self.constant(list(arg) if isinstance(arg, tuple) else arg, dtype)
 
 

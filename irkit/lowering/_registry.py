@@ -6,7 +6,6 @@ Dispatch is on the node's target *object* (``torch.ops.aten.add.Tensor``), never
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import operator
 from collections.abc import Callable, Mapping
@@ -17,37 +16,11 @@ from onnxscript.function_libs.torch_lib import registration
 
 from irkit.lowering._control_flow import is_control_flow
 from irkit.lowering._own import own_lowerings
+from irkit.lowering._plan_types import Choice, Via
 from irkit.lowering._regions import region_op
 from irkit.lowering._source import resolve_op
 
 __all__ = ["Via", "Choice", "LoweringTable", "torchlib_table", "decompositions"]
-
-
-class Via(enum.Enum):
-    """How a node is lowered."""
-
-    CUSTOM = "custom lowering"
-    IRKIT = "irkit lowering"
-    TORCHLIB = "torchlib"
-    INPLACE = "functional counterpart of an in-place op"
-    DECOMPOSE = "decomposition"
-    GETITEM = "tuple element"
-    REGION = "context region (body inlined)"
-    CONTROL_FLOW = "control flow (If/Loop/Scan, or a local function)"
-    SKIP = "no computation"
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """The planner's decision for one node."""
-
-    via: Via
-    fn: Callable[..., Any] | None = None
-    # An in-place op lowered as its functional counterpart; later reads see the result.
-    functional: torch._ops.OpOverload | None = None
-    # Via.DECOMPOSE: every decomposition torch has for the op, tried in order.
-    candidates: tuple[Callable[..., Any], ...] = ()
-    identity: bool = False  # the lowering returns its input unchanged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +141,7 @@ class LoweringTable:
         self._decompose_custom_ops = decompose_custom_ops
         entries = _torchlib_entries()
         self._torchlib = entries
-        self._own = own_lowerings(torchlib_table())
+        self._own = own_lowerings()
 
     def choose(self, node: torch.fx.Node, target: Any = None) -> Choice | None:
         """The lowering of ``node`` (or of ``target`` applied to its arguments), or None.
@@ -188,11 +161,11 @@ class LoweringTable:
         if is_control_flow(target):
             return Choice(Via.CONTROL_FLOW)
         own = self._own.get(target)
-        if own is not None and (own.applies is None or own.applies(node)):
+        if own is not None and own.fn is not None and (own.applies is None or own.applies(node)):
             return Choice(Via.IRKIT, own.fn, identity=own.identity)
         entry = self._torchlib.get(target)
-        refuses = _TORCHLIB_REFUSES.get(target)
-        if entry is not None and (refuses is None or not refuses(node)):
+        gap = own.torchlib_gap if own is not None else None
+        if entry is not None and (gap is None or not gap(node)):
             fn = entry.complex if _has_complex_input(node) else entry.real
             if fn is not None:
                 return Choice(Via.TORCHLIB, fn)
@@ -206,40 +179,6 @@ class LoweringTable:
             if candidates:
                 return Choice(Via.DECOMPOSE, candidates[0], candidates=candidates)
         return None
-
-
-def _cross_entropy_gap(node: torch.fx.Node) -> bool:
-    """``cross_entropy_loss`` that torchlib's ``SoftmaxCrossEntropyLoss`` cannot carry: class
-    probabilities (a float target: labels are class indices only, no kernel), label smoothing
-    (ignored: wrong numbers) or an input without a batch dim (the op needs ``(N, C, ...)``:
-    onnxruntime refuses the file). torch's decomposition (``log_softmax`` and ``nll_loss`` or
-    the probabilities) lowers instead."""
-    names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
-    args = dict(zip(names, node.args, strict=False))
-    args.update(node.kwargs)
-    target, scores = args.get("target"), args.get("self")
-    value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
-    rank = scores.meta["val"].dim() if isinstance(scores, torch.fx.Node) else 2
-    return (
-        (isinstance(value, torch.Tensor) and value.is_floating_point())
-        or args.get("label_smoothing", 0.0) != 0.0
-        or rank < 2
-    )
-
-
-def _not_4d(node: torch.fx.Node) -> bool:
-    """``scaled_dot_product_attention`` of query/key/value not all 4-D (NesT's and Twins'
-    ``(B, T, H, N, D)`` blocks): torchlib asserts 4-D; torch's math decomposition takes any rank."""
-    values = [a.meta.get("val") for a in node.args[:3] if isinstance(a, torch.fx.Node)]
-    return any(isinstance(v, torch.Tensor) and v.dim() != 4 for v in values)
-
-
-_TORCHLIB_REFUSES: Mapping[Any, Callable[[torch.fx.Node], bool]] = {
-    torch.ops.aten.cross_entropy_loss.default: _cross_entropy_gap,
-    torch.ops.aten.scaled_dot_product_attention.default: _not_4d,
-}
-"""torchlib lowerings that do not cover some arguments: when the predicate holds, the node takes
-the next way (torch's decompositions) instead of an ONNX op no runtime can run."""
 
 
 def _custom_op_implementation(target: torch._ops.OpOverload) -> tuple[Callable[..., Any], ...]:

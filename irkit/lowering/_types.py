@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -134,7 +135,7 @@ def _check_distinct(
         taken[name] = str(symbol)
 
 
-def _find_shape_env(ep: torch.export.ExportedProgram):
+def _find_shape_env(ep: torch.export.ExportedProgram) -> Any:
     for node in ep.graph.nodes:
         if node.op != "placeholder":
             continue
@@ -151,7 +152,7 @@ def has_no_data(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "meta" or isinstance(tensor, torch._subclasses.FakeTensor)
 
 
-def torch_tensor_to_ir(tensor: torch.Tensor, name: str) -> ir.Tensor | WeightlessTensor:
+def torch_tensor_to_ir(tensor: torch.Tensor, name: str) -> ir.Tensor[Any] | WeightlessTensor:
     """Wrap a real torch tensor as an ``ir.Tensor`` *without copying* its data.
 
     The numpy array shares the tensor's storage (contiguous CPU tensors); dtypes numpy lacks are

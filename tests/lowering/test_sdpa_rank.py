@@ -1,6 +1,6 @@
 """``scaled_dot_product_attention`` of other than 4-D tensors (NesT's and Twins' ``(B, T, H, N,
 D)`` blocks; 3-D ``(B, N, D)``): torchlib asserts 4-D, so the node takes torch's math
-decomposition (``_TORCHLIB_REFUSES`` in ``irkit/lowering/_registry.py``). onnxruntime vs eager,
+decomposition (``@torchlib_gap`` in ``irkit/lowering/_own.py``). onnxruntime vs eager,
 with and without a mask, causal, at two sizes of a dynamic batch."""
 
 from __future__ import annotations
