@@ -371,7 +371,11 @@ def export(
     model = irkit.lower(
         exported.program, input_names=exported.input_names, output_names=exported.output_names
     )
-    irkit.optimize(model, target=target)
+    from irkit.rules import ort
+
+    rules = ort.default_rules(gqa_shared_buffer=True) if target == "ort" else None
+    irkit.optimize(model, target=target, rules=rules)
+    shared = target == "ort" and ort.attention.runs_on_shared_buffer(model)
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),
@@ -379,6 +383,7 @@ def export(
         generation=source.generation,
         max_length=length,
         input_names=exported.input_names,
+        share_buffer=shared,
     )
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

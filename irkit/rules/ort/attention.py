@@ -267,7 +267,54 @@ def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int) -> _Folded | None:
     return pq[0], pk[0], cos, sin, pq[1], interleaved  # (pq[1] checked above)
 
 
-def group_query_attention(dynamic_past: bool = False, masked: bool = False) -> NodeRule:
+def _graph_input(node: ir.Node, name: str) -> ir.Value | None:
+    """The input ``name`` of the graph ``node`` is in, or ``None``."""
+    graph = node.graph
+    if graph is None:
+        return None
+    return next((v for v in graph.inputs if v.name == name), None)
+
+
+def _reaches(value: ir.Value, target: ir.Value, limit: int = 400) -> bool:
+    """Whether ``target`` is ``value`` or among the values it is computed from."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack and len(seen) < limit:
+        v = stack.pop()
+        if v is target:
+            return True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        p = v.producer()
+        if p is not None:
+            stack.extend(i for i in p.inputs if i is not None)
+    return False
+
+
+class SharedBuffer:
+    """How ``GroupQueryAttention`` runs on onnxruntime-genai's shared KV buffer.
+
+    Under ``past_present_share_buffer`` the past and present are one static buffer of the
+    capacity ``search.max_length``: the past's length is not the number of cached tokens. The
+    rule then feeds the op from the graph input ``mask_input`` (``(batch, total)`` of 0/1, each
+    row right-padded, as genai writes it), the way genai's own builder does:
+    ``seqlens_k = ReduceSum(mask, 1) - 1`` and ``total_sequence_length = mask.shape[1]``
+    (int32), and drops the ``Attention``'s additive mask, which must be computed from that
+    input (Hugging Face's causal + padding mask: ``GroupQueryAttention`` is causal and skips
+    the keys past each row's length).
+
+    Attributes:
+        mask_input: The name of the 2-D 0/1 attention-mask graph input.
+    """
+
+    def __init__(self, mask_input: str = "attention_mask"):
+        self.mask_input = mask_input
+
+
+def group_query_attention(
+    dynamic_past: bool = False, masked: bool = False, shared: SharedBuffer | None = None
+) -> NodeRule:
     """The ``GroupQueryAttention`` rule (by default: causal ``Attention`` without a mask).
 
     Args:
@@ -280,9 +327,14 @@ def group_query_attention(dynamic_past: bool = False, masked: bool = False) -> N
             mask) or without ``is_causal``: the mask becomes the op's ``attention_bias`` input
             and ``causal`` is the node's ``is_causal``. Both are newer than onnxruntime 1.20
             (tested with 1.32), so this is opt-in.
+        shared: Write the op for onnxruntime-genai's shared KV buffer (see
+            :class:`SharedBuffer`): every ``Attention`` with a past whose mask, if any, is
+            computed from the attention-mask input.
     """
 
     def fn(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
+        if shared is not None:
+            return _gqa_shared(op, node, shared)
         return _gqa_rewrite(op, node, dynamic_past, masked)
 
     return NodeRule("GroupQueryAttention", ["Attention"], fn, min_opset=23)
@@ -381,6 +433,63 @@ def _gqa_rewrite(
     return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
 
 
+def _gqa_shared(
+    op: RewriteBuilder, node: ir.Node, shared: SharedBuffer
+) -> list[ir.Value] | MatchFailure:
+    """GroupQueryAttention on the shared buffer (see :class:`SharedBuffer`)."""
+    heads = _common(node)
+    if isinstance(heads, MatchFailure):
+        return heads
+    if heads.head_size % 8:
+        return fail(
+            f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
+        )
+    past_k, past_v = _input(node, 4), _input(node, 5)
+    if past_k is None or past_v is None:
+        return fail("no past: the shared buffer is the past", None, node)
+    attention_mask = _graph_input(node, shared.mask_input)
+    if attention_mask is None:
+        return fail(f"the graph has no input {shared.mask_input!r}", None, node)
+    a = _attrs(node)
+    mask = _input(node, 3)
+    if mask is None and not a.get("is_causal", 0):
+        return fail("not causal and no mask", None, node)
+    if mask is not None and not _reaches(mask, attention_mask):
+        return fail(f"the mask is not computed from {shared.mask_input!r}", mask)
+    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+    dq, dk = dims(q), dims(k)  # type: ignore[arg-type]
+    if dq is None or dk is None or dq[2] != dk[2]:
+        return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
+    rotary = _fold_rotary(q, k, heads.head_size)  # type: ignore[arg-type]
+    cos = sin = pos = None
+    interleaved = 0
+    if rotary is not None:
+        q, k, cos, sin, pos, interleaved = rotary
+    i32 = ir.DataType.INT32
+    ones = op.ReduceSum(attention_mask, op.const(np.array([1], dtype=np.int64)), keepdims=0)
+    seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
+    total = op.Cast(op.Squeeze(op.Shape(attention_mask, start=1, end=2)), to=i32)
+    y, present_k, present_v = op.domain(MS).GroupQueryAttention(
+        _to3(op, q),  # type: ignore[arg-type]
+        _to3(op, k),  # type: ignore[arg-type]
+        _to3(op, v),  # type: ignore[arg-type]
+        past_k,
+        past_v,
+        seqlens,
+        total,
+        cos,
+        sin,
+        num_heads=heads.q_heads,
+        kv_num_heads=heads.kv_heads,
+        scale=a.get("scale"),
+        softcap=a.get("softcap") or None,
+        do_rotary=1 if rotary is not None else None,
+        rotary_interleaved=interleaved if rotary is not None else None,
+        _outputs=3,
+    )
+    return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
+
+
 def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     """MultiHeadAttention from a non-causal opset-23 Attention (see the module docstring)."""
     heads = _common(node)
@@ -449,12 +558,14 @@ def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailur
 _ROTARY_CARRIED = frozenset({"interleaved", "num_heads", "rotary_embedding_dim"})
 
 
-def attention_rules(gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
+def attention_rules(
+    gqa_dynamic_past: bool = False, gqa_masked: bool = False, shared: SharedBuffer | None = None
+) -> RuleSet:
     """The attention rules; the options: see :func:`group_query_attention`."""
     return RuleSet(
         "ort_attention",
         [
-            group_query_attention(gqa_dynamic_past, gqa_masked),
+            group_query_attention(gqa_dynamic_past, gqa_masked, shared),
             NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
             NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
         ],
@@ -463,3 +574,15 @@ def attention_rules(gqa_dynamic_past: bool = False, gqa_masked: bool = False) ->
 
 rules = attention_rules()
 """The attention rules (``GroupQueryAttention`` first: it also absorbs the rotations)."""
+
+
+def runs_on_shared_buffer(model: ir.Model) -> bool:
+    """Whether every attention of ``model`` is a ``GroupQueryAttention`` the
+    :class:`SharedBuffer` rule wrote (no standard ``Attention`` or ``MultiHeadAttention`` left
+    in the graph or its functions): onnxruntime-genai may then run it with
+    ``past_present_share_buffer: true``."""
+    graphs = [model.graph, *(f.graph for f in model.functions.values())]
+    ops = {(n.domain, n.op_type) for g in graphs for n in g.all_nodes()}
+    left = {("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention")} & ops
+    return (MS, "GroupQueryAttention") in ops and not left
+

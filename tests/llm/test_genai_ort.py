@@ -1,0 +1,142 @@
+"""``irkit export --target ort``: ``GroupQueryAttention`` on onnxruntime-genai's shared KV buffer.
+
+Tiny random-weight folders (as in ``tests/llm/test_export.py``: model, a byte-level BPE tokenizer
+trained here) are exported with ``target="ort"``; the folder's ``genai_config.json`` says
+``past_present_share_buffer: true`` and genai's ``Generator`` (CPU, greedy) runs batch 1 and a
+right-padded batch of 2; the ids must equal transformers ``generate`` on the left-padded prompts.
+The prompts + generation run past the models' sliding windows.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+
+import onnx
+import pytest
+
+from irkit.llm import export
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox hello world"]
+NEW_TOKENS = 16
+MAX_LENGTH = 64
+_TEXT = ["hello world, the quick brown fox jumps over the lazy dog"] * 20 + ["user assistant"] * 5
+
+
+def _tokenizer() -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TEXT, trainer)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+_COMMON = dict(
+    vocab_size=300, bos_token_id=0, eos_token_id=1, pad_token_id=2, initializer_range=0.2
+)
+_ATTENTION = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**_ATTENTION, **_COMMON, num_key_value_heads=2),
+    # packed qkv and gate_up projections
+    "phi3": lambda: transformers.Phi3Config(**_ATTENTION, **_COMMON, num_key_value_heads=4),
+    # the q/k/v bias Add
+    "qwen2": lambda: transformers.Qwen2Config(**_ATTENTION, **_COMMON, num_key_value_heads=2),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory):
+    """arch → (HF folder, exported folder), each exported once with ``target="ort"``."""
+    import torch
+
+    root = tmp_path_factory.mktemp("genai_ort")
+    done: dict[str, tuple[pathlib.Path, pathlib.Path]] = {}
+
+    def get(arch: str) -> tuple[pathlib.Path, pathlib.Path]:
+        if arch not in done:
+            folder = root / f"{arch}-hf"
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(CONFIGS[arch]())
+            model.save_pretrained(folder)
+            _tokenizer().save_pretrained(folder)
+            out = root / f"{arch}-ort"
+            export(folder, out, target="ort", max_length=MAX_LENGTH)
+            done[arch] = (folder, out)
+        return done[arch]
+
+    return get
+
+
+def _genai_ids(out: pathlib.Path, prompts: list[str]) -> list[list[int]]:
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    params.set_search_options(
+        max_length=longest + NEW_TOKENS, do_sample=False, batch_size=len(prompts)
+    )
+    generator = og.Generator(model, params)
+    generator.append_tokens(tokenizer.encode_batch(prompts))
+    while not generator.is_done():
+        generator.generate_next_token()
+    # genai right-pads: prompt, pads up to the longest prompt, then the new tokens
+    return [[int(t) for t in generator.get_sequence(i)][longest:] for i in range(len(prompts))]
+
+
+def _reference_ids(folder: pathlib.Path, prompts: list[str]) -> list[list[int]]:
+    import torch
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ids = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return ids[:, batch["input_ids"].shape[1] :].tolist()
+
+
+def _until_eos(ids: list[int], eos: int = 1) -> list[int]:
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+def _ops(out: pathlib.Path) -> collections.Counter[tuple[str, str]]:
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return collections.Counter((n.domain, n.op_type) for n in nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_shared_buffer_generator_matches_transformers(exported, arch):
+    folder, out = exported(arch)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    ops = _ops(out)
+    assert ops[("com.microsoft", "GroupQueryAttention")] >= 1
+    assert ops[("", "Attention")] == 0
+    for prompts in (PROMPTS[:1], PROMPTS):
+        got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
+        want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
+        assert got == want, (arch, prompts)
+        assert len(set(want[0])) > 1  # the tiny model does not just repeat one token
