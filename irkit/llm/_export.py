@@ -375,7 +375,7 @@ def export(
 
     rules = ort.default_rules(gqa_shared_buffer=True) if target == "ort" else None
     irkit.optimize(model, target=target, rules=rules)
-    shared = target == "ort" and ort.attention.runs_on_shared_buffer(model)
+    shared = target == "ort" and ort.attention.runs_on_shared_buffer(model, decoder.num_layers)
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),

@@ -62,6 +62,10 @@ CONFIGS = {
     "phi3": lambda: transformers.Phi3Config(**_ATTENTION, **_COMMON, num_key_value_heads=4),
     # the q/k/v bias Add
     "qwen2": lambda: transformers.Qwen2Config(**_ATTENTION, **_COMMON, num_key_value_heads=2),
+    # a sliding window on every layer, shorter than prompt + generation: local_window_size
+    "mistral": lambda: transformers.MistralConfig(
+        **_ATTENTION, **_COMMON, num_key_value_heads=2, sliding_window=6
+    ),
 }
 
 

@@ -42,6 +42,7 @@ the past (``nonpad_kv_seqlen``), stop the rewrite. Every refusal says why (see `
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -292,6 +293,32 @@ def _reaches(value: ir.Value, target: ir.Value, limit: int = 400) -> bool:
     return False
 
 
+def _sliding_window(mask: ir.Value, limit: int = 400) -> int | None | MatchFailure:
+    """The window ``W`` of a Hugging Face sliding-window mask (``kv_idx > q_idx - W``: the query
+    sees itself and the ``W - 1`` keys before it), ``None`` for a mask without one."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [mask]
+    while stack and len(seen) < limit:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        p = v.producer()
+        if p is None:
+            continue
+        if p.op_type == "Greater" and p.domain == "" and len(p.inputs) == 2:
+            sub = p.inputs[1].producer() if p.inputs[1] is not None else None
+            if sub is not None and sub.op_type == "Sub" and sub.inputs[1] is not None:
+                w = const_value(sub.inputs[1])
+                if w is not None and w.size == 1:
+                    found.add(int(w.reshape(())))
+        stack.extend(i for i in p.inputs if i is not None)
+    if len(found) > 1:
+        return fail(f"the mask has several windows {sorted(found)}", mask)
+    return found.pop() if found else None
+
+
 class SharedBuffer:
     """How ``GroupQueryAttention`` runs on onnxruntime-genai's shared KV buffer.
 
@@ -456,6 +483,11 @@ def _gqa_shared(
         return fail("not causal and no mask", None, node)
     if mask is not None and not _reaches(mask, attention_mask):
         return fail(f"the mask is not computed from {shared.mask_input!r}", mask)
+    window = None if mask is None else _sliding_window(mask)
+    if isinstance(window, MatchFailure):
+        return window
+    if window is not None and window < 1:
+        return fail(f"sliding window {window} < 1", mask)
     q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
     dq, dk = dims(q), dims(k)  # type: ignore[arg-type]
     if dq is None or dk is None or dq[2] != dk[2]:
@@ -483,6 +515,8 @@ def _gqa_shared(
         kv_num_heads=heads.kv_heads,
         scale=a.get("scale"),
         softcap=a.get("softcap") or None,
+        # measured (tests/llm/test_genai_ort.py, mistral): W, not W - 1 nor W + 1
+        local_window_size=None if window is None else window,
         do_rotary=1 if rotary is not None else None,
         rotary_interleaved=interleaved if rotary is not None else None,
         _outputs=3,
@@ -576,13 +610,35 @@ rules = attention_rules()
 """The attention rules (``GroupQueryAttention`` first: it also absorbs the rotations)."""
 
 
-def runs_on_shared_buffer(model: ir.Model) -> bool:
-    """Whether every attention of ``model`` is a ``GroupQueryAttention`` the
-    :class:`SharedBuffer` rule wrote (no standard ``Attention`` or ``MultiHeadAttention`` left
-    in the graph or its functions): onnxruntime-genai may then run it with
-    ``past_present_share_buffer: true``."""
-    graphs = [model.graph, *(f.graph for f in model.functions.values())]
-    ops = {(n.domain, n.op_type) for g in graphs for n in g.all_nodes()}
-    left = {("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention")} & ops
-    return (MS, "GroupQueryAttention") in ops and not left
+def _run_counts(model: ir.Model) -> collections.Counter[tuple[str, str]]:
+    """How many times each op runs in one call of ``model`` (function calls expanded)."""
+    memo: dict[ir.OperatorIdentifier, collections.Counter[tuple[str, str]]] = {}
+
+    def count(graph: ir.Graph | ir.Function) -> collections.Counter[tuple[str, str]]:
+        total: collections.Counter[tuple[str, str]] = collections.Counter()
+        for node in graph:
+            key = (node.domain, node.op_type, node.overload)
+            function = model.functions.get(key)
+            if function is None:
+                total[node.domain, node.op_type] += 1
+                for attr in node.attributes.values():
+                    if attr.type == ir.AttributeType.GRAPH:
+                        total.update(count(attr.value))
+                continue
+            if key not in memo:
+                memo[key] = count(function)
+            total.update(memo[key])
+        return total
+
+    return count(model.graph)
+
+
+def runs_on_shared_buffer(model: ir.Model, layers: int) -> bool:
+    """Whether ``model`` runs ``layers`` ``GroupQueryAttention`` nodes per call (the
+    :class:`SharedBuffer` rule's, one per cached layer) and no other attention (standard
+    ``Attention``, ``MultiHeadAttention``, or one left unfused, ``Softmax``): onnxruntime-genai
+    may then run it with ``past_present_share_buffer: true``."""
+    runs = _run_counts(model)
+    others = ("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention"), ("", "Softmax")
+    return runs[MS, "GroupQueryAttention"] == layers and not any(runs[o] for o in others)
 
