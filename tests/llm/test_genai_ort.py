@@ -144,3 +144,25 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
         assert got == want, (arch, prompts)
         assert len(set(want[0])) > 1  # the tiny model does not just repeat one token
+
+
+@pytest.mark.slow
+def test_fp16_model_on_the_shared_buffer(exported, tmp_path):
+    """A float16 model (q/k/v bias, dynamic batch, past): GroupQueryAttention in float16, run by
+    genai on onnxruntime's CPU kernels, greedy ids equal to the float32 model's generate."""
+    import torch
+
+    folder, _ = exported("qwen2")
+    half = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16)
+    out = tmp_path / "qwen2-fp16"
+    written = export(half, out, target="ort", max_length=MAX_LENGTH)
+    assert written.genai_config["search"]["past_present_share_buffer"] is True
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    assert {i.type.tensor_type.elem_type for i in model.graph.input if "past" in i.name} == {
+        onnx.TensorProto.FLOAT16
+    }
+    assert _ops(out)[("com.microsoft", "GroupQueryAttention")] >= 1
+    for prompts in (PROMPTS[:1], PROMPTS):
+        got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
+        want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
+        assert got == want, prompts
