@@ -641,4 +641,3 @@ def runs_on_shared_buffer(model: ir.Model, layers: int) -> bool:
     runs = _run_counts(model)
     others = ("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention"), ("", "Softmax")
     return runs[MS, "GroupQueryAttention"] == layers and not any(runs[o] for o in others)
-

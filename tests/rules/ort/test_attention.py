@@ -14,7 +14,7 @@ import irkit
 from irkit.rewriting import RewriteReport
 from irkit.rules import ort
 from tests.helpers import run_ort
-from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, parse
+from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, ops, parse
 
 DTYPES = st.sampled_from(["float", "float16"])
 MAX_POS = 32
@@ -332,3 +332,105 @@ def test_group_query_attention_masked_reads_an_untyped_where_mask():
     inputs.append(rng.random((1, 1, 3, 8)) < 0.7)
     for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
         np.testing.assert_allclose(a, e, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------ onnxruntime-genai's shared KV buffer
+
+
+def _shared_model(t: str, window: int | None = None) -> ir.Model:
+    """A decoder layer's attention as Hugging Face exports it: the additive mask computed from
+    the ``attention_mask`` input (padding, and a sliding window ``kv > q - window``)."""
+    windowed = (
+        f"""
+        w = Constant<value=int64 {{{window}}}>()
+        q_w = Sub(q_idx, w)
+        in_window = Greater(kv_idx, q_w)
+        keep = And(valid, in_window)"""
+        if window
+        else "\n        keep = Identity(valid)"
+    )
+    return parse(f"""g ({t}[B,4,S,16] q, {t}[B,2,S,16] k, {t}[B,2,S,16] v,
+          {t}[B,2,P,16] pk, {t}[B,2,P,16] pv, int64[B,T] attention_mask)
+      => ({t}[B,4,S,16] y, {t}[B,2,T2,16] ko, {t}[B,2,T2,16] vo) {{
+        valid = Cast<to=9>(attention_mask)
+        t_len = Shape<start=1, end=2>(attention_mask)
+        t_sc = Squeeze(t_len)
+        zero = Constant<value=int64 {{0}}>()
+        one = Constant<value=int64 {{1}}>()
+        kv_idx = Range(zero, t_sc, one)
+        q_idx = Identity(t_sc){windowed}
+        z = Constant<value={t} {{0}}>()
+        neg = Constant<value={t} {{-10000}}>()
+        m2 = Where(keep, z, neg)
+        axes = Constant<value=int64[2] {{1, 2}}>()
+        m = Unsqueeze(m2, axes)
+        y, ko, vo = Attention<is_causal=1>(q, k, v, m, pk, pv)
+      }}""")
+
+
+def _attend(q, keys, values, window: int | None) -> np.ndarray:
+    """One row's causal attention in float64, queries at the last positions of ``keys``."""
+    s, total = q.shape[1], keys.shape[1]
+    group = q.shape[0] // keys.shape[0]
+    keys, values = np.repeat(keys, group, 0), np.repeat(values, group, 0)
+    scores = q @ keys.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    qpos = np.arange(total - s, total)[:, None]
+    kpos = np.arange(total)[None, :]
+    keep = kpos <= qpos
+    if window:
+        keep &= kpos > qpos - window
+    scores = np.where(keep, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ values
+
+
+@pytest.mark.parametrize("t", ["float", "float16"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_group_query_attention_on_the_shared_buffer(t, window):
+    """Prefill of two right-padded prompts into a buffer of capacity 8, then a decode step:
+    each row's valid outputs are its own causal attention, the new keys land at its length."""
+    model = _shared_model(t, window)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
+    assert report.fired.get("GroupQueryAttention") == 1, str(report)
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.attributes.get("local_window_size") is None or window is not None
+    if window:
+        assert node.attributes["local_window_size"].value == window
+    assert "Attention" not in ops(model)
+    dtype, rng, cap = TYPES[t], np.random.default_rng(0), 8
+    lengths = [3, 5]  # right-padded prompts
+    q = rng.standard_normal((2, 4, 5, 16)).astype(dtype)
+    k, v = (rng.standard_normal((2, 2, 5, 16)).astype(dtype) for _ in "kv")
+    buffer = np.zeros((2, 2, cap, 16), dtype)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    y, ko, vo = run_ort(model, [q, k, v, buffer, buffer, mask])
+    assert ko.shape == (2, 2, cap, 16)
+    for r, n in enumerate(lengths):
+        want = _attend(q[r, :, :n], k[r, :, :n], v[r, :, :n], window)
+        np.testing.assert_allclose(y[r, :, :n], want, atol=ATOL[t], rtol=ATOL[t])
+        np.testing.assert_array_equal(ko[r, :, :n], k[r, :, :n])
+    # one new token per row, written at its row's length
+    q1 = rng.standard_normal((2, 4, 1, 16)).astype(dtype)
+    k1, v1 = (rng.standard_normal((2, 2, 1, 16)).astype(dtype) for _ in "kv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    y1, ko1, vo1 = run_ort(model, [q1, k1, v1, ko, vo, mask1])
+    for r, n in enumerate(lengths):
+        keys = np.concatenate([k[r, :, :n], k1[r]], 1).astype(np.float64)
+        values = np.concatenate([v[r, :, :n], v1[r]], 1).astype(np.float64)
+        want = _attend(q1[r].astype(np.float64), keys, values, window)
+        np.testing.assert_allclose(y1[r], want, atol=ATOL[t], rtol=ATOL[t])
+        np.testing.assert_array_equal(ko1[r, :, n], k1[r, :, 0])
+
+
+def test_shared_buffer_declines_a_mask_not_from_attention_mask():
+    model = _gqa("float", 1, 4, 2, 1, 3, 16, mask=True)
+    report = RewriteReport()
+    irkit.rewrite(
+        model,
+        ort.default_rules(gqa_shared_buffer=True),
+        report=report,
+        explain="GroupQueryAttention",
+    )
+    assert report.rules["GroupQueryAttention"].fired == 0
+    assert "the graph has no input 'attention_mask'" in report.explain(limit=100)
