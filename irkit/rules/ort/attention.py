@@ -489,7 +489,7 @@ def _gqa_shared(
     if window is not None and window < 1:
         return fail(f"sliding window {window} < 1", mask)
     q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
-    dq, dk = dims(q), dims(k)  # type: ignore[arg-type]
+    dq, dk = dims(q), dims(k)
     if dq is None or dk is None or dq[2] != dk[2]:
         return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
     rotary = _fold_rotary(q, k, heads.head_size)  # type: ignore[arg-type]
