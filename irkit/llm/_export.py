@@ -243,6 +243,7 @@ class _Source:
         pathlib.Path | None
     )  # where config, generation config and tokenizer files are copied from
     description: str
+    buffers: dict[str, Any] = dataclasses.field(default_factory=dict)  # meta: real buffers
 
 
 def _folder_source(
@@ -260,6 +261,7 @@ def _folder_source(
         weights=[folder, meta.buffers],
         folder=folder,
         description=f"weights streamed from {folder}",
+        buffers=meta.buffers,
     )
 
 
@@ -280,6 +282,17 @@ def _model_source(model: Any) -> _Source:
         folder=name if str(name) and name.is_dir() else None,
         description="the model's own weights",
     )
+
+
+def _fill_buffers(model: Any, buffers: dict[str, Any]) -> None:
+    """Give the weightless initializers of the model's buffers (rotary ``inv_freq`` …) their
+    values before the rewrite, which reads them (``GroupQueryAttention``'s rotary caches)."""
+    import onnx_ir as ir
+
+    for name, tensor in buffers.items():
+        initializer = model.graph.initializers.get(name)
+        if initializer is not None and tuple(initializer.shape or ()) == tuple(tensor.shape):
+            initializer.const_value = ir.tensor(tensor.detach().cpu().numpy(), name=name)
 
 
 def _write_side_files(source: _Source, tmp: pathlib.Path, say: Callable[[str], None]) -> None:
@@ -373,7 +386,8 @@ def export(
     )
     from irkit.rules import ort
 
-    rules = ort.default_rules(gqa_shared_buffer=True) if target == "ort" else None
+    _fill_buffers(model, source.buffers)
+    rules = ort.default_rules(gqa_shared_buffer=length) if target == "ort" else None
     irkit.optimize(model, target=target, rules=rules)
     shared = target == "ort" and ort.attention.runs_on_shared_buffer(model, decoder.num_layers)
     content = genai_config(

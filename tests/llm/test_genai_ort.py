@@ -124,6 +124,11 @@ def _until_eos(ids: list[int], eos: int = 1) -> list[int]:
     return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
+def _nodes(model: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return [n for n in nodes if n.op_type == op_type]
+
+
 def _ops(out: pathlib.Path) -> collections.Counter[tuple[str, str]]:
     model = onnx.load(out / "model.onnx", load_external_data=False)
     nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
@@ -139,6 +144,12 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
     ops = _ops(out)
     assert ops[("com.microsoft", "GroupQueryAttention")] >= 1
     assert ops[("", "Attention")] == 0
+    # the rotations moved into the op, with cos/sin caches of max_length rows
+    assert ops[("", "RotaryEmbedding")] == ops[("com.microsoft", "RotaryEmbedding")] == 0
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["do_rotary"] == 1, attributes
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]

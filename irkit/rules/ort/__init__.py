@@ -51,7 +51,7 @@ def contrib_rules(
     *,
     gqa_dynamic_past: bool = False,
     gqa_masked: bool = False,
-    gqa_shared_buffer: bool = False,
+    gqa_shared_buffer: bool | int = False,
     skip_norm: bool = False,
 ) -> RuleSet:
     """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
@@ -63,13 +63,18 @@ def contrib_rules(
             or without ``is_causal`` (``attention_bias`` / ``causal=0``: onnxruntime > 1.20).
         gqa_shared_buffer: Write ``GroupQueryAttention`` for onnxruntime-genai's shared KV
             buffer, fed from the ``attention_mask`` input (see
-            :class:`irkit.rules.ort.attention.SharedBuffer`); takes precedence over the two
+            :class:`irkit.rules.ort.attention.SharedBuffer`), its rotary caches for
+            ``gqa_shared_buffer`` positions (``True``: 4096); takes precedence over the two
             options above.
         skip_norm: Fuse residual add + norm into ``SkipLayerNormalization`` /
             ``SkipSimplifiedLayerNormalization`` (slower than the standard ops on
             onnxruntime's CPU kernels; see the module docstring).
     """
-    shared = attention.SharedBuffer() if gqa_shared_buffer else None
+    shared = None
+    if gqa_shared_buffer is True:
+        shared = attention.SharedBuffer()
+    elif gqa_shared_buffer:
+        shared = attention.SharedBuffer(max_positions=gqa_shared_buffer)
     members = [attention.attention_rules(gqa_dynamic_past, gqa_masked, shared), packed.rules]
     if skip_norm:
         members.append(_SKIP_NORM_RULES)
@@ -80,7 +85,7 @@ def default_rules(
     *,
     gqa_dynamic_past: bool = False,
     gqa_masked: bool = False,
-    gqa_shared_buffer: bool = False,
+    gqa_shared_buffer: bool | int = False,
     skip_norm: bool = False,
 ) -> RuleSet:
     """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.

@@ -319,6 +319,134 @@ def _sliding_window(mask: ir.Value, limit: int = 400) -> int | None | MatchFailu
     return found.pop() if found else None
 
 
+def _cone(outputs: list[ir.Value], source: ir.Value, limit: int = 200) -> list[ir.Node] | str:
+    """The nodes computing ``outputs`` from ``source`` and constants (topological order), or
+    why there are none."""
+    order: list[ir.Node] = []
+    seen: set[int] = set()
+
+    def visit(v: ir.Value) -> str | None:
+        p = v.producer()
+        if p is None:
+            if v is source or v.const_value is not None:
+                return None
+            return f"{v.name!r} is neither {source.name!r} nor a constant"
+        if id(p) in seen:
+            return None
+        seen.add(id(p))
+        if len(seen) > limit or p.domain not in ("", "ai.onnx"):
+            return f"{p.op_type} ({p.domain or 'ai.onnx'}) in the cos/sin computation"
+        for i in p.inputs:
+            why = None if i is None else visit(i)
+            if why is not None:
+                return why
+        order.append(p)
+        return None
+
+    for out in outputs:
+        why = visit(out)
+        if why is not None:
+            return why
+    return order
+
+
+def _evaluate(
+    nodes: list[ir.Node], source: ir.Value, outputs: list[ir.Value], feed: np.ndarray
+) -> list[np.ndarray]:
+    """Run ``nodes`` (``source`` fed with ``feed``) in onnx's reference evaluator."""
+    import onnx
+    import onnx.reference
+
+    graph = nodes[0].graph
+    consts = {
+        id(i): i
+        for n in nodes
+        for i in n.inputs
+        if i is not None and i.producer() is None and i is not source
+    }
+    initializers = []
+    for v in consts.values():
+        tensor = v.const_value
+        if tensor is None:  # (checked by _cone)
+            continue
+        proto = ir.serde.serialize_tensor(tensor)
+        proto.name = v.name or ""
+        initializers.append(proto)
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [ir.serde.serialize_node(n) for n in nodes],
+            "rotary_caches",
+            [onnx.helper.make_tensor_value_info(source.name or "", onnx.TensorProto.INT64, None)],
+            [onnx.helper.make_tensor_value_info(o.name or "", 0, None) for o in outputs],
+            initializers,
+        ),
+        opset_imports=[
+            onnx.helper.make_opsetid(d, v)
+            for d, v in (graph.opset_imports.items() if graph is not None else [("", 23)])
+        ],
+    )
+    results = onnx.reference.ReferenceEvaluator(model).run(None, {source.name or "": feed})
+    return [np.asarray(r) for r in results]
+
+
+def _rotary_caches(
+    node: ir.Node, q: ir.Value, k: ir.Value, head_size: int, shared: SharedBuffer
+) -> tuple[ir.Value, ir.Value, np.ndarray, np.ndarray, int] | MatchFailure:
+    """``(q, k, cos_cache, sin_cache, interleaved)`` when ``q`` and ``k`` are rotated by the
+    same per-token ``RotaryEmbedding(x, cos, sin)`` whose ``cos``/``sin`` are a function of each
+    token's position id alone: the caches are that function at positions
+    ``0 … max_positions - 1`` (``GroupQueryAttention`` reads the positions from ``seqlens_k``).
+    A rotation that depends on more (dynamic NTK, longrope's factor switch past
+    ``original_max_position_embeddings`` within ``max_positions``) stays unfused."""
+    rq, rk = _rotary(q), _rotary(k)
+    if rq is None or rk is None or rq.domain != "" or rk.domain != "":
+        return fail("Q and K are not both rotated by a RotaryEmbedding", q)
+    if head_size % 16:
+        return fail(f"head size {head_size}: onnxruntime's CPU rotary needs a multiple of 16", q)
+    if len(q.uses()) != 1 or len(k.uses()) != 1:
+        return fail("the rotated Q or K has other uses", q)
+    pq, pk = _rotary_parts(rq), _rotary_parts(rk)
+    if pq is None or pk is None or pq[1] is not None or pk[1] is not None:
+        return fail("Q or K rotated with position ids (constant caches)", q)
+    attributes = pq[4]
+    if attributes != pk[4] or set(attributes) - {"interleaved"}:
+        return fail(f"rotary attributes {attributes} / {pk[4]}", q)
+    positions = _graph_input(node, shared.position_input)
+    if positions is None:
+        return fail(f"the graph has no input {shared.position_input!r}", q)
+    cos, sin = pq[2], pq[3]
+    angles = [cos, sin, pk[2], pk[3]]  # (Q's and K's: often two computations of one value)
+    nodes = _cone(angles, positions)
+    if isinstance(nodes, str):
+        return fail(f"cos/sin not a function of {positions.name!r}: {nodes}", cos)
+    if not nodes:
+        return fail("cos/sin are constants", cos)
+    total = shared.max_positions
+    try:
+        full = _evaluate(nodes, positions, angles, np.arange(total, dtype=np.int64)[None])
+        probes = [
+            _evaluate(nodes, positions, angles, np.arange(n, dtype=np.int64)[None])
+            for n in sorted({1, min(total, 4096) // 2, min(total, 4096) // 16} - {0})
+        ]
+    except Exception as exc:  # (the evaluator's own errors: kept unfused, said why)
+        return fail(f"cos/sin could not be evaluated: {type(exc).__name__}: {exc}", cos)
+    if any(a.shape != (1, total, head_size // 2) for a in full):
+        return fail(f"cos/sin of shape {full[0].shape}, not (1, {total}, {head_size // 2})", cos)
+    if not (np.array_equal(full[0], full[2]) and np.array_equal(full[1], full[3])):
+        return fail("Q and K rotated by different angles", k)
+    for probe in probes:
+        n = probe[0].shape[1]
+        if not all(np.array_equal(p[0], f[0, :n]) for p, f in zip(probe, full, strict=True)):
+            return fail(
+                "cos/sin depend on more than each token's position (dynamic NTK, or longrope "
+                f"switching factors within {total} positions): the rotation stays unfused",
+                cos,
+            )
+    dtype = q.dtype.numpy() if q.dtype is not None else np.float32
+    interleaved = int(attributes.get("interleaved", 0))
+    return pq[0], pk[0], full[0][0].astype(dtype), full[1][0].astype(dtype), interleaved
+
+
 class SharedBuffer:
     """How ``GroupQueryAttention`` runs on onnxruntime-genai's shared KV buffer.
 
@@ -331,12 +459,27 @@ class SharedBuffer:
     input (Hugging Face's causal + padding mask: ``GroupQueryAttention`` is causal and skips
     the keys past each row's length).
 
+    Rotary embeddings move into the op (``do_rotary=1``) with ``cos``/``sin`` caches of
+    ``max_positions`` rows when both Q and K are rotated by the same ``RotaryEmbedding`` whose
+    angles are a function of each token's position id alone (default, linear, llama3, yarn; a
+    longrope whose factors do not switch within ``max_positions``): the rule evaluates that
+    function at positions ``0 … max_positions - 1``.
+
     Attributes:
+        max_positions: Rows of the rotary caches (genai's ``search.max_length``).
         mask_input: The name of the 2-D 0/1 attention-mask graph input.
+        position_input: The name of the position-ids graph input.
     """
 
-    def __init__(self, mask_input: str = "attention_mask"):
+    def __init__(
+        self,
+        max_positions: int = 4096,
+        mask_input: str = "attention_mask",
+        position_input: str = "position_ids",
+    ):
+        self.max_positions = max_positions
         self.mask_input = mask_input
+        self.position_input = position_input
 
 
 def group_query_attention(
@@ -492,11 +635,12 @@ def _gqa_shared(
     dq, dk = dims(q), dims(k)
     if dq is None or dk is None or dq[2] != dk[2]:
         return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
-    rotary = _fold_rotary(q, k, heads.head_size)  # type: ignore[arg-type]
-    cos = sin = pos = None
+    rotary = _rotary_caches(node, q, k, heads.head_size, shared)  # type: ignore[arg-type]
+    cos = sin = None
     interleaved = 0
-    if rotary is not None:
-        q, k, cos, sin, pos, interleaved = rotary
+    if not isinstance(rotary, MatchFailure):
+        q, k, cos_cache, sin_cache, interleaved = rotary
+        cos, sin = op.const(cos_cache), op.const(sin_cache)
     i32 = ir.DataType.INT32
     ones = op.ReduceSum(attention_mask, op.const(np.array([1], dtype=np.int64)), keepdims=0)
     seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
@@ -517,8 +661,8 @@ def _gqa_shared(
         softcap=a.get("softcap") or None,
         # measured (tests/llm/test_genai_ort.py, mistral): W, not W - 1 nor W + 1
         local_window_size=None if window is None else window,
-        do_rotary=1 if rotary is not None else None,
-        rotary_interleaved=interleaved if rotary is not None else None,
+        do_rotary=None if cos is None else 1,
+        rotary_interleaved=None if cos is None else interleaved,
         _outputs=3,
     )
     return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
