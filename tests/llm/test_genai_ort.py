@@ -69,6 +69,43 @@ CONFIGS = {
 }
 
 
+def _llama_rope(**rope) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        **_ATTENTION,
+        **_COMMON,
+        num_key_value_heads=2,
+        rope_parameters={"rope_theta": 10000.0, **rope},
+    )
+
+
+ROPE_CONFIGS = {
+    "linear": lambda: _llama_rope(rope_type="linear", factor=2.0),
+    "llama3": lambda: _llama_rope(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+    ),
+    "yarn": lambda: _llama_rope(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
+    # both factor sets: the prompts + generation run past original_max_position_embeddings
+    "longrope": lambda: transformers.Phi3Config(
+        **_ATTENTION,
+        **_COMMON,
+        num_key_value_heads=4,
+        original_max_position_embeddings=16,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0],
+            "original_max_position_embeddings": 16,
+        },
+    ),
+}
+CONFIGS.update(ROPE_CONFIGS)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory):
     """arch → (HF folder, exported folder), each exported once with ``target="ort"``."""
@@ -135,8 +172,18 @@ def _ops(out: pathlib.Path) -> collections.Counter[tuple[str, str]]:
     return collections.Counter((n.domain, n.op_type) for n in nodes)
 
 
+_LONGROPE_EXPORT = pytest.mark.xfail(
+    strict=True,
+    reason="torch.export of transformers 5.24's longrope rotary (its forward re-registers "
+    "inv_freq) fails: 'fake mode ... doesn't match mode' (export_causal_lm, not the rules)",
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(CONFIGS))
+@pytest.mark.parametrize(
+    "arch",
+    [pytest.param(a, marks=_LONGROPE_EXPORT) if a == "longrope" else a for a in sorted(CONFIGS)],
+)
 def test_shared_buffer_generator_matches_transformers(exported, arch):
     folder, out = exported(arch)
     config = json.loads((out / "genai_config.json").read_text())
