@@ -293,6 +293,32 @@ def _reaches(value: ir.Value, target: ir.Value, limit: int = 400) -> bool:
     return False
 
 
+_SHAPE_ONLY = frozenset({"Expand", "Unsqueeze", "Reshape", "Identity", "Squeeze"})
+
+
+def _keep_mask(mask: ir.Value) -> str | None:
+    """``None`` when ``mask`` only keeps or drops keys (a boolean mask, or
+    ``Where(keep, 0, ≤ -1e4)``, through shape-only ops); otherwise why not: an additive bias
+    (ALiBi, relative positions) that ``GroupQueryAttention`` on the shared buffer would lose."""
+    v = mask
+    while (p := v.producer()) is not None and p.domain == "" and p.op_type in _SHAPE_ONLY:
+        if p.inputs[0] is None:
+            break
+        v = p.inputs[0]
+    if v.dtype == ir.DataType.BOOL:
+        return None
+    p = v.producer()
+    if p is not None and p.op_type == "Where" and p.domain == "" and len(p.inputs) == 3:
+        keep, drop = const_value(p.inputs[1]), const_value(p.inputs[2])
+        scalars = keep is not None and drop is not None and keep.size == drop.size == 1
+        if scalars and float(keep.reshape(())) == 0.0 and float(drop.reshape(())) <= -1e4:  # type: ignore[union-attr]
+            return None
+    return (
+        "the mask adds more than 0 / -inf (ALiBi or another bias): GroupQueryAttention on "
+        "the shared buffer would drop it"
+    )
+
+
 def _sliding_window(mask: ir.Value, limit: int = 400) -> int | None | MatchFailure:
     """The window ``W`` of a Hugging Face sliding-window mask (``kv_idx > q_idx - W``: the query
     sees itself and the ``W - 1`` keys before it), ``None`` for a mask without one."""
@@ -626,6 +652,8 @@ def _gqa_shared(
         return fail("not causal and no mask", None, node)
     if mask is not None and not _reaches(mask, attention_mask):
         return fail(f"the mask is not computed from {shared.mask_input!r}", mask)
+    if mask is not None and (why := _keep_mask(mask)) is not None:
+        return fail(why, mask)
     window = None if mask is None else _sliding_window(mask)
     if isinstance(window, MatchFailure):
         return window

@@ -349,7 +349,7 @@ def _shared_model(t: str, window: int | None = None) -> ir.Model:
         if window
         else "\n        keep = Identity(valid)"
     )
-    return parse(f"""g ({t}[B,4,S,16] q, {t}[B,2,S,16] k, {t}[B,2,S,16] v,
+    model = parse(f"""g ({t}[B,4,S,16] q, {t}[B,2,S,16] k, {t}[B,2,S,16] v,
           {t}[B,2,P,16] pk, {t}[B,2,P,16] pv, int64[B,T] attention_mask)
       => ({t}[B,4,S,16] y, {t}[B,2,T2,16] ko, {t}[B,2,T2,16] vo) {{
         valid = Cast<to=9>(attention_mask)
@@ -366,6 +366,10 @@ def _shared_model(t: str, window: int | None = None) -> ir.Model:
         m = Unsqueeze(m2, axes)
         y, ko, vo = Attention<is_causal=1>(q, k, v, m, pk, pv)
       }}""")
+    # (the text parser reads a float16 -10000 as -158: set it here)
+    (neg,) = [n for n in model.graph if n.outputs[0].name == "neg"]
+    neg.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(-10000, TYPES[t])))
+    return model
 
 
 def _attend(q, keys, values, window: int | None) -> np.ndarray:
@@ -434,3 +438,28 @@ def test_shared_buffer_declines_a_mask_not_from_attention_mask():
     )
     assert report.rules["GroupQueryAttention"].fired == 0
     assert "the graph has no input 'attention_mask'" in report.explain(limit=100)
+
+
+def test_shared_buffer_declines_a_bias_in_the_mask():
+    """An additive bias (ALiBi) besides the keep/drop mask stays a standard Attention."""
+    model = _shared_model("float")
+    (where,) = [n for n in model.graph if n.op_type == "Where"]
+    slope = ir.Value(
+        name="alibi", shape=ir.Shape([1, 1, 1, 1]), type=ir.TensorType(ir.DataType.FLOAT)
+    )
+    slope.const_value = ir.tensor(np.full((1, 1, 1, 1), -0.5, np.float32), name="alibi")
+    model.graph.initializers["alibi"] = slope
+    biased = ir.node("Add", [where.outputs[0], slope])
+    model.graph.insert_after(where, biased)
+    for use_node, index in list(where.outputs[0].uses()):
+        if use_node is not biased:
+            use_node.replace_input_with(index, biased.outputs[0])
+    report = RewriteReport()
+    irkit.rewrite(
+        model,
+        ort.default_rules(gqa_shared_buffer=True),
+        report=report,
+        explain="GroupQueryAttention",
+    )
+    assert report.rules["GroupQueryAttention"].fired == 0
+    assert "ALiBi or another bias" in report.explain(limit=100)
