@@ -337,9 +337,9 @@ def test_group_query_attention_masked_reads_an_untyped_where_mask():
 # ------------------------------------------------ onnxruntime-genai's shared KV buffer
 
 
-def _shared_model(t: str, window: int | None = None) -> ir.Model:
-    """A decoder layer's attention as Hugging Face exports it: the additive mask computed from
-    the ``attention_mask`` input (padding, and a sliding window ``kv > q - window``)."""
+def _mask_text(t: str, window: int | None = None) -> str:
+    """Hugging Face's additive mask ``m`` from the ``attention_mask`` input (padding, and a
+    sliding window ``kv > q - window``), as ONNX text."""
     windowed = (
         f"""
         w = Constant<value=int64 {{{window}}}>()
@@ -349,9 +349,7 @@ def _shared_model(t: str, window: int | None = None) -> ir.Model:
         if window
         else "\n        keep = Identity(valid)"
     )
-    model = parse(f"""g ({t}[B,4,S,16] q, {t}[B,2,S,16] k, {t}[B,2,S,16] v,
-          {t}[B,2,P,16] pk, {t}[B,2,P,16] pv, int64[B,T] attention_mask)
-      => ({t}[B,4,S,16] y, {t}[B,2,T2,16] ko, {t}[B,2,T2,16] vo) {{
+    return f"""
         valid = Cast<to=9>(attention_mask)
         t_len = Shape<start=1, end=2>(attention_mask)
         t_sc = Squeeze(t_len)
@@ -363,13 +361,25 @@ def _shared_model(t: str, window: int | None = None) -> ir.Model:
         neg = Constant<value={t} {{-10000}}>()
         m2 = Where(keep, z, neg)
         axes = Constant<value=int64[2] {{1, 2}}>()
-        m = Unsqueeze(m2, axes)
-        y, ko, vo = Attention<is_causal=1>(q, k, v, m, pk, pv)
-      }}""")
+        m = Unsqueeze(m2, axes)"""
+
+
+def _fix_neg(model: ir.Model, t: str) -> ir.Model:
     # (the text parser reads a float16 -10000 as -158: set it here)
     (neg,) = [n for n in model.graph if n.outputs[0].name == "neg"]
     neg.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(-10000, TYPES[t])))
     return model
+
+
+def _shared_model(t: str, window: int | None = None) -> ir.Model:
+    """A decoder layer's attention as Hugging Face exports it: the additive mask computed from
+    the ``attention_mask`` input."""
+    model = parse(f"""g ({t}[B,4,S,16] q, {t}[B,2,S,16] k, {t}[B,2,S,16] v,
+          {t}[B,2,P,16] pk, {t}[B,2,P,16] pv, int64[B,T] attention_mask)
+      => ({t}[B,4,S,16] y, {t}[B,2,T2,16] ko, {t}[B,2,T2,16] vo) {{{_mask_text(t, window)}
+        y, ko, vo = Attention<is_causal=1>(q, k, v, m, pk, pv)
+      }}""")
+    return _fix_neg(model, t)
 
 
 def _attend(q, keys, values, window: int | None) -> np.ndarray:
@@ -463,3 +473,78 @@ def test_shared_buffer_declines_a_bias_in_the_mask():
     )
     assert report.rules["GroupQueryAttention"].fired == 0
     assert "ALiBi or another bias" in report.explain(limit=100)
+
+
+def _rotary_model(dynamic: bool) -> ir.Model:
+    """Hugging Face's rotary before the attention: angles ``position · inv_freq`` (``dynamic``:
+    also scaled by the largest position, as dynamic NTK does), ``RotaryEmbedding`` on Q and K."""
+    scale = (
+        """
+        top = ReduceMax<keepdims=1>(pos_f)
+        hundred = Constant<value=float {100}>()
+        grow = Div(top, hundred)
+        one_f = Constant<value=float {1}>()
+        factor = Add(grow, one_f)
+        angles = Mul(raw, factor)"""
+        if dynamic
+        else "\n        angles = Identity(raw)"
+    )
+    return parse(f"""g (float[B,4,S,16] q, float[B,2,S,16] k, float[B,2,S,16] v,
+          float[B,2,P,16] pk, float[B,2,P,16] pv, int64[B,T] attention_mask,
+          int64[B,S] position_ids)
+      => (float[B,4,S,16] y, float[B,2,T2,16] ko, float[B,2,T2,16] vo) {{{_mask_text("float")}
+        pos_f = Cast<to=1>(position_ids)
+        last = Constant<value=int64[1] {{-1}}>()
+        pos3 = Unsqueeze(pos_f, last)
+        inv_freq = Constant<value=float[8] {{1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001}}>()
+        raw = Mul(pos3, inv_freq){scale}
+        cos = Cos(angles)
+        sin = Sin(angles)
+        qr = RotaryEmbedding(q, cos, sin)
+        kr = RotaryEmbedding(k, cos, sin)
+        y, ko, vo = Attention<is_causal=1>(qr, kr, v, m, pk, pv)
+      }}""")
+
+
+def _rotate(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    inv_freq = np.array([1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001])
+    angles = positions[:, None] * inv_freq.astype(np.float32).astype(np.float64)
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def test_rotary_moves_into_the_op_on_the_shared_buffer():
+    """cos/sin caches evaluated from the graph's own angles: prefill + decode equal the rotated
+    attention (numpy); angles that depend on the largest position stay a RotaryEmbedding."""
+    model = _rotary_model(dynamic=False)
+    irkit.optimize(model, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.attributes["do_rotary"].value == 1
+    assert "RotaryEmbedding" not in ops(model)
+    rng, lengths = np.random.default_rng(1), [3, 5]
+    q = rng.standard_normal((2, 4, 5, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 5, 16)).astype(np.float32) for _ in "kv")
+    buffer = np.zeros((2, 2, 8, 16), np.float32)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    positions = np.tile(np.arange(5), (2, 1))
+    feeds = {"q": q, "k": k, "v": v, "pk": buffer, "pv": buffer}
+    y, ko, vo = run_ort(model, {**feeds, "attention_mask": mask, "position_ids": positions})
+    q1 = rng.standard_normal((2, 4, 1, 16)).astype(np.float32)
+    k1, v1 = (rng.standard_normal((2, 2, 1, 16)).astype(np.float32) for _ in "kv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    step = {"q": q1, "k": k1, "v": v1, "pk": ko, "pv": vo, "attention_mask": mask1}
+    y1, _, _ = run_ort(model, {**step, "position_ids": np.array([[3], [5]])})
+    for r, n in enumerate(lengths):
+        keys = _rotate(np.concatenate([k[r, :, :n], k1[r]], 1), np.arange(n + 1))
+        values = np.concatenate([v[r, :, :n], v1[r]], 1)
+        want = _attend(_rotate(q[r, :, :n], np.arange(n)), keys[:, :n], values[:, :n], None)
+        np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
+        want1 = _attend(_rotate(q1[r], np.array([n])), keys, values, None)
+        np.testing.assert_allclose(y1[r], want1, atol=1e-4, rtol=1e-4)
+    dynamic = _rotary_model(dynamic=True)
+    irkit.optimize(dynamic, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in dynamic.graph if n.op_type == "GroupQueryAttention"]
+    assert "do_rotary" not in node.attributes
+    assert ops(dynamic)["RotaryEmbedding"] == 2
