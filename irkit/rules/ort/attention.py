@@ -49,7 +49,21 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting import MatchFailure, NodeRule, RewriteBuilder, RuleSet, const_value, dims, fail
+from irkit.rewriting import (
+    MatchFailure,
+    NodeRule,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    const_value,
+    dims,
+    fail,
+    optional,
+    var,
+)
+from irkit.rewriting import op as pat
 
 MS = "com.microsoft"
 _TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
@@ -730,38 +744,70 @@ def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
 
 
-def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailure:
-    """com.microsoft.RotaryEmbedding(x, position_ids, cos, sin)"""
-    x, cos, sin, pos = (_input(node, i) for i in range(4))
-    if x is None or cos is None or sin is None:
-        return fail("input or caches absent", None, node)
-    if pos is None:
-        return fail("no position_ids: per-token cos/sin, the contrib op needs caches", None, node)
+_x, _cos, _sin, _pos = var("x"), var("cos"), var("sin"), var("position_ids")
+
+_ROTARY = pat.RotaryEmbedding(
+    _x,
+    _cos,
+    _sin,
+    optional(_pos),
+    interleaved=attr("interleaved"),
+    num_heads=attr("num_heads"),
+    rotary_embedding_dim=attr("rotary_embedding_dim"),
+    _exact_attributes=True,  # (an attribute of a newer opset stops the rewrite)
+)
+"""``RotaryEmbedding(x, cos, sin, position_ids?)`` with the attributes the contrib op carries."""
+
+
+def _check_contrib_rotary(
+    x: ir.Value, cos: ir.Value, sin: ir.Value, position_ids: ir.Value | None, num_heads: int
+) -> Verdict:
+    """The contrib op's preconditions; the finding ``heads``: the head count it needs."""
+    if position_ids is None:
+        return fail("no position_ids: per-token cos/sin, the contrib op needs caches", x)
     if x.dtype not in _TYPES or cos.dtype != x.dtype:
         return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
     dx = dims(x)
     if dx is None or len(dx) not in (3, 4):
         return fail("input must be 3-D or 4-D with known rank", x)
-    a = _attrs(node)
-    unknown = sorted(set(a) - _ROTARY_CARRIED)
-    if unknown:
-        return fail(f"attributes {unknown}: not ones the contrib op is known to carry", None, node)
-    heads = a.get("num_heads") or (dx[1] if len(dx) == 4 else None)
+    heads = num_heads or (dx[1] if len(dx) == 4 else None)
     if not isinstance(heads, int) or heads <= 0:
         # (onnxruntime's kernel needs num_heads with a 3-D input or a rotary_embedding_dim)
         return fail(f"head count unknown ({len(dx)}-D input {dx}, no num_heads)", x)
+    return {"heads": heads}
+
+
+def _contrib_rotary(
+    op: RewriteBuilder,
+    x: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    position_ids: ir.Value,
+    interleaved: int,
+    rotary_embedding_dim: int,
+    heads: int,
+) -> ir.Value:
+    """``RotaryEmbedding(x, cos, sin, position_ids) = com.microsoft.RotaryEmbedding(x,
+    position_ids, cos, sin)`` (same attributes; the contrib op takes the position ids second)."""
     return op.domain(MS).RotaryEmbedding(
         x,
-        pos,
+        position_ids,
         cos,
         sin,
-        interleaved=a.get("interleaved"),
+        interleaved=interleaved or None,
         num_heads=heads,
-        rotary_embedding_dim=a.get("rotary_embedding_dim"),
+        rotary_embedding_dim=rotary_embedding_dim or None,
     )
 
 
-_ROTARY_CARRIED = frozenset({"interleaved", "num_heads", "rotary_embedding_dim"})
+CONTRIB_ROTARY = Rule(
+    "ContribRotaryEmbedding",
+    _ROTARY,
+    check=_check_contrib_rotary,
+    rewrite=_contrib_rotary,
+    min_opset=23,
+)
+"""``RotaryEmbedding`` with position ids → ``com.microsoft.RotaryEmbedding``."""
 
 
 def attention_rules(
@@ -773,7 +819,7 @@ def attention_rules(
         [
             group_query_attention(gqa_dynamic_past, gqa_masked, shared),
             NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
-            NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
+            CONTRIB_ROTARY,
         ],
     )
 
