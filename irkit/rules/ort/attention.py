@@ -50,6 +50,7 @@ import numpy as np
 import onnx_ir as ir
 
 from irkit.rewriting import (
+    Match,
     MatchFailure,
     NodeRule,
     RewriteBuilder,
@@ -524,7 +525,7 @@ class SharedBuffer:
 
 def group_query_attention(
     dynamic_past: bool = False, masked: bool = False, shared: SharedBuffer | None = None
-) -> NodeRule:
+) -> NodeRule | Rule:
     """The ``GroupQueryAttention`` rule (by default: causal ``Attention`` without a mask).
 
     Args:
@@ -542,9 +543,10 @@ def group_query_attention(
             computed from the attention-mask input.
     """
 
+    if shared is not None:
+        return shared_buffer_rule(shared)
+
     def fn(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
-        if shared is not None:
-            return _gqa_shared(op, node, shared)
         return _gqa_rewrite(op, node, dynamic_past, masked)
 
     return NodeRule("GroupQueryAttention", ["Attention"], fn, min_opset=23)
@@ -643,10 +645,29 @@ def _gqa_rewrite(
     return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
 
 
-def _gqa_shared(
-    op: RewriteBuilder, node: ir.Node, shared: SharedBuffer
-) -> list[ir.Value] | MatchFailure:
-    """GroupQueryAttention on the shared buffer (see :class:`SharedBuffer`)."""
+_q, _k, _v, _mask = var("q"), var("k"), var("v"), var("mask")
+_past_key, _past_value = var("past_key"), var("past_value")
+
+_ATTENTION_WITH_PAST = pat.Attention(
+    _q,
+    _k,
+    _v,
+    optional(_mask),
+    _past_key,
+    _past_value,
+    scale=attr("scale"),
+    softcap=attr("softcap"),
+    _outputs=3,
+)
+"""``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key, past_value)``."""
+
+
+def _check_shared(
+    q: ir.Value, k: ir.Value, mask: ir.Value | None, match: Match, shared: SharedBuffer
+) -> Verdict:
+    """The preconditions of the shared-buffer form; findings: ``heads``, ``window``,
+    ``rotary`` (or ``None``: the rotation stays outside), ``attention_mask``."""
+    node = match.nodes[0]
     heads = _common(node)
     if isinstance(heads, MatchFailure):
         return heads
@@ -654,15 +675,10 @@ def _gqa_shared(
         return fail(
             f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
         )
-    past_k, past_v = _input(node, 4), _input(node, 5)
-    if past_k is None or past_v is None:
-        return fail("no past: the shared buffer is the past", None, node)
     attention_mask = _graph_input(node, shared.mask_input)
     if attention_mask is None:
         return fail(f"the graph has no input {shared.mask_input!r}", None, node)
-    a = _attrs(node)
-    mask = _input(node, 3)
-    if mask is None and not a.get("is_causal", 0):
+    if mask is None and not _attrs(node).get("is_causal", 0):
         return fail("not causal and no mask", None, node)
     if mask is not None and not _reaches(mask, attention_mask):
         return fail(f"the mask is not computed from {shared.mask_input!r}", mask)
@@ -673,14 +689,38 @@ def _gqa_shared(
         return window
     if window is not None and window < 1:
         return fail(f"sliding window {window} < 1", mask)
-    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
     dq, dk = dims(q), dims(k)
     if dq is None or dk is None or dq[2] != dk[2]:
         return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
-    rotary = _rotary_caches(node, q, k, heads.head_size, shared)  # type: ignore[arg-type]
+    rotary = _rotary_caches(node, q, k, heads.head_size, shared)
+    return {
+        "heads": heads,
+        "window": window,
+        "rotary": None if isinstance(rotary, MatchFailure) else rotary,
+        "attention_mask": attention_mask,
+    }
+
+
+def _gqa_shared(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    past_key: ir.Value,
+    past_value: ir.Value,
+    scale: float | None,
+    softcap: float,
+    heads: _Heads,
+    window: int | None,
+    rotary: tuple[ir.Value, ir.Value, np.ndarray, np.ndarray, int] | None,
+    attention_mask: ir.Value,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_key, past_value, seqlens_k,
+    total_sequence_length, cos_cache?, sin_cache?))`` fed from the attention-mask input (see
+    :class:`SharedBuffer`)."""
     cos = sin = None
     interleaved = 0
-    if not isinstance(rotary, MatchFailure):
+    if rotary is not None:
         q, k, cos_cache, sin_cache, interleaved = rotary
         cos, sin = op.const(cos_cache), op.const(sin_cache)
     i32 = ir.DataType.INT32
@@ -688,26 +728,41 @@ def _gqa_shared(
     seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
     total = op.Cast(op.Squeeze(op.Shape(attention_mask, start=1, end=2)), to=i32)
     y, present_k, present_v = op.domain(MS).GroupQueryAttention(
-        _to3(op, q),  # type: ignore[arg-type]
-        _to3(op, k),  # type: ignore[arg-type]
-        _to3(op, v),  # type: ignore[arg-type]
-        past_k,
-        past_v,
+        _to3(op, q),
+        _to3(op, k),
+        _to3(op, v),
+        past_key,
+        past_value,
         seqlens,
         total,
         cos,
         sin,
         num_heads=heads.q_heads,
         kv_num_heads=heads.kv_heads,
-        scale=a.get("scale"),
-        softcap=a.get("softcap") or None,
+        scale=scale,
+        softcap=softcap or None,
         # measured (tests/llm/test_genai_ort.py, mistral): W, not W - 1 nor W + 1
-        local_window_size=None if window is None else window,
+        local_window_size=window,
         do_rotary=None if cos is None else 1,
         rotary_interleaved=None if cos is None else interleaved,
         _outputs=3,
     )
-    return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
+    return _to4(op, y, heads.q_heads), present_k, present_v
+
+
+def shared_buffer_rule(shared: SharedBuffer) -> Rule:
+    """The ``GroupQueryAttention`` rule for onnxruntime-genai's shared buffer."""
+
+    def check(q: ir.Value, k: ir.Value, mask: ir.Value | None, match: Match) -> Verdict:
+        return _check_shared(q, k, mask, match, shared)
+
+    return Rule(
+        "GroupQueryAttention",
+        _ATTENTION_WITH_PAST,
+        check=check,
+        rewrite=_gqa_shared,
+        min_opset=23,
+    )
 
 
 def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
