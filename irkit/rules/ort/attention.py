@@ -17,6 +17,16 @@ Identities:
   constant caches and position ids, and the head size is a multiple of 16 (onnxruntime's CPU
   kernel), the rotations move into the op (``do_rotary=1``, the caches
   as initializers, ``position_ids`` passed).
+- onnxruntime-genai's shared KV buffer (``group_query_attention(shared=SharedBuffer(L))``,
+  ``default_rules(gqa_shared_buffer=L)``; the pattern ``Rule`` :func:`shared_buffer_rule`):
+  ``Attention(Q, K, V, mask(attention_mask)?, past_k, past_v)
+  = to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_k, past_v,
+  int32(ReduceSum(attention_mask, 1) - 1), int32(attention_mask.shape[1]),
+  local_window_size=W))`` when the mask only keeps or drops keys and is computed from the
+  ``attention_mask`` input (right-padded rows, genai's layout; ``W`` the Hugging Face sliding
+  window found in it); with ``Q``/``K`` ``RotaryEmbedding(·, cos, sin)`` of angles that are a
+  function of each position id alone, ``do_rotary=1`` with caches evaluated at positions
+  ``0 … L-1`` (see :class:`SharedBuffer`).
 - opt-in (``group_query_attention(masked=True)``, onnxruntime > 1.20): any such ``Attention``
   with an additive float ``mask`` and/or ``is_causal=0`` → ``GroupQueryAttention(…,
   attention_bias=mask, causal=is_causal)`` — HF decoders hand the attention their causal +
