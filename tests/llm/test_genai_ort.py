@@ -66,6 +66,15 @@ CONFIGS = {
     "mistral": lambda: transformers.MistralConfig(
         **_ATTENTION, **_COMMON, num_key_value_heads=2, sliding_window=6
     ),
+    # local (sliding, rope base 10k) and global (rope base 1M) layers, query_pre_attn_scalar
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **_ATTENTION,
+        **{**_COMMON, "initializer_range": 0.05},  # (0.2: the tiny model repeats one token)
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
 }
 
 
@@ -224,3 +233,21 @@ def test_fp16_model_on_the_shared_buffer(exported, tmp_path):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
         assert got == want, prompts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "windows"), [("mistral", {6}), ("gemma3", {6, None})])
+def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
+    """Sliding layers get local_window_size = sliding_window, global layers none; gemma3's local
+    layers rotate with their own base: two different cos caches."""
+    _, out = exported(arch)
+    model = onnx.load(out / "model.onnx")
+    found = set()
+    caches = set()
+    values = {i.name: i for i in model.graph.initializer}
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        found.add(attributes.get("local_window_size"))
+        caches.add(onnx.numpy_helper.to_array(values[node.input[7]]).tobytes())
+    assert found == windows
+    assert len(caches) == len(windows)
