@@ -229,6 +229,10 @@ def test_fp16_model_on_the_shared_buffer(exported, tmp_path):
         onnx.TensorProto.FLOAT16
     }
     assert _ops(out)[("com.microsoft", "GroupQueryAttention")] >= 1
+    assert _ops(out)[("", "RotaryEmbedding")] == 0  # float16 caches inside the op
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["do_rotary"] == 1, attributes
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
