@@ -365,6 +365,8 @@ def _sliding_window(mask: ir.Value, limit: int = 400) -> int | None | MatchFailu
                 if w is not None and w.size == 1:
                     found.add(int(w.reshape(())))
         stack.extend(i for i in p.inputs if i is not None)
+    if stack:
+        return fail(f"the mask's computation has over {limit} values: its window is unknown", mask)
     if len(found) > 1:
         return fail(f"the mask has several windows {sorted(found)}", mask)
     return found.pop() if found else None
