@@ -240,6 +240,7 @@ class _Source:
         pathlib.Path | None
     )  # where config, generation config and tokenizer files are copied from
     description: str
+    buffers: dict[str, Any] = dataclasses.field(default_factory=dict)  # meta: real buffers
 
 
 def _folder_source(
@@ -268,6 +269,7 @@ def _folder_source(
         shapes=shapes,
         folder=folder,
         description=f"weights streamed from {folder}",
+        buffers=meta.buffers,
     )
 
 
@@ -290,6 +292,20 @@ def _model_source(model: Any) -> _Source:
         folder=name if str(name) and name.is_dir() else None,
         description="the model's own weights",
     )
+
+
+def _fill_buffers(model: Any, buffers: dict[str, Any]) -> None:
+    """Give the weightless initializers of the model's buffers (rotary ``inv_freq`` …) their
+    values before the rewrite, which reads them (``GroupQueryAttention``'s rotary caches)."""
+    import onnx_ir as ir
+    import torch
+
+    for name, tensor in buffers.items():
+        initializer = model.graph.initializers.get(name)
+        if tensor.dtype == torch.bfloat16:  # (numpy has none: left to irkit.save)
+            continue
+        if initializer is not None and tuple(initializer.shape or ()) == tuple(tensor.shape):
+            initializer.const_value = ir.tensor(tensor.detach().cpu().numpy(), name=name)
 
 
 def _write_side_files(source: _Source, tmp: pathlib.Path, say: Callable[[str], None]) -> None:
@@ -382,10 +398,15 @@ def export(
     model = irkit.lower(
         exported.program, input_names=exported.input_names, output_names=exported.output_names
     )
+    from irkit.rules import ort
+
     pad_value_cache(model, exported.cache)
     if source.shapes:  # experts stored one tensor each: stacked while streaming
         stacked_weights(model, source.model, source.shapes)
-    irkit.optimize(model, target=target)
+    _fill_buffers(model, source.buffers)
+    rules = ort.default_rules(gqa_shared_buffer=length) if target == "ort" else None
+    irkit.optimize(model, target=target, rules=rules)
+    shared = target == "ort" and ort.attention.runs_on_shared_buffer(model, decoder.num_layers)
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),
@@ -393,6 +414,7 @@ def export(
         generation=source.generation,
         max_length=length,
         input_names=exported.input_names,
+        share_buffer=shared,
     )
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

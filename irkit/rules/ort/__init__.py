@@ -48,7 +48,11 @@ _SKIP_NORM_RULES = skip_norm.rules  # (the functions' ``skip_norm`` flag shadows
 
 
 def contrib_rules(
-    *, gqa_dynamic_past: bool = False, gqa_masked: bool = False, skip_norm: bool = False
+    *,
+    gqa_dynamic_past: bool = False,
+    gqa_masked: bool = False,
+    gqa_shared_buffer: bool | int = False,
+    skip_norm: bool = False,
 ) -> RuleSet:
     """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
 
@@ -57,18 +61,32 @@ def contrib_rules(
             a past (see :func:`irkit.rules.ort.attention.group_query_attention`).
         gqa_masked: Fuse ``GroupQueryAttention`` also for ``Attention`` with an additive mask
             or without ``is_causal`` (``attention_bias`` / ``causal=0``: onnxruntime > 1.20).
+        gqa_shared_buffer: Write ``GroupQueryAttention`` for onnxruntime-genai's shared KV
+            buffer, fed from the ``attention_mask`` input (see
+            :class:`irkit.rules.ort.attention.SharedBuffer`), its rotary caches for
+            ``gqa_shared_buffer`` positions (``True``: 4096); takes precedence over the two
+            options above.
         skip_norm: Fuse residual add + norm into ``SkipLayerNormalization`` /
             ``SkipSimplifiedLayerNormalization`` (slower than the standard ops on
             onnxruntime's CPU kernels; see the module docstring).
     """
-    members = [attention.attention_rules(gqa_dynamic_past, gqa_masked), packed.rules]
+    shared = None
+    if gqa_shared_buffer is True:
+        shared = attention.SharedBuffer()
+    elif gqa_shared_buffer:
+        shared = attention.SharedBuffer(max_positions=gqa_shared_buffer)
+    members = [attention.attention_rules(gqa_dynamic_past, gqa_masked, shared), packed.rules]
     if skip_norm:
         members.append(_SKIP_NORM_RULES)
     return RuleSet("ort_contrib", [*members, gelu.rules, matmul.rules])
 
 
 def default_rules(
-    *, gqa_dynamic_past: bool = False, gqa_masked: bool = False, skip_norm: bool = False
+    *,
+    gqa_dynamic_past: bool = False,
+    gqa_masked: bool = False,
+    gqa_shared_buffer: bool | int = False,
+    skip_norm: bool = False,
 ) -> RuleSet:
     """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.
 
@@ -77,14 +95,18 @@ def default_rules(
     its attention mask use ``GroupQueryAttention`` on a recent onnxruntime (prefill with an
     empty past and one-token decoding work at any batch size; see
     :func:`irkit.rules.ort.attention.group_query_attention`). ``skip_norm=True`` adds the
-    residual-add + norm fusions (for CUDA; see the module docstring).
+    residual-add + norm fusions (for CUDA; see the module docstring). ``gqa_shared_buffer=True``
+    is what ``irkit export --target ort`` uses (onnxruntime-genai's shared KV buffer).
     """
     return RuleSet(
         "ort",
         [
             library.default_rules(),
             contrib_rules(
-                gqa_dynamic_past=gqa_dynamic_past, gqa_masked=gqa_masked, skip_norm=skip_norm
+                gqa_dynamic_past=gqa_dynamic_past,
+                gqa_masked=gqa_masked,
+                gqa_shared_buffer=gqa_shared_buffer,
+                skip_norm=skip_norm,
             ),
         ],
     )

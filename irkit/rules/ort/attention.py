@@ -17,6 +17,16 @@ Identities:
   constant caches and position ids, and the head size is a multiple of 16 (onnxruntime's CPU
   kernel), the rotations move into the op (``do_rotary=1``, the caches
   as initializers, ``position_ids`` passed).
+- onnxruntime-genai's shared KV buffer (``group_query_attention(shared=SharedBuffer(L))``,
+  ``default_rules(gqa_shared_buffer=L)``; the pattern ``Rule`` :func:`shared_buffer_rule`):
+  ``Attention(Q, K, V, mask(attention_mask)?, past_k, past_v)
+  = to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_k, past_v,
+  int32(ReduceSum(attention_mask, 1) - 1), int32(attention_mask.shape[1]),
+  local_window_size=W))`` when the mask only keeps or drops keys and is computed from the
+  ``attention_mask`` input (right-padded rows, genai's layout; ``W`` the Hugging Face sliding
+  window found in it); with ``Q``/``K`` ``RotaryEmbedding(·, cos, sin)`` of angles that are a
+  function of each position id alone, ``do_rotary=1`` with caches evaluated at positions
+  ``0 … L-1`` (see :class:`SharedBuffer`).
 - opt-in (``group_query_attention(masked=True)``, onnxruntime > 1.20): any such ``Attention``
   with an additive float ``mask`` and/or ``is_causal=0`` → ``GroupQueryAttention(…,
   attention_bias=mask, causal=is_causal)`` — HF decoders hand the attention their causal +
@@ -42,13 +52,29 @@ the past (``nonpad_kv_seqlen``), stop the rewrite. Every refusal says why (see `
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting import MatchFailure, NodeRule, RewriteBuilder, RuleSet, const_value, dims, fail
+from irkit.rewriting import (
+    Match,
+    MatchFailure,
+    NodeRule,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    const_value,
+    dims,
+    fail,
+    optional,
+    var,
+)
+from irkit.rewriting import op as pat
 
 MS = "com.microsoft"
 _TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
@@ -267,7 +293,251 @@ def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int) -> _Folded | None:
     return pq[0], pk[0], cos, sin, pq[1], interleaved  # (pq[1] checked above)
 
 
-def group_query_attention(dynamic_past: bool = False, masked: bool = False) -> NodeRule:
+def _graph_input(node: ir.Node, name: str) -> ir.Value | None:
+    """The input ``name`` of the graph ``node`` is in, or ``None``."""
+    graph = node.graph
+    if graph is None:
+        return None
+    return next((v for v in graph.inputs if v.name == name), None)
+
+
+def _reaches(value: ir.Value, target: ir.Value, limit: int = 400) -> bool:
+    """Whether ``target`` is ``value`` or among the values it is computed from."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack and len(seen) < limit:
+        v = stack.pop()
+        if v is target:
+            return True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        p = v.producer()
+        if p is not None:
+            stack.extend(i for i in p.inputs if i is not None)
+    return False
+
+
+_SHAPE_ONLY = frozenset({"Expand", "Unsqueeze", "Reshape", "Identity", "Squeeze"})
+
+
+def _keep_mask(mask: ir.Value) -> str | None:
+    """``None`` when ``mask`` only keeps or drops keys (a boolean mask, or
+    ``Where(keep, 0, ≤ -1e4)``, through shape-only ops); otherwise why not: an additive bias
+    (ALiBi, relative positions) that ``GroupQueryAttention`` on the shared buffer would lose."""
+    v = mask
+    while (p := v.producer()) is not None and p.domain == "" and p.op_type in _SHAPE_ONLY:
+        if p.inputs[0] is None:
+            break
+        v = p.inputs[0]
+    if v.dtype == ir.DataType.BOOL:
+        return None
+    p = v.producer()
+    if p is not None and p.op_type == "Where" and p.domain == "" and len(p.inputs) == 3:
+        keep, drop = const_value(p.inputs[1]), const_value(p.inputs[2])
+        scalars = keep is not None and drop is not None and keep.size == drop.size == 1
+        if scalars and float(keep.reshape(())) == 0.0 and float(drop.reshape(())) <= -1e4:  # type: ignore[union-attr]
+            return None
+    return (
+        "the mask adds more than 0 / -inf (ALiBi or another bias): GroupQueryAttention on "
+        "the shared buffer would drop it"
+    )
+
+
+def _sliding_window(mask: ir.Value, limit: int = 400) -> int | None | MatchFailure:
+    """The window ``W`` of a Hugging Face sliding-window mask (``kv_idx > q_idx - W``: the query
+    sees itself and the ``W - 1`` keys before it), ``None`` for a mask without one."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [mask]
+    while stack and len(seen) < limit:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        p = v.producer()
+        if p is None:
+            continue
+        if p.op_type == "Greater" and p.domain == "" and len(p.inputs) == 2:
+            sub = p.inputs[1].producer() if p.inputs[1] is not None else None
+            if sub is not None and sub.op_type == "Sub" and sub.inputs[1] is not None:
+                w = const_value(sub.inputs[1])
+                if w is not None and w.size == 1:
+                    found.add(int(w.reshape(())))
+        stack.extend(i for i in p.inputs if i is not None)
+    if stack:
+        return fail(f"the mask's computation has over {limit} values: its window is unknown", mask)
+    if len(found) > 1:
+        return fail(f"the mask has several windows {sorted(found)}", mask)
+    return found.pop() if found else None
+
+
+def _cone(outputs: list[ir.Value], source: ir.Value, limit: int = 200) -> list[ir.Node] | str:
+    """The nodes computing ``outputs`` from ``source`` and constants (topological order), or
+    why there are none."""
+    order: list[ir.Node] = []
+    seen: set[int] = set()
+
+    def visit(v: ir.Value) -> str | None:
+        p = v.producer()
+        if p is None:
+            if v is source or v.const_value is not None:
+                return None
+            return f"{v.name!r} is neither {source.name!r} nor a constant"
+        if id(p) in seen:
+            return None
+        seen.add(id(p))
+        if len(seen) > limit or p.domain not in ("", "ai.onnx"):
+            return f"{p.op_type} ({p.domain or 'ai.onnx'}) in the cos/sin computation"
+        for i in p.inputs:
+            why = None if i is None else visit(i)
+            if why is not None:
+                return why
+        order.append(p)
+        return None
+
+    for out in outputs:
+        why = visit(out)
+        if why is not None:
+            return why
+    return order
+
+
+def _evaluate(
+    nodes: list[ir.Node], source: ir.Value, outputs: list[ir.Value], feed: np.ndarray
+) -> list[np.ndarray]:
+    """Run ``nodes`` (``source`` fed with ``feed``) in onnx's reference evaluator."""
+    import onnx
+    import onnx.reference
+
+    graph = nodes[0].graph
+    consts = {
+        id(i): i
+        for n in nodes
+        for i in n.inputs
+        if i is not None and i.producer() is None and i is not source
+    }
+    initializers = []
+    for v in consts.values():
+        tensor = v.const_value
+        if tensor is None:  # (checked by _cone)
+            continue
+        proto = ir.serde.serialize_tensor(tensor)
+        proto.name = v.name or ""
+        initializers.append(proto)
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [ir.serde.serialize_node(n) for n in nodes],
+            "rotary_caches",
+            [onnx.helper.make_tensor_value_info(source.name or "", onnx.TensorProto.INT64, None)],
+            [onnx.helper.make_tensor_value_info(o.name or "", 0, None) for o in outputs],
+            initializers,
+        ),
+        opset_imports=[
+            onnx.helper.make_opsetid(d, v)
+            for d, v in (graph.opset_imports.items() if graph is not None else [("", 23)])
+        ],
+    )
+    results = onnx.reference.ReferenceEvaluator(model).run(None, {source.name or "": feed})
+    return [np.asarray(r) for r in results]
+
+
+def _rotary_caches(
+    node: ir.Node, q: ir.Value, k: ir.Value, head_size: int, shared: SharedBuffer
+) -> tuple[ir.Value, ir.Value, np.ndarray, np.ndarray, int] | MatchFailure:
+    """``(q, k, cos_cache, sin_cache, interleaved)`` when ``q`` and ``k`` are rotated by the
+    same per-token ``RotaryEmbedding(x, cos, sin)`` whose ``cos``/``sin`` are a function of each
+    token's position id alone: the caches are that function at positions
+    ``0 … max_positions - 1`` (``GroupQueryAttention`` reads the positions from ``seqlens_k``).
+    A rotation that depends on more (dynamic NTK, longrope's factor switch past
+    ``original_max_position_embeddings`` within ``max_positions``) stays unfused."""
+    rq, rk = _rotary(q), _rotary(k)
+    if rq is None or rk is None or rq.domain != "" or rk.domain != "":
+        return fail("Q and K are not both rotated by a RotaryEmbedding", q)
+    if head_size % 16:
+        return fail(f"head size {head_size}: onnxruntime's CPU rotary needs a multiple of 16", q)
+    if len(q.uses()) != 1 or len(k.uses()) != 1:
+        return fail("the rotated Q or K has other uses", q)
+    pq, pk = _rotary_parts(rq), _rotary_parts(rk)
+    if pq is None or pk is None or pq[1] is not None or pk[1] is not None:
+        return fail("Q or K rotated with position ids (constant caches)", q)
+    attributes = pq[4]
+    if attributes != pk[4] or set(attributes) - {"interleaved"}:
+        return fail(f"rotary attributes {attributes} / {pk[4]}", q)
+    positions = _graph_input(node, shared.position_input)
+    if positions is None:
+        return fail(f"the graph has no input {shared.position_input!r}", q)
+    cos, sin = pq[2], pq[3]
+    angles = [cos, sin, pk[2], pk[3]]  # (Q's and K's: often two computations of one value)
+    nodes = _cone(angles, positions)
+    if isinstance(nodes, str):
+        return fail(f"cos/sin not a function of {positions.name!r}: {nodes}", cos)
+    if not nodes:
+        return fail("cos/sin are constants", cos)
+    total = shared.max_positions
+    try:
+        full = _evaluate(nodes, positions, angles, np.arange(total, dtype=np.int64)[None])
+        probes = [
+            _evaluate(nodes, positions, angles, np.arange(n, dtype=np.int64)[None])
+            for n in sorted({1, min(total, 4096) // 2, min(total, 4096) // 16} - {0})
+        ]
+    except Exception as exc:  # (the evaluator's own errors: kept unfused, said why)
+        return fail(f"cos/sin could not be evaluated: {type(exc).__name__}: {exc}", cos)
+    if any(a.shape != (1, total, head_size // 2) for a in full):
+        return fail(f"cos/sin of shape {full[0].shape}, not (1, {total}, {head_size // 2})", cos)
+    if not (np.array_equal(full[0], full[2]) and np.array_equal(full[1], full[3])):
+        return fail("Q and K rotated by different angles", k)
+    for probe in probes:
+        n = probe[0].shape[1]
+        if not all(np.array_equal(p[0], f[0, :n]) for p, f in zip(probe, full, strict=True)):
+            return fail(
+                "cos/sin depend on more than each token's position (dynamic NTK, or longrope "
+                f"switching factors within {total} positions): the rotation stays unfused",
+                cos,
+            )
+    dtype = q.dtype.numpy() if q.dtype is not None else np.float32
+    interleaved = int(attributes.get("interleaved", 0))
+    return pq[0], pk[0], full[0][0].astype(dtype), full[1][0].astype(dtype), interleaved
+
+
+class SharedBuffer:
+    """How ``GroupQueryAttention`` runs on onnxruntime-genai's shared KV buffer.
+
+    Under ``past_present_share_buffer`` the past and present are one static buffer of the
+    capacity ``search.max_length``: the past's length is not the number of cached tokens. The
+    rule then feeds the op from the graph input ``mask_input`` (``(batch, total)`` of 0/1, each
+    row right-padded, as genai writes it), the way genai's own builder does:
+    ``seqlens_k = ReduceSum(mask, 1) - 1`` and ``total_sequence_length = mask.shape[1]``
+    (int32), and drops the ``Attention``'s additive mask, which must be computed from that
+    input (Hugging Face's causal + padding mask: ``GroupQueryAttention`` is causal and skips
+    the keys past each row's length).
+
+    Rotary embeddings move into the op (``do_rotary=1``) with ``cos``/``sin`` caches of
+    ``max_positions`` rows when both Q and K are rotated by the same ``RotaryEmbedding`` whose
+    angles are a function of each token's position id alone (default, linear, llama3, yarn; a
+    longrope whose factors do not switch within ``max_positions``): the rule evaluates that
+    function at positions ``0 … max_positions - 1``.
+
+    Attributes:
+        max_positions: Rows of the rotary caches (genai's ``search.max_length``).
+        mask_input: The name of the 2-D 0/1 attention-mask graph input.
+        position_input: The name of the position-ids graph input.
+    """
+
+    def __init__(
+        self,
+        max_positions: int = 4096,
+        mask_input: str = "attention_mask",
+        position_input: str = "position_ids",
+    ):
+        self.max_positions = max_positions
+        self.mask_input = mask_input
+        self.position_input = position_input
+
+
+def group_query_attention(
+    dynamic_past: bool = False, masked: bool = False, shared: SharedBuffer | None = None
+) -> NodeRule | Rule:
     """The ``GroupQueryAttention`` rule (by default: causal ``Attention`` without a mask).
 
     Args:
@@ -280,7 +550,13 @@ def group_query_attention(dynamic_past: bool = False, masked: bool = False) -> N
             mask) or without ``is_causal``: the mask becomes the op's ``attention_bias`` input
             and ``causal`` is the node's ``is_causal``. Both are newer than onnxruntime 1.20
             (tested with 1.32), so this is opt-in.
+        shared: Write the op for onnxruntime-genai's shared KV buffer (see
+            :class:`SharedBuffer`): every ``Attention`` with a past whose mask, if any, is
+            computed from the attention-mask input.
     """
+
+    if shared is not None:
+        return shared_buffer_rule(shared)
 
     def fn(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
         return _gqa_rewrite(op, node, dynamic_past, masked)
@@ -381,6 +657,126 @@ def _gqa_rewrite(
     return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
 
 
+_q, _k, _v, _mask = var("q"), var("k"), var("v"), var("mask")
+_past_key, _past_value = var("past_key"), var("past_value")
+
+_ATTENTION_WITH_PAST = pat.Attention(
+    _q,
+    _k,
+    _v,
+    optional(_mask),
+    _past_key,
+    _past_value,
+    scale=attr("scale"),
+    softcap=attr("softcap"),
+    _outputs=3,
+)
+"""``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key, past_value)``."""
+
+
+def _check_shared(
+    q: ir.Value, k: ir.Value, mask: ir.Value | None, match: Match, shared: SharedBuffer
+) -> Verdict:
+    """The preconditions of the shared-buffer form; findings: ``heads``, ``window``,
+    ``rotary`` (or ``None``: the rotation stays outside), ``attention_mask``."""
+    node = match.nodes[0]
+    heads = _common(node)
+    if isinstance(heads, MatchFailure):
+        return heads
+    if heads.head_size % 8:
+        return fail(
+            f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
+        )
+    attention_mask = _graph_input(node, shared.mask_input)
+    if attention_mask is None:
+        return fail(f"the graph has no input {shared.mask_input!r}", None, node)
+    if mask is None and not _attrs(node).get("is_causal", 0):
+        return fail("not causal and no mask", None, node)
+    if mask is not None and not _reaches(mask, attention_mask):
+        return fail(f"the mask is not computed from {shared.mask_input!r}", mask)
+    if mask is not None and (why := _keep_mask(mask)) is not None:
+        return fail(why, mask)
+    window = None if mask is None else _sliding_window(mask)
+    if isinstance(window, MatchFailure):
+        return window
+    if window is not None and window < 1:
+        return fail(f"sliding window {window} < 1", mask)
+    dq, dk = dims(q), dims(k)
+    if dq is None or dk is None or dq[2] != dk[2]:
+        return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
+    rotary = _rotary_caches(node, q, k, heads.head_size, shared)
+    return {
+        "heads": heads,
+        "window": window,
+        "rotary": None if isinstance(rotary, MatchFailure) else rotary,
+        "attention_mask": attention_mask,
+    }
+
+
+def _gqa_shared(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    past_key: ir.Value,
+    past_value: ir.Value,
+    scale: float | None,
+    softcap: float,
+    heads: _Heads,
+    window: int | None,
+    rotary: tuple[ir.Value, ir.Value, np.ndarray, np.ndarray, int] | None,
+    attention_mask: ir.Value,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_key, past_value, seqlens_k,
+    total_sequence_length, cos_cache?, sin_cache?))`` fed from the attention-mask input (see
+    :class:`SharedBuffer`)."""
+    cos = sin = None
+    interleaved = 0
+    if rotary is not None:
+        q, k, cos_cache, sin_cache, interleaved = rotary
+        cos, sin = op.const(cos_cache), op.const(sin_cache)
+    i32 = ir.DataType.INT32
+    ones = op.ReduceSum(attention_mask, op.const(np.array([1], dtype=np.int64)), keepdims=0)
+    seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
+    total = op.Cast(op.Squeeze(op.Shape(attention_mask, start=1, end=2)), to=i32)
+    y, present_k, present_v = op.domain(MS).GroupQueryAttention(
+        _to3(op, q),
+        _to3(op, k),
+        _to3(op, v),
+        past_key,
+        past_value,
+        seqlens,
+        total,
+        cos,
+        sin,
+        num_heads=heads.q_heads,
+        kv_num_heads=heads.kv_heads,
+        scale=scale,
+        softcap=softcap or None,
+        # measured (tests/llm/test_genai_ort.py, mistral): W, not W - 1 nor W + 1
+        local_window_size=window,
+        do_rotary=None if cos is None else 1,
+        rotary_interleaved=None if cos is None else interleaved,
+        _outputs=3,
+    )
+    return _to4(op, y, heads.q_heads), present_k, present_v
+
+
+def shared_buffer_rule(shared: SharedBuffer) -> Rule:
+    """The ``GroupQueryAttention`` rule for onnxruntime-genai's shared buffer."""
+
+    def check(q: ir.Value, k: ir.Value, mask: ir.Value | None, match: Match) -> Verdict:
+        return _check_shared(q, k, mask, match, shared)
+
+    return Rule(
+        "GroupQueryAttention",
+        _ATTENTION_WITH_PAST,
+        check=check,
+        rewrite=_gqa_shared,
+        min_opset=23,
+    )
+
+
 def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     """MultiHeadAttention from a non-causal opset-23 Attention (see the module docstring)."""
     heads = _common(node)
@@ -415,51 +811,118 @@ def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
     return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
 
 
-def _contrib_rotary(op: RewriteBuilder, node: ir.Node) -> ir.Value | MatchFailure:
-    """com.microsoft.RotaryEmbedding(x, position_ids, cos, sin)"""
-    x, cos, sin, pos = (_input(node, i) for i in range(4))
-    if x is None or cos is None or sin is None:
-        return fail("input or caches absent", None, node)
-    if pos is None:
-        return fail("no position_ids: per-token cos/sin, the contrib op needs caches", None, node)
+_x, _cos, _sin, _pos = var("x"), var("cos"), var("sin"), var("position_ids")
+
+_ROTARY = pat.RotaryEmbedding(
+    _x,
+    _cos,
+    _sin,
+    optional(_pos),
+    interleaved=attr("interleaved"),
+    num_heads=attr("num_heads"),
+    rotary_embedding_dim=attr("rotary_embedding_dim"),
+    _exact_attributes=True,  # (an attribute of a newer opset stops the rewrite)
+)
+"""``RotaryEmbedding(x, cos, sin, position_ids?)`` with the attributes the contrib op carries."""
+
+
+def _check_contrib_rotary(
+    x: ir.Value, cos: ir.Value, sin: ir.Value, position_ids: ir.Value | None, num_heads: int
+) -> Verdict:
+    """The contrib op's preconditions; the finding ``heads``: the head count it needs."""
+    if position_ids is None:
+        return fail("no position_ids: per-token cos/sin, the contrib op needs caches", x)
     if x.dtype not in _TYPES or cos.dtype != x.dtype:
         return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
     dx = dims(x)
     if dx is None or len(dx) not in (3, 4):
         return fail("input must be 3-D or 4-D with known rank", x)
-    a = _attrs(node)
-    unknown = sorted(set(a) - _ROTARY_CARRIED)
-    if unknown:
-        return fail(f"attributes {unknown}: not ones the contrib op is known to carry", None, node)
-    heads = a.get("num_heads") or (dx[1] if len(dx) == 4 else None)
+    heads = num_heads or (dx[1] if len(dx) == 4 else None)
     if not isinstance(heads, int) or heads <= 0:
         # (onnxruntime's kernel needs num_heads with a 3-D input or a rotary_embedding_dim)
         return fail(f"head count unknown ({len(dx)}-D input {dx}, no num_heads)", x)
+    return {"heads": heads}
+
+
+def _contrib_rotary(
+    op: RewriteBuilder,
+    x: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    position_ids: ir.Value,
+    interleaved: int,
+    rotary_embedding_dim: int,
+    heads: int,
+) -> ir.Value:
+    """``RotaryEmbedding(x, cos, sin, position_ids) = com.microsoft.RotaryEmbedding(x,
+    position_ids, cos, sin)`` (same attributes; the contrib op takes the position ids second)."""
     return op.domain(MS).RotaryEmbedding(
         x,
-        pos,
+        position_ids,
         cos,
         sin,
-        interleaved=a.get("interleaved"),
+        interleaved=interleaved or None,
         num_heads=heads,
-        rotary_embedding_dim=a.get("rotary_embedding_dim"),
+        rotary_embedding_dim=rotary_embedding_dim or None,
     )
 
 
-_ROTARY_CARRIED = frozenset({"interleaved", "num_heads", "rotary_embedding_dim"})
+CONTRIB_ROTARY = Rule(
+    "ContribRotaryEmbedding",
+    _ROTARY,
+    check=_check_contrib_rotary,
+    rewrite=_contrib_rotary,
+    min_opset=23,
+)
+"""``RotaryEmbedding`` with position ids → ``com.microsoft.RotaryEmbedding``."""
 
 
-def attention_rules(gqa_dynamic_past: bool = False, gqa_masked: bool = False) -> RuleSet:
+def attention_rules(
+    gqa_dynamic_past: bool = False, gqa_masked: bool = False, shared: SharedBuffer | None = None
+) -> RuleSet:
     """The attention rules; the options: see :func:`group_query_attention`."""
     return RuleSet(
         "ort_attention",
         [
-            group_query_attention(gqa_dynamic_past, gqa_masked),
+            group_query_attention(gqa_dynamic_past, gqa_masked, shared),
             NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
-            NodeRule("ContribRotaryEmbedding", ["RotaryEmbedding"], _contrib_rotary, min_opset=23),
+            CONTRIB_ROTARY,
         ],
     )
 
 
 rules = attention_rules()
 """The attention rules (``GroupQueryAttention`` first: it also absorbs the rotations)."""
+
+
+def _run_counts(model: ir.Model) -> collections.Counter[tuple[str, str]]:
+    """How many times each op runs in one call of ``model`` (function calls expanded)."""
+    memo: dict[ir.OperatorIdentifier, collections.Counter[tuple[str, str]]] = {}
+
+    def count(graph: ir.Graph | ir.Function) -> collections.Counter[tuple[str, str]]:
+        total: collections.Counter[tuple[str, str]] = collections.Counter()
+        for node in graph:
+            key = (node.domain, node.op_type, node.overload)
+            function = model.functions.get(key)
+            if function is None:
+                total[node.domain, node.op_type] += 1
+                for attr in node.attributes.values():
+                    if attr.type == ir.AttributeType.GRAPH:
+                        total.update(count(attr.value))
+                continue
+            if key not in memo:
+                memo[key] = count(function)
+            total.update(memo[key])
+        return total
+
+    return count(model.graph)
+
+
+def runs_on_shared_buffer(model: ir.Model, layers: int) -> bool:
+    """Whether ``model`` runs ``layers`` ``GroupQueryAttention`` nodes per call (the
+    :class:`SharedBuffer` rule's, one per cached layer) and no other attention (standard
+    ``Attention``, ``MultiHeadAttention``, or one left unfused, ``Softmax``): onnxruntime-genai
+    may then run it with ``past_present_share_buffer: true``."""
+    runs = _run_counts(model)
+    others = ("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention"), ("", "Softmax")
+    return runs[MS, "GroupQueryAttention"] == layers and not any(runs[o] for o in others)

@@ -14,7 +14,7 @@ import irkit
 from irkit.rewriting import RewriteReport
 from irkit.rules import ort
 from tests.helpers import run_ort
-from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, parse
+from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, ops, parse
 
 DTYPES = st.sampled_from(["float", "float16"])
 MAX_POS = 32
@@ -332,3 +332,219 @@ def test_group_query_attention_masked_reads_an_untyped_where_mask():
     inputs.append(rng.random((1, 1, 3, 8)) < 0.7)
     for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
         np.testing.assert_allclose(a, e, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------ onnxruntime-genai's shared KV buffer
+
+
+def _mask_text(t: str, window: int | None = None) -> str:
+    """Hugging Face's additive mask ``m`` from the ``attention_mask`` input (padding, and a
+    sliding window ``kv > q - window``), as ONNX text."""
+    windowed = (
+        f"""
+        w = Constant<value=int64 {{{window}}}>()
+        q_w = Sub(q_idx, w)
+        in_window = Greater(kv_idx, q_w)
+        keep = And(valid, in_window)"""
+        if window
+        else "\n        keep = Identity(valid)"
+    )
+    return f"""
+        valid = Cast<to=9>(attention_mask)
+        t_len = Shape<start=1, end=2>(attention_mask)
+        t_sc = Squeeze(t_len)
+        zero = Constant<value=int64 {{0}}>()
+        one = Constant<value=int64 {{1}}>()
+        kv_idx = Range(zero, t_sc, one)
+        q_idx = Identity(t_sc){windowed}
+        z = Constant<value={t} {{0}}>()
+        neg = Constant<value={t} {{-10000}}>()
+        m2 = Where(keep, z, neg)
+        axes = Constant<value=int64[2] {{1, 2}}>()
+        m = Unsqueeze(m2, axes)"""
+
+
+def _fix_neg(model: ir.Model, t: str) -> ir.Model:
+    # (the text parser reads a float16 -10000 as -158: set it here)
+    (neg,) = [n for n in model.graph if n.outputs[0].name == "neg"]
+    neg.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(-10000, TYPES[t])))
+    return model
+
+
+def _shared_model(t: str, window: int | None = None) -> ir.Model:
+    """A decoder layer's attention as Hugging Face exports it: the additive mask computed from
+    the ``attention_mask`` input."""
+    model = parse(f"""g ({t}[B,4,S,16] q, {t}[B,2,S,16] k, {t}[B,2,S,16] v,
+          {t}[B,2,P,16] pk, {t}[B,2,P,16] pv, int64[B,T] attention_mask)
+      => ({t}[B,4,S,16] y, {t}[B,2,T2,16] ko, {t}[B,2,T2,16] vo) {{{_mask_text(t, window)}
+        y, ko, vo = Attention<is_causal=1>(q, k, v, m, pk, pv)
+      }}""")
+    return _fix_neg(model, t)
+
+
+def _attend(q, keys, values, window: int | None) -> np.ndarray:
+    """One row's causal attention in float64, queries at the last positions of ``keys``."""
+    s, total = q.shape[1], keys.shape[1]
+    group = q.shape[0] // keys.shape[0]
+    keys, values = np.repeat(keys, group, 0), np.repeat(values, group, 0)
+    scores = q @ keys.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    qpos = np.arange(total - s, total)[:, None]
+    kpos = np.arange(total)[None, :]
+    keep = kpos <= qpos
+    if window:
+        keep &= kpos > qpos - window
+    scores = np.where(keep, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ values
+
+
+@pytest.mark.parametrize("t", ["float", "float16"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_group_query_attention_on_the_shared_buffer(t, window):
+    """Prefill of two right-padded prompts into a buffer of capacity 8, then a decode step:
+    each row's valid outputs are its own causal attention, the new keys land at its length."""
+    model = _shared_model(t, window)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
+    assert report.fired.get("GroupQueryAttention") == 1, str(report)
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.attributes.get("local_window_size") is None or window is not None
+    if window:
+        assert node.attributes["local_window_size"].value == window
+    assert "Attention" not in ops(model)
+    dtype, rng, cap = TYPES[t], np.random.default_rng(0), 8
+    lengths = [3, 5]  # right-padded prompts
+    q = rng.standard_normal((2, 4, 5, 16)).astype(dtype)
+    k, v = (rng.standard_normal((2, 2, 5, 16)).astype(dtype) for _ in "kv")
+    buffer = np.zeros((2, 2, cap, 16), dtype)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    y, ko, vo = run_ort(model, [q, k, v, buffer, buffer, mask])
+    assert ko.shape == (2, 2, cap, 16)
+    for r, n in enumerate(lengths):
+        want = _attend(q[r, :, :n], k[r, :, :n], v[r, :, :n], window)
+        np.testing.assert_allclose(y[r, :, :n], want, atol=ATOL[t], rtol=ATOL[t])
+        np.testing.assert_array_equal(ko[r, :, :n], k[r, :, :n])
+    # one new token per row, written at its row's length
+    q1 = rng.standard_normal((2, 4, 1, 16)).astype(dtype)
+    k1, v1 = (rng.standard_normal((2, 2, 1, 16)).astype(dtype) for _ in "kv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    y1, ko1, vo1 = run_ort(model, [q1, k1, v1, ko, vo, mask1])
+    for r, n in enumerate(lengths):
+        keys = np.concatenate([k[r, :, :n], k1[r]], 1).astype(np.float64)
+        values = np.concatenate([v[r, :, :n], v1[r]], 1).astype(np.float64)
+        want = _attend(q1[r].astype(np.float64), keys, values, window)
+        np.testing.assert_allclose(y1[r], want, atol=ATOL[t], rtol=ATOL[t])
+        np.testing.assert_array_equal(ko1[r, :, n], k1[r, :, 0])
+
+
+def test_shared_buffer_declines_a_mask_not_from_attention_mask():
+    model = _gqa("float", 1, 4, 2, 1, 3, 16, mask=True)
+    report = RewriteReport()
+    irkit.rewrite(
+        model,
+        ort.default_rules(gqa_shared_buffer=True),
+        report=report,
+        explain="GroupQueryAttention",
+    )
+    assert report.rules["GroupQueryAttention"].fired == 0
+    assert "the graph has no input 'attention_mask'" in report.explain(limit=100)
+
+
+def test_shared_buffer_declines_a_bias_in_the_mask():
+    """An additive bias (ALiBi) besides the keep/drop mask stays a standard Attention."""
+    model = _shared_model("float")
+    (where,) = [n for n in model.graph if n.op_type == "Where"]
+    slope = ir.Value(
+        name="alibi", shape=ir.Shape([1, 1, 1, 1]), type=ir.TensorType(ir.DataType.FLOAT)
+    )
+    slope.const_value = ir.tensor(np.full((1, 1, 1, 1), -0.5, np.float32), name="alibi")
+    model.graph.initializers["alibi"] = slope
+    biased = ir.node("Add", [where.outputs[0], slope])
+    model.graph.insert_after(where, biased)
+    for use_node, index in list(where.outputs[0].uses()):
+        if use_node is not biased:
+            use_node.replace_input_with(index, biased.outputs[0])
+    report = RewriteReport()
+    irkit.rewrite(
+        model,
+        ort.default_rules(gqa_shared_buffer=True),
+        report=report,
+        explain="GroupQueryAttention",
+    )
+    assert report.rules["GroupQueryAttention"].fired == 0
+    assert "ALiBi or another bias" in report.explain(limit=100)
+
+
+def _rotary_model(dynamic: bool) -> ir.Model:
+    """Hugging Face's rotary before the attention: angles ``position · inv_freq`` (``dynamic``:
+    also scaled by the largest position, as dynamic NTK does), ``RotaryEmbedding`` on Q and K."""
+    scale = (
+        """
+        top = ReduceMax<keepdims=1>(pos_f)
+        hundred = Constant<value=float {100}>()
+        grow = Div(top, hundred)
+        one_f = Constant<value=float {1}>()
+        factor = Add(grow, one_f)
+        angles = Mul(raw, factor)"""
+        if dynamic
+        else "\n        angles = Identity(raw)"
+    )
+    return parse(f"""g (float[B,4,S,16] q, float[B,2,S,16] k, float[B,2,S,16] v,
+          float[B,2,P,16] pk, float[B,2,P,16] pv, int64[B,T] attention_mask,
+          int64[B,S] position_ids)
+      => (float[B,4,S,16] y, float[B,2,T2,16] ko, float[B,2,T2,16] vo) {{{_mask_text("float")}
+        pos_f = Cast<to=1>(position_ids)
+        last = Constant<value=int64[1] {{-1}}>()
+        pos3 = Unsqueeze(pos_f, last)
+        inv_freq = Constant<value=float[8] {{1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001}}>()
+        raw = Mul(pos3, inv_freq){scale}
+        cos = Cos(angles)
+        sin = Sin(angles)
+        qr = RotaryEmbedding(q, cos, sin)
+        kr = RotaryEmbedding(k, cos, sin)
+        y, ko, vo = Attention<is_causal=1>(qr, kr, v, m, pk, pv)
+      }}""")
+
+
+def _rotate(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    inv_freq = np.array([1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001])
+    angles = positions[:, None] * inv_freq.astype(np.float32).astype(np.float64)
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def test_rotary_moves_into_the_op_on_the_shared_buffer():
+    """cos/sin caches evaluated from the graph's own angles: prefill + decode equal the rotated
+    attention (numpy); angles that depend on the largest position stay a RotaryEmbedding."""
+    model = _rotary_model(dynamic=False)
+    irkit.optimize(model, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.attributes["do_rotary"].value == 1
+    assert "RotaryEmbedding" not in ops(model)
+    rng, lengths = np.random.default_rng(1), [3, 5]
+    q = rng.standard_normal((2, 4, 5, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 5, 16)).astype(np.float32) for _ in "kv")
+    buffer = np.zeros((2, 2, 8, 16), np.float32)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    positions = np.tile(np.arange(5), (2, 1))
+    feeds = {"q": q, "k": k, "v": v, "pk": buffer, "pv": buffer}
+    y, ko, vo = run_ort(model, {**feeds, "attention_mask": mask, "position_ids": positions})
+    q1 = rng.standard_normal((2, 4, 1, 16)).astype(np.float32)
+    k1, v1 = (rng.standard_normal((2, 2, 1, 16)).astype(np.float32) for _ in "kv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    step = {"q": q1, "k": k1, "v": v1, "pk": ko, "pv": vo, "attention_mask": mask1}
+    y1, _, _ = run_ort(model, {**step, "position_ids": np.array([[3], [5]])})
+    for r, n in enumerate(lengths):
+        keys = _rotate(np.concatenate([k[r, :, :n], k1[r]], 1), np.arange(n + 1))
+        values = np.concatenate([v[r, :, :n], v1[r]], 1)
+        want = _attend(_rotate(q[r, :, :n], np.arange(n)), keys[:, :n], values[:, :n], None)
+        np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
+        want1 = _attend(_rotate(q1[r], np.array([n])), keys, values, None)
+        np.testing.assert_allclose(y1[r], want1, atol=1e-4, rtol=1e-4)
+    dynamic = _rotary_model(dynamic=True)
+    irkit.optimize(dynamic, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in dynamic.graph if n.op_type == "GroupQueryAttention"]
+    assert "do_rotary" not in node.attributes
+    assert ops(dynamic)["RotaryEmbedding"] == 2

@@ -1,0 +1,261 @@
+"""``irkit export --target ort``: ``GroupQueryAttention`` on onnxruntime-genai's shared KV buffer.
+
+Tiny random-weight folders (as in ``tests/llm/test_export.py``: model, a byte-level BPE tokenizer
+trained here) are exported with ``target="ort"``; the folder's ``genai_config.json`` says
+``past_present_share_buffer: true`` and genai's ``Generator`` (CPU, greedy) runs batch 1 and a
+right-padded batch of 2; the ids must equal transformers ``generate`` on the left-padded prompts.
+The prompts + generation run past the models' sliding windows.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+
+import onnx
+import pytest
+
+from irkit.llm import export
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox hello world"]
+NEW_TOKENS = 16
+MAX_LENGTH = 64
+_TEXT = ["hello world, the quick brown fox jumps over the lazy dog"] * 20 + ["user assistant"] * 5
+
+
+def _tokenizer() -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TEXT, trainer)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+_COMMON = dict(
+    vocab_size=300, bos_token_id=0, eos_token_id=1, pad_token_id=2, initializer_range=0.2
+)
+_ATTENTION = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**_ATTENTION, **_COMMON, num_key_value_heads=2),
+    # packed qkv and gate_up projections
+    "phi3": lambda: transformers.Phi3Config(**_ATTENTION, **_COMMON, num_key_value_heads=4),
+    # the q/k/v bias Add
+    "qwen2": lambda: transformers.Qwen2Config(**_ATTENTION, **_COMMON, num_key_value_heads=2),
+    # a sliding window on every layer, shorter than prompt + generation: local_window_size
+    "mistral": lambda: transformers.MistralConfig(
+        **_ATTENTION, **_COMMON, num_key_value_heads=2, sliding_window=6
+    ),
+    # learned positions, no rotary; 4 query and 4 key/value heads
+    "gpt2": lambda: transformers.GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, n_positions=128, **_COMMON
+    ),
+    # local (sliding, rope base 10k) and global (rope base 1M) layers, query_pre_attn_scalar
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **_ATTENTION,
+        **{**_COMMON, "initializer_range": 0.05},  # (0.2: the tiny model repeats one token)
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+}
+
+
+def _llama_rope(**rope) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        **_ATTENTION,
+        **_COMMON,
+        num_key_value_heads=2,
+        rope_parameters={"rope_theta": 10000.0, **rope},
+    )
+
+
+ROPE_CONFIGS = {
+    "linear": lambda: _llama_rope(rope_type="linear", factor=2.0),
+    "llama3": lambda: _llama_rope(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+    ),
+    "yarn": lambda: _llama_rope(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
+    # both factor sets: the prompts + generation run past original_max_position_embeddings
+    "longrope": lambda: transformers.Phi3Config(
+        **_ATTENTION,
+        **_COMMON,
+        num_key_value_heads=4,
+        original_max_position_embeddings=16,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0],
+            "original_max_position_embeddings": 16,
+        },
+    ),
+}
+CONFIGS.update(ROPE_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory):
+    """arch → (HF folder, exported folder), each exported once with ``target="ort"``."""
+    import torch
+
+    root = tmp_path_factory.mktemp("genai_ort")
+    done: dict[str, tuple[pathlib.Path, pathlib.Path]] = {}
+
+    def get(arch: str) -> tuple[pathlib.Path, pathlib.Path]:
+        if arch not in done:
+            folder = root / f"{arch}-hf"
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(CONFIGS[arch]())
+            model.save_pretrained(folder)
+            _tokenizer().save_pretrained(folder)
+            out = root / f"{arch}-ort"
+            export(folder, out, target="ort", max_length=MAX_LENGTH)
+            done[arch] = (folder, out)
+        return done[arch]
+
+    return get
+
+
+def _genai_ids(out: pathlib.Path, prompts: list[str]) -> list[list[int]]:
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    params.set_search_options(
+        max_length=longest + NEW_TOKENS, do_sample=False, batch_size=len(prompts)
+    )
+    generator = og.Generator(model, params)
+    generator.append_tokens(tokenizer.encode_batch(prompts))
+    while not generator.is_done():
+        generator.generate_next_token()
+    # genai right-pads: prompt, pads up to the longest prompt, then the new tokens
+    return [[int(t) for t in generator.get_sequence(i)][longest:] for i in range(len(prompts))]
+
+
+def _reference_ids(folder: pathlib.Path, prompts: list[str]) -> list[list[int]]:
+    import torch
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ids = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return ids[:, batch["input_ids"].shape[1] :].tolist()
+
+
+def _until_eos(ids: list[int], eos: int = 1) -> list[int]:
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+def _nodes(model: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return [n for n in nodes if n.op_type == op_type]
+
+
+def _ops(out: pathlib.Path) -> collections.Counter[tuple[str, str]]:
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return collections.Counter((n.domain, n.op_type) for n in nodes)
+
+
+_LONGROPE_EXPORT = pytest.mark.xfail(
+    strict=True,
+    reason="torch.export of transformers 5.24's longrope rotary (its forward re-registers "
+    "inv_freq) fails: 'fake mode ... doesn't match mode' (export_causal_lm, not the rules)",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch",
+    [pytest.param(a, marks=_LONGROPE_EXPORT) if a == "longrope" else a for a in sorted(CONFIGS)],
+)
+def test_shared_buffer_generator_matches_transformers(exported, arch):
+    folder, out = exported(arch)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    ops = _ops(out)
+    assert ops[("com.microsoft", "GroupQueryAttention")] >= 1
+    assert ops[("", "Attention")] == 0
+    # the rotations moved into the op, with cos/sin caches of max_length rows
+    assert ops[("", "RotaryEmbedding")] == ops[("com.microsoft", "RotaryEmbedding")] == 0
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes.get("do_rotary") == (None if arch == "gpt2" else 1), attributes
+    for prompts in (PROMPTS[:1], PROMPTS):
+        got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
+        want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
+        assert got == want, (arch, prompts)
+        assert len(set(want[0])) > 1  # the tiny model does not just repeat one token
+
+
+@pytest.mark.slow
+def test_fp16_model_on_the_shared_buffer(exported, tmp_path):
+    """A float16 model (q/k/v bias, dynamic batch, past): GroupQueryAttention in float16, run by
+    genai on onnxruntime's CPU kernels, greedy ids equal to the float32 model's generate."""
+    import torch
+
+    folder, _ = exported("qwen2")
+    half = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16)
+    out = tmp_path / "qwen2-fp16"
+    written = export(half, out, target="ort", max_length=MAX_LENGTH)
+    assert written.genai_config["search"]["past_present_share_buffer"] is True
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    assert {i.type.tensor_type.elem_type for i in model.graph.input if "past" in i.name} == {
+        onnx.TensorProto.FLOAT16
+    }
+    assert _ops(out)[("com.microsoft", "GroupQueryAttention")] >= 1
+    assert _ops(out)[("", "RotaryEmbedding")] == 0  # float16 caches inside the op
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["do_rotary"] == 1, attributes
+    for prompts in (PROMPTS[:1], PROMPTS):
+        got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
+        want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
+        assert got == want, prompts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "windows"), [("mistral", {6}), ("gemma3", {6, None})])
+def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
+    """Sliding layers get local_window_size = sliding_window, global layers none; gemma3's local
+    layers rotate with their own base: two different cos caches."""
+    _, out = exported(arch)
+    model = onnx.load(out / "model.onnx")
+    found = set()
+    caches = set()
+    values = {i.name: i for i in model.graph.initializer}
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        found.add(attributes.get("local_window_size"))
+        caches.add(onnx.numpy_helper.to_array(values[node.input[7]]).tobytes())
+    assert found == windows
+    assert len(caches) == len(windows)
