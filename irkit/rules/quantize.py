@@ -47,7 +47,8 @@ from irkit.rules._calls import (
     owner_name,
     owners,
 )
-from irkit.weights.packing import PackedWeight, check_settings, quantize_blockwise
+from irkit.weights import has_data, packed_parts, transpose
+from irkit.weights.packing import Method, PackedWeight, check_settings, quantize_blockwise
 
 __all__ = ["quantize", "QuantizeReport", "QuantizedNode", "SkippedNode", "DEFAULT_ACCURACY_LEVEL"]
 
@@ -242,7 +243,13 @@ def _constant_tensor(owner: Owner, value: ir.Value) -> ir.TensorProtocol | str:
     ):
         attr = producer.attributes.get("value")
         if attr is not None and attr.type == ir.AttributeType.TENSOR:
-            return attr.as_tensor()
+            tensor = attr.as_tensor()
+            if not has_data(tensor):
+                return (
+                    f"weight is a weightless Constant {producer.name!r}: irkit.save streams "
+                    "only initializers (run irkit.optimize first, it lifts such constants)"
+                )
+            return tensor
     if producer is not None:
         return f"weight is computed by {producer.op_type} {producer.name!r}, not a constant"
     return f"weight {value.name!r} is not a constant"
@@ -324,6 +331,7 @@ class _Settings:
     block_size: int
     symmetric: bool
     accuracy_level: int
+    method: Method
 
 
 _Packed = tuple[ir.Value, ir.Value, ir.Value | None]
@@ -357,6 +365,8 @@ class _Packer:
         leaves = _leaves(site.owner, site.weight, self.calls)
         assert not isinstance(leaves, str)
         for tensor in leaves:
+            if not has_data(tensor):  # (packed while irkit.save streams the checkpoint)
+                continue
             try:
                 self._pack(tensor, site.transposed, bits)
             except QuantizationError as exc:
@@ -373,8 +383,25 @@ class _Packer:
                 bits=bits,
                 block_size=s.block_size,
                 symmetric=s.symmetric,
+                method=s.method,
             )
         return self.arrays[key]
+
+    def _parts(
+        self, tensor: ir.TensorProtocol, transposed: bool, bits: int
+    ) -> list[ir.TensorProtocol | None]:
+        """The packed data, scales and zero points of a constant: real, or derived recipes
+        over a weightless one (packed per tensor while :func:`irkit.save` streams it)."""
+        if has_data(tensor):
+            packed = self._pack(tensor, transposed, bits)
+            arrays = [packed.data, packed.scales, packed.zero_points]
+            return [None if a is None else ir.Tensor(a) for a in arrays]
+        s = self.settings
+        weight = transpose(tensor, (1, 0)) if transposed else tensor
+        parts = packed_parts(
+            weight, bits=bits, block_size=s.block_size, symmetric=s.symmetric, method=s.method
+        )
+        return list(parts)
 
     def _unique(self, owner: Owner, base: str) -> str:
         names = self.names.get(id(owner))
@@ -389,28 +416,28 @@ class _Packer:
     def _constant(self, owner: Owner, weight: ir.Value, transposed: bool, bits: int) -> _Packed:
         tensor = _constant_tensor(owner, weight)
         assert not isinstance(tensor, str)
-        packed = self._pack(tensor, transposed, bits)
-        arrays = [packed.data, packed.scales, packed.zero_points]
+        parts = self._parts(tensor, transposed, bits)
         suffixes = (f"_Q{bits}", "_scales", "_zero_points")
         base = weight.name or "weight"
         values: list[ir.Value | None] = []
         new_nodes: list[ir.Node] = []
-        for array, suffix in zip(arrays, suffixes, strict=True):
-            if array is None:
+        for part, suffix in zip(parts, suffixes, strict=True):
+            if part is None:
                 values.append(None)
                 continue
             name = self._unique(owner, base + suffix)
+            part.name = name
+            shape = ir.Shape(part.shape.numpy())
             if isinstance(owner, ir.Graph):  # (a main-graph Constant becomes an initializer)
-                tensor = ir.Tensor(array, name=name)
-                value = ir.Value(name=name, const_value=tensor)
-                value.shape, value.type = ir.Shape(array.shape), ir.TensorType(tensor.dtype)
+                value = ir.Value(name=name, const_value=part)
+                value.shape, value.type = shape, ir.TensorType(part.dtype)
                 owner.register_initializer(value)
             else:
-                node = ir.node("Constant", [], {"value": ir.Tensor(array, name=name)})
+                node = ir.node("Constant", [], {"value": part})
                 value = node.outputs[0]
                 value.name = name
-                value.shape = ir.Shape(array.shape)
-                value.type = ir.TensorType(ir.DataType.from_numpy(array.dtype))
+                value.shape = shape
+                value.type = ir.TensorType(part.dtype)
                 new_nodes.append(node)
             values.append(value)
         if new_nodes:
@@ -733,6 +760,7 @@ def quantize(
     accuracy_level: int | None = None,
     exclude: str | Sequence[str] = (),
     bits_for: Mapping[str, int] | None = None,
+    method: Method | str = Method.RTN,
     report: QuantizeReport | None = None,
 ) -> ir.Model:
     """Quantize the model's constant matmul weights **in place** into ``com.microsoft.MatMulNBits``.
@@ -754,14 +782,22 @@ def quantize(
             ``"layers.0.*"``. A pattern also covers the modules below the one it names.
         bits_for: Per-module bit widths overriding ``bits`` (first matching glob wins), e.g.
             ``{"lm_head": 8}``.
+        method: ``"rtn"`` (round to nearest, onnxruntime's bytes) or ``"kquant"`` (a search
+            of scales with least squares: less reconstruction error, ~20× the packing time);
+            see :class:`irkit.weights.packing.Method`.
         report: If given, filled with the :class:`QuantizeReport`.
+
+    On a weightless model (lowered from a ``meta``-device program) the packed weights, scales
+    and zero points are derived tensors (:class:`irkit.weights.Packed` recipes over the
+    checkpoint tensors): :func:`irkit.save` with ``weights=`` packs them one tensor at a time
+    while streaming the shards, to the same bytes as quantizing the real model in memory.
 
     Returns:
         ``model`` itself.
 
     Raises:
-        QuantizationError: Unsupported ``bits``, ``block_size``, ``accuracy_level`` or
-            ``bits_for``.
+        QuantizationError: Unsupported ``bits``, ``block_size``, ``accuracy_level``,
+            ``bits_for`` or ``method``.
 
     Example:
         >>> import numpy as np, onnx_ir as ir
@@ -776,7 +812,7 @@ def quantize(
     patterns = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     overrides = dict(bits_for or {})
     level = _checked_options(bits, block_size, accuracy_level, overrides)
-    settings = _Settings(bits, block_size, symmetric, level)
+    settings = _Settings(bits, block_size, symmetric, level, Method.of(method))
     result = QuantizeReport(bytes_before=_initializer_bytes(model))
     choice = _Choice(bits, patterns, overrides)
     result.notes += _specialize(model, choice, block_size)

@@ -49,6 +49,7 @@ __all__ = [
     "PackedWeight",
     "check_settings",
     "quantize_blockwise",
+    "rtn_scales",
     "dequantize",
 ]
 
@@ -187,9 +188,16 @@ def _codes(
     with np.errstate(divide="ignore"):
         reciprocal = np.where(scales != 0, np.float32(1) / scales, np.float32(0))
     reciprocal = reciprocal.astype(np.float32)
-    shifted = blocks * reciprocal[:, :, None] + zero_points.astype(np.float32)[:, :, None]
+    shifted = blocks * reciprocal[:, :, None]
+    shifted += zero_points.astype(np.float32)[:, :, None]
+    # roundf, then the clamp: for x >= 0, floor(x) + (x - floor(x) >= 0.5), both exact in
+    # float32; a negative x clamps to 0 either way.
+    floor = np.floor(shifted)
+    shifted -= floor
+    floor += shifted >= np.float32(0.5)
     top = (1 << bits) - 1
-    return np.clip(_round_half_away(shifted.astype(np.float32)), 0, top).astype(np.uint8)
+    np.clip(floor, 0, top, out=floor)
+    return floor.astype(np.uint8)
 
 
 def _pack_nibbles(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
@@ -238,8 +246,6 @@ def _checked_weight(weight: npt.ArrayLike) -> npt.NDArray[np.floating]:
         )
     if 0 in array.shape:
         raise QuantizationError(f"an empty weight {array.shape} cannot be packed")
-    if not np.isfinite(array).all():
-        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
     return array
 
 
@@ -356,34 +362,81 @@ def quantize_blockwise(
     chosen = Method.of(method)
     array = _checked_weight(weight)
     k, n = array.shape
+    step = max(1, _CHUNK_ELEMENTS // k)
+    if step >= n:
+        data, scales, zero_points = _quantize_columns(array, bits, block_size, symmetric, chosen)
+    else:  # columns are independent: a chunk at a time bounds the temporaries
+        n_blocks = -(-k // block_size)
+        data = np.empty((n, n_blocks, block_size * bits // 8), np.uint8)
+        scales = np.empty((n, n_blocks), array.dtype)
+        zero_points = None if symmetric else np.empty((n, -(-n_blocks * bits // 8)), np.uint8)
+        for start in range(0, n, step):
+            part = _quantize_columns(
+                array[:, start : start + step], bits, block_size, symmetric, chosen
+            )
+            data[start : start + step], scales[start : start + step] = part[0], part[1]
+            if zero_points is not None and part[2] is not None:
+                zero_points[start : start + step] = part[2]
+    return PackedWeight(data, scales, zero_points, k, n, bits, block_size)
+
+
+def rtn_scales(
+    weight: npt.ArrayLike, *, bits: int = 4, block_size: int = 32, symmetric: bool = True
+) -> tuple[npt.NDArray[np.floating], npt.NDArray[np.uint8] | None]:
+    """The scales and packed zero points (``None`` when symmetric) :func:`quantize_blockwise`
+    gives with :attr:`Method.RTN`, without computing the codes (a streamed save computes each
+    packed input on its own).
+
+    Raises:
+        QuantizationError: As :func:`quantize_blockwise`.
+    """
+    check_settings(bits, block_size)
+    array = _checked_weight(weight)
+    k, n = array.shape
+    n_blocks = -(-k // block_size)
+    scales = np.empty((n, n_blocks), array.dtype)
+    zero_points = None if symmetric else np.empty((n, -(-n_blocks * bits // 8)), np.uint8)
+    step = max(1, _CHUNK_ELEMENTS // k)
+    for start in range(0, n, step):
+        part = array[:, start : start + step]
+        if not np.isfinite(part).all():
+            raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
+        blocks = _blocks(part, block_size)
+        if symmetric:
+            scales[start : start + step] = _symmetric_scales(blocks, bits)
+        else:
+            scales32, zp = _asymmetric_params(blocks, bits)
+            scales[start : start + step] = scales32
+            if zero_points is not None:
+                zero_points[start : start + step] = _pack_zero_points(zp, bits)
+    return scales, zero_points
+
+
+_CHUNK_ELEMENTS = 1 << 22
+"""Weight elements quantized at once (the float64 rounding temporaries are 8 bytes each)."""
+
+
+def _quantize_columns(
+    array: npt.NDArray[np.floating], bits: int, block_size: int, symmetric: bool, method: Method
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.floating], npt.NDArray[np.uint8] | None]:
+    """``B``, scales and zero points (``None`` when symmetric) of some whole columns."""
+    if not np.isfinite(array).all():
+        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
+    k = array.shape[0]
     blocks = _blocks(array, block_size)
-    if chosen is Method.KQUANT:
+    if method is Method.KQUANT:
         codes, scales32, zero_points = _kquant(blocks, bits, symmetric, array.dtype)
-        return PackedWeight(
-            data=_pack_codes(codes, k, bits),
-            scales=scales32.astype(array.dtype),
-            zero_points=None if symmetric else _pack_zero_points(zero_points, bits),
-            k=k,
-            n=n,
-            bits=bits,
-            block_size=block_size,
-        )
-    if symmetric:
-        scales32 = _symmetric_scales(blocks, bits)
-        zero_points = np.full(scales32.shape, 1 << (bits - 1), dtype=np.uint8)
+        scales = scales32.astype(array.dtype)
     else:
-        scales32, zero_points = _asymmetric_params(blocks, bits)
-    scales = scales32.astype(array.dtype)  # codes use the stored (rounded) scale, as the kernel
-    codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
-    return PackedWeight(
-        data=_pack_codes(codes, k, bits),
-        scales=scales,
-        zero_points=None if symmetric else _pack_zero_points(zero_points, bits),
-        k=k,
-        n=n,
-        bits=bits,
-        block_size=block_size,
-    )
+        if symmetric:
+            scales32 = _symmetric_scales(blocks, bits)
+            zero_points = np.full(scales32.shape, 1 << (bits - 1), dtype=np.uint8)
+        else:
+            scales32, zero_points = _asymmetric_params(blocks, bits)
+        scales = scales32.astype(array.dtype)  # codes use the stored (rounded) scale, as the kernel
+        codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
+    packed_zp = None if symmetric else _pack_zero_points(zero_points, bits)
+    return _pack_codes(codes, k, bits), scales, packed_zp
 
 
 def _unpack(packed: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint8]:
