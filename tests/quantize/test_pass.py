@@ -269,6 +269,7 @@ def test_quantizing_twice_is_a_noop_with_a_note(tmp_path):
         ({"block_size": 48}, "block_size=48"),
         ({"accuracy_level": 7}, "accuracy_level=7"),
         ({"bits_for": {"lm_head": 2}}, "bits=2"),
+        ({"method": "gptq"}, "method='gptq'"),
     ],
 )
 def test_bad_options_are_quantization_errors(kwargs, message):
