@@ -114,8 +114,8 @@ def llama(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
-    [{}, {"symmetric": False, "block_size": 64}, {"bits": 8, "method": "kquant"}],
-    ids=["int4", "int4-asym-64", "int8-kquant"],
+    [{"embeddings": True}, {"symmetric": False, "block_size": 64}, {"bits": 8, "method": "kquant"}],
+    ids=["int4-embeddings", "int4-asym-64", "int8-kquant"],
 )
 def test_streamed_quantization_equals_the_in_memory_one(llama, tmp_path, options):
     meta_path, real_path, weights = llama
