@@ -118,7 +118,11 @@ def write_checkpoint(folder: pathlib.Path, specs: list[tuple[str, tuple[int, ...
         offset = 0
         for name, shape in group:
             nbytes = 2 * int(np.prod(shape))
-            header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {
+                "dtype": "F16",
+                "shape": list(shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
             offset += nbytes
         text = json.dumps(header).encode()
         text += b" " * (-len(text) % 8)
@@ -189,7 +193,9 @@ print(json.dumps({"seconds": seconds, "peak": peak_rss(), "before": before,
 """
 
 
-def streamed_save(graph: pathlib.Path, out: pathlib.Path, folder: pathlib.Path, extra: pathlib.Path) -> dict:
+def streamed_save(
+    graph: pathlib.Path, out: pathlib.Path, folder: pathlib.Path, extra: pathlib.Path
+) -> dict:
     """Save ``graph`` with the checkpoint's weights in a fresh process; its figures."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -211,7 +217,9 @@ def _streamed_figures(layers: int, cache: pathlib.Path) -> None:
     folder = cache / f"llama7b-{layers}L-fp16"
     t0 = time.perf_counter()
     total = write_checkpoint(folder, llama_shapes(layers))
-    print(f"checkpoint {folder}: {_gb(total)} fp16 ({time.perf_counter() - t0:.0f} s to write/find)")
+    print(
+        f"checkpoint {folder}: {_gb(total)} fp16 ({time.perf_counter() - t0:.0f} s to write/find)"
+    )
     extra = folder / "extra_buffers.safetensors"
     write_buffers(extra)
     out_dir = cache / "quantized"
@@ -267,11 +275,20 @@ def _builder_figures(layers: int, runs: int) -> None:
     cfg = transformers.LlamaConfig(num_hidden_layers=layers, **SMALL)
     transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
     params = sum(int(np.prod(s)) for _, s in llama_shapes(layers, SMALL))
-    print(f"\nagainst the genai builder: Llama {layers} layers, hidden {SMALL['hidden_size']}, "
-          f"{params / 1e6:.0f} M parameters (fp32 checkpoint), int4 block 32, {runs} runs")
+    print(
+        f"\nagainst the genai builder: Llama {layers} layers, hidden {SMALL['hidden_size']}, "
+        f"{params / 1e6:.0f} M parameters (fp32 checkpoint), int4 block 32, {runs} runs"
+    )
     site = f"{ROOT}:{ROOT / 'tests' / 'site'}"
     env = {**os.environ, "PYTHONPATH": site}
-    irkit_cmd = [sys.executable, "-c", IRKIT_JOB.format(root=str(ROOT)), str(folder), "", str(layers)]
+    irkit_cmd = [
+        sys.executable,
+        "-c",
+        IRKIT_JOB.format(root=str(ROOT)),
+        str(folder),
+        "",
+        str(layers),
+    ]
     times: dict[str, list[float]] = {"irkit": [], "builder": []}
     for run in range(runs):
         for who in ("irkit", "builder") if run % 2 == 0 else ("builder", "irkit"):
@@ -282,15 +299,32 @@ def _builder_figures(layers: int, runs: int) -> None:
                 irkit_cmd[-2] = str(out)
                 times[who].append(_timed_run(irkit_cmd, env))
             else:
-                cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder),
-                       "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(work / "cache")]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "onnxruntime_genai.models.builder",
+                    "-i",
+                    str(folder),
+                    "-o",
+                    str(out),
+                    "-p",
+                    "int4",
+                    "-e",
+                    "cpu",
+                    "-c",
+                    str(work / "cache"),
+                ]
                 times[who].append(_timed_run(cmd, env))
     for who, values in times.items():
-        print(f"  {who:8s} median {statistics.median(values):6.1f} s  (min {min(values):.1f}, "
-              f"max {max(values):.1f})")
+        print(
+            f"  {who:8s} median {statistics.median(values):6.1f} s  (min {min(values):.1f}, "
+            f"max {max(values):.1f})"
+        )
     ratios = [b / i for b, i in zip(times["builder"], times["irkit"], strict=True)]
-    print(f"  ratio builder/irkit: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, "
-          f"max {max(ratios):.2f}; higher is better for irkit)")
+    print(
+        f"  ratio builder/irkit: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, "
+        f"max {max(ratios):.2f}; higher is better for irkit)"
+    )
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -309,7 +309,9 @@ def _gather_site(owner: Owner, node: ir.Node, calls: Calls) -> _Site | str:
     shapes = {tuple(t.shape.numpy()) for t in leaves}
     dtypes = {t.dtype for t in leaves}
     if len(shapes) != 1 or len(dtypes) != 1:
-        return f"the calls of this shared body pass tables of different shapes/dtypes {sorted(shapes)}"
+        return (
+            f"the calls of this shared body pass tables of different shapes/dtypes {sorted(shapes)}"
+        )
     (shape,), (dtype,) = shapes, dtypes
     if len(shape) != 2:
         return f"the table has rank {len(shape)}, GatherBlockQuantized takes a 2-D one here"

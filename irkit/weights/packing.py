@@ -197,7 +197,8 @@ def _codes(
     floor += shifted >= np.float32(0.5)
     top = (1 << bits) - 1
     np.clip(floor, 0, top, out=floor)
-    return floor.astype(np.uint8)
+    codes: npt.NDArray[np.uint8] = floor.astype(np.uint8)
+    return codes
 
 
 def _pack_nibbles(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

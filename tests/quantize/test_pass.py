@@ -368,7 +368,10 @@ def test_tied_embedding_and_lm_head_share_one_packed_initializer(hidden, bits, s
     mnb = next(n for n in model.graph if n.op_type == "MatMulNBits")
     assert gbq.inputs[0].producer().inputs[0] is mnb.inputs[1]  # Reshape of the same bytes
     assert gbq.inputs[2] is mnb.inputs[2]
-    assert [(q.node, q.op_type) for q in report.quantized] == [("embed", "Gather"), ("lm", "MatMul")]
+    assert [(q.node, q.op_type) for q in report.quantized] == [
+        ("embed", "Gather"),
+        ("lm", "MatMul"),
+    ]
     assert report.notes == [
         f"tied 'emb': one packed initializer for GatherBlockQuantized at {bits} bits, "
         f"MatMulNBits at {bits} bits"
