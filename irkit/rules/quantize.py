@@ -612,21 +612,11 @@ def _replace(site: _Site, packed: _Packed, settings: _Settings, bits: int) -> No
     )
 
 
-def _remove_if_unused(owner: Owner, value: ir.Value, calls: Calls) -> bool:
-    """Drop a packed-away weight that nothing uses any more; whether it was dropped."""
+def _remove_if_unused(owner: Owner, value: ir.Value) -> bool:
+    """Drop a packed-away initializer or ``Constant`` that nothing uses any more; whether it
+    was dropped (function inputs: :func:`_remove_function_inputs`)."""
     if value.uses() or (isinstance(owner, ir.Graph) and value.is_graph_output()):
         return False
-    index = _function_input_index(owner, value)
-    if index is not None:
-        assert isinstance(owner, ir.Function)
-        owner.inputs.pop(index)
-        for _, call in calls.of_function(owner):
-            rest = list(call.inputs)
-            del rest[index : index + 1]
-            for i, arg in enumerate(rest):
-                call.replace_input_with(i, arg)
-            call.resize_inputs(len(rest))
-        return True
     if isinstance(owner, ir.Graph) and value.is_initializer() and value.name:
         owner.initializers.pop(value.name)
         return True
@@ -648,15 +638,29 @@ def _remove_dead_transpose(site: _Site) -> None:
 
 
 def _clean_up(packer: _Packer, calls: Calls, report: QuantizeReport) -> None:
-    """Remove the weights nothing reads any more (in callees first, so callers follow)."""
+    """Remove the weights nothing reads any more (in callees first, so callers follow).
+
+    Function inputs are removed a round at a time, all of one function's together: each call's
+    arguments are shifted once per round (onnx-ir replaces one input in O(inputs)), which keeps
+    a 7B model's wide layer-stack calls from costing O(inputs^2) per removed weight.
+    """
     pending = list(packer.replaced)
     changed = True
     while changed:
         changed = False
+        unused: dict[int, tuple[ir.Function, set[int]]] = {}
         for owner, value in list(pending):
-            if _remove_if_unused(owner, value, calls):
-                pending.remove((owner, value))
-                changed = True
+            if value.uses() or (isinstance(owner, ir.Graph) and value.is_graph_output()):
+                continue
+            index = _function_input_index(owner, value)
+            if isinstance(owner, ir.Function) and index is not None:
+                unused.setdefault(id(owner), (owner, set()))[1].add(index)
+            elif not _remove_if_unused(owner, value):
+                continue
+            pending.remove((owner, value))
+            changed = True
+        for function, indices in unused.values():
+            _remove_function_inputs(function, indices, calls)
     for owner, value in pending:
         users = sorted({u.node.op_type for u in value.uses()})
         if users:
@@ -664,6 +668,19 @@ def _clean_up(packer: _Packer, calls: Calls, report: QuantizeReport) -> None:
                 f"{value.name!r} in {owner_name(owner)} is also read by {', '.join(users)}: "
                 "kept beside its packed form"
             )
+
+
+def _remove_function_inputs(function: ir.Function, indices: set[int], calls: Calls) -> None:
+    """Drop ``function``'s inputs at ``indices`` and the matching argument of every call."""
+    for index in sorted(indices, reverse=True):
+        function.inputs.pop(index)
+    first = min(indices)
+    for _, call in calls.of_function(function):
+        rest = [arg for i, arg in enumerate(call.inputs) if i not in indices]
+        for i in range(first, len(rest)):
+            if call.inputs[i] is not rest[i]:
+                call.replace_input_with(i, rest[i])
+        call.resize_inputs(len(rest))
 
 
 def _initializer_bytes(model: ir.Model) -> int:
