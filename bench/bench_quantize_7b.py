@@ -186,7 +186,8 @@ graph, out, folder, extra = sys.argv[1:5]
 model = irkit.load(graph, load_external_data=False)
 before = peak_rss()
 t0 = time.perf_counter()
-irkit.save(model, out, weights=[folder, extra], external_data=True)
+if folder != "-":  # ("-": only the loaded graph's footprint)
+    irkit.save(model, out, weights=[folder, extra], external_data=True)
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": seconds, "peak": peak_rss(), "before": before,
                   "torch": "torch" in sys.modules}))
@@ -194,9 +195,10 @@ print(json.dumps({"seconds": seconds, "peak": peak_rss(), "before": before,
 
 
 def streamed_save(
-    graph: pathlib.Path, out: pathlib.Path, folder: pathlib.Path, extra: pathlib.Path
+    graph: pathlib.Path, out: pathlib.Path, folder: pathlib.Path | str, extra: pathlib.Path
 ) -> dict:
-    """Save ``graph`` with the checkpoint's weights in a fresh process; its figures."""
+    """Save ``graph`` with the checkpoint's weights in a fresh process; its figures (with
+    ``folder`` ``"-"``: only load the graph, for its footprint)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", SAVE, str(graph), str(out), str(folder), str(extra)],

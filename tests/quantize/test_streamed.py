@@ -169,22 +169,20 @@ def test_7b_slice_streamed_int4_save_peak_rss_projects_under_2_gb(tmp_path):
     extra = tmp_path / "buffers.safetensors"
     bench.write_buffers(extra)
     figures = {}
-    for layers in (1, 2):
+    for layers in (1, 2):  # (1 layer: only the loaded graph's footprint, for the slope)
         graph = tmp_path / f"graph{layers}.onnx"
         line = bench.quantized_graph(layers, graph)
         assert line.startswith("quantize: 4 node(s) → MatMulNBits, 2 skipped"), line
         out = tmp_path / f"out{layers}" / "model.onnx"
         out.parent.mkdir()
-        figures[layers] = bench.streamed_save(graph, out, folder, extra)
+        figures[layers] = bench.streamed_save(graph, out, folder if layers == 2 else "-", extra)
         assert not figures[layers]["torch"]
-        # int4 + scales: 7 projections × layers + lm_head, the embedding stays float32
-        q_bytes = (4 * 4096 * 4096 + 3 * 4096 * 11008) * layers + 32000 * 4096
-        expected = q_bytes * (0.5 + 4 / 32) + 32000 * 4096 * 4
-        assert abs(figures[layers]["written"] - expected) < 0.01 * expected, figures[layers]
-        for path in out.parent.iterdir():
-            path.unlink()
+    # int4 + float32 scales: 7 projections × 2 layers + lm_head; the embedding stays float32
+    q_bytes = (4 * 4096 * 4096 + 3 * 4096 * 11008) * 2 + 32000 * 4096
+    expected = q_bytes * (0.5 + 4 / 32) + 32000 * 4096 * 4
+    assert abs(figures[2]["written"] - expected) < 0.01 * expected, figures[2]
     base = {n: f["before"] for n, f in figures.items()}
-    growth = max(f["peak"] - f["before"] for f in figures.values())
+    growth = figures[2]["peak"] - figures[2]["before"]
     projected = base[2] + 30 * max(base[2] - base[1], 0) + growth
     print(json.dumps({"figures": figures, "projected_7b_peak": projected}))
     assert growth < 1.5 * 10**9, figures
