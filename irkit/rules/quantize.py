@@ -930,7 +930,7 @@ def quantize(
         bits_for: Per-module bit widths overriding ``bits`` (first matching glob wins), e.g.
             ``{"lm_head": 8}``.
         method: ``"rtn"`` (round to nearest, onnxruntime's bytes) or ``"kquant"`` (a search
-            of scales with least squares: less reconstruction error, ~20× the packing time);
+            of scales with least squares: less reconstruction error, 25–120× the packing time);
             see :class:`irkit.weights.packing.Method`.
         embeddings: Also turn each embedding ``Gather`` of a constant 2-D float table into
             ``com.microsoft.GatherBlockQuantized`` (same bits, block size and zero points; 4

@@ -25,7 +25,7 @@ llama.cpp's k-quants (``make_qx_quants``): per block it tries a grid of scales a
 (and, asymmetric, of ranges shrunk from each end), refits each candidate's scale by least squares
 for its codes, and keeps the candidate of least squared reconstruction error. RTN is one of the
 candidates, so a block's error is never larger than RTN's (``tests/quantize/test_packing.py``
-measures how much smaller); the layout is the same, it just costs ~20× RTN's time.
+measures how much smaller); the layout is the same, it just costs 25–120× RTN's time.
 
 This module imports nothing from irkit but :mod:`irkit.errors`: it is a leaf of the weights
 floor.
