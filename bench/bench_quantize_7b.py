@@ -267,6 +267,19 @@ def _timed_run(args: list[str], env: dict) -> float:
     return time.perf_counter() - t0
 
 
+def _tokenizer(folder: pathlib.Path, vocab: int) -> None:
+    """A word-level tokenizer built offline (the builder reads one from the folder)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1", eos_token="t2"
+    )
+    fast.save_pretrained(folder)
+
+
 def _builder_figures(layers: int, runs: int) -> None:
     import torch
     import transformers
@@ -276,6 +289,7 @@ def _builder_figures(layers: int, runs: int) -> None:
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(num_hidden_layers=layers, **SMALL)
     transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    _tokenizer(folder, cfg.vocab_size)
     params = sum(int(np.prod(s)) for _, s in llama_shapes(layers, SMALL))
     print(
         f"\nagainst the genai builder: Llama {layers} layers, hidden {SMALL['hidden_size']}, "

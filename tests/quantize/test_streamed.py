@@ -187,3 +187,49 @@ def test_7b_slice_streamed_int4_save_peak_rss_projects_under_2_gb(tmp_path):
     print(json.dumps({"figures": figures, "projected_7b_peak": projected}))
     assert growth < 1.5 * 10**9, figures
     assert projected < RSS_7B_TARGET, (projected, figures)
+
+
+# --- the call `irkit export --precision int4` makes: on the optimized weightless KV-cache model ---
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_export_path_quantizes_the_meta_kv_cache_model_like_the_real_one(tmp_path, target):
+    """``export_causal_lm`` on the meta model, ``irkit.optimize`` (packed QKV and gate/up are
+    derived weights with ``"ort"``), ``irkit.quantize(model, bits=4, embeddings=True)``, saved
+    from the checkpoint: onnxruntime gives exactly the in-memory model's outputs; the tied
+    embedding and lm_head share one packed initializer."""
+    import torch
+    import transformers
+
+    from irkit.llm._causal_lm import causal_lm_feeds, export_causal_lm
+    from irkit.llm._meta import meta_causal_lm
+
+    cfg = transformers.LlamaConfig(**{**CONFIG, "tie_word_embeddings": True})
+    torch.manual_seed(0)
+    real = transformers.LlamaForCausalLM(cfg).eval()
+    real.save_pretrained(tmp_path / "hf")
+
+    def build(module):
+        exported = export_causal_lm(module)
+        model = irkit.lower(
+            exported.program,
+            input_names=exported.input_names,
+            output_names=exported.output_names,
+        )
+        irkit.optimize(model, target=target)
+        report = irkit.QuantizeReport()
+        irkit.quantize(model, bits=4, embeddings=True, report=report)
+        return model, exported, report
+
+    meta = meta_causal_lm(cfg, dtype=torch.float32)
+    weightless, exported, report = build(meta.model)
+    assert report.skipped == [] or target == "onnx"
+    assert "tied 'model.embed_tokens.weight': one packed initializer" in report.notes[-1]
+    streamed = irkit.save(
+        weightless, tmp_path / "m.onnx", weights=[tmp_path / "hf", meta.buffers], external_data=True
+    )
+    in_memory = irkit.save(build(real)[0], tmp_path / "r.onnx", external_data=True)
+    feeds = causal_lm_feeds(real, batch=2, seq=3, past=5, layout=exported.cache)
+    for got, expected in zip(run_ort(streamed, feeds), run_ort(in_memory, feeds), strict=True):
+        np.testing.assert_array_equal(got, expected)
