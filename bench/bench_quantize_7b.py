@@ -153,8 +153,9 @@ def write_buffers(path: pathlib.Path, config: dict = LLAMA2_7B) -> None:
     save_file({"model.rotary_emb.inv_freq": inv.astype(np.float32)}, str(path))
 
 
-def quantized_graph(layers: int, out: pathlib.Path, config: dict = LLAMA2_7B, **options) -> str:
-    """Meta Llama → lower → quantize; the weightless graph saved to ``out``. Returns the report."""
+def quantized_model(layers: int, config: dict = LLAMA2_7B, **options) -> tuple[object, str]:
+    """Meta Llama → export → lower → quantize (int4): the weightless model and the report's
+    first line."""
     import torch
     import transformers
 
@@ -169,8 +170,16 @@ def quantized_graph(layers: int, out: pathlib.Path, config: dict = LLAMA2_7B, **
     model = irkit.lower(ep)
     report = QuantizeReport()
     irkit.quantize(model, bits=4, report=report, **options)
+    return model, str(report).splitlines()[0]
+
+
+def quantized_graph(layers: int, out: pathlib.Path, config: dict = LLAMA2_7B, **options) -> str:
+    """:func:`quantized_model`, its weightless graph saved to ``out``. Returns the report line."""
+    import irkit
+
+    model, line = quantized_model(layers, config, **options)
     irkit.save(model, out)
-    return str(report).splitlines()[0]
+    return line
 
 
 SAVE = """
@@ -241,13 +250,12 @@ def _streamed_figures(layers: int, cache: pathlib.Path) -> None:
 
 
 def _irkit_job(folder: pathlib.Path, out_dir: pathlib.Path, layers: int) -> None:
-    graph = out_dir / "graph.onnx"
-    extra = out_dir / "buffers.safetensors"
-    write_buffers(extra, SMALL)
-    quantized_graph(layers, graph, SMALL)
+    """What a user runs: meta export, lower, quantize, save streamed from the folder."""
     import irkit
 
-    model = irkit.load(graph, load_external_data=False)
+    extra = out_dir / "buffers.safetensors"
+    write_buffers(extra, SMALL)
+    model, _ = quantized_model(layers, SMALL)
     irkit.save(model, out_dir / "model.onnx", weights=[folder, extra], external_data=True)
 
 
