@@ -28,16 +28,19 @@ examples:
   irkit quantize model.onnx -o model.int4.onnx
   irkit quantize model.onnx -o model.int8.onnx --bits 8 --block-size 128
   irkit quantize model.onnx -o out.onnx --exclude lm_head --exclude 'layers.0.*'
+  irkit quantize model.onnx -o out.onnx --embeddings --method kquant
 
 Runs irkit.quantize: every MatMul, FusedMatMul and Gemm whose weight is a constant (directly,
 through a Transpose, or fed to a local function by every call) becomes MatMulNBits; local
-functions stay shared. --accuracy-level defaults to 4 (int8 activations in the kernel, the CPU
+functions stay shared. --embeddings also turns embedding Gathers into GatherBlockQuantized (a
+tied lm_head shares its packed initializer). --method kquant searches scales for less error than
+round-to-nearest (slower to pack). --accuracy-level defaults to 4 (int8 activations in the kernel, the CPU
 choice); 0 computes in float. Prints what was quantized and every MatMul left alone with why.
 The output runs in onnxruntime (CPU, CUDA). The input file is never modified."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    from irkit.weights.packing import BITS, BLOCK_SIZES
+    from irkit.weights.packing import BITS, BLOCK_SIZES, Method
 
     p.add_argument("model", metavar="MODEL", help="the ONNX file to quantize")
     p.add_argument("-o", "--output", required=True, help="where to write the quantized model")
@@ -69,6 +72,17 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         metavar="GLOB",
         help="module path glob (or node name) to keep in float; repeatable",
     )
+    p.add_argument(
+        "--method",
+        choices=[m.value for m in Method],
+        default=Method.RTN.value,
+        help="rtn: round to nearest (onnxruntime's bytes, default); kquant: less error",
+    )
+    p.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="also quantize embedding Gathers (com.microsoft.GatherBlockQuantized)",
+    )
     add_external_data(p)
 
 
@@ -89,6 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         symmetric=not args.asymmetric,
         accuracy_level=args.accuracy_level,
         exclude=args.exclude,
+        method=args.method,
+        embeddings=args.embeddings,
         report=report,
     )
     after = count_nodes(model)

@@ -47,7 +47,8 @@ from irkit.rules._calls import (
     owner_name,
     owners,
 )
-from irkit.weights.packing import PackedWeight, check_settings, quantize_blockwise
+from irkit.weights import has_data, packed_parts, transpose
+from irkit.weights.packing import Method, PackedWeight, check_settings, quantize_blockwise
 
 __all__ = ["quantize", "QuantizeReport", "QuantizedNode", "SkippedNode", "DEFAULT_ACCURACY_LEVEL"]
 
@@ -130,8 +131,11 @@ class QuantizeReport:
 
     def __str__(self) -> str:
         mib = 1 << 20
+        gathers = sum(1 for q in self.quantized if q.op_type == "Gather")
+        also = f", {gathers} Gather → GatherBlockQuantized" if gathers else ""
         lines = [
-            f"quantize: {len(self.quantized)} node(s) → MatMulNBits, {len(self.skipped)} "
+            f"quantize: {len(self.quantized) - gathers} node(s) → MatMulNBits{also}, "
+            f"{len(self.skipped)} "
             f"skipped, {len(self.functions)} function(s) changed, weights "
             f"{self.bytes_before / mib:.2f} → {self.bytes_after / mib:.2f} MiB, "
             f"{self.seconds * 1000:.0f} ms"
@@ -242,7 +246,13 @@ def _constant_tensor(owner: Owner, value: ir.Value) -> ir.TensorProtocol | str:
     ):
         attr = producer.attributes.get("value")
         if attr is not None and attr.type == ir.AttributeType.TENSOR:
-            return attr.as_tensor()
+            tensor = attr.as_tensor()
+            if not has_data(tensor):
+                return (
+                    f"weight is a weightless Constant {producer.name!r}: irkit.save streams "
+                    "only initializers (run irkit.optimize first, it lifts such constants)"
+                )
+            return tensor
     if producer is not None:
         return f"weight is computed by {producer.op_type} {producer.name!r}, not a constant"
     return f"weight {value.name!r} is not a constant"
@@ -283,8 +293,40 @@ def _leaves(
     return tensors
 
 
+def _gather_site(owner: Owner, node: ir.Node, calls: Calls) -> _Site | str:
+    """An embedding ``Gather(E, ids)`` (axis 0, constant 2-D ``E``) as a site: ``E`` is packed
+    as the transposed ``(K, N) = (hidden, vocab)`` weight, the layout ``GatherBlockQuantized``
+    reads (``quantize_axis = 1``) and the one a tied lm_head's ``MatMul(x, Transpose(E))`` packs."""
+    if _int_attr(node, "axis", 0) != 0:
+        return "Gather on an axis other than 0 (GatherBlockQuantized gathers rows here)"
+    data = node.inputs[0] if node.inputs else None
+    ids = node.inputs[1] if len(node.inputs) > 1 else None
+    if data is None or ids is None:
+        return "an input is missing"
+    leaves = _leaves(owner, data, calls)
+    if isinstance(leaves, str):
+        return leaves
+    shapes = {tuple(t.shape.numpy()) for t in leaves}
+    dtypes = {t.dtype for t in leaves}
+    if len(shapes) != 1 or len(dtypes) != 1:
+        return (
+            f"the calls of this shared body pass tables of different shapes/dtypes {sorted(shapes)}"
+        )
+    (shape,), (dtype,) = shapes, dtypes
+    if len(shape) != 2:
+        return f"the table has rank {len(shape)}, GatherBlockQuantized takes a 2-D one here"
+    if dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return f"table dtype {dtype} is not float32/float16"
+    if ids.dtype is not None and ids.dtype not in (ir.DataType.INT32, ir.DataType.INT64):
+        return f"indices of dtype {ids.dtype}, GatherBlockQuantized takes int32/int64"
+    n, k = shape
+    return _Site(owner, node, ids, data, True, None, None, k, n, dtype.numpy())
+
+
 def _site(owner: Owner, node: ir.Node, calls: Calls, block_size: int) -> _Site | str:
     """The node as a site to quantize, or why it is not one."""
+    if node.op_type == "Gather":
+        return _gather_site(owner, node, calls)
     operands = _operands(node)
     if isinstance(operands, str):
         return operands
@@ -324,6 +366,8 @@ class _Settings:
     block_size: int
     symmetric: bool
     accuracy_level: int
+    method: Method
+    embeddings: bool
 
 
 _Packed = tuple[ir.Value, ir.Value, ir.Value | None]
@@ -357,6 +401,8 @@ class _Packer:
         leaves = _leaves(site.owner, site.weight, self.calls)
         assert not isinstance(leaves, str)
         for tensor in leaves:
+            if not has_data(tensor):  # (packed while irkit.save streams the checkpoint)
+                continue
             try:
                 self._pack(tensor, site.transposed, bits)
             except QuantizationError as exc:
@@ -373,8 +419,25 @@ class _Packer:
                 bits=bits,
                 block_size=s.block_size,
                 symmetric=s.symmetric,
+                method=s.method,
             )
         return self.arrays[key]
+
+    def _parts(
+        self, tensor: ir.TensorProtocol, transposed: bool, bits: int
+    ) -> list[ir.TensorProtocol | None]:
+        """The packed data, scales and zero points of a constant: real, or derived recipes
+        over a weightless one (packed per tensor while :func:`irkit.save` streams it)."""
+        if has_data(tensor):
+            packed = self._pack(tensor, transposed, bits)
+            arrays = [packed.data, packed.scales, packed.zero_points]
+            return [None if a is None else ir.Tensor(a) for a in arrays]
+        s = self.settings
+        weight = transpose(tensor, (1, 0)) if transposed else tensor
+        parts = packed_parts(
+            weight, bits=bits, block_size=s.block_size, symmetric=s.symmetric, method=s.method
+        )
+        return list(parts)
 
     def _unique(self, owner: Owner, base: str) -> str:
         names = self.names.get(id(owner))
@@ -389,28 +452,28 @@ class _Packer:
     def _constant(self, owner: Owner, weight: ir.Value, transposed: bool, bits: int) -> _Packed:
         tensor = _constant_tensor(owner, weight)
         assert not isinstance(tensor, str)
-        packed = self._pack(tensor, transposed, bits)
-        arrays = [packed.data, packed.scales, packed.zero_points]
+        parts = self._parts(tensor, transposed, bits)
         suffixes = (f"_Q{bits}", "_scales", "_zero_points")
         base = weight.name or "weight"
         values: list[ir.Value | None] = []
         new_nodes: list[ir.Node] = []
-        for array, suffix in zip(arrays, suffixes, strict=True):
-            if array is None:
+        for part, suffix in zip(parts, suffixes, strict=True):
+            if part is None:
                 values.append(None)
                 continue
             name = self._unique(owner, base + suffix)
+            part.name = name
+            shape = ir.Shape(part.shape.numpy())
             if isinstance(owner, ir.Graph):  # (a main-graph Constant becomes an initializer)
-                tensor = ir.Tensor(array, name=name)
-                value = ir.Value(name=name, const_value=tensor)
-                value.shape, value.type = ir.Shape(array.shape), ir.TensorType(tensor.dtype)
+                value = ir.Value(name=name, const_value=part)
+                value.shape, value.type = shape, ir.TensorType(part.dtype)
                 owner.register_initializer(value)
             else:
-                node = ir.node("Constant", [], {"value": ir.Tensor(array, name=name)})
+                node = ir.node("Constant", [], {"value": part})
                 value = node.outputs[0]
                 value.name = name
-                value.shape = ir.Shape(array.shape)
-                value.type = ir.TensorType(ir.DataType.from_numpy(array.dtype))
+                value.shape = shape
+                value.type = ir.TensorType(part.dtype)
                 new_nodes.append(node)
             values.append(value)
         if new_nodes:
@@ -470,7 +533,60 @@ def _pass_arguments(call: ir.Node, function: ir.Function, args: Sequence[ir.Valu
         call.replace_input_with(total - len(args) + i, arg)
 
 
+def _int64s(owner: Owner, values: Sequence[int], nodes: list[ir.Node]) -> ir.Value:
+    """A ``Constant`` of int64 ``values`` (appended to ``nodes``)."""
+    node = ir.node("Constant", [], {"value": ir.tensor(np.array(values, np.int64))})
+    node.outputs[0].type = ir.TensorType(ir.DataType.INT64)
+    node.outputs[0].shape = ir.Shape([len(values)])
+    nodes.append(node)
+    return node.outputs[0]
+
+
+def _replace_gather(site: _Site, packed: _Packed, settings: _Settings, bits: int) -> None:
+    """``Gather(E, ids)`` → ``GatherBlockQuantized(Reshape(B), ids, scales[, zero_points])``:
+    ``B`` (``[vocab, n_blocks, blob]``, shared with a tied lm_head's MatMulNBits) is read as
+    ``[vocab, n_blocks * blob]``; when ``hidden`` is not a multiple of the block the padded
+    rows are gathered and a ``Slice`` drops the padding (as onnxruntime-genai's builder)."""
+    q, scales, zp = packed
+    old = site.node
+    n_blocks = -(-site.k // settings.block_size)
+    width = n_blocks * settings.block_size * bits // 8
+    nodes: list[ir.Node] = []
+    shape = _int64s(site.owner, [site.n, width], nodes)
+    reshape = ir.node("Reshape", [q, shape])
+    reshape.outputs[0].type = ir.TensorType(ir.DataType.UINT8)
+    reshape.outputs[0].shape = ir.Shape([site.n, width])
+    nodes.append(reshape)
+    inputs = [reshape.outputs[0], site.activation, scales] + ([zp] if zp is not None else [])
+    gather = ir.node(
+        "GatherBlockQuantized",
+        inputs,
+        {"bits": bits, "block_size": settings.block_size, "gather_axis": 0, "quantize_axis": 1},
+        domain=_MS,
+        name=f"{old.name}_Q{bits}" if old.name else None,
+    )
+    nodes.append(gather)
+    result = gather.outputs[0]
+    result.type = old.outputs[0].type
+    if n_blocks * settings.block_size != site.k:
+        ends = [_int64s(site.owner, v, nodes) for v in ([0], [site.k], [-1])]
+        cut = ir.node("Slice", [result, *ends])
+        nodes.append(cut)
+        result = cut.outputs[0]
+        result.type = old.outputs[0].type
+    result.shape = old.outputs[0].shape
+    for node in nodes:
+        node.metadata_props.update(old.metadata_props)
+        node.metadata_props[metadata.REWRITE_RULE] = "Quantize"
+    ir.convenience.replace_nodes_and_values(
+        site.owner, old, [old], nodes, [old.outputs[0]], [result]
+    )
+
+
 def _replace(site: _Site, packed: _Packed, settings: _Settings, bits: int) -> None:
+    if site.node.op_type == "Gather":
+        _replace_gather(site, packed, settings, bits)
+        return
     q, scales, zp = packed
     inputs: list[ir.Value | None] = [site.activation, q, scales, zp, None, site.bias]
     while inputs[-1] is None:
@@ -496,21 +612,11 @@ def _replace(site: _Site, packed: _Packed, settings: _Settings, bits: int) -> No
     )
 
 
-def _remove_if_unused(owner: Owner, value: ir.Value, calls: Calls) -> bool:
-    """Drop a packed-away weight that nothing uses any more; whether it was dropped."""
+def _remove_if_unused(owner: Owner, value: ir.Value) -> bool:
+    """Drop a packed-away initializer or ``Constant`` that nothing uses any more; whether it
+    was dropped (function inputs: :func:`_remove_function_inputs`)."""
     if value.uses() or (isinstance(owner, ir.Graph) and value.is_graph_output()):
         return False
-    index = _function_input_index(owner, value)
-    if index is not None:
-        assert isinstance(owner, ir.Function)
-        owner.inputs.pop(index)
-        for _, call in calls.of_function(owner):
-            rest = list(call.inputs)
-            del rest[index : index + 1]
-            for i, arg in enumerate(rest):
-                call.replace_input_with(i, arg)
-            call.resize_inputs(len(rest))
-        return True
     if isinstance(owner, ir.Graph) and value.is_initializer() and value.name:
         owner.initializers.pop(value.name)
         return True
@@ -532,15 +638,29 @@ def _remove_dead_transpose(site: _Site) -> None:
 
 
 def _clean_up(packer: _Packer, calls: Calls, report: QuantizeReport) -> None:
-    """Remove the weights nothing reads any more (in callees first, so callers follow)."""
+    """Remove the weights nothing reads any more (in callees first, so callers follow).
+
+    Function inputs are removed a round at a time, all of one function's together: each call's
+    arguments are shifted once per round (onnx-ir replaces one input in O(inputs)), which keeps
+    a 7B model's wide layer-stack calls from costing O(inputs^2) per removed weight.
+    """
     pending = list(packer.replaced)
     changed = True
     while changed:
         changed = False
+        unused: dict[int, tuple[ir.Function, set[int]]] = {}
         for owner, value in list(pending):
-            if _remove_if_unused(owner, value, calls):
-                pending.remove((owner, value))
-                changed = True
+            if value.uses() or (isinstance(owner, ir.Graph) and value.is_graph_output()):
+                continue
+            index = _function_input_index(owner, value)
+            if isinstance(owner, ir.Function) and index is not None:
+                unused.setdefault(id(owner), (owner, set()))[1].add(index)
+            elif not _remove_if_unused(owner, value):
+                continue
+            pending.remove((owner, value))
+            changed = True
+        for function, indices in unused.values():
+            _remove_function_inputs(function, indices, calls)
     for owner, value in pending:
         users = sorted({u.node.op_type for u in value.uses()})
         if users:
@@ -548,6 +668,19 @@ def _clean_up(packer: _Packer, calls: Calls, report: QuantizeReport) -> None:
                 f"{value.name!r} in {owner_name(owner)} is also read by {', '.join(users)}: "
                 "kept beside its packed form"
             )
+
+
+def _remove_function_inputs(function: ir.Function, indices: set[int], calls: Calls) -> None:
+    """Drop ``function``'s inputs at ``indices`` and the matching argument of every call."""
+    for index in sorted(indices, reverse=True):
+        function.inputs.pop(index)
+    first = min(indices)
+    for _, call in calls.of_function(function):
+        rest = [arg for i, arg in enumerate(call.inputs) if i not in indices]
+        for i in range(first, len(rest)):
+            if call.inputs[i] is not rest[i]:
+                call.replace_input_with(i, rest[i])
+        call.resize_inputs(len(rest))
 
 
 def _initializer_bytes(model: ir.Model) -> int:
@@ -558,12 +691,17 @@ def _initializer_bytes(model: ir.Model) -> int:
     return total
 
 
-def _candidates(model: ir.Model) -> Iterator[tuple[Owner, ir.Node, bool]]:
-    """Every MatMul-like node: ``(owner, node, directly in the owner's body)``."""
+def _is_gather(node: ir.Node) -> bool:
+    return node.op_type == "Gather" and node.domain in ("", "ai.onnx")
+
+
+def _candidates(model: ir.Model, gathers: bool) -> Iterator[tuple[Owner, ir.Node, bool]]:
+    """Every MatMul-like node (and, with ``gathers``, every ``Gather`` of a constant table):
+    ``(owner, node, directly in the owner's body)``."""
     for owner in owners(model):
         top = owner.graph if isinstance(owner, ir.Function) else owner
         for node in ir.traversal.RecursiveGraphIterator(owner):
-            if _is_candidate(node):
+            if _is_candidate(node) or (gathers and _is_gather(node) and _table_like(node)):
                 yield owner, node, node.graph is top
 
 
@@ -609,12 +747,12 @@ def _choose_bits(instances: Sequence[Instance]) -> int | str:
     return bits
 
 
-def _specialize(model: ir.Model, choice: _Choice, block_size: int) -> list[str]:
+def _specialize(model: ir.Model, choice: _Choice, settings: _Settings) -> list[str]:
     """Copy shared bodies until every quantizable node's calls want one setting (or no level of
     calls can part them)."""
     specializer = Specializer(model)
     for _ in range(_MAX_SPECIALIZE_ROUNDS):
-        if not _specialize_one(model, choice, block_size, specializer):
+        if not _specialize_one(model, choice, settings, specializer):
             break
     calls = Calls.of(model)
     for ident in specializer.key_of_copy:  # a copy whose calls all moved on to later copies
@@ -627,17 +765,17 @@ _MAX_SPECIALIZE_ROUNDS = 1000
 
 
 def _specialize_one(
-    model: ir.Model, choice: _Choice, block_size: int, specializer: Specializer
+    model: ir.Model, choice: _Choice, settings: _Settings, specializer: Specializer
 ) -> bool:
     """Part the instances of the first node that needs it, one level; whether one was found."""
     calls = Calls.of(model)
-    for owner, node, top in _candidates(model):
+    for owner, node, top in _candidates(model, settings.embeddings):
         if not top or not isinstance(owner, ir.Function):
             continue
         instances = _settings_of(owner, node, calls, choice)
         if len({s for _, _, s in instances}) < 2:
             continue
-        quantizable = isinstance(_site(owner, node, calls, block_size), _Site)
+        quantizable = isinstance(_site(owner, node, calls, settings.block_size), _Site)
         if quantizable and specializer.specialize(owner, instances):
             return True
     return False
@@ -652,7 +790,7 @@ def _collect(
 ) -> list[_Chosen]:
     """The sites to quantize (each weight packed already); the others go to the report."""
     sites: list[_Chosen] = []
-    for owner, node, top in list(_candidates(model)):
+    for owner, node, top in list(_candidates(model, packer.settings.embeddings)):
         instances = _settings_of(owner, node, calls, choice)
         shown = tuple(p for _, p, _ in instances if p)
         site = _site(owner, node, calls, packer.settings.block_size) if top else _IN_SUBGRAPH
@@ -672,6 +810,16 @@ def _collect(
 _IN_SUBGRAPH = "inside an If/Loop/Scan body"
 
 
+def _table_like(node: ir.Node) -> bool:
+    """A Gather whose data is a 2-D float table (not shape arithmetic on int64 vectors)."""
+    data = node.inputs[0] if node.inputs else None
+    return (
+        data is not None
+        and data.dtype in (None, ir.DataType.FLOAT, ir.DataType.FLOAT16)
+        and (data.shape is None or len(data.shape) == 2)
+    )
+
+
 def _note_quantized(model: ir.Model, sites: Sequence[_Chosen], result: QuantizeReport) -> None:
     already = sum(
         1
@@ -683,6 +831,31 @@ def _note_quantized(model: ir.Model, sites: Sequence[_Chosen], result: QuantizeR
         result.notes.append(f"the model already holds {already} MatMulNBits node(s)")
     if not sites:
         result.notes.append("nothing was quantized")
+
+
+def _note_tied(sites: Sequence[_Chosen], calls: Calls, result: QuantizeReport) -> None:
+    """Say, for each table both gathered and multiplied by (a tied embedding / lm_head),
+    whether one packed initializer serves both ops (same bits) or each gets its own."""
+    uses: dict[int, tuple[str, set[tuple[str, int]]]] = {}
+    for site, bits, _ in sites:
+        leaves = _leaves(site.owner, site.weight, calls)
+        if isinstance(leaves, str) or not site.transposed:
+            continue
+        kind = "GatherBlockQuantized" if site.node.op_type == "Gather" else _QUANTIZED_OP
+        for tensor in leaves:
+            name = tensor.name or site.weight.name or "?"
+            uses.setdefault(id(tensor), (name, set()))[1].add((kind, bits))
+    for name, kinds in uses.values():
+        if len({k for k, _ in kinds}) < 2:
+            continue
+        shown = ", ".join(f"{k} at {b} bits" for k, b in sorted(kinds))
+        if len({b for _, b in kinds}) == 1:
+            result.notes.append(f"tied {name!r}: one packed initializer for {shown}")
+        else:
+            result.notes.append(
+                f"tied {name!r}: packed once per bit width ({shown}): give both one setting "
+                "to share one initializer"
+            )
 
 
 def _apply(
@@ -733,6 +906,8 @@ def quantize(
     accuracy_level: int | None = None,
     exclude: str | Sequence[str] = (),
     bits_for: Mapping[str, int] | None = None,
+    method: Method | str = Method.RTN,
+    embeddings: bool = False,
     report: QuantizeReport | None = None,
 ) -> ir.Model:
     """Quantize the model's constant matmul weights **in place** into ``com.microsoft.MatMulNBits``.
@@ -754,14 +929,26 @@ def quantize(
             ``"layers.0.*"``. A pattern also covers the modules below the one it names.
         bits_for: Per-module bit widths overriding ``bits`` (first matching glob wins), e.g.
             ``{"lm_head": 8}``.
+        method: ``"rtn"`` (round to nearest, onnxruntime's bytes) or ``"kquant"`` (a search
+            of scales with least squares: less reconstruction error, 25–120× the packing time);
+            see :class:`irkit.weights.packing.Method`.
+        embeddings: Also turn each embedding ``Gather`` of a constant 2-D float table into
+            ``com.microsoft.GatherBlockQuantized`` (same bits, block size and zero points; 4
+            or 8 bits). A table tied to a quantized lm_head (``MatMul(x, Transpose(E))``) with
+            the same bits is packed once: both ops read one initializer.
         report: If given, filled with the :class:`QuantizeReport`.
+
+    On a weightless model (lowered from a ``meta``-device program) the packed weights, scales
+    and zero points are derived tensors (:class:`irkit.weights.Packed` recipes over the
+    checkpoint tensors): :func:`irkit.save` with ``weights=`` packs them one tensor at a time
+    while streaming the shards, to the same bytes as quantizing the real model in memory.
 
     Returns:
         ``model`` itself.
 
     Raises:
-        QuantizationError: Unsupported ``bits``, ``block_size``, ``accuracy_level`` or
-            ``bits_for``.
+        QuantizationError: Unsupported ``bits``, ``block_size``, ``accuracy_level``,
+            ``bits_for`` or ``method``.
 
     Example:
         >>> import numpy as np, onnx_ir as ir
@@ -776,14 +963,15 @@ def quantize(
     patterns = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     overrides = dict(bits_for or {})
     level = _checked_options(bits, block_size, accuracy_level, overrides)
-    settings = _Settings(bits, block_size, symmetric, level)
+    settings = _Settings(bits, block_size, symmetric, level, Method.of(method), embeddings)
     result = QuantizeReport(bytes_before=_initializer_bytes(model))
     choice = _Choice(bits, patterns, overrides)
-    result.notes += _specialize(model, choice, block_size)
+    result.notes += _specialize(model, choice, settings)
     calls = Calls.of(model)
     packer = _Packer(model, calls, settings)
     sites = _collect(model, calls, choice, packer, result)
     _note_quantized(model, sites, result)
+    _note_tied(sites, calls, result)
     _apply(model, sites, packer, result)
     result.functions = sorted(f"{f.domain}::{f.name}" for f in packer.changed_functions.values())
     result.bytes_after = _initializer_bytes(model)

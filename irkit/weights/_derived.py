@@ -41,6 +41,7 @@ from irkit._shapes import reshape_target
 from irkit.errors import WeightsError
 from irkit.metadata import DERIVED_KEY, WEIGHTLESS_KEY
 from irkit.weights._weightless import WeightlessTensor
+from irkit.weights.packing import Method, PackedWeight, quantize_blockwise, rtn_scales
 
 __all__ = [
     "Recipe",
@@ -53,6 +54,8 @@ __all__ = [
     "Mul",
     "Function",
     "Unary",
+    "Packed",
+    "PackedPart",
     "DerivedTensor",
     "transpose",
     "concat",
@@ -60,6 +63,7 @@ __all__ = [
     "reshape",
     "multiply",
     "unary",
+    "packed_parts",
     "as_recipe",
     "has_data",
     "evaluate",
@@ -329,6 +333,89 @@ class Unary(Recipe):
         return {"op": "unary", "function": self.function.value, "source": source}
 
 
+class PackedPart(enum.Enum):
+    """Which of ``MatMulNBits``' packed inputs a :class:`Packed` recipe computes."""
+
+    DATA = "data"
+    SCALES = "scales"
+    ZERO_POINTS = "zero_points"
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed(Recipe):
+    """One part of the block quantization of a ``(K, N)`` weight
+    (:func:`irkit.weights.packing.quantize_blockwise`): the packed codes, the scales or the
+    zero points, laid out as ``MatMulNBits`` reads them. A quantized weight of a weightless model
+    is packed per tensor while :func:`irkit.save` streams the checkpoint."""
+
+    source: Recipe
+    part: PackedPart
+    bits: int
+    block_size: int
+    symmetric: bool
+    method: Method = Method.RTN
+
+    @property
+    def dtype(self) -> ir.DataType:
+        if self.part is PackedPart.SCALES:
+            return self.source.dtype
+        return ir.DataType.UINT8
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        k, n = self.source.shape
+        n_blocks = -(-k // self.block_size)
+        if self.part is PackedPart.DATA:
+            return (n, n_blocks, self.block_size * self.bits // 8)
+        if self.part is PackedPart.SCALES:
+            return (n, n_blocks)
+        return (n, -(-n_blocks * self.bits // 8))
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        if self.method is Method.RTN and self.part is not PackedPart.DATA:  # (no codes needed)
+            scales, zero_points = rtn_scales(
+                args[0], bits=self.bits, block_size=self.block_size, symmetric=self.symmetric
+            )
+            if self.part is PackedPart.SCALES:
+                return scales
+            if zero_points is not None:
+                return zero_points
+            raise WeightsError("a symmetric quantization has no zero_points.")
+        packed = self.pack(args[0])
+        part = {
+            PackedPart.DATA: packed.data,
+            PackedPart.SCALES: packed.scales,
+            PackedPart.ZERO_POINTS: packed.zero_points,
+        }[self.part]
+        if part is None:
+            raise WeightsError(f"a symmetric quantization has no {self.part.value}.")
+        return part
+
+    def pack(self, weight: Array) -> PackedWeight:
+        """The whole quantization of ``weight`` (the source's value) with these settings."""
+        return quantize_blockwise(
+            weight,
+            bits=self.bits,
+            block_size=self.block_size,
+            symmetric=self.symmetric,
+            method=self.method,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": "packed",
+            "part": self.part.value,
+            "bits": self.bits,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "method": self.method.value,
+            "source": self.source.to_json(),
+        }
+
+
 class DerivedTensor(WeightlessTensor):
     """A weightless tensor computed from other tensors by :attr:`recipe` (see the module doc).
 
@@ -483,6 +570,35 @@ def unary(tensor: TensorLike, function: Function) -> ir.TensorProtocol:
     return _make(Unary(as_recipe(tensor), function), [tensor])
 
 
+def packed_parts(
+    weight: TensorLike,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    method: Method = Method.RTN,
+) -> tuple[ir.TensorProtocol, ir.TensorProtocol, ir.TensorProtocol | None]:
+    """``MatMulNBits``' packed data, scales and zero points (``None`` when symmetric) of a
+    ``(K, N)`` weight: real tensors if it has data, else derived ones packed while saving."""
+    source = as_recipe(weight)
+    if len(source.shape) != 2 or source.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        raise WeightsError(
+            f"packed_parts: a (K, N) float32/float16 weight is needed, got "
+            f"{source.dtype.name}{list(source.shape)}."
+        )
+    parts = [PackedPart.DATA, PackedPart.SCALES]
+    if not symmetric:
+        parts.append(PackedPart.ZERO_POINTS)
+    if has_data(weight):
+        packed = Packed(source, PackedPart.DATA, bits, block_size, symmetric, method).pack(
+            evaluate(source, _no_leaf)
+        )
+        zp = None if packed.zero_points is None else ir.Tensor(packed.zero_points)
+        return ir.Tensor(packed.data), ir.Tensor(packed.scales), zp
+    made = [DerivedTensor(Packed(source, p, bits, block_size, symmetric, method)) for p in parts]
+    return made[0], made[1], made[2] if len(made) > 2 else None
+
+
 def recipe_from_json(document: str, where: str) -> Recipe:
     """The recipe stored under :data:`DERIVED_KEY` (``where`` names the initializer).
 
@@ -529,6 +645,15 @@ def _parse(node: dict[str, Any]) -> Recipe:
     if kind == "mul":
         a, b = node["sources"]
         return Mul(_parse(a), _parse(b))
+    if kind == "packed":
+        return Packed(
+            _parse(node["source"]),
+            PackedPart(node["part"]),
+            int(node["bits"]),
+            int(node["block_size"]),
+            bool(node["symmetric"]),
+            Method(node["method"]),
+        )
     raise ValueError(f"unknown recipe op {kind!r}")
 
 

@@ -20,6 +20,13 @@ Symmetric: a block's scale is ``v / -2^(bits-1)`` where ``v`` is its value of la
 ``clamp(round(w / scale + zero_point), 0, 2^bits - 1)``. Arithmetic is float32 as in
 onnxruntime's kernel, and rounding is half away from zero (C ``roundf``).
 
+:attr:`Method.KQUANT` (``method="kquant"``) is a better data-free method in the style of
+llama.cpp's k-quants (``make_qx_quants``): per block it tries a grid of scales around the RTN one
+(and, asymmetric, of ranges shrunk from each end), refits each candidate's scale by least squares
+for its codes, and keeps the candidate of least squared reconstruction error. RTN is one of the
+candidates, so a block's error is never larger than RTN's (``tests/quantize/test_packing.py``
+measures how much smaller); the layout is the same, it just costs 25–120× RTN's time.
+
 This module imports nothing from irkit but :mod:`irkit.errors`: it is a leaf of the weights
 floor.
 """
@@ -27,6 +34,7 @@ floor.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import numpy as np
 import numpy.typing as npt
@@ -36,10 +44,12 @@ from irkit.errors import QuantizationError
 __all__ = [
     "BITS",
     "BLOCK_SIZES",
+    "Method",
     "FLOAT_DTYPES",
     "PackedWeight",
     "check_settings",
     "quantize_blockwise",
+    "rtn_scales",
     "dequantize",
 ]
 
@@ -51,6 +61,30 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 """Weight dtypes that can be packed (the scales keep the weight's dtype, as ``A`` must)."""
+
+
+class Method(enum.Enum):
+    """How codes and scales are chosen (both give ``MatMulNBits``' layout)."""
+
+    RTN = "rtn"
+    """Round to nearest from the block's range: byte-equal to onnxruntime's quantizer."""
+    KQUANT = "kquant"
+    """Search of scales (and ranges) around RTN's, least-squares refit, least error kept."""
+
+    @classmethod
+    def of(cls, method: Method | str) -> Method:
+        """``method`` as a :class:`Method` (its value, e.g. ``"rtn"``, is accepted).
+
+        Raises:
+            QuantizationError: Not a method irkit knows.
+        """
+        try:
+            return method if isinstance(method, Method) else cls(method)
+        except ValueError:
+            known = [m.value for m in cls]
+            raise QuantizationError(
+                f"method={method!r} is not a quantization method: choose one of {known}"
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +188,17 @@ def _codes(
     with np.errstate(divide="ignore"):
         reciprocal = np.where(scales != 0, np.float32(1) / scales, np.float32(0))
     reciprocal = reciprocal.astype(np.float32)
-    shifted = blocks * reciprocal[:, :, None] + zero_points.astype(np.float32)[:, :, None]
+    shifted = blocks * reciprocal[:, :, None]
+    shifted += zero_points.astype(np.float32)[:, :, None]
+    # roundf, then the clamp: for x >= 0, floor(x) + (x - floor(x) >= 0.5), both exact in
+    # float32; a negative x clamps to 0 either way.
+    floor = np.floor(shifted)
+    shifted -= floor
+    floor += shifted >= np.float32(0.5)
     top = (1 << bits) - 1
-    return np.clip(_round_half_away(shifted.astype(np.float32)), 0, top).astype(np.uint8)
+    np.clip(floor, 0, top, out=floor)
+    codes: npt.NDArray[np.uint8] = floor.astype(np.uint8)
+    return codes
 
 
 def _pack_nibbles(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
@@ -205,13 +247,94 @@ def _checked_weight(weight: npt.ArrayLike) -> npt.NDArray[np.floating]:
         )
     if 0 in array.shape:
         raise QuantizationError(f"an empty weight {array.shape} cannot be packed")
-    if not np.isfinite(array).all():
-        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
     return array
 
 
+_KQUANT_STEPS = tuple(0.1 * i for i in range(-9, 10))
+"""Offsets of the symmetric divisor ``2^(bits-1) + step`` tried (as llama.cpp's search)."""
+
+_KQUANT_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7)
+"""Factors the asymmetric range's ends are shrunk by (every pair is tried)."""
+
+
+def _least_squares(
+    blocks: npt.NDArray[np.float32], levels: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """Per block the scale ``s`` minimising ``|w - levels * s|^2`` (0 where the levels are)."""
+    num = (blocks * levels).sum(axis=2)
+    den = (levels * levels).sum(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / den, 0).astype(np.float32)
+
+
+class _Best:
+    """The least-error codes, scales and zero points seen so far, per block."""
+
+    def __init__(self, blocks: npt.NDArray[np.float32], dtype: np.dtype) -> None:
+        self.blocks, self.dtype = blocks, dtype
+        self.error: npt.NDArray[np.float32] | None = None
+        self.codes = np.zeros(blocks.shape, np.uint8)
+        self.scales = np.zeros(blocks.shape[:2], np.float32)
+        self.zero_points = np.zeros(blocks.shape[:2], np.uint8)
+
+    def offer(
+        self,
+        codes: npt.NDArray[np.uint8],
+        scales: npt.NDArray[np.float32],
+        zero_points: npt.NDArray[np.uint8],
+    ) -> None:
+        stored = scales.astype(self.dtype).astype(np.float32)  # (the kernel reads this one)
+        levels = codes.astype(np.float32) - zero_points.astype(np.float32)[:, :, None]
+        error = np.square(self.blocks - levels * stored[:, :, None]).sum(axis=2)
+        better = np.ones(error.shape, bool) if self.error is None else error < self.error
+        self.error = error if self.error is None else np.where(better, error, self.error)
+        self.codes = np.where(better[:, :, None], codes, self.codes)
+        self.scales = np.where(better, stored, self.scales)
+        self.zero_points = np.where(better, zero_points, self.zero_points)
+
+    def offer_refit(self, codes: npt.NDArray[np.uint8], zero_points: npt.NDArray[np.uint8]) -> None:
+        """The codes with their least-squares scale."""
+        levels = codes.astype(np.float32) - zero_points.astype(np.float32)[:, :, None]
+        self.offer(codes, _least_squares(self.blocks, levels), zero_points)
+
+
+def _kquant(
+    blocks: npt.NDArray[np.float32], bits: int, symmetric: bool, dtype: np.dtype
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
+    """Codes, scales and zero points of least squared error over the search (RTN included)."""
+    best = _Best(blocks, dtype)
+    if symmetric:
+        mid = 1 << (bits - 1)
+        zero_points = np.full(blocks.shape[:2], mid, dtype=np.uint8)
+        hi, lo = blocks.max(axis=2), blocks.min(axis=2)
+        extreme = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+        for step in _KQUANT_STEPS:
+            scales = (extreme / np.float32(-(mid + step))).astype(np.float32)
+            stored = scales.astype(dtype).astype(np.float32)
+            codes = _codes(blocks, stored, zero_points, bits)
+            best.offer(codes, scales, zero_points)
+            best.offer_refit(codes, zero_points)
+        return best.codes, best.scales, best.zero_points
+    lo = np.minimum(blocks.min(axis=2), np.float32(0))
+    hi = np.maximum(blocks.max(axis=2), np.float32(0))
+    for a in _KQUANT_SHRINK:
+        for b in _KQUANT_SHRINK:
+            shrunk = np.stack([lo * np.float32(a), hi * np.float32(b)], axis=2)
+            scales, zero_points = _asymmetric_params(shrunk, bits)
+            stored = scales.astype(dtype).astype(np.float32)
+            codes = _codes(blocks, stored, zero_points, bits)
+            best.offer(codes, scales, zero_points)
+            best.offer_refit(codes, zero_points)
+    return best.codes, best.scales, best.zero_points
+
+
 def quantize_blockwise(
-    weight: npt.ArrayLike, *, bits: int = 4, block_size: int = 32, symmetric: bool = True
+    weight: npt.ArrayLike,
+    *,
+    bits: int = 4,
+    block_size: int = 32,
+    symmetric: bool = True,
+    method: Method | str = Method.RTN,
 ) -> PackedWeight:
     """Quantize a ``(K, N)`` weight along ``K`` into ``MatMulNBits``' packed inputs (RTN).
 
@@ -220,6 +343,7 @@ def quantize_blockwise(
         bits: 4 or 8.
         block_size: Rows of ``K`` sharing one scale: 16, 32, 64, 128 or 256.
         symmetric: No zero points (the zero point is the mid code); else per-block zero points.
+        method: :attr:`Method.RTN` (onnxruntime's bytes) or :attr:`Method.KQUANT` (less error).
 
     Returns:
         The packed weight; see the module docstring for the layout.
@@ -236,25 +360,84 @@ def quantize_blockwise(
         True
     """
     check_settings(bits, block_size)
+    chosen = Method.of(method)
     array = _checked_weight(weight)
     k, n = array.shape
+    step = max(1, _CHUNK_ELEMENTS // k)
+    if step >= n:
+        data, scales, zero_points = _quantize_columns(array, bits, block_size, symmetric, chosen)
+    else:  # columns are independent: a chunk at a time bounds the temporaries
+        n_blocks = -(-k // block_size)
+        data = np.empty((n, n_blocks, block_size * bits // 8), np.uint8)
+        scales = np.empty((n, n_blocks), array.dtype)
+        zero_points = None if symmetric else np.empty((n, -(-n_blocks * bits // 8)), np.uint8)
+        for start in range(0, n, step):
+            part = _quantize_columns(
+                array[:, start : start + step], bits, block_size, symmetric, chosen
+            )
+            data[start : start + step], scales[start : start + step] = part[0], part[1]
+            if zero_points is not None and part[2] is not None:
+                zero_points[start : start + step] = part[2]
+    return PackedWeight(data, scales, zero_points, k, n, bits, block_size)
+
+
+def rtn_scales(
+    weight: npt.ArrayLike, *, bits: int = 4, block_size: int = 32, symmetric: bool = True
+) -> tuple[npt.NDArray[np.floating], npt.NDArray[np.uint8] | None]:
+    """The scales and packed zero points (``None`` when symmetric) :func:`quantize_blockwise`
+    gives with :attr:`Method.RTN`, without computing the codes (a streamed save computes each
+    packed input on its own).
+
+    Raises:
+        QuantizationError: As :func:`quantize_blockwise`.
+    """
+    check_settings(bits, block_size)
+    array = _checked_weight(weight)
+    k, n = array.shape
+    n_blocks = -(-k // block_size)
+    scales = np.empty((n, n_blocks), array.dtype)
+    zero_points = None if symmetric else np.empty((n, -(-n_blocks * bits // 8)), np.uint8)
+    step = max(1, _CHUNK_ELEMENTS // k)
+    for start in range(0, n, step):
+        part = array[:, start : start + step]
+        if not np.isfinite(part).all():
+            raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
+        blocks = _blocks(part, block_size)
+        if symmetric:
+            scales[start : start + step] = _symmetric_scales(blocks, bits)
+        else:
+            scales32, zp = _asymmetric_params(blocks, bits)
+            scales[start : start + step] = scales32
+            if zero_points is not None:
+                zero_points[start : start + step] = _pack_zero_points(zp, bits)
+    return scales, zero_points
+
+
+_CHUNK_ELEMENTS = 1 << 22
+"""Weight elements quantized at once (the float64 rounding temporaries are 8 bytes each)."""
+
+
+def _quantize_columns(
+    array: npt.NDArray[np.floating], bits: int, block_size: int, symmetric: bool, method: Method
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.floating], npt.NDArray[np.uint8] | None]:
+    """``B``, scales and zero points (``None`` when symmetric) of some whole columns."""
+    if not np.isfinite(array).all():
+        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
+    k = array.shape[0]
     blocks = _blocks(array, block_size)
-    if symmetric:
-        scales32 = _symmetric_scales(blocks, bits)
-        zero_points = np.full(scales32.shape, 1 << (bits - 1), dtype=np.uint8)
+    if method is Method.KQUANT:
+        codes, scales32, zero_points = _kquant(blocks, bits, symmetric, array.dtype)
+        scales = scales32.astype(array.dtype)
     else:
-        scales32, zero_points = _asymmetric_params(blocks, bits)
-    scales = scales32.astype(array.dtype)  # codes use the stored (rounded) scale, as the kernel
-    codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
-    return PackedWeight(
-        data=_pack_codes(codes, k, bits),
-        scales=scales,
-        zero_points=None if symmetric else _pack_zero_points(zero_points, bits),
-        k=k,
-        n=n,
-        bits=bits,
-        block_size=block_size,
-    )
+        if symmetric:
+            scales32 = _symmetric_scales(blocks, bits)
+            zero_points = np.full(scales32.shape, 1 << (bits - 1), dtype=np.uint8)
+        else:
+            scales32, zero_points = _asymmetric_params(blocks, bits)
+        scales = scales32.astype(array.dtype)  # codes use the stored (rounded) scale, as the kernel
+        codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
+    packed_zp = None if symmetric else _pack_zero_points(zero_points, bits)
+    return _pack_codes(codes, k, bits), scales, packed_zp
 
 
 def _unpack(packed: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint8]:

@@ -52,3 +52,29 @@ def test_cli_usage_errors(tmp_path, capsys):
     )
     assert main(["quantize", str(source), "-o", str(source)]) == 2
     assert "never overwrites its input" in capsys.readouterr().err
+
+
+def test_cli_embeddings_and_kquant(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    (emb,) = support.weights((40, 64))
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"], name="embed"),
+        helper.make_node("Transpose", ["emb"], ["et"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "et"], ["y"], name="lm"),
+    ]
+    model = support.model(nodes, {"ids": (TensorProto.INT64, [2, 3])}, ["y"], {"emb": emb})
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    irkit.save(model, source)
+    argv = [str(source), "-o", str(out), "--embeddings", "--method", "kquant"]
+    assert main(["quantize", *argv, "--accuracy-level", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 node(s) → MatMulNBits, 1 Gather → GatherBlockQuantized, 0 skipped" in printed
+    assert "tied 'emb': one packed initializer" in printed
+    from irkit.weights.packing import Method, dequantize, quantize_blockwise
+
+    table = dequantize(quantize_blockwise(emb.T.copy(), method=Method.KQUANT)).T
+    ids = np.array([[0, 5, 39], [1, 2, 3]], np.int64)
+    (y,) = run_ort(out, [ids])
+    np.testing.assert_allclose(y, table[ids] @ table.T, atol=1e-4)
+    assert main(["quantize", str(source), "-o", str(out), "--method", "gptq"]) == 2

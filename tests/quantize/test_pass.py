@@ -269,6 +269,7 @@ def test_quantizing_twice_is_a_noop_with_a_note(tmp_path):
         ({"block_size": 48}, "block_size=48"),
         ({"accuracy_level": 7}, "accuracy_level=7"),
         ({"bits_for": {"lm_head": 2}}, "bits=2"),
+        ({"method": "gptq"}, "method='gptq'"),
     ],
 )
 def test_bad_options_are_quantization_errors(kwargs, message):
@@ -333,3 +334,80 @@ def test_a_weight_with_nan_is_reported_and_nothing_else_changes_for_it():
         ("nan", "the weight holds inf or NaN values: no finite scale fits them")
     ]
     assert op_histogram(model.graph) == {"MatMul": 1, "com.microsoft::MatMulNBits": 1}
+
+
+def _tied(hidden: int):
+    """``y = Gather(E, ids) @ E^T``: an embedding tied to its lm_head (``MatMul 'lm'``)."""
+    (emb,) = support.weights((40, hidden))
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"], name="embed"),
+        helper.make_node("Transpose", ["emb"], ["et"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "et"], ["y"], name="lm"),
+    ]
+    return support.model(nodes, {"ids": (TensorProto.INT64, [2, 3])}, ["y"], {"emb": emb}), emb
+
+
+IDS = np.array([[0, 5, 39], [1, 2, 3]], np.int64)
+
+
+@pytest.mark.parametrize("hidden", [64, 80], ids=["whole-blocks", "padded"])
+@pytest.mark.parametrize(("bits", "symmetric"), [(4, True), (4, False), (8, True)])
+def test_tied_embedding_and_lm_head_share_one_packed_initializer(hidden, bits, symmetric):
+    model, emb = _tied(hidden)
+    report = irkit.QuantizeReport()
+    irkit.quantize(
+        model, bits=bits, symmetric=symmetric, embeddings=True, accuracy_level=0, report=report
+    )
+    hist = op_histogram(model.graph)
+    assert hist["com.microsoft::GatherBlockQuantized"] == 1
+    assert hist["com.microsoft::MatMulNBits"] == 1 and "Gather" not in hist
+    assert hist.get("Slice", 0) == (hidden % 32 != 0)  # the padded rows are sliced off
+    packed = [f"emb_Q{bits}", "emb_scales"] + ([] if symmetric else ["emb_zero_points"])
+    assert sorted(model.graph.initializers) == sorted(packed)
+    gbq = next(n for n in model.graph if n.op_type == "GatherBlockQuantized")
+    mnb = next(n for n in model.graph if n.op_type == "MatMulNBits")
+    assert gbq.inputs[0].producer().inputs[0] is mnb.inputs[1]  # Reshape of the same bytes
+    assert gbq.inputs[2] is mnb.inputs[2]
+    assert [(q.node, q.op_type) for q in report.quantized] == [
+        ("embed", "Gather"),
+        ("lm", "MatMul"),
+    ]
+    assert report.notes == [
+        f"tied 'emb': one packed initializer for GatherBlockQuantized at {bits} bits, "
+        f"MatMulNBits at {bits} bits"
+    ]
+    (y,) = run_ort(model, [IDS])
+    table = fake_quant(emb.T.copy(), bits=bits, symmetric=symmetric).T
+    np.testing.assert_allclose(y, table[IDS] @ table.T, atol=1e-4)
+
+
+def test_tied_table_at_two_bit_widths_is_packed_twice_and_reported():
+    model, emb = _tied(64)
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, embeddings=True, bits_for={"lm": 8}, accuracy_level=0, report=report)
+    assert sorted(model.graph.initializers) == ["emb_Q4", "emb_Q8", "emb_scales", "emb_scales_1"]
+    assert report.notes == [
+        "tied 'emb': packed once per bit width (GatherBlockQuantized at 4 bits, MatMulNBits at "
+        "8 bits): give both one setting to share one initializer"
+    ]
+    (y,) = run_ort(model, [IDS])
+    t4, t8 = (fake_quant(emb.T.copy(), bits=b).T for b in (4, 8))
+    np.testing.assert_allclose(y, t4[IDS] @ t8.T, atol=1e-4)
+
+
+def test_embeddings_off_by_default_and_excluded_or_odd_gathers_are_reported():
+    model, emb = _tied(64)
+    irkit.quantize(model)
+    assert op_histogram(model.graph)["Gather"] == 1
+    model, _ = _tied(64)
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, embeddings=True, exclude="embed", report=report)
+    assert [(s.node, s.reason) for s in report.skipped] == [("embed", "excluded by exclude=")]
+    assert sorted(model.graph.initializers) == ["emb", "emb_Q4", "emb_scales"]
+    (rows,) = support.weights((40, 64))
+    node = helper.make_node("Gather", ["t", "ids"], ["y"], name="cols", axis=1)
+    model = support.model([node], {"ids": (TensorProto.INT64, [3])}, ["y"], {"t": rows})
+    irkit.quantize(model, embeddings=True, report=report)
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("cols", "Gather on an axis other than 0 (GatherBlockQuantized gathers rows here)")
+    ]
