@@ -144,13 +144,13 @@ def _merged_output(y: ir.Value, hidden: int) -> tuple[list[ir.Node], ir.Value] |
     """``Reshape(Transpose₀₂₁₃(y), [b, s, hidden])``: its nodes and output."""
     if not _single_use(y):
         return fail("Attention output read by more than one node", y)
-    transpose = y.uses()[0].node
+    transpose = next(iter(y.uses())).node
     if not _is(transpose, "Transpose") or _perm(transpose) != _HEADS_FIRST:
         return fail("Attention output not followed by Transpose(perm=[0, 2, 1, 3])", y)
     t = transpose.outputs[0]
     if not _single_use(t):
         return fail("the output Transpose is used elsewhere", t)
-    reshape = t.uses()[0].node
+    reshape = next(iter(t.uses())).node
     out = reshape.outputs[0]
     d = dims(out)
     if not _is(reshape, "Reshape") or d is None or len(d) != 3 or d[2] != hidden:
