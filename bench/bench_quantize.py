@@ -189,25 +189,30 @@ def ratio_line(times: dict, a: str, b: str, case: str) -> str:
 
 
 def accuracy(
-    path: pathlib.Path, reference: pathlib.Path, cases: dict[str, dict[str, np.ndarray]]
+    path: pathlib.Path, reference: pathlib.Path, cases: dict[str, list[dict[str, np.ndarray]]]
 ) -> str:
+    """Against the fp32 model, over every row of logits of each case's feeds."""
     got_s, ref_s = session(path, 2), session(reference, 2)
     cells = []
-    for name, f in cases.items():
-        got = got_s.run(["logits"], feeds_for(got_s, f))[0].reshape(-1, 4000)
-        ref = ref_s.run(["logits"], feeds_for(ref_s, f))[0].reshape(-1, 4000)
+    for name, feeds in cases.items():
+        got = np.concatenate(
+            [got_s.run(["logits"], feeds_for(got_s, f))[0].reshape(-1, 4000) for f in feeds]
+        )
+        ref = np.concatenate(
+            [ref_s.run(["logits"], feeds_for(ref_s, f))[0].reshape(-1, 4000) for f in feeds]
+        )
         cos = float(got.ravel() @ ref.ravel() / np.linalg.norm(got) / np.linalg.norm(ref))
         top1 = float((got.argmax(-1) == ref.argmax(-1)).mean())
         cells.append(f"{name}: max|Δ| {np.abs(got - ref).max():.3f} cos {cos:.5f} top1 {top1:.2f}")
     return "; ".join(cells)
 
 
-def node_counts(path: pathlib.Path, work: pathlib.Path) -> tuple[int, int]:
+def node_counts(path: pathlib.Path, work: pathlib.Path, name: str) -> tuple[int, int]:
     """Nodes in the file (functions inlined) and after onnxruntime's graph optimizations."""
     flat = onnx.inliner.inline_local_functions(onnx.load(str(path)))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    optimized = work / f"{path.stem}.ort_optimized.onnx"
+    optimized = work / f"{name.replace(' ', '_')}.ort_optimized.onnx"
     opts.optimized_model_filepath = str(optimized)
     ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     after = len(onnx.load(str(optimized), load_external_data=False).graph.node)
@@ -215,10 +220,10 @@ def node_counts(path: pathlib.Path, work: pathlib.Path) -> tuple[int, int]:
 
 
 def profile_share(
-    path: pathlib.Path, feeds: dict[str, np.ndarray], work: pathlib.Path, steps: int = 50
+    path: pathlib.Path, feeds: dict[str, np.ndarray], work: pathlib.Path, name: str, steps: int = 50
 ) -> str:
     """Kernel-time share outside matmuls and attention over ``steps`` decode steps (1 thread)."""
-    sess = session(path, 1, profile=str(work / f"prof_{path.stem}"))
+    sess = session(path, 1, profile=str(work / f"prof_{name.replace(' ', '_')}"))
     f = feeds_for(sess, feeds)
     for _ in range(steps):
         sess.run(None, f)
@@ -276,7 +281,8 @@ def run_size(size: str, work: pathlib.Path, rounds: int, threads: list[int]) -> 
                 f"{c:12} {'irkit dyn8 / builder int4':26} "
                 f"{ratio_line(times, 'irkit dyn8', 'builder int4', c)}"
             )
-    accuracy_cases = {c: cases[c] for c in ("prefill@128", "decode@127")}
+    decodes = [causal_lm_feeds(lm, batch=1, seq=1, past=127, seed=100 + i) for i in range(32)]
+    accuracy_cases = {"prefill@128": [cases["prefill@128"]], "32 × decode@127": decodes}
     lines.append("\n### accuracy vs irkit fp32 (logits)")
     for name, path in [("irkit int4 acc0", acc0), *paths.items()]:
         lines.append(f"{name:16} {accuracy(path, fp32, accuracy_cases)}")
@@ -284,10 +290,9 @@ def run_size(size: str, work: pathlib.Path, rounds: int, threads: list[int]) -> 
         "\n### nodes (file, inlined | after onnxruntime's optimizations) and decode@127 kernels"
     )
     for name, path in [("irkit fp32", fp32), *paths.items()]:
-        nodes, optimized = node_counts(path, out)
-        lines.append(
-            f"{name:14} {nodes:4d} | {optimized:4d}   {profile_share(path, cases['decode@127'], out)}"
-        )
+        nodes, optimized = node_counts(path, out, name)
+        share = profile_share(path, cases["decode@127"], out, name)
+        lines.append(f"{name:14} {nodes:4d} | {optimized:4d}   {share}")
     return "\n".join(lines)
 
 

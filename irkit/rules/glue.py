@@ -10,6 +10,14 @@ computed per step from ``Shape`` ops. Opset 23's ``RotaryEmbedding`` and ``Atten
   for dim (an int equal to an int, a symbolic dim equal only to the same name): the shape the
   step computes is then the one ``x`` already has (torch's symbolic shapes, kept by the
   lowering, say so).
+- ``Expand(x, s) = x`` likewise, when the output's known shape is ``x``'s.
+- ``Unsqueeze(Unsqueeze(x, a₁), a₂) = Unsqueeze(x, a)`` (constant axes; ``a`` the final
+  positions of both sets of new dims; the inner output used only by the outer).
+- ``GatherND(m, Concat(Unsqueeze(Expand(i, S), -1), Unsqueeze(Expand(j, S), -1)))`` with
+  ``i = arange(n)`` along axis ``p`` and ``j = arange(k)`` along axis ``q > p`` (every other
+  dim 1): ``y[…, i_p, …, j_q, …] = m[i_p, j_q]``, i.e. ``Unsqueeze(m[:n, :k])`` — how
+  transformers' mask code reads the padding mask (``attention_mask[batch_idx, kv_idx]``). A
+  ``Slice`` is kept on an axis whose length is not provably ``m``'s (by dim name).
 - ``Transpose₀₂₁₃(Reshape(x, [b, s, H, D]))`` → ``Attention`` / ``RotaryEmbedding`` with a
   3-D input and ``H`` heads, and ``Reshape(Transpose₀₂₁₃(Attention(…)), [b, s, H · D])`` →
   the 3-D ``Attention`` output:
@@ -37,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from irkit.rewriting import (
@@ -47,12 +56,20 @@ from irkit.rewriting import (
     RewriteBuilder,
     RewriteContext,
     RuleSet,
+    const_ints,
     dims,
     fail,
     same_dims,
 )
 
-__all__ = ["HeadReshapesIntoAttention", "ShapeKeepingReshape", "rules"]
+__all__ = [
+    "HeadReshapesIntoAttention",
+    "PaddingMaskGather",
+    "ShapeKeepingExpand",
+    "ShapeKeepingReshape",
+    "UnsqueezeUnsqueeze",
+    "rules",
+]
 
 _HEADS_FIRST = [0, 2, 1, 3]
 
@@ -70,12 +87,8 @@ def _perm(node: ir.Node) -> list[int] | None:
     return None if perm is None else list(perm.as_ints())
 
 
-class ShapeKeepingReshape(BaseRule):
-    """``Reshape(x, s) = x`` when the output's known shape is ``x``'s (see the module docstring)."""
-
-    name = "ShapeKeepingReshape"
-    anchors = frozenset({("", "Reshape")})
-    doc = "Reshape to the shape the input already has (symbolic dims by name)"
+class _ShapeKeeping(BaseRule):
+    """``op(x, s) = x`` when the output's known shape is ``x``'s (dims compared by name)."""
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
         x = node.inputs[0] if node.inputs else None
@@ -91,6 +104,163 @@ class ShapeKeepingReshape(BaseRule):
             return fail("input and output dtypes unknown or different", y)
         match = Match([node], [y], {}, ctx.opset)
         return Rewrite(match, [], [x])
+
+
+class ShapeKeepingReshape(_ShapeKeeping):
+    """``Reshape(x, s) = x`` when the output's known shape is ``x``'s (see the module docstring)."""
+
+    name = "ShapeKeepingReshape"
+    anchors = frozenset({("", "Reshape")})
+    doc = "Reshape to the shape the input already has (symbolic dims by name)"
+
+
+class ShapeKeepingExpand(_ShapeKeeping):
+    """``Expand(x, s) = x`` when the output's known shape is ``x``'s."""
+
+    name = "ShapeKeepingExpand"
+    anchors = frozenset({("", "Expand")})
+    doc = "Expand to the shape the input already has (symbolic dims by name)"
+
+
+def _axes(node: ir.Node, rank: int) -> list[int] | None:
+    """The constant, normalized axes of an ``Unsqueeze`` whose output has ``rank`` dims."""
+    axes = const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    if axes is None or any(not -rank <= a < rank for a in axes):
+        return None
+    normalized = sorted(a % rank for a in axes)
+    return normalized if len(set(normalized)) == len(normalized) else None
+
+
+class UnsqueezeUnsqueeze(BaseRule):
+    """``Unsqueeze(Unsqueeze(x, a₁), a₂) = Unsqueeze(x, a)`` (see the module docstring)."""
+
+    name = "UnsqueezeUnsqueeze"
+    anchors = frozenset({("", "Unsqueeze")})
+    min_opset = 13  # (axes as an input)
+    doc = "two Unsqueeze in a row as one"
+
+    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
+        inner_out = node.inputs[0] if node.inputs else None
+        inner = inner_out.producer() if inner_out is not None else None
+        if inner_out is None or inner is None or not _is(inner, "Unsqueeze"):
+            return fail("input is not an Unsqueeze", inner_out)
+        if not _single_use(inner_out):
+            return fail("the inner Unsqueeze is used elsewhere", inner_out)
+        x = inner.inputs[0]
+        mid, out = dims(inner_out), dims(node.outputs[0])
+        if x is None or mid is None or out is None:
+            return fail("ranks unknown", inner_out)
+        outer_axes, inner_axes = _axes(node, len(out)), _axes(inner, len(mid))
+        if outer_axes is None or inner_axes is None:
+            return fail("axes not constant (or invalid)", inner_out)
+        kept = [i for i in range(len(out)) if i not in outer_axes]  # the mid dims' final places
+        merged = sorted([*outer_axes, *(kept[a] for a in inner_axes)])
+        op = RewriteBuilder()
+        y = op.Unsqueeze(x, op.const(np.array(merged, dtype=np.int64)))
+        y.type, y.shape = node.outputs[0].type, node.outputs[0].shape
+        match = Match([node, inner], [node.outputs[0]], {}, ctx.opset)
+        return Rewrite(match, op.nodes, [y])
+
+
+def _arange_axis(value: ir.Value) -> tuple[ir.Value, int] | MatchFailure:
+    """``value`` as ``arange(n)`` along one axis (``Unsqueeze``s of ``Range(0, n, 1)``, the other
+    dims 1): ``n`` and the axis."""
+    d = dims(value)
+    if d is None:
+        return fail("index shape unknown", value)
+    source: ir.Value | None = value
+    producer = value.producer()
+    while source is not None and producer is not None and _is(producer, "Unsqueeze"):
+        source = producer.inputs[0]
+        producer = source.producer() if source is not None else None
+    if source is value or producer is None or not _is(producer, "Range"):
+        return fail("index is not an Unsqueeze of a Range", value)
+    start, limit, delta = (list(producer.inputs) + [None, None, None])[:3]
+    if const_ints(start) != [0] or const_ints(delta) != [1] or limit is None:
+        return fail("the Range does not count 0, 1, 2, …", source)
+    wide = [i for i, n in enumerate(d) if n != 1]
+    if len(wide) != 1:
+        return fail(f"index of shape {list(d)} does not vary along exactly one axis", value)
+    return limit, wide[0]
+
+
+def _index_operand(value: ir.Value | None) -> tuple[ir.Value, list[ir.Node]] | MatchFailure:
+    """``Unsqueeze(Expand(index, S), -1)``: the index and the two nodes."""
+    unsqueeze = value.producer() if value is not None else None
+    if value is None or unsqueeze is None or not _is(unsqueeze, "Unsqueeze"):
+        return fail("GatherND index part is not an Unsqueeze", value)
+    axes = const_ints(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
+    expanded = unsqueeze.inputs[0]
+    expand = expanded.producer() if expanded is not None else None
+    if axes != [-1] or expanded is None or expand is None or not _is(expand, "Expand"):
+        return fail("GatherND index part is not Unsqueeze(Expand(i, S), -1)", value)
+    index = expand.inputs[0]
+    if index is None:
+        return fail("Expand without input", expanded)
+    return index, [unsqueeze, expand]
+
+
+class PaddingMaskGather(BaseRule):
+    """``GatherND`` of a 2-D mask at ``(arange, arange)`` → ``Unsqueeze`` (module docstring)."""
+
+    name = "PaddingMaskGather"
+    anchors = frozenset({("", "GatherND")})
+    doc = "m[arange(n)[:, None…], arange(k)[None…, :]] as Unsqueeze(m[:n, :k])"
+
+    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
+        m, indices = (list(node.inputs) + [None, None])[:2]
+        y = node.outputs[0]
+        dm, dy = dims(m), dims(y)
+        if m is None or indices is None or dm is None or len(dm) != 2 or dy is None:
+            return fail("data is not a 2-D value of known shape (or output shape unknown)", m)
+        if node.attributes.get_int("batch_dims", 0) != 0:
+            return fail("batch_dims != 0", None, node)
+        concat = indices.producer()
+        if concat is None or not _is(concat, "Concat") or len(concat.inputs) != 2:
+            return fail("indices are not a Concat of two index parts", indices)
+        if concat.attributes.get_int("axis", 0) != -1 and concat.attributes.get_int(
+            "axis", 0
+        ) != len(dy):
+            return fail("indices not concatenated on the last axis", indices)
+        parts = [_index_operand(v) for v in concat.inputs]
+        ranges = []
+        nodes: list[ir.Node] = [node, concat]
+        for part in parts:
+            if isinstance(part, MatchFailure):
+                return part
+            found = _arange_axis(part[0])
+            if isinstance(found, MatchFailure):
+                return found
+            ranges.append(found)
+            nodes += part[1]  # (the index chains may be read elsewhere: left to dead-code removal)
+        (n_rows, p), (n_cols, q) = ranges
+        if not p < q:
+            return fail(
+                "the row index does not vary along an earlier axis than the column's", indices
+            )
+        if any(size != 1 for i, size in enumerate(dy) if i not in (p, q)):
+            return fail(f"output shape {list(dy)} broadcasts beyond the two indices", y)
+        op = RewriteBuilder()
+        source = m
+        for axis, (limit, size) in enumerate([(n_rows, dy[p]), (n_cols, dy[q])]):
+            if size is not None and size == dm[axis]:
+                continue  # the whole axis (same dim by name)
+            end = op.Reshape(limit, op.const(np.array([1], dtype=np.int64)))
+            zero, ax = op.const(np.array([0], np.int64)), op.const(np.array([axis], np.int64))
+            source = op.Slice(source, zero, end, ax)
+        others = [i for i in range(len(dy)) if i not in (p, q)]
+        out = op.Unsqueeze(source, op.const(np.array(others, dtype=np.int64)))
+        out.type, out.shape = y.type, y.shape
+        unique = list(dict.fromkeys(nodes))
+        shared = [
+            n for n in unique[1:] if any(u.node not in unique for o in n.outputs for u in o.uses())
+        ]
+        if shared:
+            return fail(
+                f"{shared[0].op_type} {shared[0].name!r} is used outside the gather", indices
+            )
+        match = Match(unique, [y], {}, ctx.opset)
+        return Rewrite(match, op.nodes, [out])
 
 
 @dataclasses.dataclass
@@ -213,5 +383,14 @@ class HeadReshapesIntoAttention(BaseRule):
         return out
 
 
-rules = RuleSet("glue", [ShapeKeepingReshape(), HeadReshapesIntoAttention()])
+rules = RuleSet(
+    "glue",
+    [
+        ShapeKeepingReshape(),
+        ShapeKeepingExpand(),
+        UnsqueezeUnsqueeze(),
+        PaddingMaskGather(),
+        HeadReshapesIntoAttention(),
+    ],
+)
 """The glue rules, in priority order."""

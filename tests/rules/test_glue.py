@@ -116,8 +116,7 @@ def test_projections_of_one_input_are_packed_in_the_onnx_target():
     w0 = rng.standard_normal((6, 8)).astype(np.float32)  # (out, in): used through Transpose
     w1 = rng.standard_normal((8, 4)).astype(np.float32)
     m = util.model(
-        H
-        + "g (float[2, 3, 8] x) => (float[2, 3, 6] a, float[2, 3, 4] b) {\n"
+        H + "g (float[2, 3, 8] x) => (float[2, 3, 6] a, float[2, 3, 4] b) {\n"
         "  w0 = Constant<value=float[6, 8] {"
         + ", ".join(f"{v:.6f}" for v in w0.ravel())
         + "}>()  w1 = Constant<value=float[8, 4] {"
