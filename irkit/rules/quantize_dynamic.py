@@ -1,9 +1,14 @@
 """Dynamic int8: ``MatMul`` with a constant weight → ``com.microsoft.DynamicQuantizeMatMul``.
 
 Identity: ``A @ W ≈ DynamicQuantizeMatMul(A, Wq, s)`` with ``W ≈ Wq · s`` per output column
-(``Wq`` int8, symmetric: ``s = max|W[:, n]| / 127``, ``Wq = clamp(round(W / s), -127, 127)``,
-halves to even as numpy rounds) and ``A`` quantized to uint8 per call by the kernel (its own
-scale and zero point, computed at run time). Unlike ``MatMulNBits`` (weight-only: the product is
+(``Wq`` int8, symmetric: ``s = max|W[:, n]| / L``, ``Wq = clamp(round(W / s), -L, L)``, halves
+to even as numpy rounds) and ``A`` quantized to uint8 per call by the kernel (its own scale and
+zero point, computed at run time). ``L = 64`` by default (``reduce_range``, 7-bit weights):
+onnxruntime's u8×s8 kernels on x86 CPUs without VNNI (AVX2, AVX-512F) add pairs of products in
+16-bit saturating arithmetic, and ``2 · 255 · 127`` overflows it — measured on an AVX2 machine,
+a 64-deep product was off by 1.7 (11% of its range) with ``L = 127`` and by 0.12 with
+``L = 64`` (``2 · 255 · 64 = 32640`` fits). ``reduce_range=False`` (``L = 127``) is for VNNI
+and ARM CPUs. Unlike ``MatMulNBits`` (weight-only: the product is
 computed in float, or with ``accuracy_level=4`` in int8 blocks), every product is an int8 GEMM,
 so a long prompt — compute-bound — gets faster: this is the prefill-fast option. Decode, bound by
 weight bytes, reads 8-bit weights (vs 4 for int4).
@@ -53,16 +58,19 @@ class DynamicQuantizeReport:
         return "\n".join(lines)
 
 
-def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(w: np.ndarray, reduce_range: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(Wq int8 [K, N], scale float32 [N])``, symmetric per column (see the module docstring).
 
-    >>> q, s = quantize_weight(np.array([[1.0, -2.0], [0.5, 4.0]], np.float32))
+    >>> q, s = quantize_weight(np.array([[1.0, -2.0], [0.5, 4.0]], np.float32), False)
     >>> q.tolist(), s.tolist()
     ([[127, -64], [64, 127]], [0.007874015718698502, 0.031496062874794006])
+    >>> quantize_weight(np.array([[1.0, -2.0], [0.5, 4.0]], np.float32))[0].tolist()
+    [[64, -32], [32, 64]]
     """
+    limit = np.float32(64 if reduce_range else 127)
     peak = np.abs(w).max(axis=0).astype(np.float32)
-    scale = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
-    q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    scale = np.where(peak > 0, peak / limit, np.float32(1)).astype(np.float32)
+    q = np.ascontiguousarray(np.clip(np.round(w / scale), -limit, limit).astype(np.int8))
     return q, scale
 
 
@@ -71,11 +79,10 @@ def _owner_name(owner: _Owner) -> str:
 
 
 def _constant(owner: _Owner, value: ir.Value) -> ir.TensorProtocol | str:
-    if isinstance(owner, ir.Graph) and value.is_initializer():
-        if value.is_graph_input():
-            return f"weight {value.name!r} is a graph input (it can be fed at run time)"
-        if value.const_value is not None:
-            return value.const_value
+    if isinstance(owner, ir.Graph) and value.is_graph_input():
+        return f"weight {value.name!r} is a graph input (it can be fed at run time)"
+    if isinstance(owner, ir.Graph) and value.is_initializer() and value.const_value is not None:
+        return value.const_value
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant" and producer.domain == "":
         attr = producer.attributes.get("value")
@@ -117,7 +124,7 @@ def _weight(owner: _Owner, node: ir.Node) -> tuple[np.ndarray, ir.Node | None, i
         array = tensor.numpy()
     except Exception:  # a weightless (meta) tensor has no data to round
         return "weight has no data (a meta-device model): quantize a model with weights"
-    return (array.T if transpose is not None else array), transpose, source
+    return np.ascontiguousarray(array.T if transpose is not None else array), transpose, source
 
 
 def _constant_value(owner: _Owner, name: str, array: np.ndarray, nodes: list[ir.Node]) -> ir.Value:
@@ -155,6 +162,7 @@ def quantize_dynamic(
     model: ir.Model,
     *,
     exclude: Sequence[str] = (),
+    reduce_range: bool = True,
     report: DynamicQuantizeReport | None = None,
 ) -> ir.Model:
     """Dynamic int8 (``DynamicQuantizeMatMul``) for every ``MatMul`` with a constant weight.
@@ -162,6 +170,9 @@ def quantize_dynamic(
     Args:
         model: The model; changed in place.
         exclude: Node names to keep in float (e.g. the ``lm_head`` product's name).
+        reduce_range: 7-bit weights (``|Wq| <= 64``), exact on every x86 CPU; ``False`` for
+            the full int8 range on CPUs with VNNI or ARM dot products (see the module
+            docstring).
         report: Filled with what was taken and what was skipped, with why.
 
     Returns:
@@ -197,7 +208,7 @@ def quantize_dynamic(
                 result.skipped.append((where, node.name or "", found))
                 continue
             w, transpose, source = found
-            q, scale = quantize_weight(w)
+            q, scale = quantize_weight(w, reduce_range)
             base = (node.name or "matmul").replace("/", "_")
             new_constants: list[ir.Node] = []
             wq = _constant_value(owner, _unique(taken, f"{base}_Wq8"), q, new_constants)
