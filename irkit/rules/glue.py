@@ -18,6 +18,11 @@ computed per step from ``Shape`` ops. Opset 23's ``RotaryEmbedding`` and ``Atten
   dim 1): ``y[…, i_p, …, j_q, …] = m[i_p, j_q]``, i.e. ``Unsqueeze(m[:n, :k])`` — how
   transformers' mask code reads the padding mask (``attention_mask[batch_idx, kv_idx]``). A
   ``Slice`` is kept on an axis whose length is not provably ``m``'s (by dim name).
+- ``Slice(u(Concat(a, b, …)), 0, n, axis) = u(a)`` for an elementwise ``u`` (``Cos``, ``Sin``,
+  or none) when the slice takes exactly ``a`` (``n`` = ``a``'s known size along the concat
+  axis, step 1) and ``u``'s output feeds only such slices: the rotary tables
+  ``Cos(Concat(f, f))`` sliced to their first half by every layer (opset 23's
+  ``RotaryEmbedding`` takes the half table) become ``Cos(f)``.
 - ``Transpose₀₂₁₃(Reshape(x, [b, s, H, D]))`` → ``Attention`` / ``RotaryEmbedding`` with a
   3-D input and ``H`` heads, and ``Reshape(Transpose₀₂₁₃(Attention(…)), [b, s, H · D])`` →
   the 3-D ``Attention`` output:
@@ -65,6 +70,7 @@ from irkit.rewriting import (
 __all__ = [
     "HeadReshapesIntoAttention",
     "PaddingMaskGather",
+    "SliceOfConcat",
     "ShapeKeepingExpand",
     "ShapeKeepingReshape",
     "UnsqueezeUnsqueeze",
@@ -263,6 +269,67 @@ class PaddingMaskGather(BaseRule):
         return Rewrite(match, op.nodes, [out])
 
 
+_ELEMENTWISE = frozenset({"Cos", "Sin", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Identity"})
+
+
+class SliceOfConcat(BaseRule):
+    """``Slice(u(Concat(a, …)), 0, len(a), axis) = u(a)`` (see the module docstring)."""
+
+    name = "SliceOfConcat"
+    anchors = frozenset({("", "Slice")})
+    min_opset = 10  # (starts/ends/axes as inputs)
+    doc = "a slice that takes back the first operand of a Concat (through Cos/Sin/…)"
+
+    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
+        inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+        data, starts, ends, axes, steps = inputs[:5]
+        if data is None:
+            return fail("no input", None, node)
+        unary = data.producer()
+        nodes = [node]
+        concat_out = data
+        if unary is not None and unary.domain == "" and unary.op_type in _ELEMENTWISE:
+            if not unary.inputs or unary.inputs[0] is None:
+                return fail("elementwise op without input", data)
+            concat_out = unary.inputs[0]
+        else:
+            unary = None
+        concat = concat_out.producer()
+        if concat is None or not _is(concat, "Concat") or not concat.inputs:
+            return fail("the sliced value is not a Concat (through one elementwise op)", data)
+        first = concat.inputs[0]
+        d, d_first = dims(concat_out), dims(first)
+        if first is None or d is None or d_first is None:
+            return fail("Concat shapes unknown", concat_out)
+        axis = concat.attributes.get_int("axis", 0) % len(d)
+        if (
+            const_ints(starts) != [0]
+            or (steps is not None and const_ints(steps) != [1])
+            or const_ints(ends) != [d_first[axis]]
+            or not isinstance(d_first[axis], int)
+        ):
+            return fail(
+                f"the slice does not take exactly the first operand ({d_first})", node.outputs[0]
+            )
+        slice_axes = [0] if axes is None else const_ints(axes)
+        if slice_axes is None or len(slice_axes) != 1 or slice_axes[0] % len(d) != axis:
+            return fail("the slice is not along the Concat axis", node.outputs[0])
+        if unary is not None and (
+            data.is_graph_output() or any(use.node.op_type != "Slice" for use in data.uses())
+        ):
+            return fail(f"{unary.op_type} output read by more than slices", data)
+        op = RewriteBuilder()
+        out = (
+            first
+            if unary is None
+            else op.node("", unary.op_type, [first], _attributes(unary)).outputs[0]
+        )
+        if unary is not None:
+            out.type, out.shape = node.outputs[0].type, node.outputs[0].shape
+        match = Match(nodes, [node.outputs[0]], {}, ctx.opset)
+        return Rewrite(match, op.nodes, [out])
+
+
 @dataclasses.dataclass
 class _HeadsInput:
     """One Q/K/V input as ``[Rotary](Transpose(Reshape(x)))``: its nodes, ``x``, heads."""
@@ -390,6 +457,7 @@ rules = RuleSet(
         ShapeKeepingExpand(),
         UnsqueezeUnsqueeze(),
         PaddingMaskGather(),
+        SliceOfConcat(),
         HeadReshapesIntoAttention(),
     ],
 )
