@@ -18,8 +18,8 @@ computed per step from ``Shape`` ops. Opset 23's ``RotaryEmbedding`` and ``Atten
   dim 1): ``y[…, i_p, …, j_q, …] = m[i_p, j_q]``, i.e. ``Unsqueeze(m[:n, :k])`` — how
   transformers' mask code reads the padding mask (``attention_mask[batch_idx, kv_idx]``). A
   ``Slice`` is kept on an axis whose length is not provably ``m``'s (by dim name).
-- ``Slice(u(Concat(a, b, …)), 0, n, axis) = u(a)`` for an elementwise ``u`` (``Cos``, ``Sin``,
-  or none) when the slice takes exactly ``a`` (``n`` = ``a``'s known size along the concat
+- ``Slice(u(Concat(a, b, …)), 0, n, axis) = u(a)`` for a unary elementwise ``u`` (``Cos``,
+  ``Sin``, ``Neg``, ``Exp``, ``Sigmoid``, ``Tanh``, ``Relu``, ``Identity``; or none) when the slice takes exactly ``a`` (``n`` = ``a``'s known size along the concat
   axis, step 1) and ``u``'s output feeds only such slices: the rotary tables
   ``Cos(Concat(f, f))`` sliced to their first half by every layer (opset 23's
   ``RotaryEmbedding`` takes the half table) become ``Cos(f)``.
@@ -40,7 +40,9 @@ used only along the chain; the output ``Y`` read only by ``Transpose(perm=[0, 2,
 present key/value outputs are 4-D in both forms and are kept. onnxruntime's CPU kernels compute
 the same numbers either way (they transpose internally).
 
-The family runs after the fusions (see :func:`irkit.rules.default_rules`). Valid in function
+The rules that write ``Unsqueeze``/``Slice`` need opset ≥ 13 (axes as inputs). The family runs after
+the fusions, in the ``"onnx"`` target only (:func:`irkit.rules.onnx_target_rules`: the ``"ort"``
+target's attention fusions take the 4-D form). Valid in function
 bodies; in a model lowered with functions the attention body holds the whole chain, so the
 rewrite happens in the body, once for all layers.
 """
@@ -211,6 +213,7 @@ class PaddingMaskGather(BaseRule):
 
     name = "PaddingMaskGather"
     anchors = frozenset({("", "GatherND")})
+    min_opset = 13  # (Unsqueeze axes as an input)
     doc = "m[arange(n)[:, None…], arange(k)[None…, :]] as Unsqueeze(m[:n, :k])"
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
@@ -277,7 +280,7 @@ class SliceOfConcat(BaseRule):
 
     name = "SliceOfConcat"
     anchors = frozenset({("", "Slice")})
-    min_opset = 10  # (starts/ends/axes as inputs)
+    min_opset = 13  # (starts/ends/axes as inputs from 10; one floor for the family)
     doc = "a slice that takes back the first operand of a Concat (through Cos/Sin/…)"
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
