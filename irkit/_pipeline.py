@@ -171,7 +171,7 @@ def _ort_rules() -> RuleSet:
 
 TARGETS: Mapping[str, Target] = types.MappingProxyType(
     {
-        "onnx": Target("onnx", library.default_rules),
+        "onnx": Target("onnx", library.onnx_target_rules),
         "ort": Target("ort", _ort_rules, across_calls=True),
     }
 )

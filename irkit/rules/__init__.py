@@ -14,6 +14,8 @@ module                        identity
 :mod:`irkit.rules.attention`   decomposed attention (+GQA, KV cache) → ``Attention`` (opset ≥ 23)
 :mod:`irkit.rules.rotary`      rotate-half / interleaved rotary → ``RotaryEmbedding`` (opset ≥ 23)
 :mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
+:mod:`irkit.rules.glue`        shape-keeping ``Reshape`` → ``x``; head reshapes → 3-D ``Attention``
+:mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, gate/up)
 :mod:`irkit.rules.quantize`    constant-weight MatMul/FusedMatMul/Gemm → ``MatMulNBits`` (a pass:
                               :func:`irkit.quantize`, not in any default rule set)
 ============================  ======================================================
@@ -28,7 +30,18 @@ The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported
 from __future__ import annotations
 
 from irkit.rewriting import RuleSet
-from irkit.rules import arith, attention, cleanup, gelu, gemm, layer_norm, rms_norm, rotary
+from irkit.rules import (
+    arith,
+    attention,
+    cleanup,
+    gelu,
+    gemm,
+    glue,
+    layer_norm,
+    packed,
+    rms_norm,
+    rotary,
+)
 
 __all__ = [
     "arith",
@@ -36,11 +49,14 @@ __all__ = [
     "cleanup",
     "gelu",
     "gemm",
+    "glue",
     "layer_norm",
+    "packed",
     "rms_norm",
     "rotary",
     "default_rules",
     "fusion_rules",
+    "onnx_target_rules",
 ]
 
 
@@ -60,5 +76,13 @@ def fusion_rules() -> RuleSet:
 
 
 def default_rules() -> RuleSet:
-    """Cleanup then fusions: what :func:`irkit.optimize` uses for ``target="onnx"``."""
+    """Cleanup then fusions (what the ``"ort"`` target starts from)."""
     return RuleSet("default", [cleanup.rules, fusion_rules(), arith.rules])
+
+
+def onnx_target_rules() -> RuleSet:
+    """What :func:`irkit.optimize` uses for ``target="onnx"``: :func:`default_rules`, then the
+    decode-step glue (:mod:`irkit.rules.glue`) and the packed projections
+    (:mod:`irkit.rules.packed`). The ``"ort"`` target leaves both to its contrib rules (its
+    attention fusions take the 4-D form)."""
+    return RuleSet("onnx", [default_rules(), glue.rules, packed.rules])

@@ -6,6 +6,7 @@ Neutral elements (``0`` / ``1`` stand for a constant tensor whose every element 
 - ``Sub(x, 0) = x``
 - ``Mul(x, 1) = Mul(1, x) = x``
 - ``Div(x, 1) = x``
+- ``And(x, true) = And(true, x) = x``   (torch's masks start from ``new_ones(...)``)
 
 Precondition (all rules): the constant is an initializer or a ``Constant`` output (not a graph
 input, which a caller may override), and broadcasting it against ``x`` leaves ``x``'s shape
@@ -200,6 +201,12 @@ rules = RuleSet(
             op.Div(x, c),
             check=lambda x, c: _is_neutral(x, c, 1),
             rewrite=lambda x: x,
+        ),
+        Rule(  # And(x, true) = And(true, x) = x
+            "AndTrue",
+            op.And(a, b, _commute=False),
+            check=lambda a, b: _either_side(a, b, 1),
+            rewrite=lambda keep: keep,
         ),
     ],
 )

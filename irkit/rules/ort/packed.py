@@ -1,176 +1,19 @@
-"""Projections of one input packed into one ``MatMul`` (Q/K/V, gate/up).
+"""Projections of one input packed into one ``MatMul`` (Q/K/V, gate/up) for ``target="ort"``.
 
-Identity (``x`` read by several matrix products with constant weights ``W₁ … Wₙ`` of shapes
-``(K, Nᵢ)``):
-
-``x @ W₁, …, x @ Wₙ = Split(x @ Concat(W₁, …, Wₙ, axis=1), [N₁ … Nₙ], axis=-1)``
-
-The products are matched as ``MatMul(x, W)``, ``MatMul(x, Transpose(w))`` (torchlib's 3-D
-``linear``) and ``FusedMatMul(x, w, transB=1)``. When every product is followed by the ``Add`` of
-a constant 1-D bias (its only use), the biases are packed too:
-``x @ Wᵢ + bᵢ = Split(x @ Concat(Wᵢ) + Concat(bᵢ))`` — so biased ``Linear`` calls are replaced
-whole. The concatenated weight is built once with :func:`~irkit.rewriting.concat_weights`
-(each weight copied once, into the packed tensor), as a constant the pipeline lifts to an
-initializer; when the weights are weightless (a model lowered on the ``meta`` device) it is a
-derived weightless tensor, concatenated per tensor by ``irkit.save(..., weights=...)``.
-With ``irkit.optimize(target="ort")`` the module calls are opened for the rewrite, so weights
-that were function parameters are initializers here; the re-outlined function takes the packed
-weight as an input passed at each call site.
-
-Preconditions: at least two such products of ``x`` (the anchor among them); each weight a
-2-D constant (initializer or ``Constant``: with data or weightless); same ``K`` and dtype
-(biases: of the weights' dtype); float16/float32; ``x`` of known rank ≥ 2; each ``Transpose``
-used only by its product.
+The rule is :class:`irkit.rules.packed.PackedMatMul` (standard ONNX ops: ``MatMul`` +
+``Split``; it also takes ``FusedMatMul(x, w, transB=1)``); see :mod:`irkit.rules.packed` for the
+identity and preconditions. With ``irkit.optimize(target="ort")`` the module calls are opened
+for the rewrite, so weights that were function parameters are initializers here; the
+re-outlined function takes the packed weight as an input passed at each call site. The ``"ort"``
+rule set runs it before ``FusedMatMul`` (:func:`irkit.rules.ort.contrib_rules`).
 """
 
 from __future__ import annotations
 
-import numpy as np
-import onnx_ir as ir
+from irkit.rewriting import RuleSet
+from irkit.rules.packed import PackedMatMul, weight_tensor
 
-from irkit.rewriting import (
-    BaseRule,
-    Match,
-    MatchFailure,
-    Rewrite,
-    RewriteBuilder,
-    RewriteContext,
-    RuleSet,
-    concat_weights,
-    dims,
-    fail,
-    transpose_weight,
-    weight_constant,
-)
-
-MS = "com.microsoft"
-_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
-
-
-class _Product:
-    """One matched product ``x @ W``: its nodes, the weight value and whether it is ``W.T``."""
-
-    def __init__(self, node: ir.Node, nodes: list[ir.Node], weight: ir.Value, transposed: bool):
-        self.node = node
-        self.nodes = nodes
-        self.weight = weight
-        self.transposed = transposed
-
-
-def _product(node: ir.Node, x: ir.Value) -> _Product | MatchFailure:
-    """``node`` as ``x @ W`` with a constant weight, or why not."""
-    if len(node.inputs) != 2 or node.inputs[0] is not x:
-        return fail("does not multiply the shared input from the left", None, node)
-    w = node.inputs[1]
-    if w is None:
-        return fail("weight absent", None, node)
-    if node.op_type == "MatMul" and node.domain == "":
-        producer = w.producer()
-        if producer is not None and producer.op_type == "Transpose" and producer.domain == "":
-            perm = producer.attributes.get("perm")
-            inner = producer.inputs[0]
-            swapped = inner is not None and (perm is None or list(perm.value) == [1, 0])
-            if not swapped or inner is None or len(w.uses()) != 1:
-                return fail("weight Transpose is not a plain 2-D transpose used once", w)
-            return _Product(node, [node, producer], inner, True)
-        return _Product(node, [node], w, False)
-    if node.op_type == "FusedMatMul" and node.domain == MS:
-        attrs = {k: a.value for k, a in node.attributes.items()}
-        if attrs.get("transA", 0) or attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0):
-            return fail("FusedMatMul transposes its left input", None, node)
-        if attrs.get("alpha", 1.0) != 1.0:
-            return fail("FusedMatMul scales by alpha", None, node)
-        return _Product(node, [node], w, bool(attrs.get("transB", 0)))
-    return fail("not a MatMul / FusedMatMul", None, node)
-
-
-def weight_tensor(w: ir.Value) -> ir.TensorProtocol | MatchFailure:
-    """The tensor of a constant weight (with data, or weightless), or why there is none."""
-    tensor = w.const_value
-    if tensor is None:
-        return fail(f"weight {w.name!r} is not a constant (a function input?)", w)
-    return tensor
-
-
-class PackedMatMul(BaseRule):
-    """``x @ W₁ … x @ Wₙ = Split(x @ Concat(W₁ … Wₙ))``: see the module docstring."""
-
-    name = "PackedMatMul"
-    anchors = frozenset({("", "MatMul"), (MS, "FusedMatMul")})
-    doc = "one MatMul for the projections of one input"
-
-    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
-        x = node.inputs[0] if node.inputs else None
-        if x is None:
-            return fail("no left input", None, node)
-        dx = dims(x)
-        if dx is None or len(dx) < 2:
-            return fail("shared input rank unknown or < 2", x)
-        if x.dtype not in _TYPES:
-            return fail(f"dtype {x.dtype}: packed only for float16/float32", x)
-        products: list[_Product] = []
-        tensors: list[ir.TensorProtocol] = []  # (K, Nᵢ): the weights as the products use them
-        seen: set[ir.Node] = set()
-        for use in x.uses():  # (in the order the uses were made: deterministic)
-            other = use.node
-            if use.idx != 0 or other.graph is not node.graph or other in seen:
-                continue
-            if (other.domain, other.op_type) not in self.anchors:
-                continue
-            seen.add(other)
-            found = _product(other, x)
-            data = found if isinstance(found, MatchFailure) else weight_tensor(found.weight)
-            if not isinstance(data, MatchFailure) and len(data.shape) != 2:
-                data = fail(f"a weight has rank {len(data.shape)}, not 2", x)
-            if isinstance(found, MatchFailure) or isinstance(data, MatchFailure):
-                if other is node:
-                    return found if isinstance(found, MatchFailure) else data  # type: ignore[return-value]
-                continue
-            products.append(found)
-            tensors.append(transpose_weight(data, (1, 0)) if found.transposed else data)
-        if len(products) < 2:
-            return fail("no other product of the same input with a constant weight", x)
-        shapes = [tuple(int(d) for d in t.shape.numpy()) for t in tensors]
-        k = shapes[0][0]
-        if any(
-            s[0] != k or t.dtype != tensors[0].dtype for s, t in zip(shapes, tensors, strict=True)
-        ):
-            return fail("the weights differ in inner size or dtype", products[0].weight)
-        if isinstance(dx[-1], int) and dx[-1] != k:
-            return fail(f"input size {dx[-1]} differs from the weights' {k}", x)
-        biases = [_bias(p.node, s[1]) for p, s in zip(products, shapes, strict=True)]
-        with_bias = all(b is not None and b[1].dtype == tensors[0].dtype for b in biases)
-        packed = concat_weights(tensors, axis=1)  # each weight copied once (or at save time)
-        op = RewriteBuilder()
-        y = op.MatMul(x, weight_constant(op, packed))
-        outputs = [p.node.outputs[0] for p in products]
-        nodes = [n for p in products for n in p.nodes if n is not node]
-        if with_bias:  # x @ Wᵢ + bᵢ: the biases packed too (the Linear calls are replaced whole)
-            packed_bias = concat_weights([b[1] for b in biases if b is not None], axis=0)
-            y = op.Add(y, weight_constant(op, packed_bias))
-            nodes += [b[0] for b in biases if b is not None]
-            outputs = [b[0].outputs[0] for b in biases if b is not None]
-        sizes = op.const(np.array([s[1] for s in shapes], dtype=np.int64))
-        outs = op.Split(y, sizes, axis=-1, _outputs=len(tensors))
-        match = Match([node, *nodes], outputs, {}, ctx.opset)
-        return Rewrite(match, op.nodes, list(outs))
-
-
-def _bias(product: ir.Node, size: int) -> tuple[ir.Node, ir.TensorProtocol] | None:
-    """The ``Add`` of a constant 1-D bias of ``size`` that is the product's only use, if any."""
-    out = product.outputs[0]
-    uses = list(out.uses())
-    if len(uses) != 1 or out.is_graph_output():
-        return None
-    add = uses[0].node
-    if add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2:
-        return None
-    other = add.inputs[1 - uses[0].idx]
-    tensor = None if other is None else other.const_value
-    if tensor is None or tuple(tensor.shape.numpy()) != (size,):
-        return None
-    return add, tensor
-
+__all__ = ["PackedMatMul", "weight_tensor", "rules"]
 
 rules = RuleSet("ort_packed", [PackedMatMul()])
 """The packing rule."""
