@@ -25,6 +25,7 @@ from irkit.weights import (
     weightless_initializers,
     write_external,
 )
+from irkit.weights._writer import WriteProgress
 
 __all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 
@@ -49,6 +50,7 @@ def save(
     override: bool = False,
     max_shard_size: int | str | None = None,
     alignment: int | None = None,
+    progress: WriteProgress | None = None,
 ) -> pathlib.Path:
     """Serialize ``model`` to ``path``, streaming weights from a checkpoint if given.
 
@@ -80,6 +82,8 @@ def save(
             a file of its own.
         alignment: Align the offset of each tensor larger than this many bytes (at least 4096)
             in the data files to a multiple of it, so that runtimes can memory-map them.
+        progress: Called with each external tensor's name and byte count once it is written
+            (a progress display).
 
     Returns:
         The path written.
@@ -141,7 +145,7 @@ def save(
         )
     if external_data is not False:
         data_name = external_data if isinstance(external_data, str) else f"{path.name}.data"
-        _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment)
+        _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment, progress)
     with _swapped(tensors):
         try:
             proto = ir.serde.serialize_model(model)
@@ -171,6 +175,7 @@ def _externalize(
     data_name: str,
     shard_bytes: int | None,
     alignment: int | None,
+    progress: WriteProgress | None = None,
 ) -> None:
     """Write the large tensors to external data; ``tensors`` then maps to the written copies
     (small external tensors are read into memory: they are stored inline)."""
@@ -187,6 +192,7 @@ def _externalize(
         max_shard_size=shard_bytes,
         alignment=alignment,
         align_threshold=max(4096, alignment or 0),  # smaller tensors are packed
+        progress=progress,
     )
     for value, tensor in zip(large, written, strict=True):
         tensors[value] = tensor
