@@ -3,7 +3,8 @@
 One Llama-shaped ``save_pretrained`` folder (hidden 512, 4 layers, 8 heads, 2 KV heads, vocab
 4000, random weights, a local word-level tokenizer) is exported twice, each as a whole process:
 
-- ``irkit``: ``python -m irkit.cli export DIR -o OUT --precision P``
+- ``irkit``: ``python -m irkit.cli export DIR -o OUT --precision P --target T`` (T: ``onnx``,
+  the default, or ``ort``: onnxruntime's contrib ops)
 - ``builder``: ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu``
 
 (both with ``PYTHONPATH=<repo>:<repo>/tests/site``: the torchvision stand-in). Both folders get
@@ -17,7 +18,7 @@ export time (process wall) the same way. Targets: per-token and prefill <= 1.0, 
 ``--profile`` also writes ORT's profile of one more run of each (``session_options``
 ``enable_profiling``) and prints the ten op types with the most time, to see where a ratio goes.
 
-Usage: ``python bench/bench_genai.py [--precision fp32|int4] [--rounds 5] [--export-rounds 5]
+Usage: ``python bench/bench_genai.py [--precision fp32|int4] [--target onnx|ort] [--rounds 5] [--export-rounds 5]
 [--profile] [--workdir DIR]`` (run with ``PYTHONPATH=$PWD:$PWD/tests/site``).
 """
 
@@ -72,12 +73,14 @@ def make_folder(folder: pathlib.Path) -> None:
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    model.save_pretrained(folder)
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1", eos_token="t2"
-    ).save_pretrained(folder)
+    )
+    fast.save_pretrained(folder)
 
 
 def _env() -> dict[str, str]:
@@ -86,10 +89,15 @@ def _env() -> dict[str, str]:
     return env
 
 
-def export_command(kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str) -> list[str]:
+def export_command(
+    kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str = "onnx"
+) -> list[str]:
     """The whole-process export command of ``kind`` (``irkit`` or ``builder``)."""
     if kind == "irkit":
-        return [sys.executable, "-m", "irkit.cli", "export", str(folder), "-o", str(out), "-q"]
+        return [
+            *(sys.executable, "-m", "irkit.cli", "export", str(folder), "-o", str(out), "-q"),
+            *("--precision", precision, "--target", target),
+        ]
     cache = out.parent / f"{out.name}-cache"
     return [
         sys.executable,
@@ -108,13 +116,13 @@ def export_command(kind: str, folder: pathlib.Path, out: pathlib.Path, precision
     ]
 
 
-def run_export(kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str) -> float:
+def run_export(
+    kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str
+) -> float:
     """Export into ``out`` (replaced) and return the process wall time in seconds."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
-    cmd = export_command(kind, folder, out, precision)
-    if kind == "irkit":
-        cmd += ["--precision", precision]
+    cmd = export_command(kind, folder, out, precision, target)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -219,6 +227,7 @@ def report(figures: dict[str, Figures], precision: str, rounds: int) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", choices=("fp32", "int4"), default="fp32")
+    parser.add_argument("--target", choices=("onnx", "ort"), default="onnx", help="irkit's")
     parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
     parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
     parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
@@ -233,11 +242,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not (folder / "config.json").exists():
         make_folder(folder)
     kinds = ("irkit", "builder")
-    outs = {kind: work / f"{kind}-{args.precision}" for kind in kinds}
+    outs = {
+        "irkit": work / f"irkit-{args.precision}-{args.target}",
+        "builder": work / f"builder-{args.precision}",
+    }
     figures = {kind: Figures() for kind in kinds}
     for i in range(args.export_rounds):
         for kind in kinds if i % 2 == 0 else kinds[::-1]:
-            wall = run_export(kind, folder, outs[kind], args.precision)
+            wall = run_export(kind, folder, outs[kind], args.precision, args.target)
             figures[kind].export.append(wall)
             print(f"export {i + 1}/{args.export_rounds} {kind}: {wall:.1f} s", flush=True)
     for out in outs.values():
@@ -251,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             prefill, per_token = timed_generation(models[kind], prompt)
             figures[kind].prefill.append(prefill)
             figures[kind].per_token.append(per_token)
-    print(report(figures, args.precision, args.rounds), flush=True)
+    print(report(figures, f"{args.precision}, irkit --target {args.target}", args.rounds))
     if args.profile:
         del models
         for kind in kinds:
