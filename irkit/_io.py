@@ -8,7 +8,7 @@ import os
 import pathlib
 import shlex
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import onnx
 import onnx_ir as ir
@@ -25,7 +25,6 @@ from irkit.weights import (
     weightless_initializers,
     write_external,
 )
-from irkit.weights._writer import WriteProgress
 
 __all__ = ["save", "load", "check", "check_external_data", "EXTERNAL_DATA_THRESHOLD_BYTES"]
 
@@ -50,7 +49,7 @@ def save(
     override: bool = False,
     max_shard_size: int | str | None = None,
     alignment: int | None = None,
-    progress: WriteProgress | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> pathlib.Path:
     """Serialize ``model`` to ``path``, streaming weights from a checkpoint if given.
 
@@ -175,7 +174,7 @@ def _externalize(
     data_name: str,
     shard_bytes: int | None,
     alignment: int | None,
-    progress: WriteProgress | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> None:
     """Write the large tensors to external data; ``tensors`` then maps to the written copies
     (small external tensors are read into memory: they are stored inline)."""

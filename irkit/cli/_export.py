@@ -77,8 +77,7 @@ def _export(args: argparse.Namespace) -> int:
     _check_extra()
     if args.max_length is not None and args.max_length < 2:
         raise CommandLineError(f"--max-length {args.max_length}: must be 2 or more")
-    from irkit.llm import export
-    from irkit.llm._progress import Progress
+    from irkit.llm import Progress, export
 
     progress = Progress(sys.stderr, quiet=args.quiet)
     result = export(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib
 import json
 import os
 import pathlib
@@ -148,14 +149,16 @@ def _to_fp16(model: Any) -> Any:
     are then converted to fp16 while streamed from the shards (``irkit.save`` converts a
     checkpoint's float dtype to the initializer's), and the fp16 fusions are ``irkit.optimize``'s.
     """
+    # importlib until helper half's module lands (a static import of a missing module reads as
+    # an import of irkit.llm itself: a cycle for the import linter); then a plain import.
     try:
-        from irkit.llm import _precision  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as exc:
+        to_fp16 = importlib.import_module("irkit.llm._precision").to_fp16
+    except (ImportError, AttributeError) as exc:
         raise LoweringOptionsError(
             "export: precision 'fp16' needs irkit.llm._precision.to_fp16, which this build "
             "of irkit lacks; export fp32 (or int4/int8)"
         ) from exc
-    return _precision.to_fp16(model)
+    return to_fp16(model)
 
 
 def _quantize(model: Any, precision: str, say: Callable[[str], None]) -> None:
