@@ -7,10 +7,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import onnx_ir as ir
 
-__all__ = ["fresh_name", "node_subgraphs", "nested_subgraphs", "const_tensor"]
+__all__ = [
+    "fresh_name",
+    "node_subgraphs",
+    "nested_subgraphs",
+    "const_tensor",
+    "node_attributes",
+]
 
 
 def fresh_name(base: str, taken: set[str], *, sep: str = "_", keep: bool = True) -> str:
@@ -63,3 +70,13 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     if producer is None or producer.op_type != "Constant" or producer.domain != "":
         return None
     return ir.convenience.get_const_tensor(value)
+
+
+def node_attributes(node: ir.Node) -> dict[str, Any]:
+    """``node``'s attributes as ``{name: value}``, e.g. to carry them onto a replacement node.
+
+    Example:
+        >>> node_attributes(ir.node("Softmax", [ir.val("x")], {"axis": -1}))
+        {'axis': -1}
+    """
+    return {a.name: a.value for a in node.attributes.values()}

@@ -5,7 +5,8 @@ Two tools, for two situations:
 
 - :func:`infer_shapes` runs ONNX shape inference over a model that comes without shapes (other
   exporters' files), before optimizing it.
-- :func:`known_dims` and the helpers under it (:func:`reshape_target`, :func:`unsqueezed`,
+- :func:`known_dims` (and :func:`known_rank`, :func:`shape_length` where only the rank is
+  known) and the helpers under it (:func:`reshape_target`, :func:`unsqueezed`,
   :func:`squeezed`, :func:`transposed`, :func:`broadcast`, :func:`output_dims`) answer for one
   value where ONNX's inference does not reach: values inside function bodies (a body's input
   shapes differ per call site) and the values torchlib's own expansions compute. Rules, viz's
@@ -35,6 +36,8 @@ __all__ = [
     "unknown_shape_fraction",
     "value_dims",
     "known_dims",
+    "known_rank",
+    "shape_length",
     "output_dims",
     "reshape_target",
     "unsqueezed",
@@ -153,6 +156,67 @@ def known_dims(value: ir.Value | None, depth: int = 8) -> Dims | None:
     if node is None or value.index() != 0:
         return None
     return output_dims(node, lambda v: known_dims(v, depth - 1))
+
+
+def known_rank(value: ir.Value | None, depth: int = 8) -> int | None:
+    """The rank of ``value``: the length of :func:`known_dims`, else what a ``Reshape`` or
+    ``Expand`` producing it says through the length of its computed target shape
+    (:func:`shape_length`), following up to ``depth`` producers.
+
+    Example:
+        >>> x = ir.val("x", ir.DataType.FLOAT, ["B", 8])
+        >>> target = ir.node("Concat", [ir.node("Shape", [x]).outputs[0]] * 2, {"axis": 0})
+        >>> known_rank(ir.node("Reshape", [x, target.outputs[0]]).outputs[0])
+        4
+    """
+    dims = known_dims(value, depth)
+    if dims is not None:
+        return len(dims)
+    if value is None or depth <= 0:
+        return None
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return None
+    if node.op_type == "Reshape":
+        return shape_length(node.inputs[1], depth - 1)
+    if node.op_type == "Expand":
+        target, source = (
+            shape_length(node.inputs[1], depth - 1),
+            known_rank(node.inputs[0], depth - 1),
+        )
+        return None if target is None or source is None else max(target, source)
+    return None
+
+
+def shape_length(value: ir.Value | None, depth: int = 8) -> int | None:
+    """The number of elements of a 1-D shape tensor: a constant, a ``Shape`` (of a value of
+    :func:`known_rank`, with its ``start``/``end``) or a ``Concat`` of those.
+
+    Example:
+        >>> x = ir.val("x", ir.DataType.FLOAT, ["B", "S", 8])
+        >>> shape_length(ir.node("Shape", [x], {"start": 1}).outputs[0])
+        2
+    """
+    if value is None or depth <= 0:
+        return None
+    tensor = const_tensor(value)
+    if tensor is not None:
+        return math.prod(int(d) for d in tensor.shape.numpy())
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Concat":
+        parts = [shape_length(i, depth - 1) for i in node.inputs]
+        return None if None in parts else sum(p for p in parts if p is not None)
+    if node.op_type == "Shape":
+        rank = known_rank(node.inputs[0], depth - 1)
+        if rank is None:
+            return None
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", rank)
+        start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else end)
+        return max(0, min(end, rank) - max(start, 0))
+    return None
 
 
 _ELEMENTWISE = frozenset(

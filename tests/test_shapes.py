@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from irkit._shapes import (
     broadcast,
     known_dims,
+    known_rank,
     reshape_target,
+    shape_length,
     squeezed,
     transposed,
     unsqueezed,
@@ -196,3 +198,37 @@ def test_known_dims_squeezes_and_stops_at_its_depth():
     for _ in range(10):
         chain = _out("Relu", [chain])
     assert known_dims(chain) is None and known_dims(chain, depth=10) == ("B", "S", 64)
+
+
+# --- known_rank and shape_length: the rank where only a computed target shape says it -----------
+
+_SHAPE = _out("Shape", [X])
+_HEADS = _out("Shape", [X], start=1, end=2)
+RANKS = [
+    ("its dims", X, 3),
+    ("Reshape to Shape(x)", _out("Reshape", [ir.Value(name="u"), _SHAPE]), 3),
+    (
+        "Reshape to Concat(Shape(x), Shape(x)[1:2], [-1])",
+        _out(
+            "Reshape", [ir.Value(name="u"), _out("Concat", [_SHAPE, _HEADS, _const([-1])], axis=0)]
+        ),
+        5,
+    ),
+    ("Expand of a known rank", _out("Expand", [X, _out("Shape", [X], start=-2)]), 3),
+    ("Expand of an unknown rank", _out("Expand", [ir.Value(name="u"), _SHAPE]), None),
+    ("Reshape to a free value", _out("Reshape", [X, ir.Value(name="s")]), None),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), [c[1:] for c in RANKS], ids=[c[0] for c in RANKS])
+def test_known_rank(value, expected):
+    assert known_rank(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"), [(0, None, 3), (1, 2, 1), (-2, None, 2), (2, 1, 0), (-9, 9, 3)]
+)
+def test_shape_length_of_a_shape_slice_is_numpy_s(start, end, expected):
+    attributes = {"start": start} if end is None else {"start": start, "end": end}
+    assert shape_length(_out("Shape", [X], **attributes)) == expected
+    assert expected == len(np.zeros((2, 3, 4)).shape[start:end])

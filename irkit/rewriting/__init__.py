@@ -9,7 +9,7 @@ See ``docs/rules.md`` for a worked example.
 
 Everything a rule author needs is imported from here — the pattern language, :class:`Rule`,
 :func:`fail`, :class:`Const` and the check helpers (:func:`dims`, :func:`known_dims`,
-:func:`scalar`, :func:`reduced_axis` …), and the helpers that make a weight from weights
+:func:`scalar`, :func:`reduced_axis`, :func:`matches` …), and the helpers that make a weight from weights
 (:func:`transpose_weight`, :func:`concat_weights`, :func:`cast_weight`, :func:`reshape_weight`,
 :func:`multiply_weight`, :func:`weight_constant`): they return a real tensor when the inputs
 have data and a :class:`DerivedTensor` (computed at save time) when some are weightless. The
@@ -33,7 +33,7 @@ from irkit.rewriting._checks import (
     scalar,
     static_shape,
 )
-from irkit.rewriting._match import Match, MatchFailure, const_tensor, const_value, fail
+from irkit.rewriting._match import Match, MatchFailure, const_tensor, const_value, fail, matches
 from irkit.rewriting._module_rule import ModuleCall, ModuleRule
 from irkit.rewriting._optimize import cse, optimize_with
 from irkit.rewriting._pattern import Const, Pattern, attr, either, op, optional, var
@@ -78,6 +78,7 @@ __all__ = [
     "Match",
     "MatchFailure",
     "fail",
+    "matches",
     "const_value",
     "const_tensor",
     "Pattern",

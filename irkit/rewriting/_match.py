@@ -34,7 +34,15 @@ from irkit.rewriting._pattern import (
     root_nodes,
 )
 
-__all__ = ["MatchFailure", "Match", "Matcher", "fail", "const_value", "const_tensor"]
+__all__ = [
+    "MatchFailure",
+    "Match",
+    "Matcher",
+    "fail",
+    "matches",
+    "const_value",
+    "const_tensor",
+]
 
 _UNBOUND = object()
 MAX_SOLUTIONS = 16
@@ -205,6 +213,18 @@ class Matcher:
         if count == 0:
             yield st.failure if st.failure is not None else MatchFailure("no match", None, node)
 
+    def match_value(
+        self, value: ir.Value | None, opset: int, bindings: dict[str, Any]
+    ) -> dict[str, Any] | MatchFailure:
+        """The first way the (single-output) pattern matches ``value`` given ``bindings``:
+        all bindings then, or why it does not match. Nothing is validated about uses (the
+        nodes are looked at, not replaced)."""
+        st = _State(opset)
+        st.bindings.update(bindings)
+        for _ in self._match_value(self.outputs[0], value, st):
+            return dict(st.bindings)
+        return st.failure if st.failure is not None else MatchFailure("no match", value)
+
     # --- roots beyond the anchor (multi-output patterns) ----------------------------------
     def _match_roots(self, i: int, st: _State) -> Iterator[None]:
         if i == len(self.roots):
@@ -267,15 +287,7 @@ class Matcher:
             else:
                 st.fail(f"expected constant {p}", v)
         elif kind is Either:
-            for alt in p.alternatives:  # type: ignore[union-attr]
-                added = [n for n in self._vars[id(p)] if n not in st.bindings]
-                for _ in self._match_value(alt, v, st):
-                    missing = [n for n in added if n not in st.bindings]
-                    for n in missing:
-                        st.bindings[n] = None
-                    yield
-                    for n in missing:
-                        del st.bindings[n]
+            yield from self._match_either(p, v, st)  # type: ignore[arg-type]
         elif kind is OptionalInput:
             if v is None:
                 new = [n for n in self._vars[id(p)] if n not in st.bindings]
@@ -293,6 +305,26 @@ class Matcher:
                 st.fail("expected an absent input", v)
         else:  # pragma: no cover - patterns are validated at definition time
             raise AssertionError(f"unknown pattern {p!r}")
+
+    def _match_either(self, p: Either, v: ir.Value | None, st: _State) -> Iterator[None]:
+        """Each alternative in turn; binds ``p.tag`` to its index and the variables of the
+        other alternatives to ``None``."""
+        for index, alt in enumerate(p.alternatives):
+            added = [n for n in self._vars[id(p)] if n not in st.bindings]
+            if p.tag is not None:
+                if p.tag in st.bindings and st.bindings[p.tag] != index:
+                    st.fail(f"tag {p.tag!r} chose alternative {st.bindings[p.tag]}", v)
+                    continue
+                st.bindings[p.tag] = index
+            for _ in self._match_value(alt, v, st):
+                missing = [n for n in added if n not in st.bindings]
+                for n in missing:
+                    st.bindings[n] = None
+                yield
+                for n in missing:
+                    del st.bindings[n]
+            if p.tag is not None and p.tag in added:
+                del st.bindings[p.tag]
 
     @staticmethod
     def _const_ok(p: Const, v: ir.Value | None) -> bool:
@@ -336,6 +368,16 @@ class Matcher:
         added = self._match_attributes(p, node, st)
         if added is None:
             return
+        if p.name is not None:
+            bound = st.bindings.get(p.name, _UNBOUND)
+            if bound is _UNBOUND:
+                st.bindings[p.name] = node.outputs[0]
+                added.append(p.name)
+            elif bound is not node.outputs[0]:
+                st.fail(f"variable {p.name!r} bound to two different values", node.outputs[0])
+                for n in added:
+                    del st.bindings[n]
+                return
         inputs = list(node.inputs)
         while inputs and inputs[-1] is None:
             inputs.pop()
@@ -426,6 +468,37 @@ class Matcher:
                             st.depth,
                         )
         return Match(nodes, outputs, dict(st.bindings), st.opset)
+
+
+def matches(
+    pattern: Pattern, value: ir.Value | None, opset: int, **bindings: Any
+) -> dict[str, Any] | MatchFailure:
+    """Whether ``value`` looks like ``pattern``: a pattern in a check, for what the rule's match
+    leaves outside (a value whose producers must stay, such as a repeated key other nodes use).
+
+    Args:
+        pattern: An op pattern (or an :func:`~irkit.rewriting.either` of them).
+        value: The value to look at; its producers are looked at, never changed.
+        opset: The graph's ONNX opset (``match.opset``), for attributes' schema defaults.
+        **bindings: Variables already known (the rule's own bindings): the pattern must agree.
+
+    Returns:
+        The bindings of the first match (``bindings`` included), or the :class:`MatchFailure`
+        of the nearest miss.
+
+    Raises:
+        RuleDefinitionError: ``pattern`` is not produced by an op.
+
+    Example:
+        >>> from irkit.rewriting._pattern import op, var
+        >>> x = ir.val("x", ir.DataType.FLOAT, [2])
+        >>> y = ir.node("Neg", [ir.node("Relu", [x]).outputs[0]]).outputs[0]
+        >>> matches(op.Neg(op.Relu(var("a"))), y, 18, a=x)["a"] is x
+        True
+        >>> matches(op.Neg(op.Sigmoid(var("a"))), y, 18).reason
+        'expected Sigmoid, found Relu'
+    """
+    return Matcher([pattern]).match_value(value, opset, bindings)
 
 
 def _qualified(node: ir.Node) -> str:

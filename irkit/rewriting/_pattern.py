@@ -2,7 +2,8 @@
 
 A pattern is a small expression tree written with the op builder :data:`op`, over *pattern
 variables* (:func:`var`), constants (:class:`Const`, or plain Python numbers), alternatives
-(:func:`either`) and optional inputs (:func:`optional`):
+(:func:`either`, which can bind the index of the alternative that matched) and optional inputs
+(:func:`optional`):
 
 >>> x = var("x")
 >>> print(op.Mul(x, op.Sigmoid(x)))
@@ -177,16 +178,30 @@ class Either(Pattern):
     """Alternatives: the first alternative that matches wins (later ones are tried on backtrack).
 
     Variables bound only in some alternatives are bound to ``None`` when another one matched.
+
+    Attributes:
+        alternatives: The patterns, in the order they are tried.
+        tag: If set, a variable bound to the index of the alternative that matched (``None``
+            when an enclosing alternative without this ``either`` matched). The same tag used
+            twice must choose the same index.
     """
 
     alternatives: tuple[Pattern, ...]
+    tag: str | None = None
 
     def variables(self) -> Iterator[str]:
+        if self.tag is not None:
+            yield self.tag
         for alt in self.alternatives:
             yield from alt.variables()
 
     def __str__(self) -> str:
-        return "either(" + " | ".join(str(a) for a in self.alternatives) + ")"
+        return _either_text([str(a) for a in self.alternatives], self.tag)
+
+
+def _either_text(alternatives: Sequence[str], tag: str | None) -> str:
+    suffix = "" if tag is None else f", tag={tag}"
+    return "either(" + " | ".join(alternatives) + suffix + ")"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -225,6 +240,8 @@ class NodePattern:
         num_outputs: How many outputs the pattern uses (extra node outputs must be unused).
         commutative: Try the two inputs in either order.
         exact_attributes: Reject nodes carrying attributes not listed in ``attributes``.
+        name: If set, a variable bound to the node's (single) output, so a check can read an
+            intermediate value of the match (its shape, its dtype) by name.
     """
 
     domain: str
@@ -234,6 +251,7 @@ class NodePattern:
     num_outputs: int = 1
     commutative: bool = False
     exact_attributes: bool = False
+    name: str | None = None
 
     @property
     def outputs(self) -> tuple[NodeOutput, ...]:
@@ -246,6 +264,8 @@ class NodePattern:
         for a in self.attributes.values():
             if isinstance(a, AttrVar):
                 yield a.name
+        if self.name is not None:
+            yield self.name
 
     @property
     def qualified_name(self) -> str:
@@ -254,7 +274,11 @@ class NodePattern:
     def __str__(self) -> str:
         args = ["_" if p is None else str(p) for p in self.inputs]
         args += [f"{k}={_attr_text(v)}" for k, v in self.attributes.items()]
-        return f"{self.qualified_name}({', '.join(args)})"
+        return _named(f"{self.qualified_name}({', '.join(args)})", self.name)
+
+
+def _named(text: str, name: str | None) -> str:
+    return text if name is None else f"{text} as {name}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -301,6 +325,7 @@ class _OpFactory:
         _outputs: int = 1,
         _commute: bool | None = None,
         _exact_attributes: bool = False,
+        _name: str | None = None,
         **attributes: Any,
     ) -> Any:
         commutative = (
@@ -308,6 +333,11 @@ class _OpFactory:
             if _commute is not None
             else (self._domain == "" and self._op_type in COMMUTATIVE_OPS and len(inputs) == 2)
         )
+        if _name is not None and (not _name or _outputs != 1):
+            raise RuleDefinitionError(
+                f"op.{self._op_type}(..., _name={_name!r}): a name binds the one output of a "
+                "node. Fix: give a non-empty name, to an op pattern with one output."
+            )
         node = NodePattern(
             self._domain,
             self._op_type,
@@ -316,6 +346,7 @@ class _OpFactory:
             _outputs,
             commutative,
             _exact_attributes,
+            _name,
         )
         return node.outputs[0] if _outputs == 1 else node.outputs
 
@@ -325,7 +356,8 @@ class PatternBuilder:
 
     Keyword arguments are attribute patterns (a literal value, or :func:`attr` to capture).
     Reserved keywords: ``_outputs`` (number of outputs; a tuple is returned when > 1),
-    ``_commute`` (override the commutativity of the op) and ``_exact_attributes``.
+    ``_commute`` (override the commutativity of the op), ``_exact_attributes`` and ``_name``
+    (a variable bound to the node's output: ``op.Expand(x, e, _name="expanded")``).
     The builder is stateless: the module-level :data:`op` is safe to share.
     """
 
@@ -358,14 +390,34 @@ def attr(name: str) -> AttrVar:
     return AttrVar(name)
 
 
-def either(*alternatives: Any) -> Either:
-    """Match any one of ``alternatives`` (tried in order)."""
+def either(*alternatives: Any, tag: str | None = None) -> Either:
+    """Match any one of ``alternatives`` (tried in order).
+
+    Args:
+        alternatives: Two or more patterns (numbers become constants).
+        tag: Name of a variable bound to the index of the alternative that matched, so that a
+            check or rewrite knows which form it got instead of guessing it from which
+            variables are ``None``.
+
+    Raises:
+        RuleDefinitionError: Fewer than two alternatives, or an empty tag.
+
+    Example:
+        >>> x, s = var("x"), var("s")
+        >>> scaled = either(x * s, x / s, tag="divided")
+        >>> print(scaled)
+        either(Mul(x, s) | Div(x, s), tag=divided)
+        >>> list(dict.fromkeys(scaled.variables()))
+        ['divided', 'x', 's']
+    """
     if len(alternatives) < 2:
         raise RuleDefinitionError(
             f"either() needs at least two alternatives, got {len(alternatives)}. Fix: pass the "
             "pattern itself when there is only one."
         )
-    return Either(tuple(as_pattern(a) for a in alternatives))  # type: ignore[misc]
+    if tag is not None and not tag:
+        raise RuleDefinitionError("either(tag=...) needs a non-empty variable name")
+    return Either(tuple(as_pattern(a) for a in alternatives), tag)  # type: ignore[misc]
 
 
 def optional(inner: Any) -> OptionalInput:
@@ -434,14 +486,14 @@ def pattern_text(outputs: Sequence[Pattern]) -> str:
             n = p.node
             args = [text(i) for i in n.inputs]
             args += [f"{k}={_attr_text(v)}" for k, v in n.attributes.items()]
-            body = f"{n.qualified_name}({', '.join(args)})"
+            body = _named(f"{n.qualified_name}({', '.join(args)})", n.name)
             if counts.get(key, 0) > 1 and not top:
                 names[key] = f"t{len(names) + 1}"
                 lets.append(f"{names[key]} = {body}")
                 return names[key] if n.num_outputs == 1 else f"{names[key]}[{p.index}]"
             return body if n.num_outputs == 1 else f"{body}[{p.index}]"
         if isinstance(p, Either):
-            return "either(" + " | ".join(text(a) for a in p.alternatives) + ")"
+            return _either_text([text(a) for a in p.alternatives], p.tag)
         if isinstance(p, OptionalInput):
             return f"{text(p.inner)}?"
         return str(p)

@@ -13,8 +13,10 @@ A check, if any, is a keyword argument, written before the rewrite: ``Rule(name,
 check=..., rewrite=...)`` reads in the order of the identity's statement.
 
 The pattern's parameters (besides ``op``) are its variables. ``check`` and ``rewrite`` take any
-subset of the variables by name, plus ``op`` (the :class:`RewriteBuilder`, rewrite only) and
-``match`` (the :class:`~irkit.rewriting._match.Match`); any other parameter name is a
+subset of the variables by name, plus ``op`` (the :class:`RewriteBuilder`, rewrite only),
+``match`` (the :class:`~irkit.rewriting._match.Match`) and ``ctx`` (the :class:`RewriteContext`:
+the model and the graph or function being rewritten, for a check that must look beyond the
+match, e.g. across function boundaries); any other parameter name is a
 :class:`~irkit.errors.RuleDefinitionError` when the rule is defined. A check returns ``True``,
 ``False`` or a :func:`~irkit.rewriting._match.fail` value carrying the reason.
 
@@ -45,7 +47,8 @@ from irkit.rewriting._pattern import (
 
 __all__ = ["BaseRule", "Rule", "NodeRule", "RuleSet", "Rewrite", "RewriteContext", "node_rule"]
 
-_SPECIAL = frozenset({"op", "match"})
+_SPECIAL = frozenset({"op", "match", "ctx"})
+"""Parameter names a check or rewrite may take besides the pattern variables."""
 
 
 @dataclasses.dataclass
@@ -154,10 +157,12 @@ class Rule(BaseRule):
         name: Stable unique name.
         pattern: A pattern (``op.Mul(x, op.Sigmoid(x))``), a tuple of patterns (multi-output),
             or a function ``(op, x, ...) -> pattern`` whose parameters name the variables.
-        rewrite: ``(op, <variables>..., <findings>..., match=...) -> ir.Value | tuple[...]``
-            building one replacement per pattern output with the :class:`RewriteBuilder` ``op``.
+        rewrite: ``(op, <variables>..., <findings>..., match=..., ctx=...) -> ir.Value |
+            tuple[...]`` building one replacement per pattern output with the
+            :class:`RewriteBuilder` ``op``.
             It may return a :class:`MatchFailure` (or ``None``) to decline.
-        check: Optional ``(<variables>..., match=...) -> bool | MatchFailure | dict``. A dict
+        check: Optional ``(<variables>..., match=..., ctx=...) -> bool | MatchFailure | dict``
+            (``ctx``: the :class:`RewriteContext`, for what lies outside the match). A dict
             means "fire" and hands its entries (*findings*, such as an axis the check had to
             compute) to the rewrite, which takes them as parameters by name: nothing is
             computed twice and nothing is stored on the rule.
@@ -207,13 +212,19 @@ class Rule(BaseRule):
             raise RuleDefinitionError(f"rule {name!r}: {exc}") from exc
         self.outputs = outputs
         self.variables = tuple(dict.fromkeys(v for o in outputs for v in o.variables()))
+        clash = sorted(_SPECIAL.intersection(self.variables))
+        if clash:
+            raise RuleDefinitionError(
+                f"rule {name!r}: pattern variable {clash[0]!r} has the name of a special "
+                f"check/rewrite parameter ({', '.join(sorted(_SPECIAL))}). Fix: rename it."
+            )
         anchors = anchor_ops(outputs[0])
         self.anchors = None if anchors is None else frozenset(anchors)
         self._rewrite = rewrite
         self._rewrite_params = self._validate(
             rewrite, "rewrite", allow_op=True, allow_findings=check is not None
         )
-        known = set(self.variables) | {"op", "match"}
+        known = set(self.variables) | _SPECIAL
         self.findings = tuple(p for p in self._rewrite_params[0] if p not in known)
         """Rewrite parameters the check must supply (its returned dict's keys)."""
         self._check = check
@@ -246,7 +257,7 @@ class Rule(BaseRule):
         self, fn: Callable[..., Any], what: str, *, allow_op: bool, allow_findings: bool = False
     ) -> tuple[list[str], bool]:
         params, var_kw = _parameters(fn, what, self.name)
-        allowed = set(self.variables) | {"match"} | ({"op"} if allow_op else set())
+        allowed = set(self.variables) | (_SPECIAL if allow_op else _SPECIAL - {"op"})
         if allow_findings:
             return params, var_kw
         for p in params:
@@ -268,6 +279,7 @@ class Rule(BaseRule):
                 return result if last is None else last
             env = dict(result.bindings)
             env["match"] = result
+            env["ctx"] = ctx
             if self._check is not None and self._check_params is not None:
                 verdict = _call(self._check, *self._check_params, env)
                 if verdict is False or verdict is None:
@@ -321,6 +333,7 @@ class Rule(BaseRule):
         env: dict[str, Any] = {v: _Sym(v) for v in (*self.variables, *self.findings)}
         env["op"] = _SymBuilder()
         env["match"] = None
+        env["ctx"] = None
         try:
             out = _call(self._rewrite, *self._rewrite_params, env)
         except Exception:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from irkit._shapes import reshape_target
+from irkit._shapes import Dims, reshape_target
 from irkit.rewriting import (
     MatchFailure,
     Rule,
@@ -36,9 +36,6 @@ from irkit.rewriting import (
 )
 
 x, shape, s1, s2 = var("x"), var("shape"), var("s1"), var("s2")
-
-
-Dims = tuple[int | str | None, ...]
 
 
 def _target_and_dims(x: ir.Value, shape: ir.Value) -> tuple[list[int], Dims] | MatchFailure:

@@ -11,6 +11,12 @@ axes as input (opset ≥ 18) or attribute (older).
 Preconditions: opset ≥ 17; ``x`` floating point with known rank; both means reduce the same
 trailing axes with ``keepdims=1``; ``eps`` a scalar constant; ``w`` (and ``b``) have exactly the
 normalized shape ``x.shape[axis:]`` (LayerNormalization does not broadcast them).
+
+Half precision (``LayerNormalizationHalf``): the statistics computed in float32 from
+``x₃₂ = Cast(x, to=float)`` and the normalized value cast back to ``x``'s float16/bfloat16 type
+before the affine part, ``Cast(normed(x₃₂), to=half) · w + b``, is
+``LayerNormalization(x, w, b, stash_type=1)`` exactly (the op's definition casts the normalized
+value back to ``x``'s type before the scale and bias). ``x``, ``w`` (and ``b``) are all half.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from irkit.rewriting import (
+    Pattern,
     RewriteBuilder,
     Rule,
     RuleSet,
@@ -40,11 +47,19 @@ from irkit.rewriting import (
 x, eps, w, b = var("x"), var("eps"), var("w"), var("b")
 ax1, ax2 = var("ax1"), var("ax2")
 
-_MEAN = op.ReduceMean(x, optional(ax1), axes=attr("axes1"), keepdims=1)
-_D = x - _MEAN
-_VAR = op.ReduceMean(either(_D**2.0, _D * _D), optional(ax2), axes=attr("axes2"), keepdims=1)
-_STD = op.Sqrt(_VAR + eps)
-_NORMED = either(_D / _STD, _D * op.Reciprocal(_STD))
+_HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+def _normed(v: Pattern) -> Pattern:
+    """``(v - mean(v)) / sqrt(var(v) + eps)`` in the forms listed in the module docstring."""
+    d = v - op.ReduceMean(v, optional(ax1), axes=attr("axes1"), keepdims=1)
+    var_ = op.ReduceMean(either(d**2.0, d * d), optional(ax2), axes=attr("axes2"), keepdims=1)
+    std = op.Sqrt(var_ + eps)
+    return either(d / std, d * op.Reciprocal(std))
+
+
+_NORMED = _normed(x)
+_HALF_NORMED = op.Cast(_normed(op.Cast(x, to=int(ir.DataType.FLOAT))), to=attr("to"))
 
 
 def _check(
@@ -77,6 +92,28 @@ def _check(
     return {"axis": k1 - len(xd), "epsilon": epsilon}
 
 
+def _check_half(
+    x: ir.Value,
+    ax1: ir.Value | None,
+    axes1: Sequence[int] | None,
+    ax2: ir.Value | None,
+    axes2: Sequence[int] | None,
+    eps: ir.Value,
+    w: ir.Value,
+    b: ir.Value | None,
+    to: int,
+) -> Verdict:
+    """:func:`_check`, and ``x``, ``w``, ``b`` half with the normalized value cast back to it."""
+    if x.dtype not in _HALF_TYPES:
+        return fail(f"x is {x.dtype}, not float16/bfloat16 (the float32 form is the plain rule)", x)
+    if to != x.dtype:
+        return fail(f"the normalized value is cast to {ir.DataType(to)}, not to x's {x.dtype}", x)
+    for name, v in (("scale", w), ("bias", b)):
+        if v is not None and v.dtype != x.dtype:
+            return fail(f"{name} dtype {v.dtype} differs from input dtype {x.dtype}", v)
+    return _check(x, ax1, axes1, ax2, axes2, eps, w, b)
+
+
 def _rewrite(
     op: RewriteBuilder, x: ir.Value, w: ir.Value, b: ir.Value | None, axis: int, epsilon: float
 ) -> ir.Value:
@@ -91,6 +128,13 @@ rules = RuleSet(
             "LayerNormalization",
             either(_NORMED * w + b, _NORMED * w),
             check=_check,
+            rewrite=_rewrite,
+            min_opset=17,
+        ),
+        Rule(  # Cast(normed(Cast(x, f32)), half) · w + b = LayerNormalization(x, w, b)
+            "LayerNormalizationHalf",
+            either(_HALF_NORMED * w + b, _HALF_NORMED * w),
+            check=_check_half,
             rewrite=_rewrite,
             min_opset=17,
         ),

@@ -10,6 +10,13 @@ Matched forms (Llama's ``LlamaRMSNorm`` lowers to ``Pow/ReduceMean/Add/Sqrt/Reci
 
 Preconditions: opset ≥ 23; ``x`` floating point with known rank; the mean reduces trailing axes
 with ``keepdims=1``; ``eps`` a scalar constant; ``w`` has exactly the normalized shape.
+
+Half precision (``RMSNormalizationHalf``): Hugging Face's fp16/bf16 RMS norms (Llama, Qwen2,
+Phi-3, Mistral, …) compute in float32 and round before the scale,
+``w · Cast(x₃₂ · rsqrt(mean(x₃₂²) + eps), to=half)`` with ``x₃₂ = Cast(x, to=float)``: that is
+``RMSNormalization(x, w, stash_type=1)`` exactly (the op computes in float32 and casts the
+normalized value back to ``x``'s type before the scale). ``x`` and ``w`` are float16 or bfloat16,
+the output Cast goes back to ``x``'s type.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import onnx_ir as ir
 
 from irkit.rewriting import (
     Const,
+    Pattern,
     RewriteBuilder,
     Rule,
     RuleSet,
@@ -39,9 +47,18 @@ from irkit.rewriting import (
 
 x, eps, w, ax = var("x"), var("eps"), var("w"), var("ax")
 
-_MS = op.ReduceMean(either(x**2.0, x * x), optional(ax), axes=attr("axes"), keepdims=1) + eps
-_RSQRT = either(op.Reciprocal(op.Sqrt(_MS)), 1.0 / op.Sqrt(_MS), _MS ** Const(-0.5))
-_NORMED = either(x * _RSQRT, x / op.Sqrt(_MS))
+_HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+def _normed(v: Pattern) -> Pattern:
+    """``v · rsqrt(mean(v²) + eps)`` in the forms listed in the module docstring."""
+    ms = op.ReduceMean(either(v**2.0, v * v), optional(ax), axes=attr("axes"), keepdims=1) + eps
+    rsqrt = either(op.Reciprocal(op.Sqrt(ms)), 1.0 / op.Sqrt(ms), ms ** Const(-0.5))
+    return either(v * rsqrt, v / op.Sqrt(ms))
+
+
+_NORMED = _normed(x)
+_HALF_NORMED = op.Cast(_normed(op.Cast(x, to=int(ir.DataType.FLOAT))), to=attr("to"))
 
 
 def _check(
@@ -65,6 +82,22 @@ def _check(
     return {"axis": k - len(xd), "epsilon": epsilon}
 
 
+def _check_half(
+    x: ir.Value,
+    ax: ir.Value | None,
+    axes: Sequence[int] | None,
+    eps: ir.Value,
+    w: ir.Value,
+    to: int,
+) -> Verdict:
+    """:func:`_check`, and ``x`` half precision with the normalized value cast back to it."""
+    if x.dtype not in _HALF_TYPES:
+        return fail(f"x is {x.dtype}, not float16/bfloat16 (the float32 form is the plain rule)", x)
+    if to != x.dtype:
+        return fail(f"the normalized value is cast to {ir.DataType(to)}, not to x's {x.dtype}", x)
+    return _check(x, ax, axes, eps, w)
+
+
 def _rewrite(op: RewriteBuilder, x: ir.Value, w: ir.Value, axis: int, epsilon: float) -> ir.Value:
     """RMSNormalization(x, w, axis=first reduced axis, epsilon=eps)"""
     return op.RMSNormalization(x, w, axis=axis, epsilon=epsilon)
@@ -77,6 +110,13 @@ rules = RuleSet(
             "RMSNormalization",
             _NORMED * w,
             check=_check,
+            rewrite=_rewrite,
+            min_opset=23,
+        ),
+        Rule(  # w · Cast(Cast(x, f32) · rsqrt(mean(·²) + eps), half) = RMSNormalization(x, w)
+            "RMSNormalizationHalf",
+            _HALF_NORMED * w,
+            check=_check_half,
             rewrite=_rewrite,
             min_opset=23,
         ),

@@ -48,8 +48,6 @@ from irkit.rewriting import (
     Const,
     DerivedTensor,
     Match,
-    MatchFailure,
-    Rewrite,
     RewriteBuilder,
     RewriteContext,
     Rule,
@@ -60,12 +58,14 @@ from irkit.rewriting import (
     const_value,
     dims,
     fail,
+    matches,
     op,
     optional,
     rank,
     scalar,
     var,
 )
+from irkit.weights import Cast, Concat, Constant, Mul, Recipe, Reshape, Unary
 
 x, cos, sin = var("x"), var("cos"), var("sin")  # cos/sin: (B, 1, S, D) as the attention sees them
 a0, e0, a1, e1, ax0, ax1, st0, st1 = (
@@ -81,8 +81,6 @@ _STACKED = op.Concat(
     op.Unsqueeze(op.Neg(_X_HIGH), Const(-1)), op.Unsqueeze(_X_LOW, Const(-1)), axis=-1
 )
 _INTERLEAVED = x * _COS4 + op.Reshape(_STACKED, var("flat")) * _SIN4
-
-_BIG = 2**62  # a Slice end at or above this means "to the end"
 
 
 def _slice(
@@ -100,7 +98,7 @@ def _slice(
     last = d[-1] if d else None
     if not isinstance(last, int):
         return None
-    stop = last if e[0] >= _BIG or e[0] > last else e[0] + last if e[0] < 0 else e[0]
+    stop = min(e[0], last) if e[0] >= 0 else e[0] + last  # (an end past the dim: to the end)
     first = s[0] + last if s[0] < 0 else s[0]
     return first, stop, t[0]
 
@@ -137,6 +135,7 @@ def _check_half(
     st1: ir.Value | None,
     cat_axis: int,
     match: Match,
+    ctx: RewriteContext,
 ) -> Verdict:
     d = _check_common(x, cos, sin, match)
     if not isinstance(d, int):
@@ -147,7 +146,8 @@ def _check_half(
     low, high = _slice(x, a0, e0, ax0, st0), _slice(x, a1, e1, ax1, st1)
     if low != (0, h, 1) or high != (h, d, 1):
         return fail(f"slices {low} / {high} are not the halves [0, {h}) / [{h}, {d})", x)
-    return True
+    duplicated = _check_duplicated(cos, sin, False, match, ctx)
+    return duplicated if duplicated is not True else {"head_dim": d}
 
 
 def _check_interleaved(
@@ -164,6 +164,7 @@ def _check_interleaved(
     st1: ir.Value | None,
     flat: ir.Value,
     match: Match,
+    ctx: RewriteContext,
 ) -> Verdict:
     d = _check_common(x, cos, sin, match)
     if not isinstance(d, int):
@@ -181,18 +182,22 @@ def _check_interleaved(
         w is not None and g is not None and w != g for w, g in zip(want, got, strict=True)
     ):
         return fail(f"reshape {flat_dims} does not restore x's shape {xd}", flat)
-    return True
+    duplicated = _check_duplicated(cos, sin, True, match, ctx)
+    return duplicated if duplicated is not True else {"head_dim": d}
 
 
-def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value) -> ir.Value:
+_UNSQUEEZED = op.Unsqueeze(var("cache3"), Const(1))  # (shared by the q and k rotations: kept)
+
+
+def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value, opset: int) -> ir.Value:
     """(B, 1, S, D) → (B, S, D): the Unsqueeze's input when there is one, else a Squeeze.
 
     A batch-1 cache (positions shared by the batch) is expanded to ``x``'s batch: onnxruntime's
     kernel does not broadcast it.
     """
-    node = c.producer()
-    if node is not None and node.op_type == "Unsqueeze" and const_ints(node.inputs[1]) == [1]:
-        out: ir.Value = node.inputs[0]  # type: ignore[assignment]
+    unsqueezed = matches(_UNSQUEEZED, c, opset)
+    if isinstance(unsqueezed, dict):
+        out: ir.Value = unsqueezed["cache3"]
     else:
         out = op.Squeeze(c, op.const([1], np.int64))
     cd, xd = dims(c), dims(x)
@@ -202,23 +207,27 @@ def _cache3(op: RewriteBuilder, c: ir.Value, x: ir.Value) -> ir.Value:
     return out
 
 
-def _half(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+def _half(
+    op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value, head_dim: int, match: Match
+) -> ir.Value:
     """RotaryEmbedding(x, cos[..., :D/2], sin[..., :D/2])"""
-    h = int(dims(x)[-1]) // 2  # type: ignore[index, arg-type]
+    h = head_dim // 2
     start, end, axis = op.const([0], np.int64), op.const([h], np.int64), op.const([-1], np.int64)
-    c, s = _cache3(op, cos, x), _cache3(op, sin, x)
+    c, s = _cache3(op, cos, x, match.opset), _cache3(op, sin, x, match.opset)
     return op.RotaryEmbedding(x, op.Slice(c, start, end, axis), op.Slice(s, start, end, axis))
 
 
-def _interleaved(op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+def _interleaved(
+    op: RewriteBuilder, x: ir.Value, cos: ir.Value, sin: ir.Value, head_dim: int, match: Match
+) -> ir.Value:
     """RotaryEmbedding(x, cos[..., ::2], sin[..., ::2], interleaved=1)"""
-    d = int(dims(x)[-1])  # type: ignore[index, arg-type]
+    d = head_dim
     start, end = op.const([0], np.int64), op.const([d], np.int64)
     axis, step = op.const([-1], np.int64), op.const([2], np.int64)
     return op.RotaryEmbedding(
         x,
-        op.Slice(_cache3(op, cos, x), start, end, axis, step),
-        op.Slice(_cache3(op, sin, x), start, end, axis, step),
+        op.Slice(_cache3(op, cos, x, match.opset), start, end, axis, step),
+        op.Slice(_cache3(op, sin, x, match.opset), start, end, axis, step),
         interleaved=1,
     )
 
@@ -246,7 +255,7 @@ def _duplicated(
     if depth > _MAX_DEPTH:
         return "cos/sin provenance too deep to verify"
     if isinstance(value.const_value, DerivedTensor):  # (weightless: proven from its recipe)
-        if value.const_value.has_equal_halves(interleaved):
+        if _equal_halves(value.const_value.recipe, interleaved):
             return None
         return "cos/sin derived from weightless weights: equal halves not provable"
     arr = const_value(value)
@@ -306,43 +315,65 @@ def _duplicated(
     return f"cannot verify that cos/sin has duplicated halves ({node.op_type} found)"
 
 
-class _RotaryRule(Rule):
-    """A :class:`Rule` whose match is also checked against the whole model (cos/sin provenance)."""
+def _equal_halves(recipe: Recipe, interleaved: bool) -> bool:
+    """Whether a derived tensor's ``recipe`` provably makes the two halves of its last axis
+    equal (``interleaved``: its even and odd lanes): ``Concat(a, a)`` on the last axis, seen
+    through casts, elementwise functions, scalar multiplications and reshapes that keep the
+    last axis; constants are checked by value. False when not provable."""
+    shape = recipe.shape
+    if not shape or shape[-1] % 2:
+        return False
+    if isinstance(recipe, Constant):
+        a, h = recipe.value, shape[-1] // 2
+        if interleaved:
+            return bool(np.array_equal(a[..., 0::2], a[..., 1::2]))
+        return bool(np.array_equal(a[..., :h], a[..., h:]))
+    if isinstance(recipe, (Cast, Unary)):
+        return _equal_halves(recipe.source, interleaved)
+    if isinstance(recipe, Reshape):
+        kept = recipe.source.shape and recipe.source.shape[-1] == shape[-1]
+        return bool(kept) and _equal_halves(recipe.source, interleaved)
+    if isinstance(recipe, Mul):
+        for this, other in ((recipe.a, recipe.b), (recipe.b, recipe.a)):
+            if int(np.prod(other.shape, dtype=np.int64)) == 1 and this.shape == shape:
+                return _equal_halves(this, interleaved)
+        return False
+    if isinstance(recipe, Concat) and not interleaved:
+        return (
+            len(recipe.parts) == 2
+            and recipe.axis == len(shape) - 1
+            and recipe.parts[0] == recipe.parts[1]
+        )
+    return False
 
-    def __init__(self, *args: object, interleaved: bool, **kwargs: object):
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.interleaved = interleaved
 
-    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
-        result = super().find(node, ctx)
-        if isinstance(result, MatchFailure):
-            return result
-        for name in ("cos", "sin"):
-            value = result.match.bindings[name]
-            why = _duplicated(value, ctx.graph, ctx.model, self.interleaved, 0)
-            if why:
-                return MatchFailure(why, value, node, depth=len(result.match.nodes) + 1)
-        return result
+def _check_duplicated(
+    cos: ir.Value, sin: ir.Value, interleaved: bool, match: Match, ctx: RewriteContext
+) -> Verdict:
+    """cos/sin provably duplicated, followed through the model (``ctx``) across functions."""
+    for value in (cos, sin):
+        why = _duplicated(value, ctx.graph, ctx.model, interleaved, 0)
+        if why:
+            return fail(why, value, match.nodes[0])
+    return True
 
 
 rules = RuleSet(
     "rotary",
     [
-        _RotaryRule(  # x·[c,c] + rotate_half(x)·[s,s] = RotaryEmbedding(x, c, s)
+        Rule(  # x·[c,c] + rotate_half(x)·[s,s] = RotaryEmbedding(x, c, s)
             "RotaryEmbedding",
             _HALF,
             check=_check_half,
             rewrite=_half,
             min_opset=23,
-            interleaved=False,
         ),
-        _RotaryRule(  # x·c⊗2 + rotate_every_two(x)·s⊗2 = RotaryEmbedding(x, c, s, interleaved=1)
+        Rule(  # x·c⊗2 + rotate_every_two(x)·s⊗2 = RotaryEmbedding(x, c, s, interleaved=1)
             "RotaryEmbeddingInterleaved",
             _INTERLEAVED,
             check=_check_interleaved,
             rewrite=_interleaved,
             min_opset=23,
-            interleaved=True,
         ),
     ],
 )

@@ -348,44 +348,9 @@ class DerivedTensor(WeightlessTensor):
         document = {"version": _VERSION, "recipe": recipe.to_json()}
         self.metadata_props[DERIVED_KEY] = json.dumps(document, separators=(",", ":"))
 
-    def has_equal_halves(self, interleaved: bool = False) -> bool:
-        """Whether the recipe provably makes the two halves of the last axis equal (or, with
-        ``interleaved``, its even and odd lanes): ``Concat(a, a)`` on the last axis, seen
-        through casts, elementwise functions, scalar multiplications and reshapes that keep
-        the last axis; constants are checked by value. False when not provable."""
-        return _equal_halves(self.recipe, interleaved)
-
     def __repr__(self) -> str:
         leaves = sorted({leaf.name for leaf in self.recipe.leaves()})
         return f"DerivedTensor<{self.dtype.name},{self.shape}>(name={self.name!r}, from={leaves})"
-
-
-def _equal_halves(recipe: Recipe, interleaved: bool) -> bool:
-    shape = recipe.shape
-    if not shape or shape[-1] % 2:
-        return False
-    if isinstance(recipe, Constant):
-        a, h = recipe.value, shape[-1] // 2
-        if interleaved:
-            return bool(np.array_equal(a[..., 0::2], a[..., 1::2]))
-        return bool(np.array_equal(a[..., :h], a[..., h:]))
-    if isinstance(recipe, (Cast, Unary)):
-        return _equal_halves(recipe.source, interleaved)
-    if isinstance(recipe, Reshape):
-        kept = recipe.source.shape and recipe.source.shape[-1] == shape[-1]
-        return bool(kept) and _equal_halves(recipe.source, interleaved)
-    if isinstance(recipe, Mul):
-        for this, other in ((recipe.a, recipe.b), (recipe.b, recipe.a)):
-            if int(np.prod(other.shape, dtype=np.int64)) == 1 and this.shape == shape:
-                return _equal_halves(this, interleaved)
-        return False
-    if isinstance(recipe, Concat) and not interleaved:
-        return (
-            len(recipe.parts) == 2
-            and recipe.axis == len(shape) - 1
-            and recipe.parts[0] == recipe.parts[1]
-        )
-    return False
 
 
 def has_data(tensor: TensorLike) -> bool:

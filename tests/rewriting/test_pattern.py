@@ -14,9 +14,11 @@ from irkit.rewriting import (
     attr,
     either,
     fail,
+    matches,
     node_rule,
     op,
     optional,
+    scalar,
     var,
 )
 from tests.rewriting import util
@@ -238,3 +240,134 @@ def test_commutative_chain_backtracking_is_local():
     before = util.clone(m)
     assert util.rewrite(m, rule).fired == {"Sum5": 1}
     util.assert_same_numbers(before, m)
+
+
+# --- tagged alternatives, the rewrite context, patterns inside checks ---------------------------
+
+c = var("c")
+SCALE = Rule(  # x·c = x/(1/c) = Scale(x, factor)
+    "Scale",
+    either(x * c, x / c, tag="divided"),
+    check=lambda c, divided: (
+        {"factor": 1 / v if divided else v}
+        if (v := scalar(c))
+        else fail("c is not a non-zero number", c)
+    ),
+    rewrite=lambda op, x, factor: op.domain("com.example").Scale(x, factor=factor),
+)
+
+
+@pytest.mark.parametrize(
+    ("product", "factor"), [("Mul(a, c)", 4.0), ("Mul(c, a)", 4.0), ("Div(a, c)", 0.25)]
+)
+def test_either_tag_binds_the_index_of_the_alternative(product, factor):
+    m = _m(
+        f"g (float[4] a) => (float[4] z) {{ c = Constant<value=float {{4.0}}>()  z = {product} }}"
+    )
+    assert util.rewrite(m, SCALE).fired == {"Scale": 1}
+    (node,) = [n for n in m.graph if n.op_type == "Scale"]
+    assert node.inputs[0].name == "a"
+    assert node.attributes["factor"].value == factor
+
+
+def test_either_tag_prints_and_is_a_variable():
+    assert str(either(x, op.Neg(x), tag="negated")) == "either(x | Neg(x), tag=negated)"
+    assert SCALE.variables == ("divided", "x", "c")
+    assert SCALE.pattern_text() == "either(Mul(x, c) | Div(x, c), tag=divided)"
+    with pytest.raises(RuleDefinitionError, match="non-empty"):
+        either(x, op.Neg(x), tag="")
+
+
+def test_same_tag_chooses_the_same_alternative_and_nested_tags_bind_none():
+    act = either(op.Relu(x), op.Sigmoid(x), tag="kind")
+    twin = either(op.Relu(y), op.Sigmoid(y), tag="kind")
+    seen: list[tuple[int, int | None]] = []
+    rule = Rule(
+        "Twin",
+        op.Add(act, either(twin, op.Neg(either(y, op.Abs(y), tag="inner")), tag="right")),
+        check=lambda kind, right, inner: seen.append((kind, right, inner)) or True,
+        rewrite=lambda op, x, y, kind: op.domain("com.example").Twin(x, y, kind=kind),
+    )
+    m = _m(
+        "g (float[4] a, float[4] b) => (float[4] z) { r = Sigmoid(a)  s = Sigmoid(b)  z = Add(r, s) }"
+    )
+    assert util.rewrite(m, rule).fired == {"Twin": 1}
+    assert seen == [(1, 0, None)]
+    assert m.graph.node(0).attributes["kind"].value == 1
+    mixed = _m(
+        "g (float[4] a, float[4] b) => (float[4] z) { r = Relu(a)  s = Sigmoid(b)  z = Add(r, s) }"
+    )
+    assert util.rewrite(mixed, rule).fired == {}
+    negated = _m(
+        "g (float[4] a, float[4] b) => (float[4] z) { r = Relu(a)  s = Neg(b)  z = Add(r, s) }"
+    )
+    seen.clear()
+    assert util.rewrite(negated, rule).fired == {"Twin": 1}
+    assert seen == [(0, 1, 0)]
+
+
+def test_check_and_rewrite_take_the_rewrite_context():
+    rule = Rule(  # relu(x) = Marked(x) where x is a graph input
+        "MarkInputRelu",
+        op.Relu(x),
+        check=lambda x, ctx: x in ctx.graph.inputs or fail("x is computed", x),
+        rewrite=lambda op, x, ctx: op.domain("com.example").Marked(x, opset=ctx.opset),
+    )
+    m = _m("g (float[4] a) => (float[4] z, float[4] w) { z = Relu(a)  n = Neg(a)  w = Relu(n) }")
+    report = util.rewrite(m, rule)
+    assert report.fired == {"MarkInputRelu": 1}
+    assert report.rules["MarkInputRelu"].failures == {"x is computed": 1}
+    (marked,) = [n for n in m.graph if n.op_type == "Marked"]
+    assert marked.attributes["opset"].value == 18
+
+
+def test_special_names_are_not_pattern_variables():
+    with pytest.raises(RuleDefinitionError, match="'ctx' has the name of a special"):
+        Rule("Bad", lambda op, ctx: op.Relu(ctx), rewrite=lambda op: None)
+
+
+def test_matches_looks_at_values_outside_the_match():
+    # x · (-x) = -(x·x), where -x is also a graph output: its Neg stays, so it cannot be part of
+    # the pattern (an intermediate used outside); the check looks at it with a pattern instead.
+    negated = op.Neg(x)  # (a pattern: inside the check, x is the bound value)
+    rule = Rule(
+        "TimesNegated",
+        x * y,
+        check=lambda x, y, match: (
+            bool(matches(negated, y, match.opset, x=x)) or fail("y is not -x", y)
+        ),
+        rewrite=lambda op, x: op.Neg(op.Mul(x, x)),
+    )
+    text = "g (float[4] a) => (float[4] z, float[4] n) { n = Neg(a)  z = Mul(a, n) }"
+    m = _m(text)
+    before = util.clone(m)
+    assert util.rewrite(m, rule).fired == {"TimesNegated": 1}
+    assert util.ops(m) == {"Mul": 1, "Neg": 2}
+    util.assert_same_numbers(before, m)
+    other = _m(text.replace("Neg(a)", "Abs(a)"))
+    assert util.rewrite(other, rule).rules["TimesNegated"].failures == {"y is not -x": 1}
+    assert matches(op.Neg(x), other.graph.outputs[1], 18).reason == "expected Neg, found Abs"
+
+
+def test_name_binds_an_intermediate_value_for_the_check():
+    seen: list[str] = []
+    rule = Rule(  # relu(-x) = NegRelu(x), where -x is 2-D
+        "NegRelu",
+        op.Relu(op.Neg(x, _name="negated")),
+        check=lambda negated: seen.append(negated.name) or len(negated.shape) == 2,
+        rewrite=lambda op, x: op.domain("com.example").NegRelu(x),
+    )
+    assert rule.variables == ("x", "negated")
+    assert rule.pattern_text() == "Relu(Neg(x) as negated)"
+    m = util.infer_shapes(
+        _m(
+            "g (float[2,4] a, float[4] b) => (float[2,4] y, float[4] z) "
+            "{ n = Neg(a)  y = Relu(n)  nb = Neg(b)  z = Relu(nb) }"
+        )
+    )
+    report = util.rewrite(m, rule)
+    assert report.fired == {"NegRelu": 1}
+    assert sorted(seen) == ["n", "nb"]
+    assert util.ops(m) == {"Neg": 1, "NegRelu": 1, "Relu": 1}
+    with pytest.raises(RuleDefinitionError, match="a name binds the one output"):
+        op.Split(x, _outputs=2, _name="parts")

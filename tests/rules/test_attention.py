@@ -431,4 +431,50 @@ def test_attention_without_mask_is_not_causal():
 def test_mask_from_a_graph_input_is_not_causal():
     m = build(attention_text(form="sdpa", mask="float", cache=False, hkv=4))
     report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
-    assert report.rules["AttentionCausal"].failures == {"the mask is not a Where": 1}
+    assert report.rules["AttentionCausal"].failures == {
+        "the mask is neither torchlib's causal mask nor a constant": 1
+    }
+
+
+def _causal_text(lowest: float = LOWEST["float"], key: str = "k") -> str:
+    """An Attention with torchlib's ``is_causal`` mask built on ``Shape(q)``/``Shape(key)``."""
+    return (
+        '<ir_version: 10, opset_import: ["" : 23]>\n'
+        "g (float[1,2,3,4] q, float[1,2,5,4] k, float[1,2,5,4] v, float[1,2,7,4] w)"
+        " => (float[1,2,3,4] y) {\n"
+        "  m2 = Constant<value=int64[1] {-2}>()  m1 = Constant<value=int64[1] {-1}>()"
+        f"  sq = Shape(q)  lq = Slice(sq, m2, m1)  sk = Shape({key})  lk = Slice(sk, m2, m1)"
+        "  size = Concat<axis=0>(lq, lk)  one = Constant<value=float {1.0}>()"
+        "  ones = Expand(one, size)  tri = Trilu<upper=0>(ones)"
+        "  zero = Constant<value=float {0.0}>()  eq = Equal(tri, zero)"
+        f"  lo = Constant<value=float {{{lowest}}}>()  mask = Where(eq, lo, zero)"
+        "  y = Attention(q, k, v, mask)\n}"
+    )
+
+
+def test_torchlib_causal_mask_becomes_is_causal():
+    m = util.model(_causal_text())
+    before = util.clone(m)
+    report = util.rewrite(m, library.default_rules())
+    assert fired(report) == {"AttentionCausal": 1}
+    assert util.ops(m) == {"Attention": 1}
+    assert m.graph.node(0).attributes["is_causal"].value == 1
+    util.assert_same_numbers(before, m, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("lowest", "key", "reason"),
+    [
+        (-1.0, "k", "the mask's fill value is not the dtype's lowest"),
+        (
+            LOWEST["float"],
+            "w",
+            "the mask's key length is not k's (nor the key's before its head repeat)",
+        ),
+    ],
+)
+def test_causal_mask_of_another_fill_or_key_is_not_causal(lowest, key, reason):
+    m = util.model(_causal_text(lowest, key))
+    report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
+    assert report.rules["AttentionCausal"].fired == 0
+    assert report.rules["AttentionCausal"].failures == {reason: 1}
