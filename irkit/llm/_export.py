@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib
 import json
 import os
 import pathlib
@@ -142,23 +141,10 @@ def _check_options(precision: str, target: str) -> None:
 _QUANTIZED_BITS = {"int4": 4, "int8": 8}
 
 
-def _to_fp16(model: Any) -> Any:
-    """The transformers model with fp16 parameters, ready for ``export_causal_lm``.
-
-    The conversion is helper code in :mod:`irkit.llm._precision` (``to_fp16``): the weights
-    are then converted to fp16 while streamed from the shards (``irkit.save`` converts a
-    checkpoint's float dtype to the initializer's), and the fp16 fusions are ``irkit.optimize``'s.
-    """
-    # importlib until helper half's module lands (a static import of a missing module reads as
-    # an import of irkit.llm itself: a cycle for the import linter); then a plain import.
-    try:
-        to_fp16 = importlib.import_module("irkit.llm._precision").to_fp16
-    except (ImportError, AttributeError) as exc:
-        raise LoweringOptionsError(
-            "export: precision 'fp16' needs irkit.llm._precision.to_fp16, which this build "
-            "of irkit lacks; export fp32 (or int4/int8)"
-        ) from exc
-    return to_fp16(model)
+def _dtype(precision: str) -> str:
+    """The float type the graph computes in: fp16 for ``fp16``, else fp32 (int4/int8 quantize
+    an fp32 model)."""
+    return "fp16" if precision == "fp16" else "fp32"
 
 
 def _quantize(model: Any, precision: str, say: Callable[[str], None]) -> None:
@@ -203,13 +189,11 @@ def _config(folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool) 
         ) from exc
 
 
-def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool) -> Any:
-    import torch
-
-    from irkit.llm._meta import meta_causal_lm
+def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, precision: str) -> Any:
+    from irkit.llm._precision import meta_model
 
     try:
-        return meta_causal_lm(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        return meta_model(config, _dtype(precision), trust_remote_code=trust_remote_code)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelLoadError(
@@ -281,11 +265,18 @@ class _Source:
 
 
 def _folder_source(
-    folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool, say: Callable[[str], None]
+    folder: pathlib.Path,
+    raw: dict[str, Any],
+    trust_remote_code: bool,
+    precision: str,
+    say: Callable[[str], None],
 ) -> _Source:
     config = _config(folder, raw, trust_remote_code)
-    say(f"building {config.model_type} from {folder}/config.json on the meta device")
-    meta = _build(folder, config, trust_remote_code)
+    say(
+        f"building {config.model_type} from {folder}/config.json on the meta device "
+        f"({_dtype(precision)})"
+    )
+    meta = _build(folder, config, trust_remote_code, precision)
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None
     return _Source(
@@ -298,7 +289,9 @@ def _folder_source(
     )
 
 
-def _model_source(model: Any) -> _Source:
+def _model_source(model: Any, precision: str) -> _Source:
+    from irkit.llm._precision import convert_model
+
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_json_file"):
         raise LoweringOptionsError(
@@ -308,7 +301,7 @@ def _model_source(model: Any) -> _Source:
     generation = getattr(model, "generation_config", None)
     name = pathlib.Path(str(getattr(config, "_name_or_path", "") or ""))
     return _Source(
-        model=model.eval(),
+        model=convert_model(model.eval(), _dtype(precision)),
         config=config,
         generation=generation.to_diff_dict() if generation is not None else None,
         weights=None,
@@ -365,8 +358,9 @@ def export(
             or a transformers ``*ForCausalLM``.
         out_dir: The folder to write (created; must be empty or absent unless ``overwrite``).
         precision: ``"fp32"``; ``"fp16"`` (fp16 weights, compute and KV cache:
-            ``irkit.llm._precision.to_fp16``); ``"int4"``/``"int8"`` (fp32 model whose matmul
-            weights ``irkit.quantize`` packs into ``MatMulNBits``).
+            ``irkit.llm._precision``; the checkpoint converted while streamed);
+            ``"int4"``/``"int8"`` (fp32 model whose matmul weights ``irkit.quantize`` packs
+            into ``MatMulNBits``).
         target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
         max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
         overwrite: Replace a non-empty ``out_dir``.
@@ -387,7 +381,8 @@ def export(
         LoweringOptionsError: An unknown precision or target, an unusable ``max_length``,
             a cache genai cannot hold, neither a folder nor a transformers model.
         ExportError: ``torch.export`` failed.
-        WeightsError: The shards lack a weight or have the wrong shape (nothing written).
+        WeightsError: The shards lack a weight or have the wrong shape, or an fp16 export
+            overflows (``check_half_range``); nothing is written.
     """
     quiet = log or (lambda _line: None)
     stage = progress.stage if progress is not None else quiet
@@ -402,13 +397,16 @@ def export(
     from irkit.llm._causal_lm import export_causal_lm
 
     source = (
-        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, stage)
+        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, precision, stage)
         if is_folder
-        else _model_source(model_or_dir)
+        else _model_source(model_or_dir, precision)
     )
-    torch_model = _to_fp16(source.model) if precision == "fp16" else source.model
+    if precision == "fp16":
+        from irkit.llm._precision import check_half_range
+
+        check_half_range(source.model, weights=source.weights)
     stage("torch.export with the KV cache")
-    exported = export_causal_lm(torch_model)
+    exported = export_causal_lm(source.model)
     text_config = source.config.get_text_config()
     decoder = _decoder(exported, text_config)
     length = _max_length(decoder, max_length)

@@ -1,5 +1,6 @@
 """``irkit export --precision``: int4/int8 (``irkit.quantize`` on the weightless model before
-the streamed save) and fp16 (``irkit.llm._precision.to_fp16``, helper "half").
+the streamed save) and fp16 (``irkit.llm._precision``: the meta model in float16, the fp32
+checkpoint converted while streamed).
 
 A tiny random-weight llama folder is exported; the folder's ``model.onnx`` is run in
 onnxruntime against eager PyTorch (same random inputs, a past of 4 and 8 new tokens), its op
@@ -9,8 +10,6 @@ histogram is checked, and onnxruntime-genai's ``Generator`` runs it greedily.
 from __future__ import annotations
 
 import collections
-import importlib
-import importlib.util
 import pathlib
 
 import numpy as np
@@ -25,15 +24,6 @@ og = pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
 
 LAYERS = 2
-
-
-def _has_to_fp16() -> bool:
-    if importlib.util.find_spec("irkit.llm._precision") is None:
-        return False
-    return hasattr(importlib.import_module("irkit.llm._precision"), "to_fp16")
-
-
-_HAS_TO_FP16 = _has_to_fp16()
 
 
 def _folder(root: pathlib.Path) -> pathlib.Path:
@@ -78,15 +68,21 @@ def _histogram(path: pathlib.Path) -> dict[str, int]:
 
 
 def _ort_vs_eager(folder: pathlib.Path, out: pathlib.Path) -> tuple[float, np.ndarray]:
-    """(max |logits difference| / max |eager logits|, the ORT logits)."""
+    """(max |logits difference| / max |eager fp32 logits|, the ORT logits); float inputs are
+    given to ORT in the dtype the model declares."""
     import onnxruntime as ort
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     feeds = causal_lm_feeds(model, batch=1, seq=8, past=4)
     expected = run_eager(model, feeds)[0]
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    got = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+    declared = {i.name: i.type for i in session.get_inputs()}
+    ort_feeds = {
+        k: v.astype(np.float16) if declared[k] == "tensor(float16)" else v
+        for k, v in feeds.items()
+        if k in declared
+    }
+    got = session.run(["logits"], ort_feeds)[0].astype(np.float32)
     return float(np.abs(got - expected).max() / np.abs(expected).max()), got
 
 
@@ -139,21 +135,6 @@ def test_unknown_precision(tmp_path):
         export(tmp_path, tmp_path / "out", precision="int3")
 
 
-@pytest.mark.skipif(
-    _HAS_TO_FP16,
-    reason="irkit.llm._precision.to_fp16 is on this branch: the fp16 export runs instead",
-)
-@pytest.mark.slow
-def test_fp16_without_to_fp16_names_it(folder, tmp_path):
-    with pytest.raises(LoweringOptionsError, match=r"irkit\.llm\._precision\.to_fp16"):
-        export(folder, tmp_path / "out", precision="fp16")
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.skipif(
-    not _HAS_TO_FP16,
-    reason="irkit.llm._precision.to_fp16 (helper half's fp16 conversion) is missing",
-)
 @pytest.mark.slow
 def test_fp16_export(folder, tmp_path):
     fp32 = export(folder, tmp_path / "fp32")
@@ -169,4 +150,6 @@ def test_fp16_export(folder, tmp_path):
     assert (tmp_path / "fp16" / "model.onnx.data").stat().st_size * 2 == pytest.approx(
         (tmp_path / "fp32" / "model.onnx.data").stat().st_size, rel=0.01
     )
+    error, _ = _ort_vs_eager(folder, tmp_path / "fp16")
+    assert error < 0.01, error
     assert len(_generates(tmp_path / "fp16")) == 12
