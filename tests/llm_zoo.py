@@ -221,3 +221,24 @@ ZOO: tuple[CausalLMArch, ...] = (
 )
 
 BY_NAME = {arch.name: arch for arch in ZOO}
+
+#: Configs beyond the 27 architectures, for what one of them can also be: Phi-3's longrope (two
+#: factor sets; positions past ``original_max_position_embeddings`` = 16 take the long factors).
+EXTRA: tuple[CausalLMArch, ...] = (
+    CausalLMArch(
+        "phi3_longrope",
+        functools.partial(
+            _config,
+            "Phi3Config",
+            **_BASE,
+            original_max_position_embeddings=16,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                "long_factor": [1.5 + 0.3 * i for i in range(8)],
+            },
+        ),
+        "Phi3ForCausalLM",
+    ),
+)

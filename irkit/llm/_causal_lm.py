@@ -29,9 +29,10 @@ torch and transformers are imported on first call only. See ``docs/llm.md``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,8 @@ __all__ = [
     "generate_greedy",
     "torch_inputs",
     "run_eager",
+    "one_cache_shape",
+    "pad_value_cache",
 ]
 
 #: The transformers versions ``tests/llm`` and the causal-LM zoo pass with (torch 2.13).
@@ -390,6 +393,58 @@ def _register_cache_pytree() -> None:
         raise _export_error("registering DynamicCache as a pytree node", exc) from exc
 
 
+@contextlib.contextmanager
+def _windows_by_position() -> Iterator[None]:
+    """Sliding windows counted in real tokens, not cache slots, while the model is exported.
+
+    transformers masks a sliding-window layer by cache slot (``kv_idx > q_idx - window``). With a
+    left-padded batch (``generate``) the slots of a sequence's tokens are contiguous and the
+    two counts agree; onnxruntime-genai right-pads a batch, so a shorter prompt's pads sit
+    between its prompt and its new tokens and a slot window would see fewer real tokens. Here the
+    window compares the tokens' positions ``cumsum(attention_mask) - 1`` (as ``position_ids``
+    are derived) instead: the same mask for left padding, the unpadded sequence's mask for
+    right padding. transformers' ``sliding_window_overlay`` is replaced, inside the ``with``
+    only, by one reading the 2-d mask the mask builder has just prepared; a transformers
+    without these functions is left alone.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover - older transformers: slot windows as they are
+        yield
+        return
+    preprocess = getattr(masking_utils, "_preprocess_mask_arguments", None)
+    overlay = getattr(masking_utils, "sliding_window_overlay", None)
+    if preprocess is None or overlay is None:  # pragma: no cover - other transformers layout
+        yield
+        return
+    prepared: list[Any] = [None]  # the 2-d mask of the mask being built (this block only)
+
+    def preprocess_and_keep(*args: Any, **kwargs: Any) -> Any:
+        result = preprocess(*args, **kwargs)
+        mask = result[1]
+        prepared[0] = mask if getattr(mask, "ndim", 0) == 2 else None
+        return result
+
+    def by_position(sliding_window: int) -> Callable[..., Any]:
+        mask = prepared[0]
+        if mask is None:
+            return overlay(sliding_window)  # type: ignore[no-any-return]
+        positions = mask.long().cumsum(-1) - 1
+
+        def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return positions[batch_idx, kv_idx] > positions[batch_idx, q_idx] - sliding_window
+
+        return inner
+
+    masking_utils._preprocess_mask_arguments = preprocess_and_keep
+    masking_utils.sliding_window_overlay = by_position
+    try:
+        yield
+    finally:
+        masking_utils._preprocess_mask_arguments = preprocess
+        masking_utils.sliding_window_overlay = overlay
+
+
 def export_causal_lm(
     model: Any,
     *,
@@ -476,7 +531,8 @@ def export_causal_lm(
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
     try:
-        program = torch.export.export(model, (), inputs, dynamic_shapes=dynamic)
+        with _windows_by_position():
+            program = torch.export.export(model, (), inputs, dynamic_shapes=dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
@@ -492,6 +548,107 @@ def export_causal_lm(
         position_ids=bool(position_ids),
         dynamic_shapes=dynamic,
     )
+
+
+def one_cache_shape(layout: CacheLayout) -> tuple[int, int]:
+    """The one ``(heads, head size)`` of every cache tensor, values padded to the keys' width.
+
+    onnxruntime-genai has one head count and one head size for all keys and values. A model
+    whose values are narrower than its keys (MLA: DeepSeek-V3's keys carry the rotary part) is
+    stored with its values zero-padded to the keys' head size (:func:`pad_value_cache`).
+
+    Args:
+        layout: The model's cache layout.
+
+    Returns:
+        ``(heads, head_size)``.
+
+    Raises:
+        LoweringOptionsError: Layers differ, keys and values have different head counts, or
+            values are wider than keys.
+    """
+    keys, values = set(layout.keys), set(layout.values)
+    if len(keys) != 1 or len({heads for heads, _ in values}) != 1 or len(values) != 1:
+        raise LoweringOptionsError(
+            f"export: the KV cache has keys {sorted(keys)} and values {sorted(values)} "
+            "(heads, head size) across layers; onnxruntime-genai has one head count and one "
+            "head size for every cache (per-layer sizes are not supported)"
+        )
+    ((heads, key_dim),) = keys
+    ((value_heads, value_dim),) = values
+    if value_heads != heads or value_dim > key_dim:
+        raise LoweringOptionsError(
+            f"export: keys of {heads} heads of {key_dim} and values of {value_heads} heads of "
+            f"{value_dim}: onnxruntime-genai has one cache shape, and only values narrower than "
+            "the keys (MLA) can be padded to it"
+        )
+    return heads, key_dim
+
+
+def pad_value_cache(model: Any, layout: CacheLayout) -> Any:
+    """Store values narrower than keys zero-padded to the keys' head size (in place).
+
+    Each ``past_key_values.{i}.value`` input becomes ``(batch, heads, past, key_dim)`` and is
+    sliced back to the value width before its first use; each ``present.{i}.value`` output is
+    the model's value cache padded with zeros on the last axis. The model computes exactly what
+    it did; only the cache tensors are wider (what :func:`one_cache_shape` reports).
+
+    Args:
+        model: The ``onnx_ir.Model`` lowered from :func:`export_causal_lm`'s program.
+        layout: Its cache layout.
+
+    Returns:
+        ``model``.
+    """
+    import onnx_ir as ir
+
+    graph = model.graph
+    inputs = {value.name: value for value in graph.inputs}
+    outputs = {value.name: i for i, value in enumerate(graph.outputs)}
+    added = []
+    for i, ((_, key_dim), (_, value_dim)) in enumerate(
+        zip(layout.keys, layout.values, strict=True)
+    ):
+        if value_dim >= key_dim:
+            continue
+        past = inputs[f"past_key_values.{i}.value"]
+        uses = list(past.uses())
+        width = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([value_dim]))})
+        axis = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([3]))})
+        start = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([0]))})
+        sliced = ir.node(
+            "Slice", [past, start.outputs[0], width.outputs[0], axis.outputs[0]], num_outputs=1
+        )
+        sliced.outputs[0].name = f"{past.name}.unpadded"
+        sliced.outputs[0].dtype = past.dtype
+        for user, index in uses:
+            user.replace_input_with(index, sliced.outputs[0])
+        dims = list(past.shape.dims) if past.shape is not None else [None] * 4
+        past.shape = ir.Shape([*dims[:3], key_dim])
+        added += [width, axis, start, sliced]
+        name = f"present.{i}.value"
+        present = graph.outputs[outputs[name]]
+        present.name = f"{name}.unpadded"
+        pads = ir.node(
+            "Constant",
+            [],
+            attributes={"value": ir.tensor(np.array([0] * 7 + [key_dim - value_dim]))},
+        )
+        padded = ir.node("Pad", [present, pads.outputs[0]], num_outputs=1)
+        padded.outputs[0].name = name
+        padded.outputs[0].dtype = present.dtype
+        if present.shape is not None:
+            padded.outputs[0].shape = ir.Shape([*list(present.shape.dims)[:3], key_dim])
+        graph.outputs[outputs[name]] = padded.outputs[0]
+        added += [pads, padded]
+    if added:
+        first = next(iter(graph), None)
+        if first is None:
+            graph.extend(added)
+        else:
+            graph.insert_before(first, added)
+        graph.sort()
+    return model
 
 
 _ORT_FLOATS = {

@@ -24,6 +24,7 @@ from irkit.errors import LoweringOptionsError, ModelLoadError, SaveError
 from irkit.llm._genai_config import (
     DEFAULT_MAX_LENGTH,
     Decoder,
+    context_length,
     genai_config,
     token_ids,
 )
@@ -204,16 +205,10 @@ def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, precision
 
 
 def _decoder(exported: Any, text_config: Any) -> Decoder:
+    from irkit.llm._causal_lm import one_cache_shape
+
     layout = exported.cache
-    kinds = set(layout.keys) | set(layout.values)
-    if len(kinds) != 1:
-        raise LoweringOptionsError(
-            f"export: the KV cache has keys {sorted(set(layout.keys))} and values "
-            f"{sorted(set(layout.values))} (heads, head size) across layers; "
-            "onnxruntime-genai has one head count and one head size for every cache "
-            "(MLA and per-layer sizes are not supported yet)"
-        )
-    ((heads, head_size),) = kinds
+    heads, head_size = one_cache_shape(layout)  # values narrower than keys are padded (MLA)
     return Decoder(
         filename=_ONNX_FILE,
         num_layers=layout.num_layers,
@@ -222,7 +217,7 @@ def _decoder(exported: Any, text_config: Any) -> Decoder:
         head_size=head_size,
         hidden_size=int(text_config.hidden_size),
         vocab_size=int(text_config.vocab_size),
-        context_length=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+        context_length=context_length(text_config.to_dict()),
         position_ids=exported.position_ids,
         cache_itemsize=int(layout.numpy_dtype().itemsize),
     )
@@ -258,6 +253,8 @@ class _Source:
     config: Any  # its transformers config
     generation: dict[str, Any] | None  # generation_config.json
     weights: list[Any] | None  # irkit.save's weights= (None: the model's own)
+    rename: dict[str, str] | None  # irkit.save's rename= (checkpoint keys transformers renames)
+    shapes: dict[str, tuple[int, ...]] | None  # the checkpoint's tensor shapes (a folder's)
     folder: (
         pathlib.Path | None
     )  # where config, generation config and tokenizer files are copied from
@@ -279,11 +276,22 @@ def _folder_source(
     meta = _build(folder, config, trust_remote_code, precision)
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None
+    from irkit.llm._meta import checkpoint_names
+    from irkit.weights import open_weights
+
+    checkpoint = open_weights(folder)
+    shapes = {}
+    for key in checkpoint.names():
+        tensor = checkpoint.get(key)
+        if tensor is not None:
+            shapes[key] = tuple(int(d) for d in tensor.shape.numpy())
     return _Source(
         model=meta.model,
         config=config,
         generation=generation,
         weights=[folder, meta.buffers],
+        rename=checkpoint_names(meta.model, shapes) or None,
+        shapes=shapes,
         folder=folder,
         description=f"weights streamed from {folder}",
     )
@@ -305,6 +313,8 @@ def _model_source(model: Any, precision: str) -> _Source:
         config=config,
         generation=generation.to_diff_dict() if generation is not None else None,
         weights=None,
+        rename=None,
+        shapes=None,
         folder=name if str(name) and name.is_dir() else None,
         description="the model's own weights",
     )
@@ -394,7 +404,8 @@ def export(
     _check_output(out, overwrite)
 
     import irkit
-    from irkit.llm._causal_lm import export_causal_lm
+    from irkit.llm._causal_lm import export_causal_lm, pad_value_cache
+    from irkit.llm._meta import stacked_weights
 
     source = (
         _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, precision, stage)
@@ -414,6 +425,9 @@ def export(
     model = irkit.lower(
         exported.program, input_names=exported.input_names, output_names=exported.output_names
     )
+    pad_value_cache(model, exported.cache)
+    if source.shapes:  # experts stored one tensor each: stacked while streaming
+        stacked_weights(model, source.model, source.shapes)
     irkit.optimize(model, target=target)
     if precision in _QUANTIZED_BITS:
         stage(f"quantizing to {precision} (irkit.quantize)")
@@ -464,6 +478,7 @@ def _write_folder(
                 model,
                 tmp / _ONNX_FILE,
                 weights=source.weights,
+                rename=source.rename,
                 external_data=f"{_ONNX_FILE}.data",
                 progress=progress.tensor_written if progress is not None else None,
             )

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_MAX_LENGTH",
     "Decoder",
     "TokenIds",
+    "context_length",
     "genai_config",
     "genai_model_type",
     "token_ids",
@@ -112,6 +113,31 @@ class TokenIds:
     bos: int | None
     eos: tuple[int, ...]
     pad: int
+
+
+#: ``config.json`` keys of the longest sequence the model was trained for, first found wins.
+_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "max_sequence_length",
+    "seq_length",
+    "n_ctx",
+)
+
+
+def context_length(config: Mapping[str, Any]) -> int:
+    """The model's context length from ``config.json``, 0 when it names none (ALiBi models:
+    BLOOM has no position limit; :func:`genai_config` then writes ``search.max_length``).
+
+    >>> context_length({"n_positions": 1024}), context_length({"model_type": "bloom"})
+    (1024, 0)
+    """
+    for key in _CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 def genai_model_type(model_type: str) -> str:
@@ -212,7 +238,7 @@ def genai_config(
     inputs["past_value_names"] = "past_key_values.%d.value"
     model: dict[str, Any] = {
         "type": genai_model_type(model_type),
-        "context_length": decoder.context_length,
+        "context_length": decoder.context_length or max_length,
         "vocab_size": decoder.vocab_size,
         "eos_token_id": list(tokens.eos),
         "pad_token_id": tokens.pad,

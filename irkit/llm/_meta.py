@@ -9,10 +9,11 @@ eagerly for its output shapes (what :func:`irkit.llm.cache_layout` reads).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["MetaModel", "meta_causal_lm", "probe_mode"]
+__all__ = ["MetaModel", "checkpoint_names", "meta_causal_lm", "probe_mode", "stacked_weights"]
 
 
 def probe_mode(model: Any) -> contextlib.AbstractContextManager[Any]:
@@ -102,9 +103,128 @@ def meta_causal_lm(config: Any, *, dtype: Any, trust_remote_code: bool = False) 
             config, dtype=dtype, trust_remote_code=trust_remote_code
         )
     model.eval()
+    if getattr(model, "_can_set_experts_implementation", lambda: False)():
+        # grouped_mm's meta kernel takes bfloat16 only; batched_mm is the same sum of products
+        model.set_experts_implementation("batched_mm")
     buffers = {}
     for name, buffer in list(model.named_buffers()):
         buffers[name] = buffer.detach().clone()
         owner, _, leaf = name.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = buffer.to("meta")
     return MetaModel(model, buffers)
+
+
+def checkpoint_names(model: Any, keys: Iterable[str]) -> dict[str, str]:
+    """The model's names of checkpoint keys that transformers renames on load.
+
+    ``save_pretrained`` writes some weights under their original checkpoint names (e.g.
+    GPT-NeoX's ``embed_out.weight`` for the model's ``lm_head.weight``), and
+    ``from_pretrained`` renames them with the model's registered ``WeightRenaming`` transforms
+    (``transformers.conversion_mapping``). The same renamings are applied here to ``keys``, so
+    :func:`irkit.save` can find each weight under the model's name (its ``rename=``). Converters
+    that merge or split tensors are not renamings and are left out; a transformers without
+    conversion mappings gives ``{}``.
+
+    Args:
+        model: The transformers model.
+        keys: The checkpoint's tensor names.
+
+    Returns:
+        ``{model name: checkpoint key}`` for the keys whose name changes.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, apply_renamings
+    except ImportError:  # older transformers: checkpoint keys are the model's names
+        return {}
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    names = {}
+    for key in keys:
+        name = apply_renamings(key, renamings)
+        if name != key:
+            names[name] = key
+    return names
+
+
+def _stack_and_concat(operations: list[Any]) -> tuple[int, int | None] | None:
+    """``(stack dim, concat dim or None)`` for [MergeModulelist(d)] or [.., Concatenate(d)]."""
+    names = [type(op).__name__ for op in operations]
+    dims = [op.dim for op in operations if isinstance(getattr(op, "dim", None), int)]
+    if len(dims) != len(operations):
+        return None
+    if names == ["MergeModulelist"]:
+        return dims[0], None
+    if names == ["MergeModulelist", "Concatenate"]:
+        return dims[0], dims[1]
+    return None
+
+
+def stacked_weights(model: Any, hf_model: Any, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """Weights transformers stacks on load, as recipes over the checkpoint's tensors (in place).
+
+    ``save_pretrained`` writes a mixture-of-experts layer's weights one tensor per expert
+    (``mlp.experts.{e}.gate_proj.weight``, ...) while the model holds them stacked
+    (``mlp.experts.gate_up_proj``: the experts stacked, gate and up concatenated); the model's
+    ``WeightConverter`` transforms say how. Each converter made of ``MergeModulelist`` (stack)
+    and ``Concatenate`` becomes a :class:`irkit.weights.DerivedTensor` on the weightless
+    initializer of that name, which :func:`irkit.save` computes while streaming, one tensor at
+    a time. Other converters are left alone (``irkit.save`` then names the missing weight).
+
+    Args:
+        model: The lowered ``onnx_ir.Model`` (weightless initializers).
+        hf_model: The transformers model it was exported from.
+        shapes: The checkpoint's tensor shapes by key.
+
+    Returns:
+        The number of initializers given a recipe.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_renamings
+    except ImportError:  # older transformers: no stacked experts
+        return 0
+    from irkit.weights import DerivedTensor, Leaf, concat, is_weightless, reshape
+
+    transforms = get_model_conversion_mapping(hf_model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    # target name -> (converter, {pattern index: {expert: checkpoint key}})
+    groups: dict[str, tuple[Any, dict[int, dict[int, str]]]] = {}
+    for key in shapes:
+        renamed = apply_renamings(key, renamings)
+        for converter in converters:
+            target, pattern = converter.rename_source_key(renamed)
+            if pattern is None:
+                continue
+            index = converter.source_patterns.index(pattern)
+            original = converter._original_source_patterns[index]
+            expert = re.search(re.escape(original).replace(r"\*", r"(\d+)"), renamed)
+            if expert is None:
+                break
+            parts = groups.setdefault(target, (converter, {}))[1]
+            parts.setdefault(index, {})[int(expert.group(1))] = key
+            break
+    initializers = model.graph.initializers
+    done = 0
+    for target, (converter, parts) in groups.items():
+        value = initializers.get(target)
+        plan = _stack_and_concat(list(converter.operations))
+        if value is None or plan is None or not is_weightless(value.const_value):
+            continue
+        stack_dim, concat_dim = plan
+        dtype = value.const_value.dtype
+        stacked = []
+        for index in sorted(parts):
+            experts = parts[index]
+            leaves = []
+            for e in sorted(experts):
+                shape = tuple(shapes[experts[e]])
+                leaf = DerivedTensor(Leaf(experts[e], dtype, shape))
+                leaves.append(reshape(leaf, [*shape[:stack_dim], 1, *shape[stack_dim:]]))
+            stacked.append(concat(leaves, stack_dim))
+        tensor = stacked[0] if concat_dim is None else concat(stacked, concat_dim)
+        if tuple(tensor.shape) != tuple(value.const_value.shape):
+            continue
+        value.const_value = DerivedTensor(tensor.recipe, name=target)  # type: ignore[attr-defined]
+        done += 1
+    return done

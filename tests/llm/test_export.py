@@ -22,6 +22,7 @@ from irkit.errors import LoweringOptionsError, ModelLoadError, SaveError
 from irkit.llm import export
 from irkit.llm._export import tokenizer_files
 from irkit.llm._genai_config import GENAI_LLM_TYPES, Decoder, genai_model_type, token_ids
+from tests.llm import genai_support as gs
 
 og = pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
@@ -29,31 +30,6 @@ tokenizers = pytest.importorskip("tokenizers")
 
 PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox"]
 NEW_TOKENS = 12
-_TEXT = ["hello world, the quick brown fox jumps over the lazy dog"] * 20 + ["user assistant"] * 5
-_CHAT = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
-
-def _tokenizer() -> transformers.PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_TEXT, trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    fast.chat_template = _CHAT
-    return fast
 
 
 _COMMON = dict(
@@ -86,12 +62,9 @@ FROM_MODEL = {"phi3"}  # exported from the loaded model, for target "ort"
 def _save_folder(root: pathlib.Path, arch: str) -> pathlib.Path:
     import torch
 
-    folder = root / f"{arch}-hf"
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS[arch]())
-    model.save_pretrained(folder)
-    _tokenizer().save_pretrained(folder)
-    return folder
+    return gs.save_folder(root / f"{arch}-hf", model, gs.tokenizer())
 
 
 @pytest.fixture(scope="module")
@@ -119,35 +92,15 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _genai_ids(out: pathlib.Path, prompts: list[str]) -> list[list[int]]:
-    model = og.Model(str(out))
-    tokenizer = og.Tokenizer(model)
-    params = og.GeneratorParams(model)
-    longest = max(len(tokenizer.encode(p)) for p in prompts)
-    params.set_search_options(
-        max_length=longest + NEW_TOKENS, do_sample=False, batch_size=len(prompts)
-    )
-    generator = og.Generator(model, params)
-    generator.append_tokens(tokenizer.encode_batch(prompts))
-    while not generator.is_done():
-        generator.generate_next_token()
-    # genai right-pads: prompt, pads up to the longest prompt, then the new tokens
-    return [list(generator.get_sequence(i))[longest:] for i in range(len(prompts))]
+    return gs.genai_ids(out, prompts, NEW_TOKENS)
 
 
 def _reference_ids(folder: pathlib.Path, prompts: list[str]) -> list[list[int]]:
-    import torch
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    tokenizer.padding_side = "left"
-    batch = tokenizer(prompts, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        ids = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False)
-    return ids[:, batch["input_ids"].shape[1] :].tolist()
+    return gs.reference_ids(folder, prompts, NEW_TOKENS)
 
 
 def _until_eos(ids: list[int], eos: int = 1) -> list[int]:
-    return ids[: ids.index(eos) + 1] if eos in ids else ids
+    return gs.until_eos(ids, eos)
 
 
 @pytest.mark.slow

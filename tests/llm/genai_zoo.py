@@ -1,0 +1,143 @@
+"""(Shared by ``test_genai_zoo*.py``.) The causal-LM zoo through ``irkit export`` and onnxruntime-genai's ``Generator``.
+
+Each architecture of :data:`tests.llm_zoo.ZOO` (tiny config, random weights, vocabulary widened
+to :data:`VOCAB` for the local tokenizer) is saved with ``save_pretrained`` beside a byte-level
+BPE tokenizer and a chat template, exported once with ``irkit export`` (target onnx, fp32, the
+weights streamed from the folder), and run in genai's ``Generator`` (CPU, greedy): batch 1, then
+a batch of 2 that genai right-pads; the new ids must equal transformers ``generate`` on the same
+prompts left-padded. Prompt plus new tokens run past the zoo's sliding window (8 tokens) and past
+the longrope phi3's ``original_max_position_embeddings``. genai's own tokenizer must encode the
+folder's prompts as transformers does, and ``apply_chat_template`` must work on the folder.
+
+Mixture-of-experts folders (qwen3_moe, mixtral, deepseek_v3) hold one tensor per expert: the
+stacked expert weights are streamed as recipes over them. deepseek_v3's values (MLA) are
+narrower than its keys: the cache stores them padded. Archs in :data:`FROM_MODEL` are exported
+from the loaded model (``irkit.llm.export(model, ...)``, its own weights): their folders cannot
+be streamed yet (see :func:`test_streaming_from_the_folder_not_yet`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from irkit.cli import main
+from irkit.llm import export
+from tests.llm import genai_support as gs
+from tests.llm_zoo import EXTRA, SLIDING_WINDOW, ZOO
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+
+VOCAB = 320  # 256 bytes + the specials + merges; the zoo's 256 is too small for a byte-level BPE
+SPECIALS = ("<pad>", "<s>", "</s>")  # the zoo's ids: pad 0, bos 1, eos 2
+EOS = 2
+NEW_TOKENS = 16
+MAX_LENGTH = 64
+PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox"]
+ARCHS = {arch.name: arch for arch in (*ZOO, *EXTRA)}
+
+#: Exported from the loaded model: the folder path cannot stream their weights yet.
+FROM_MODEL = {
+    # falcon indexes its fused qkv with Python lists: torch.export lifts the index tensors as
+    # constants, which a meta-device model creates on meta, without their values
+    "falcon": "list-index constants of a meta-device model have no values",
+    # longrope computes its long factors on first use (torch.tensor(long_factor) in forward):
+    # on a meta-device model the probe leaves a fake tensor behind and the constant has no value
+    "phi3_longrope": "longrope's lazily computed long factors on a meta-device model",
+}
+
+
+def make_exported(tmp_path_factory: pytest.TempPathFactory):
+    """arch → (HF folder, exported folder, the transformers model), each exported once."""
+    root = tmp_path_factory.mktemp("genai-zoo")
+    tokenizer = gs.tokenizer(vocab_size=VOCAB, specials=SPECIALS)
+    done: dict[str, tuple[pathlib.Path, pathlib.Path, object]] = {}
+
+    def get(name: str) -> tuple[pathlib.Path, pathlib.Path, object]:
+        if name not in done:
+            import torch
+
+            arch = ARCHS[name]
+            config = arch.config()
+            config.vocab_size = VOCAB
+            torch.manual_seed(0)
+            model = getattr(transformers, arch.model_class)(config).eval()
+            folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
+            out = root / f"{name}-onnx"
+            if name in FROM_MODEL:
+                loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+                export(loaded.eval(), out, max_length=MAX_LENGTH)
+            else:
+                argv = ["export", str(folder), "-o", str(out), "-q"]
+                assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
+            done[name] = (folder, out, model)
+        return done[name]
+
+    return get
+
+
+def _before_eos(ids: list[int]) -> list[int]:
+    return ids[: ids.index(EOS)] if EOS in ids else ids
+
+
+def check_generator(exported, name: str) -> None:
+    folder, out, model = exported(name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    shortest = min(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
+    assert shortest + NEW_TOKENS > SLIDING_WINDOW  # windowed layers see a full window
+    lengths = []
+    for prompts in (PROMPTS[:1], PROMPTS):
+        got = [_before_eos(ids) for ids in gs.genai_ids(out, prompts, NEW_TOKENS)]
+        want = [_before_eos(ids) for ids in gs.reference_ids(folder, prompts, NEW_TOKENS, model)]
+        assert got == want, (name, prompts)
+        lengths += [len(ids) for ids in want]
+    assert max(lengths) >= 8  # the comparison is not only an early eos
+
+
+def check_tokenizer(exported, name: str) -> None:
+    _, out, _ = exported(name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<s>user: hello\nassistant:"
+    og_tokenizer = og.Tokenizer(og.Model(str(out)))
+    for prompt in [*PROMPTS, text]:
+        assert list(og_tokenizer.encode(prompt)) == tokenizer(prompt)["input_ids"], prompt
+
+
+def part(index: int, parts: int = 3) -> list[str]:
+    """The architectures of part ``index`` (of ``parts``): files run in parallel under xdist."""
+    return sorted(ARCHS)[index::parts]
+
+
+def check_longrope(exported) -> None:
+    """The longrope phi3's prompt takes the short factors, its last tokens the long ones."""
+    folder, _, model = exported("phi3_longrope")
+    original = model.config.original_max_position_embeddings
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert (
+        len(tokenizer(PROMPTS[1])["input_ids"])
+        < original
+        < len(tokenizer(PROMPTS[1])["input_ids"]) + NEW_TOKENS
+    )
+
+
+def check_streams_from_folder(exported, name: str, tmp_path: pathlib.Path) -> None:
+    """``irkit export`` of the architecture's folder (its weights streamed) succeeds."""
+    folder, _, _ = exported(name)
+    argv = ["export", str(folder), "-o", str(tmp_path / "out"), "-q"]
+    assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
+
+
+def from_model_params(names: list[str]) -> list[object]:
+    """The :data:`FROM_MODEL` architectures among ``names``, as strict xfails."""
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FROM_MODEL[n]))
+        for n in names
+        if n in FROM_MODEL
+    ]
