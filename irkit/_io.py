@@ -8,7 +8,7 @@ import os
 import pathlib
 import shlex
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import onnx
 import onnx_ir as ir
@@ -49,6 +49,7 @@ def save(
     override: bool = False,
     max_shard_size: int | str | None = None,
     alignment: int | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> pathlib.Path:
     """Serialize ``model`` to ``path``, streaming weights from a checkpoint if given.
 
@@ -80,6 +81,8 @@ def save(
             a file of its own.
         alignment: Align the offset of each tensor larger than this many bytes (at least 4096)
             in the data files to a multiple of it, so that runtimes can memory-map them.
+        progress: Called with each external tensor's name and byte count once it is written
+            (a progress display).
 
     Returns:
         The path written.
@@ -141,7 +144,7 @@ def save(
         )
     if external_data is not False:
         data_name = external_data if isinstance(external_data, str) else f"{path.name}.data"
-        _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment)
+        _externalize(tensors, unfilled, path.parent, data_name, shard_bytes, alignment, progress)
     with _swapped(tensors):
         try:
             proto = ir.serde.serialize_model(model)
@@ -171,6 +174,7 @@ def _externalize(
     data_name: str,
     shard_bytes: int | None,
     alignment: int | None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> None:
     """Write the large tensors to external data; ``tensors`` then maps to the written copies
     (small external tensors are read into memory: they are stored inline)."""
@@ -187,6 +191,7 @@ def _externalize(
         max_shard_size=shard_bytes,
         alignment=alignment,
         align_threshold=max(4096, alignment or 0),  # smaller tensors are packed
+        progress=progress,
     )
     for value, tensor in zip(large, written, strict=True):
         tensors[value] = tensor

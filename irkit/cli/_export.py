@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-import time
 from collections.abc import Callable
 
 from irkit.cli._common import EXIT_OK, CommandLineError
@@ -22,12 +21,14 @@ _EPILOG = """\
 examples:
   irkit export path/to/Qwen2.5-0.5B-Instruct -o qwen-onnx
   irkit export path/to/llama -o llama-onnx --max-length 2048 --overwrite
+  irkit export path/to/llama -o llama-int4 --precision int4
 
 MODEL_DIR is a local Hugging Face folder (config.json, *.safetensors, tokenizer files); nothing
 is downloaded. OUT_DIR gets model.onnx + model.onnx.data, genai_config.json, config.json,
 generation_config.json and the tokenizer and chat-template files: onnxruntime-genai's
 og.Model(OUT_DIR) runs it. The weights are streamed from the shards, never loaded whole.
-Needs the irkit[llm] extra (pip install 'irkit[llm]')."""
+On a terminal it shows the stages and the tensors and MB written (nothing when piped; -q: only
+errors). Needs the irkit[llm] extra (pip install 'irkit[llm]')."""
 
 _PRECISIONS = ("fp32", "fp16", "int4", "int8")  # irkit.llm._export.PRECISIONS, without torch
 _TARGETS = ("onnx", "ort")
@@ -40,7 +41,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "--precision",
         choices=_PRECISIONS,
         default="fp32",
-        help="weights and compute dtype (default fp32; the others are not available yet)",
+        help="weights and compute dtype: fp32 (default), fp16, or fp32 with int4/int8 "
+        "matmul weights (MatMulNBits)",
     )
     p.add_argument(
         "--target",
@@ -75,15 +77,9 @@ def _export(args: argparse.Namespace) -> int:
     _check_extra()
     if args.max_length is not None and args.max_length < 2:
         raise CommandLineError(f"--max-length {args.max_length}: must be 2 or more")
-    from irkit.llm import export
+    from irkit.llm import Progress, export
 
-    t0 = time.perf_counter()
-    quiet = args.quiet
-
-    def log(line: str) -> None:
-        if not quiet:
-            sys.stderr.write(f"  {time.perf_counter() - t0:6.1f} s  {line}\n")
-
+    progress = Progress(sys.stderr, quiet=args.quiet)
     result = export(
         args.model,
         args.output,
@@ -92,9 +88,9 @@ def _export(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         overwrite=args.overwrite,
         trust_remote_code=args.trust_remote_code,
-        log=log,
+        progress=progress,
     )
-    if not quiet:
+    if not args.quiet:
         sys.stdout.write(f"{args.model} → {result.path}/  ({', '.join(result.files)})\n")
     return EXIT_OK
 

@@ -20,6 +20,7 @@ from irkit.llm._causal_lm import (
     torch_inputs,
 )
 from irkit.llm._export import ExportedFolder, export
+from irkit.llm._progress import Progress
 
 __all__ = [
     "TESTED_TRANSFORMERS",
@@ -33,4 +34,5 @@ __all__ = [
     "run_eager",
     "export",
     "ExportedFolder",
+    "Progress",
 ]

@@ -11,6 +11,7 @@ beside the output folder, renamed into place at the end. See ``docs/export.md``.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import pathlib
@@ -27,8 +28,12 @@ from irkit.llm._genai_config import (
     genai_config,
     token_ids,
 )
+from irkit.llm._progress import Progress
 
 __all__ = ["PRECISIONS", "TARGETS", "ExportedFolder", "export", "tokenizer_files"]
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_INLINE_BYTES = 256  # irkit.save keeps initializers this small inside model.onnx (_io)
 
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
 TARGETS = ("onnx", "ort")
@@ -130,13 +135,29 @@ def _check_options(precision: str, target: str) -> None:
         raise LoweringOptionsError(
             f"export: precision {precision!r} is not one of {', '.join(PRECISIONS)}"
         )
-    if precision != "fp32":
-        raise LoweringOptionsError(
-            f"export: precision {precision!r} is not available yet: fp16 needs the fp16 "
-            "fusions and int4/int8 irkit.quantize (the quantization issue); export fp32"
-        )
     if target not in TARGETS:
         raise LoweringOptionsError(f"export: target {target!r} is not one of {', '.join(TARGETS)}")
+
+
+_QUANTIZED_BITS = {"int4": 4, "int8": 8}
+
+
+def _dtype(precision: str) -> str:
+    """The float type the graph computes in: fp16 for ``fp16``, else fp32 (int4/int8 quantize
+    an fp32 model)."""
+    return "fp16" if precision == "fp16" else "fp32"
+
+
+def _quantize(model: Any, precision: str, say: Callable[[str], None]) -> None:
+    import irkit
+
+    bits = _QUANTIZED_BITS[precision]
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, bits=bits, report=report)
+    say(
+        f"{precision}: {len(report.quantized)} matmul(s) → MatMulNBits ({bits} bits), "
+        f"{len(report.skipped)} left in float"
+    )
 
 
 def _config(folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool) -> Any:
@@ -169,13 +190,11 @@ def _config(folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool) 
         ) from exc
 
 
-def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool) -> Any:
-    import torch
-
-    from irkit.llm._meta import meta_causal_lm
+def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, precision: str) -> Any:
+    from irkit.llm._precision import meta_model
 
     try:
-        return meta_causal_lm(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        return meta_model(config, _dtype(precision), trust_remote_code=trust_remote_code)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelLoadError(
@@ -244,11 +263,18 @@ class _Source:
 
 
 def _folder_source(
-    folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool, say: Callable[[str], None]
+    folder: pathlib.Path,
+    raw: dict[str, Any],
+    trust_remote_code: bool,
+    precision: str,
+    say: Callable[[str], None],
 ) -> _Source:
     config = _config(folder, raw, trust_remote_code)
-    say(f"building {config.model_type} from {folder}/config.json on the meta device")
-    meta = _build(folder, config, trust_remote_code)
+    say(
+        f"building {config.model_type} from {folder}/config.json on the meta device "
+        f"({_dtype(precision)})"
+    )
+    meta = _build(folder, config, trust_remote_code, precision)
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None
     from irkit.llm._meta import checkpoint_names
@@ -273,7 +299,9 @@ def _folder_source(
     )
 
 
-def _model_source(model: Any) -> _Source:
+def _model_source(model: Any, precision: str) -> _Source:
+    from irkit.llm._precision import convert_model
+
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_json_file"):
         raise LoweringOptionsError(
@@ -283,7 +311,7 @@ def _model_source(model: Any) -> _Source:
     generation = getattr(model, "generation_config", None)
     name = pathlib.Path(str(getattr(config, "_name_or_path", "") or ""))
     return _Source(
-        model=model.eval(),
+        model=convert_model(model.eval(), _dtype(precision)),
         config=config,
         generation=generation.to_diff_dict() if generation is not None else None,
         weights=None,
@@ -339,6 +367,7 @@ def export(
     overwrite: bool = False,
     trust_remote_code: bool = False,
     log: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> ExportedFolder:
     """Export a Hugging Face causal LM to a folder onnxruntime-genai runs.
 
@@ -354,12 +383,18 @@ def export(
         model_or_dir: The model folder (``config.json``, ``*.safetensors``, tokenizer files),
             or a transformers ``*ForCausalLM``.
         out_dir: The folder to write (created; must be empty or absent unless ``overwrite``).
-        precision: ``"fp32"`` (others are refused for now).
+        precision: ``"fp32"``; ``"fp16"`` (fp16 weights, compute and KV cache:
+            ``irkit.llm._precision``; the checkpoint converted while streamed);
+            ``"int4"``/``"int8"`` (fp32 model whose matmul weights ``irkit.quantize`` packs
+            into ``MatMulNBits``).
         target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
         max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
         overwrite: Replace a non-empty ``out_dir``.
         trust_remote_code: Allow a folder whose model is defined by its own code.
-        log: Called with one line per stage (default: nothing).
+        log: Called with one line per stage and each note (default: nothing); with
+            ``progress``, the stages go there and the notes too.
+        progress: A :class:`~irkit.llm._progress.Progress` (the command line's: stages,
+            tensors and MB written on a terminal).
 
     Returns:
         The :class:`ExportedFolder`.
@@ -367,13 +402,17 @@ def export(
     Raises:
         ModelLoadError: Not a model folder, no safetensors weights, remote code without
             ``trust_remote_code``, a config transformers cannot build.
-        SaveError: ``out_dir`` is not empty (without ``overwrite``) or cannot be written.
-        LoweringOptionsError: A precision or target not available, an unusable ``max_length``,
+        SaveError: ``out_dir`` is not empty (without ``overwrite``) or cannot be written (a
+            full disk, …); nothing is left behind.
+        LoweringOptionsError: An unknown precision or target, an unusable ``max_length``,
             a cache genai cannot hold, neither a folder nor a transformers model.
         ExportError: ``torch.export`` failed.
-        WeightsError: The shards lack a weight or have the wrong shape (nothing written).
+        WeightsError: The shards lack a weight or have the wrong shape, or an fp16 export
+            overflows (``check_half_range``); nothing is written.
     """
-    say = log or (lambda _line: None)
+    quiet = log or (lambda _line: None)
+    stage = progress.stage if progress is not None else quiet
+    note = progress.note if progress is not None else quiet
     out = pathlib.Path(out_dir)
     _check_options(precision, target)
     is_folder = isinstance(model_or_dir, (str, os.PathLike))
@@ -385,16 +424,20 @@ def export(
     from irkit.llm._meta import stacked_weights
 
     source = (
-        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, say)
+        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, precision, stage)
         if is_folder
-        else _model_source(model_or_dir)
+        else _model_source(model_or_dir, precision)
     )
-    say("torch.export with the KV cache")
+    if precision == "fp16":
+        from irkit.llm._precision import check_half_range
+
+        check_half_range(source.model, weights=source.weights)
+    stage("torch.export with the KV cache")
     exported = export_causal_lm(source.model)
     text_config = source.config.get_text_config()
     decoder = _decoder(exported, text_config)
     length = _max_length(decoder, max_length)
-    say(f"lowering and optimizing (target {target})")
+    stage(f"lowering and optimizing (target {target})")
     model = irkit.lower(
         exported.program, input_names=exported.input_names, output_names=exported.output_names
     )
@@ -407,6 +450,9 @@ def export(
     rules = ort.default_rules(gqa_shared_buffer=length) if target == "ort" else None
     irkit.optimize(model, target=target, rules=rules)
     shared = target == "ort" and ort.attention.runs_on_shared_buffer(model, decoder.num_layers)
+    if precision in _QUANTIZED_BITS:
+        stage(f"quantizing to {precision} (irkit.quantize)")
+        _quantize(model, precision, note)
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),
@@ -416,24 +462,82 @@ def export(
         input_names=exported.input_names,
         share_buffer=shared,
     )
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    files = _write_folder(model, source, content, out, stage, note, progress)
+    kv = decoder.kv_bytes(length)
+    note(f"search.max_length {length}: KV cache {kv / 2**20:.1f} MiB per sequence")
+    return ExportedFolder(path=out, files=files, genai_config=content, kv_cache_bytes=kv)
+
+
+def _write_folder(
+    model: Any,
+    source: _Source,
+    content: dict[str, Any],
+    out: pathlib.Path,
+    stage: Callable[[str], None],
+    note: Callable[[str], None],
+    progress: Progress | None,
+) -> tuple[str, ...]:
+    """Write everything into a temporary folder beside ``out``, then rename it into place."""
+    import irkit
+
+    try:
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise _write_error(out, exc) from exc
     try:
         tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the renamed folder
-        say(f"writing {out}/{_ONNX_FILE} ({source.description})")
-        irkit.save(
-            model,
-            tmp / _ONNX_FILE,
-            weights=source.weights,
-            rename=source.rename,
-            external_data=f"{_ONNX_FILE}.data",
-        )
-        _write_side_files(source, tmp, say)
+        stage(f"writing {out}/{_ONNX_FILE} ({source.description})")
+        if progress is not None:
+            sizes = [
+                v.const_value.nbytes
+                for v in model.graph.initializers.values()
+                if v.const_value is not None
+            ]
+            large = [n for n in sizes if n > _INLINE_BYTES]
+            progress.start_writing(len(large), sum(large))
+        try:
+            irkit.save(
+                model,
+                tmp / _ONNX_FILE,
+                weights=source.weights,
+                rename=source.rename,
+                external_data=f"{_ONNX_FILE}.data",
+                progress=progress.tensor_written if progress is not None else None,
+            )
+        finally:
+            if progress is not None:
+                progress.finish_writing()
+        _write_side_files(source, tmp, note)
         (tmp / "genai_config.json").write_text(json.dumps(content, indent=2) + "\n")
         files = tuple(sorted(p.name for p in tmp.iterdir()))
         _replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(out, exc) from exc
+    except SaveError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL:
+            raise _write_error(out, cause, out / f"{_ONNX_FILE}.data") from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    kv = decoder.kv_bytes(length)
-    say(f"search.max_length {length}: KV cache {kv / 2**20:.1f} MiB per sequence")
-    return ExportedFolder(path=out, files=files, genai_config=content, kv_cache_bytes=kv)
+    return files
+
+
+def _write_error(out: pathlib.Path, exc: OSError, file: pathlib.Path | None = None) -> SaveError:
+    """The :class:`SaveError` for ``exc``, raised while writing ``file`` (default: its own)."""
+    named = file if file is not None else exc.filename
+    where = repr(str(named)) if named else repr(str(out))
+    if exc.errno in _DISK_FULL:
+        free = shutil.disk_usage(out.parent).free if out.parent.is_dir() else 0
+        return SaveError(
+            f"{str(out)!r}: the disk is full while writing {where} ({exc.strerror}; "
+            f"{free / 1e6:,.0f} MB free in {str(out.parent)!r}); nothing was written: free "
+            "some space there or pass an OUT_DIR on another disk"
+        )
+    return SaveError(
+        f"{str(out)!r}: writing {where} failed ({exc.strerror or exc}); nothing was written: "
+        "check that the folder is writable, or pass another OUT_DIR"
+    )

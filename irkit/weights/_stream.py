@@ -24,7 +24,7 @@ from irkit.errors import SaveError, WeightsError
 from irkit.weights._checkpoints import open_weights
 from irkit.weights._derived import DerivedTensor, Leaf, evaluate
 from irkit.weights._weightless import WeightlessTensor
-from irkit.weights._writer import write_data_file
+from irkit.weights._writer import WriteProgress, write_data_file
 
 __all__ = ["Rename", "resolve_weights", "write_external", "parse_size"]
 
@@ -292,6 +292,7 @@ def write_external(
     max_shard_size: int | None,
     alignment: int | None,
     align_threshold: int,
+    progress: WriteProgress | None = None,
 ) -> list[ir.ExternalTensor]:
     """Write ``tensors`` (in order) into ``data_name`` next to the model, or into shards of at
     most ``max_shard_size`` bytes; one tensor in memory at a time. Returns the external tensors
@@ -299,6 +300,7 @@ def write_external(
     its destination (:func:`irkit.weights._writer.write_data_file`: kernel copies, rolling
     write-behind); the layout is onnx-ir's (``convert_tensors_to_external``): tensors packed in
     order, those larger than ``align_threshold`` at multiples of ``max(4096, alignment)``.
+    ``progress`` is called after each tensor (its name and byte count).
 
     Raises:
         SaveError: The data name is absolute or leaves the model's directory, or writing failed.
@@ -317,7 +319,7 @@ def write_external(
         members = [tensors[i] for i in group]
         offsets = _offsets(members, alignment, align_threshold)
         try:
-            write_data_file(members, offsets, directory / name)
+            write_data_file(members, offsets, directory / name, progress=progress)
         except OSError as exc:
             raise SaveError(f"writing {str(directory / name)!r} failed: {exc}") from exc
         for i, tensor, offset in zip(group, members, offsets, strict=True):

@@ -39,7 +39,7 @@ import onnx_ir as ir
 
 from irkit.weights._checkpoints import FileTensor
 
-__all__ = ["write_data_file", "CHUNK", "WINDOW"]
+__all__ = ["write_data_file", "WriteProgress", "CHUNK", "WINDOW"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ _O_BINARY = getattr(os, "O_BINARY", 0)  # (Windows: no newline translation)
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # SYNC_FILE_RANGE_* (linux/fs.h)
 
 SyncFileRange = Callable[[int, int, int, int], int]
+WriteProgress = Callable[[str, int], None]
+"""Called with a tensor's name and byte count once it is written (a progress display)."""
 
 
 def _load_sync_file_range() -> SyncFileRange | None:
@@ -181,7 +183,11 @@ def _prefetch(tensor: FileTensor) -> None:
 
 
 def write_data_file(
-    tensors: Sequence[ir.TensorProtocol], offsets: Sequence[int], path: pathlib.Path
+    tensors: Sequence[ir.TensorProtocol],
+    offsets: Sequence[int],
+    path: pathlib.Path,
+    *,
+    progress: WriteProgress | None = None,
 ) -> None:
     """Write each tensor's bytes at its offset into ``path``, durably and atomically.
 
@@ -189,6 +195,7 @@ def write_data_file(
     ``path`` (and the directory fsynced): a reader sees the old file or the complete new one.
     External tensors that point at ``path`` itself are read before it is replaced, then
     invalidated (as onnx-ir's writer does). The file ends where the last tensor ends.
+    ``progress``, if given, is called with each tensor's name and byte count once it is written.
 
     Raises:
         OSError: Reading or writing failed (the destination is left as it was).
@@ -203,7 +210,7 @@ def write_data_file(
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY, 0o666)
         try:
-            _write_all(fd, tensors, offsets)
+            _write_all(fd, tensors, offsets, progress)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -227,7 +234,12 @@ def write_data_file(
         )
 
 
-def _write_all(fd: int, tensors: Sequence[ir.TensorProtocol], offsets: Sequence[int]) -> None:
+def _write_all(
+    fd: int,
+    tensors: Sequence[ir.TensorProtocol],
+    offsets: Sequence[int],
+    progress: WriteProgress | None,
+) -> None:
     behind = _WriteBehind(fd, WINDOW, SYNC_FILE_RANGE)
     copier = _Copier(fd, behind)
     ahead: list[FileTensor | None] = [None] * len(tensors)  # the next checkpoint tensor
@@ -238,11 +250,13 @@ def _write_all(fd: int, tensors: Sequence[ir.TensorProtocol], offsets: Sequence[
         for tensor, offset, next_one in zip(tensors, offsets, ahead, strict=True):
             if isinstance(tensor, FileTensor):
                 copier.copy(tensor, offset, next_one)
-                continue
-            file.seek(offset)
-            _write_in_memory(tensor, file)
-            file.flush()
-            behind.advance(offset + tensor.nbytes)
+            else:
+                file.seek(offset)
+                _write_in_memory(tensor, file)
+                file.flush()
+                behind.advance(offset + tensor.nbytes)
+            if progress is not None:
+                progress(str(tensor.name), tensor.nbytes)
 
 
 def _write_in_memory(tensor: ir.TensorProtocol, file: BinaryIO) -> None:

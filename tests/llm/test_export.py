@@ -295,12 +295,6 @@ def test_non_empty_output_without_overwrite(tmp_path, capsys):
         export(folder, out)
 
 
-@pytest.mark.parametrize("precision", ["fp16", "int4", "int8"])
-def test_precisions_not_available_yet(tmp_path, precision):
-    with pytest.raises(LoweringOptionsError, match="not available yet"):
-        export(tmp_path, tmp_path / "out", precision=precision)
-
-
 def test_missing_extra_names_it(tmp_path, capsys, monkeypatch):
     import importlib.util
 

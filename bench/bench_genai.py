@@ -1,0 +1,277 @@
+"""``irkit export`` vs onnxruntime-genai's model builder on the same folder (issue 23 item 6).
+
+One Llama-shaped ``save_pretrained`` folder (hidden 512, 4 layers, 8 heads, 2 KV heads, vocab
+4000, random weights, a local word-level tokenizer) is exported twice, each as a whole process:
+
+- ``irkit``: ``python -m irkit.cli export DIR -o OUT --precision P --target T`` (T: ``onnx``,
+  the default, or ``ort``: onnxruntime's contrib ops)
+- ``builder``: ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu``
+
+(both with ``PYTHONPATH=<repo>:<repo>/tests/site``: the torchvision stand-in). Both folders get
+``session_options`` ``intra_op_num_threads: 1`` / ``inter_op_num_threads: 1`` in their
+``genai_config.json`` and run in ``og.Generator`` on ORT CPU: a prompt of 128 tokens
+(``append_tokens``: the prefill), then 128 tokens decoded one ``generate_next_token`` at a time
+(greedy; ``min_length`` keeps eos away). Rounds are interleaved (irkit, builder, irkit, …); the
+table gives the median with min/max of each and the ratio irkit/builder of the medians, and the
+export time (process wall) the same way. Targets: per-token and prefill <= 1.0, export <= 0.5.
+
+``--profile`` also writes ORT's profile of one more run of each (``session_options``
+``enable_profiling``) and prints the ten op types with the most time, to see where a ratio goes.
+
+Usage: ``python bench/bench_genai.py [--precision fp32|int4] [--target onnx|ort] [--rounds 5] [--export-rounds 5]
+[--profile] [--workdir DIR]`` (run with ``PYTHONPATH=$PWD:$PWD/tests/site``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PROMPT = 128
+NEW_TOKENS = 128
+VOCAB = 4000
+
+
+@dataclasses.dataclass
+class Figures:
+    """Seconds measured for one variant, one list per quantity."""
+
+    export: list[float] = dataclasses.field(default_factory=list)
+    prefill: list[float] = dataclasses.field(default_factory=list)
+    per_token: list[float] = dataclasses.field(default_factory=list)
+
+
+def make_folder(folder: pathlib.Path) -> None:
+    """The Llama-shaped random-weight folder, with a local tokenizer."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    config = transformers.LlamaConfig(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    model.save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1", eos_token="t2"
+    )
+    fast.save_pretrained(folder)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests" / "site")])
+    return env
+
+
+def export_command(
+    kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str = "onnx"
+) -> list[str]:
+    """The whole-process export command of ``kind`` (``irkit`` or ``builder``)."""
+    if kind == "irkit":
+        return [
+            *(sys.executable, "-m", "irkit.cli", "export", str(folder), "-o", str(out), "-q"),
+            *("--precision", precision, "--target", target),
+        ]
+    cache = out.parent / f"{out.name}-cache"
+    return [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-i",
+        str(folder),
+        "-o",
+        str(out),
+        "-p",
+        precision,
+        "-e",
+        "cpu",
+        "-c",
+        str(cache),
+    ]
+
+
+def run_export(
+    kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str
+) -> float:
+    """Export into ``out`` (replaced) and return the process wall time in seconds."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
+    cmd = export_command(kind, folder, out, precision, target)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"{kind} export failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def set_session_options(out: pathlib.Path, profile: str | None = None) -> None:
+    """One intra-op and one inter-op thread (and ORT's profiler if ``profile`` is a prefix)."""
+    path = out / "genai_config.json"
+    config = json.loads(path.read_text())
+    options = config["model"]["decoder"].setdefault("session_options", {})
+    options["intra_op_num_threads"] = 1
+    options["inter_op_num_threads"] = 1
+    options.pop("enable_profiling", None)
+    if profile is not None:
+        options["enable_profiling"] = profile
+    path.write_text(json.dumps(config, indent=2))
+
+
+def timed_generation(model: object, prompt: Sequence[int]) -> tuple[float, float]:
+    """(prefill seconds, seconds per decoded token) of one greedy generation."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    total = len(prompt) + NEW_TOKENS
+    params.set_search_options(max_length=total, min_length=total, do_sample=False)
+    generator = og.Generator(model, params)
+    t0 = time.perf_counter()
+    generator.append_tokens(list(prompt))
+    t1 = time.perf_counter()
+    for _ in range(NEW_TOKENS):
+        generator.generate_next_token()
+    t2 = time.perf_counter()
+    if len(generator.get_sequence(0)) != total:
+        sys.exit(f"generated {len(generator.get_sequence(0))} tokens, wanted {total}")
+    return t1 - t0, (t2 - t1) / NEW_TOKENS
+
+
+def profile_summary(folder: pathlib.Path, prompt: Sequence[int], top: int = 10) -> str:
+    """One generation under ORT's profiler: the op types with the most time."""
+    import onnxruntime_genai as og
+
+    prefix = str(folder / "ort_profile")
+    set_session_options(folder, profile=prefix)
+    before = set(folder.parent.glob("*.json")) | set(pathlib.Path.cwd().glob("ort_profile*.json"))
+    model = og.Model(str(folder))
+    timed_generation(model, prompt)
+    del model
+    set_session_options(folder)
+    found = [
+        p
+        for p in {*folder.glob("ort_profile*.json"), *pathlib.Path.cwd().glob("ort_profile*.json")}
+        if p not in before
+    ]
+    if not found:
+        return f"  (no profile written under {folder})"
+    events = json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text())
+    per_op: collections.Counter[str] = collections.Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            per_op[event.get("args", {}).get("op_name", "?")] += int(event.get("dur", 0))
+    total = sum(per_op.values()) or 1
+    return "\n".join(
+        f"  {op:<28} {us / 1e3:9.1f} ms  {100 * us / total:5.1f}%"
+        for op, us in per_op.most_common(top)
+    )
+
+
+def _stat(values: Sequence[float], scale: float, unit: str) -> str:
+    return (
+        f"{statistics.median(values) * scale:8.2f} {unit} "
+        f"[{min(values) * scale:.2f}..{max(values) * scale:.2f}]"
+    )
+
+
+def report(figures: dict[str, Figures], precision: str, rounds: int) -> str:
+    """The table: median [min..max] of each variant, and the ratio irkit/builder."""
+    irkit, builder = figures["irkit"], figures["builder"]
+    rows = [
+        ("export (process wall)", "export", 1.0, "s", 0.5),
+        (f"prefill ({PROMPT} tokens)", "prefill", 1e3, "ms", 1.0),
+        ("per decoded token", "per_token", 1e3, "ms", 1.0),
+    ]
+    lines = [
+        f"irkit export vs genai builder, {precision}, ORT CPU 1 thread, prompt {PROMPT} + "
+        f"{NEW_TOKENS} tokens, {rounds} interleaved rounds (median [min..max])",
+        f"{'':24}{'irkit':>30}{'builder':>30}{'ratio':>8}  target",
+    ]
+    for label, field, scale, unit, target in rows:
+        a, b = getattr(irkit, field), getattr(builder, field)
+        ratio = statistics.median(a) / statistics.median(b)
+        verdict = "ok" if ratio <= target else "MISSED"
+        lines.append(
+            f"{label:24}{_stat(a, scale, unit):>30}{_stat(b, scale, unit):>30}"
+            f"{ratio:8.2f}  <= {target} {verdict}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precision", choices=("fp32", "int4"), default="fp32")
+    parser.add_argument("--target", choices=("onnx", "ort"), default="onnx", help="irkit's")
+    parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
+    parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
+    parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
+    parser.add_argument("--workdir", type=pathlib.Path, help="keep the folders here")
+    args = parser.parse_args(argv)
+
+    import onnxruntime_genai as og
+
+    work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="bench_genai-"))
+    work.mkdir(parents=True, exist_ok=True)
+    folder = work / "hf"
+    if not (folder / "config.json").exists():
+        make_folder(folder)
+    kinds = ("irkit", "builder")
+    outs = {
+        "irkit": work / f"irkit-{args.precision}-{args.target}",
+        "builder": work / f"builder-{args.precision}",
+    }
+    figures = {kind: Figures() for kind in kinds}
+    for i in range(args.export_rounds):
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            wall = run_export(kind, folder, outs[kind], args.precision, args.target)
+            figures[kind].export.append(wall)
+            print(f"export {i + 1}/{args.export_rounds} {kind}: {wall:.1f} s", flush=True)
+    for out in outs.values():
+        set_session_options(out)
+    models = {kind: og.Model(str(outs[kind])) for kind in kinds}
+    prompt = [(7 * i + 3) % (VOCAB - 10) + 10 for i in range(PROMPT)]
+    for kind in kinds:  # warm-up
+        timed_generation(models[kind], prompt)
+    for i in range(args.rounds):
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            prefill, per_token = timed_generation(models[kind], prompt)
+            figures[kind].prefill.append(prefill)
+            figures[kind].per_token.append(per_token)
+    print(report(figures, f"{args.precision}, irkit --target {args.target}", args.rounds))
+    if args.profile:
+        del models
+        for kind in kinds:
+            print(f"ORT profile, {kind} (kernel time by op type, one generation):")
+            print(profile_summary(outs[kind], prompt), flush=True)
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

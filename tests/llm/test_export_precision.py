@@ -1,0 +1,155 @@
+"""``irkit export --precision``: int4/int8 (``irkit.quantize`` on the weightless model before
+the streamed save) and fp16 (``irkit.llm._precision``: the meta model in float16, the fp32
+checkpoint converted while streamed).
+
+A tiny random-weight llama folder is exported; the folder's ``model.onnx`` is run in
+onnxruntime against eager PyTorch (same random inputs, a past of 4 and 8 new tokens), its op
+histogram is checked, and onnxruntime-genai's ``Generator`` runs it greedily.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+
+import numpy as np
+import onnx
+import onnx.inliner
+import pytest
+
+from irkit.errors import LoweringOptionsError
+from irkit.llm import causal_lm_feeds, export, run_eager
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 2
+
+
+def _folder(root: pathlib.Path) -> pathlib.Path:
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = root / "llama-hf"
+    if folder.exists():
+        return folder
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(300)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", bos_token="t0", eos_token="t1", pad_token="t2"
+    ).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> pathlib.Path:
+    return _folder(tmp_path_factory.mktemp("precision"))
+
+
+def _histogram(path: pathlib.Path) -> dict[str, int]:
+    """Op counts of the model with its local functions inlined (every call counted)."""
+    model = onnx.inliner.inline_local_functions(onnx.load(str(path), load_external_data=False))
+    return dict(collections.Counter(n.op_type for n in model.graph.node))
+
+
+def _ort_vs_eager(folder: pathlib.Path, out: pathlib.Path) -> tuple[float, np.ndarray]:
+    """(max |logits difference| / max |eager fp32 logits|, the ORT logits); float inputs are
+    given to ORT in the dtype the model declares."""
+    import onnxruntime as ort
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    feeds = causal_lm_feeds(model, batch=1, seq=8, past=4)
+    expected = run_eager(model, feeds)[0]
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    declared = {i.name: i.type for i in session.get_inputs()}
+    ort_feeds = {
+        k: v.astype(np.float16) if declared[k] == "tensor(float16)" else v
+        for k, v in feeds.items()
+        if k in declared
+    }
+    got = session.run(["logits"], ort_feeds)[0].astype(np.float32)
+    return float(np.abs(got - expected).max() / np.abs(expected).max()), got
+
+
+def _generates(out: pathlib.Path, new_tokens: int = 8) -> list[int]:
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=4 + new_tokens, min_length=4 + new_tokens)
+    generator = og.Generator(model, params)
+    generator.append_tokens([3, 17, 42, 99])
+    while not generator.is_done():
+        generator.generate_next_token()
+    return list(generator.get_sequence(0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["loaded", "folder"])
+@pytest.mark.parametrize(("precision", "bits", "tolerance"), [("int4", 4, 0.1), ("int8", 8, 0.03)])
+def test_int_precisions_quantize_the_matmuls(folder, tmp_path, precision, bits, tolerance, source):
+    """``loaded``: a model in memory, quantized with its weights; ``folder``: the meta-device
+    model, quantized weightless, packed while the weights stream from the shards (needs helper
+    quant-stream's streamed quantization)."""
+    out = tmp_path / precision
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(folder) if source == "loaded" else folder
+    )
+    result = export(model, out, precision=precision)
+    ops = _histogram(out / "model.onnx")
+    # q, k, v, o, gate, up, down per layer, and lm_head
+    assert ops.get("MatMulNBits") == 7 * LAYERS + 1, ops
+    assert "MatMul" not in ops and ops.get("Attention") == LAYERS, ops  # no float matmul left
+    proto = onnx.inliner.inline_local_functions(
+        onnx.load(str(out / "model.onnx"), load_external_data=False)
+    )
+    widths = {
+        a.i
+        for n in proto.graph.node
+        if n.op_type == "MatMulNBits"
+        for a in n.attribute
+        if a.name == "bits"
+    }
+    assert widths == {bits}
+    error, _ = _ort_vs_eager(folder, out)
+    assert error < tolerance, error
+    assert result.genai_config["model"]["decoder"]["num_hidden_layers"] == LAYERS
+    assert len(_generates(out)) == 12
+
+
+def test_unknown_precision(tmp_path):
+    with pytest.raises(LoweringOptionsError, match="precision 'int3' is not one of"):
+        export(tmp_path, tmp_path / "out", precision="int3")
+
+
+@pytest.mark.slow
+def test_fp16_export(folder, tmp_path):
+    fp32 = export(folder, tmp_path / "fp32")
+    fp16 = export(folder, tmp_path / "fp16", precision="fp16")
+    proto = onnx.load(str(tmp_path / "fp16" / "model.onnx"), load_external_data=False)
+    inputs = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
+    outputs = {o.name: o.type.tensor_type.elem_type for o in proto.graph.output}
+    assert inputs["past_key_values.0.key"] == onnx.TensorProto.FLOAT16
+    assert outputs["present.0.value"] == onnx.TensorProto.FLOAT16
+    assert fp16.kv_cache_bytes * 2 == fp32.kv_cache_bytes
+    weights = [i for i in proto.graph.initializer if len(i.dims) == 2]
+    assert weights and {i.data_type for i in weights} == {onnx.TensorProto.FLOAT16}
+    assert (tmp_path / "fp16" / "model.onnx.data").stat().st_size * 2 == pytest.approx(
+        (tmp_path / "fp32" / "model.onnx.data").stat().st_size, rel=0.01
+    )
+    error, _ = _ort_vs_eager(folder, tmp_path / "fp16")
+    assert error < 0.01, error
+    assert len(_generates(tmp_path / "fp16")) == 12

@@ -1,0 +1,62 @@
+"""``irkit export``'s peak RSS on a 7B-shaped slice, projected to the whole 7B (issue 23 item 5).
+
+``bench/bench_export_7b.py --layers 2 --vocab 8000`` writes two Llama-2-7B layers (hidden 4096,
+intermediate 11008) as fp16 shards, and runs ``irkit export`` (fp32 output: each tensor converted
+while streamed) in a child process that reports its own ``VmHWM``. The peak is the imports and
+the traced graph plus one tensor being converted (6 bytes per element of the largest); the whole
+7B (32 layers, vocab 32000: largest tensor 32000 × 4096) is projected as
+
+    peak(7B) ≈ peak(slice) − 6 × largest(slice) + 6 × largest(7B)
+
+and must stay under 2 GB (bench/bench_export_7b.py measures the whole 7B).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GB = 10**9
+
+
+@pytest.mark.slow
+def test_7b_slice_export_peak_rss_and_projection(tmp_path):
+    if shutil.disk_usage(tmp_path).free < 4 * GB:
+        pytest.skip(f"{tmp_path}: less than 4 GB free for the 2.8 GB slice and its export")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "site")])}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_export_7b.py"),
+            "--layers",
+            "2",
+            "--vocab",
+            "8000",
+            "--workdir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    params = 2 * 8000 * 4096 + 4096 + 2 * (4 * 4096 * 4096 + 3 * 11008 * 4096 + 2 * 4096)
+    assert figures["parameters"] == params
+    assert figures["checkpoint_bytes"] == 2 * params  # fp16 shards
+    assert figures["output_bytes"] >= 4 * params  # fp32 model.onnx.data
+    peak, projected = figures["peak_rss_bytes"], figures["projected_7b_peak_rss_bytes"]
+    # the slice's largest tensor is an MLP weight (11008 × 4096), the 7B's the embedding
+    assert projected == peak - 6 * 11008 * 4096 + 6 * 32000 * 4096
+    assert peak < 2 * GB, figures
+    assert projected < 2 * GB, figures
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "onnx").exists()
