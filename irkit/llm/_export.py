@@ -320,6 +320,7 @@ def export(
     precision: str = "fp32",
     target: str = "onnx",
     max_length: int | None = None,
+    share_buffer: bool = False,
     overwrite: bool = False,
     trust_remote_code: bool = False,
     log: Callable[[str], None] | None = None,
@@ -341,6 +342,9 @@ def export(
         precision: ``"fp32"`` (others are refused for now).
         target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
         max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
+        share_buffer: Keep the KV cache in one buffer of ``max_length`` positions
+            (:func:`irkit.rules.kv_buffer.share_kv_buffer`, opset 24; target ``"onnx"``) and
+            write ``past_present_share_buffer: true``.
         overwrite: Replace a non-empty ``out_dir``.
         trust_remote_code: Allow a folder whose model is defined by its own code.
         log: Called with one line per stage (default: nothing).
@@ -360,6 +364,11 @@ def export(
     say = log or (lambda _line: None)
     out = pathlib.Path(out_dir)
     _check_options(precision, target)
+    if share_buffer and target != "onnx":
+        raise LoweringOptionsError(
+            f"export: share_buffer (--kv-buffer shared) rewrites the standard Attention "
+            f"(target onnx), not target {target!r}; pass target='onnx'"
+        )
     is_folder = isinstance(model_or_dir, (str, os.PathLike))
     raw = _check_folder(pathlib.Path(model_or_dir)) if is_folder else {}
     _check_output(out, overwrite)
@@ -386,6 +395,11 @@ def export(
     if source.shapes:  # experts stored one tensor each: stacked while streaming
         stacked_weights(model, source.model, source.shapes)
     irkit.optimize(model, target=target)
+    if share_buffer:
+        from irkit.rules.kv_buffer import share_kv_buffer
+
+        say("sharing the KV buffer (opset 24: TensorScatter)")
+        share_kv_buffer(model)
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),
@@ -393,6 +407,7 @@ def export(
         generation=source.generation,
         max_length=length,
         input_names=exported.input_names,
+        share_buffer=share_buffer,
     )
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
