@@ -124,9 +124,43 @@ def _bump_opset(model: ir.Model) -> None:
             function.opset_imports[""] = SHARED_BUFFER_OPSET
 
 
-def _past_length_shapes(model: ir.Model, pasts: Iterable[ir.Value]) -> None:
+class _Builder:
+    """Appends nodes before an anchor node of the main graph (names under ``kv_buffer/``)."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.count = 0
+
+    def __call__(
+        self, before: ir.Node | None, op_type: str, *inputs: ir.Value, **attrs: object
+    ) -> ir.Value:
+        """A new ``op_type`` node before ``before`` (None: at the end); its output."""
+        name = f"kv_buffer/{op_type}_{self.count}"
+        self.count += 1
+        node = ir.node(op_type, list(inputs), attrs, name=name)
+        node.outputs[0].name = f"{name}/0"
+        if before is None:
+            self.graph.append(node)
+        else:
+            self.graph.insert_before(before, node)
+        return node.outputs[0]
+
+    def ints(self, before: ir.Node | None, values: list[int]) -> ir.Value:
+        """A ``Constant`` of ``values`` (int64)."""
+        return self(before, "Constant", value_ints=values)
+
+
+def _past_length(graph: ir.Graph, add: _Builder) -> ir.Value:
+    """``[T - S]``: ``attention_mask``'s length minus ``input_ids``' (int64, shape [1])."""
+    mask, ids = _input(graph, "attention_mask"), _input(graph, "input_ids")
+    first = graph.node(0)
+    total = add(first, "Shape", mask, start=1, end=2)
+    return add(first, "Sub", total, add(first, "Shape", ids, start=1, end=2))
+
+
+def _past_length_shapes(model: ir.Model, pasts: Iterable[ir.Value], past_length: ir.Value, add: _Builder) -> None:
     """``Shape(past, start, end)`` over the sequence axis → the same slice of the past's shape
-    with the sequence axis ``T - S`` (``attention_mask``'s and ``input_ids``' lengths)."""
+    with the sequence axis ``T - S``."""
     graph = model.graph
     shapes = [
         use.node
@@ -134,23 +168,6 @@ def _past_length_shapes(model: ir.Model, pasts: Iterable[ir.Value]) -> None:
         for use in past.uses()
         if use.node.op_type == "Shape" and use.node.domain == "" and use.node.graph is graph
     ]
-    if not shapes:
-        return
-    mask, ids = _input(graph, "attention_mask"), _input(graph, "input_ids")
-    first = graph.node(0)
-    built: list[ir.Node] = []
-
-    def add(op_type: str, inputs: list[ir.Value], **attrs: object) -> ir.Value:
-        node = ir.node(op_type, inputs, attrs, name=f"kv_buffer/{op_type}_{len(built)}")
-        node.outputs[0].name = f"kv_buffer/{op_type}_{len(built)}/0"
-        built.append(node)
-        return node.outputs[0]
-
-    past_length = add(
-        "Sub",
-        [add("Shape", [mask], start=1, end=2), add("Shape", [ids], start=1, end=2)],
-    )
-    graph.insert_before(first, built)
     for node in shapes:
         attrs = node_attributes(node)
         past = node.inputs[0]
@@ -164,41 +181,71 @@ def _past_length_shapes(model: ir.Model, pasts: Iterable[ir.Value]) -> None:
         start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else end)
         if not start <= _SEQUENCE_AXIS < end:
             continue  # batch, heads or head size: the buffer has the same
-        built = []
         pieces: list[ir.Value] = []
         if start < _SEQUENCE_AXIS:
-            pieces.append(add("Shape", [past], start=start, end=_SEQUENCE_AXIS))
+            pieces.append(add(node, "Shape", past, start=start, end=_SEQUENCE_AXIS))
         pieces.append(past_length)
         if end > _SEQUENCE_AXIS + 1:
-            pieces.append(add("Shape", [past], start=_SEQUENCE_AXIS + 1, end=end))
-        shape = pieces[0] if len(pieces) == 1 else add("Concat", pieces, axis=0)
-        if built:
-            graph.insert_before(node, built)
+            pieces.append(add(node, "Shape", past, start=_SEQUENCE_AXIS + 1, end=end))
+        shape = pieces[0] if len(pieces) == 1 else add(node, "Concat", *pieces, axis=0)
         node.outputs[0].replace_all_uses_with(shape, replace_graph_outputs=True)
         graph.remove(node, safe=True)
 
 
-def _check_pasts(model: ir.Model, pasts: list[ir.Value]) -> None:
-    """Every past input ends in a shared-buffer ``TensorScatter`` (or a ``Shape``)."""
-    for past in pasts:
-        stack = [past]
-        while stack:
-            value = stack.pop()
-            for use in value.uses():
-                node = use.node
-                if node.op_type in ("TensorScatter", "Shape") and node.domain == "":
-                    continue
-                key = (node.domain, node.op_type, node.overload)
-                function = model.functions.get(key)
-                if function is not None:
-                    stack.append(function.inputs[use.idx])
-                    continue
-                raise LoweringOptionsError(
-                    f"share_kv_buffer: {past.name!r} is used by {node.op_type} {node.name!r} "
-                    "(input "
-                    f"{use.idx}), not by a cached Attention: the graph cannot share its KV "
-                    "buffer; export with past_present_share_buffer false (the default)"
-                )
+def _ends(model: ir.Model, past: ir.Value) -> tuple[set[str], list[ir.Node]]:
+    """The op types a past input ends in (through function calls), and its other users."""
+    ends: set[str] = set()
+    other: list[ir.Node] = []
+    stack = [past]
+    while stack:
+        value = stack.pop()
+        for use in value.uses():
+            node = use.node
+            function = model.functions.get((node.domain, node.op_type, node.overload))
+            if function is not None:
+                stack.append(function.inputs[use.idx])
+            elif node.op_type in ("TensorScatter", "Shape") and node.domain == "":
+                ends.add(node.op_type)
+            else:
+                ends.add(node.op_type)
+                other.append(node)
+    return ends, other
+
+
+def _present_name(past: ir.Value) -> str:
+    return "present." + str(past.name)[len(_PAST_PREFIX) :]
+
+
+def _scatter_outside(model: ir.Model, past: ir.Value, past_length: ir.Value, add: _Builder) -> None:
+    """An unfused cache (``Concat(past, new)`` in a decomposed attention): the callee gets the
+    buffer's first ``T - S`` positions, and the new positions of what it returns as the present
+    are scattered into the buffer, which becomes the present output."""
+    graph = model.graph
+    present = next((v for v in graph.outputs if v.name == _present_name(past)), None)
+    producer = present.producer() if present is not None else None
+    if present is None or producer is None:
+        raise LoweringOptionsError(
+            f"share_kv_buffer: no graph output {_present_name(past)!r} computed in the graph for "
+            f"{past.name!r}: the graph cannot share its KV buffer; export without share_buffer"
+        )
+    first = graph.node(0)
+    zero = add.ints(first, [0])
+    axis = add.ints(first, [_SEQUENCE_AXIS])
+    for use in [u for u in past.uses() if u.node.op_type != "Shape"]:
+        view = add(use.node, "Slice", past, zero, past_length, axis)
+        use.node.replace_input_with(use.idx, view)
+    index = list(graph).index(producer) + 1
+    anchor = graph.node(index) if index < len(graph) else None
+    name = str(present.name)
+    present.name = f"kv_buffer/{name}/joined"
+    big = add.ints(anchor, [2**62])
+    new = add(anchor, "Slice", present, past_length, big, axis)
+    batch = add(anchor, "Shape", new, start=0, end=1)
+    write = add(anchor, "Expand", past_length, batch)
+    buffer = add(anchor, "TensorScatter", past, new, write, axis=_SEQUENCE_AXIS)
+    buffer.name = name
+    buffer.shape, buffer.type = past.shape, past.type
+    graph.outputs[graph.outputs.index(present)] = buffer
 
 
 def share_kv_buffer(model: ir.Model) -> ir.Model:
@@ -222,6 +269,17 @@ def share_kv_buffer(model: ir.Model) -> ir.Model:
         )
     _bump_opset(model)
     rewrite(model, rules)
-    _past_length_shapes(model, pasts)
-    _check_pasts(model, pasts)
+    add = _Builder(model.graph)
+    past_length = _past_length(model.graph, add)
+    _past_length_shapes(model, pasts, past_length, add)
+    for past in pasts:
+        ends, other = _ends(model, past)
+        if "TensorScatter" in ends and other:
+            raise LoweringOptionsError(
+                f"share_kv_buffer: {past.name!r} feeds a fused cached Attention and also "
+                f"{other[0].op_type} {other[0].name!r}: the graph cannot share its KV buffer; "
+                "export without share_buffer"
+            )
+        if other:
+            _scatter_outside(model, past, past_length, add)
     return model
