@@ -188,8 +188,14 @@ def _past_length_shapes(model: ir.Model, pasts: Iterable[ir.Value], past_length:
         if end > _SEQUENCE_AXIS + 1:
             pieces.append(add(node, "Shape", past, start=_SEQUENCE_AXIS + 1, end=end))
         shape = pieces[0] if len(pieces) == 1 else add(node, "Concat", *pieces, axis=0)
-        node.outputs[0].replace_all_uses_with(shape, replace_graph_outputs=True)
+        old = node.outputs[0]
+        name = old.name
+        if old.is_graph_output():  # the output keeps its name
+            shape = add(node, "Identity", shape)
+        old.replace_all_uses_with(shape, replace_graph_outputs=True)
         graph.remove(node, safe=True)
+        if shape.is_graph_output():
+            shape.name = name
 
 
 def _ends(model: ir.Model, past: ir.Value) -> tuple[set[str], list[ir.Node]]:
@@ -282,4 +288,8 @@ def share_kv_buffer(model: ir.Model) -> ir.Model:
             )
         if other:
             _scatter_outside(model, past, past_length, add)
+    for present in model.graph.outputs:  # the buffer: the past's shape, whatever its capacity
+        past = next((p for p in pasts if _present_name(p) == present.name), None)
+        if past is not None:
+            present.shape = past.shape
     return model
