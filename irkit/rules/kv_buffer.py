@@ -21,25 +21,33 @@ input and the output: its length is the capacity, not the number of past tokens.
   positions then hold exactly what the concatenation held (the right-padded prompt's pads
   included, masked by ``attention_mask`` as before), so the graph's own mask, sliding windows
   and softcaps are untouched; only the capacity beyond ``T`` is never read;
+- a cache the fusions left unfused (``Concat(past, new)`` feeding a decomposed attention, e.g.
+  gemma2's softcapped one inside its layer function) is handled in the main graph: the consumer
+  of each past input gets the buffer's first ``T - S`` positions (``Slice``), and the last ``S``
+  positions of the present it returns are scattered into the buffer, which becomes the present
+  output;
 - every ``Shape`` of a past input in the main graph that reads the sequence axis (the past
   length the graph derives its positions and mask from) reads ``T - S`` instead, from the
   ``attention_mask`` and ``input_ids`` inputs: nothing derives from the buffer's capacity.
 
 Preconditions (else :class:`~irkit.errors.LoweringOptionsError`, naming what is missing): the
-graph has ``input_ids`` and ``attention_mask`` inputs and ``past_key_values.*`` inputs; each
-cached ``Attention`` has a mask (its last dimension is the total length); no past input is used
-by anything but a cached ``Attention`` (directly or through a function call) or a ``Shape``.
+graph has ``input_ids`` and ``attention_mask`` inputs and ``past_key_values.*`` inputs, each
+with its ``present.*`` output; a fused cached ``Attention`` has a mask (its last dimension is
+the total length); a past input does not feed both a fused ``Attention`` and something else.
+The KV layout is genai's: a batch is right-padded, and row ``b``'s tokens sit at the positions
+where ``attention_mask[b]`` is 1 (the pads of a prompt keep their slots, masked).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import onnx_ir as ir
 
 from irkit._irutil import node_attributes
 from irkit.errors import LoweringOptionsError
-from irkit.rewriting import Match, RewriteBuilder, Rule, RuleSet, Verdict, fail, op, rewrite
+from irkit.rewriting import Match, RewriteBuilder, Rule, RuleSet, Verdict, fail, rewrite
 
 __all__ = ["SHARED_BUFFER_OPSET", "rules", "share_kv_buffer"]
 
@@ -50,7 +58,13 @@ _SEQUENCE_AXIS = 2
 
 
 def _cached_attention(
-    op: RewriteBuilder, q: ir.Value, k: ir.Value, v: ir.Value, mask: ir.Value, pk: ir.Value, pv: ir.Value
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value,
+    pk: ir.Value,
+    pv: ir.Value,
 ) -> tuple[ir.Value, ...]:
     return op.Attention(q, k, v, mask, pk, pv, _outputs=3)
 
@@ -132,7 +146,7 @@ class _Builder:
         self.count = 0
 
     def __call__(
-        self, before: ir.Node | None, op_type: str, *inputs: ir.Value, **attrs: object
+        self, before: ir.Node | None, op_type: str, *inputs: ir.Value, **attrs: Any
     ) -> ir.Value:
         """A new ``op_type`` node before ``before`` (None: at the end); its output."""
         name = f"kv_buffer/{op_type}_{self.count}"
@@ -158,7 +172,9 @@ def _past_length(graph: ir.Graph, add: _Builder) -> ir.Value:
     return add(first, "Sub", total, add(first, "Shape", ids, start=1, end=2))
 
 
-def _past_length_shapes(model: ir.Model, pasts: Iterable[ir.Value], past_length: ir.Value, add: _Builder) -> None:
+def _past_length_shapes(
+    model: ir.Model, pasts: Iterable[ir.Value], past_length: ir.Value, add: _Builder
+) -> None:
     """``Shape(past, start, end)`` over the sequence axis → the same slice of the past's shape
     with the sequence axis ``T - S``."""
     graph = model.graph
@@ -289,7 +305,7 @@ def share_kv_buffer(model: ir.Model) -> ir.Model:
         if other:
             _scatter_outside(model, past, past_length, add)
     for present in model.graph.outputs:  # the buffer: the past's shape, whatever its capacity
-        past = next((p for p in pasts if _present_name(p) == present.name), None)
-        if past is not None:
-            present.shape = past.shape
+        source = next((p for p in pasts if _present_name(p) == present.name), None)
+        if source is not None:
+            present.shape = source.shape
     return model
