@@ -57,6 +57,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         help="search.max_length in genai_config.json, prompt + generated tokens "
         "(default: min(max_position_embeddings, 4096))",
     )
+    p.add_argument(
+        "--kv-buffer",
+        choices=("concat", "shared"),
+        default="concat",
+        help="KV cache: past + new concatenated (default, opset 23) or one shared buffer of "
+        "max_length (opset 24, past_present_share_buffer true; target onnx)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     p.add_argument(
         "--trust-remote-code",
@@ -86,6 +93,7 @@ def _export(args: argparse.Namespace) -> int:
         precision=args.precision,
         target=args.target,
         max_length=args.max_length,
+        share_buffer=args.kv_buffer == "shared",
         overwrite=args.overwrite,
         trust_remote_code=args.trust_remote_code,
         progress=progress,

@@ -1,0 +1,311 @@
+"""A KV cache in one shared buffer (onnxruntime-genai's ``past_present_share_buffer``), opset 24.
+
+A lowered causal LM (:func:`irkit.llm.export_causal_lm` + :func:`irkit.lower` +
+:func:`irkit.optimize`) carries its cache with *concatenation* semantics: each
+``Attention(q, k, v, mask, past_key, past_value)`` returns ``present = [past; new]``, and the
+graph derives the past length from ``Shape(past_key)[2]``. Under a shared buffer the past and the
+present are one static tensor of ``max_length`` positions that onnxruntime-genai binds to both the
+input and the output: its length is the capacity, not the number of past tokens.
+
+:func:`share_kv_buffer` turns such a model into the shared-buffer form (in place):
+
+- the opset becomes 24 (``TensorScatter``), in the model and in every function;
+- the rule :data:`rules` (``AttentionSharedBuffer``) rewrites each cached ``Attention``::
+
+      present_k = TensorScatter(past_key, k, write_indices)        # new keys at their positions
+      present_v = TensorScatter(past_value, v, write_indices)
+      y = Attention(q, present_k[:, :, :T], present_v[:, :, :T], mask)
+
+  where ``T`` is the mask's last dimension (the total length ``attention_mask`` gives) and
+  ``write_indices = T - S`` for every row (``S``: the new tokens). The buffer's first ``T``
+  positions then hold exactly what the concatenation held (the right-padded prompt's pads
+  included, masked by ``attention_mask`` as before), so the graph's own mask, sliding windows
+  and softcaps are untouched; only the capacity beyond ``T`` is never read;
+- a cache the fusions left unfused (``Concat(past, new)`` feeding a decomposed attention, e.g.
+  gemma2's softcapped one inside its layer function) is handled in the main graph: the consumer
+  of each past input gets the buffer's first ``T - S`` positions (``Slice``), and the last ``S``
+  positions of the present it returns are scattered into the buffer, which becomes the present
+  output;
+- every ``Shape`` of a past input in the main graph that reads the sequence axis (the past
+  length the graph derives its positions and mask from) reads ``T - S`` instead, from the
+  ``attention_mask`` and ``input_ids`` inputs: nothing derives from the buffer's capacity.
+
+Preconditions (else :class:`~irkit.errors.LoweringOptionsError`, naming what is missing): the
+graph has ``input_ids`` and ``attention_mask`` inputs and ``past_key_values.*`` inputs, each
+with its ``present.*`` output; a fused cached ``Attention`` has a mask (its last dimension is
+the total length); a past input does not feed both a fused ``Attention`` and something else.
+The KV layout is genai's: a batch is right-padded, and row ``b``'s tokens sit at the positions
+where ``attention_mask[b]`` is 1 (the pads of a prompt keep their slots, masked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import onnx_ir as ir
+
+from irkit._irutil import node_attributes
+from irkit.errors import LoweringOptionsError
+from irkit.rewriting import Match, RewriteBuilder, Rule, RuleSet, Verdict, fail, rewrite
+
+__all__ = ["SHARED_BUFFER_OPSET", "rules", "share_kv_buffer"]
+
+#: The opset the shared buffer needs (``TensorScatter``).
+SHARED_BUFFER_OPSET = 24
+_PAST_PREFIX = "past_key_values."
+_SEQUENCE_AXIS = 2
+
+
+def _cached_attention(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value,
+    pk: ir.Value,
+    pv: ir.Value,
+) -> tuple[ir.Value, ...]:
+    return op.Attention(q, k, v, mask, pk, pv, _outputs=3)
+
+
+def _check(mask: ir.Value, match: Match) -> Verdict:
+    node = match.nodes[0]
+    if len(node.inputs) > 6:
+        return fail("the Attention has nonpad_kv_seqlen already", node.outputs[0])
+    if len(node.outputs) < 3 or any(o is None for o in node.outputs[1:3]):
+        return fail("the Attention returns no present key/value", node.outputs[0])
+    if node_attributes(node).get("is_causal", 0):
+        return fail("is_causal=1 without a mask: the total length is unknown", mask)
+    return True
+
+
+def _shared(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value,
+    pk: ir.Value,
+    pv: ir.Value,
+    match: Match,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Attention(q, k, v, mask, pk, pv) → Attention(q, scatter(pk, k)[:T], …), the buffers."""
+    total = op.Shape(mask, start=-1)  # [T]
+    new = op.Shape(k, start=_SEQUENCE_AXIS, end=_SEQUENCE_AXIS + 1)  # [S]
+    write = op.Expand(op.Sub(total, new), op.Shape(k, start=0, end=1))  # [B] = T - S
+    present_k = op.TensorScatter(pk, k, write, axis=_SEQUENCE_AXIS)
+    present_v = op.TensorScatter(pv, v, write, axis=_SEQUENCE_AXIS)
+    zero = op.Constant(value_ints=[0])
+    axis = op.Constant(value_ints=[_SEQUENCE_AXIS])
+    keys = op.Slice(present_k, zero, total, axis)
+    values = op.Slice(present_v, zero, total, axis)
+    y = op.Attention(q, keys, values, mask, **node_attributes(match.nodes[0]))
+    return y, present_k, present_v
+
+
+rules = RuleSet(
+    "kv_buffer",
+    [
+        Rule(  # Attention(q, k, v, m, pk, pv) = Attention(q, scatter(pk, k)[:T], …) + buffers
+            "AttentionSharedBuffer",
+            _cached_attention,
+            check=_check,
+            rewrite=_shared,
+            min_opset=SHARED_BUFFER_OPSET,
+        ),
+    ],
+)
+"""The shared-buffer rule (opset ≥ 24)."""
+
+
+def _input(graph: ir.Graph, name: str) -> ir.Value:
+    for value in graph.inputs:
+        if value.name == name:
+            return value
+    raise LoweringOptionsError(
+        f"share_kv_buffer: the graph has no {name!r} input (inputs: "
+        f"{', '.join(str(v.name) for v in graph.inputs)}); the shared buffer derives the past "
+        "length from attention_mask and input_ids (export with irkit.llm.export_causal_lm)"
+    )
+
+
+def _bump_opset(model: ir.Model) -> None:
+    if model.opset_imports.get("", 1) < SHARED_BUFFER_OPSET:
+        model.opset_imports[""] = SHARED_BUFFER_OPSET
+    for function in model.functions.values():
+        if function.opset_imports.get("", SHARED_BUFFER_OPSET) < SHARED_BUFFER_OPSET:
+            function.opset_imports[""] = SHARED_BUFFER_OPSET
+
+
+class _Builder:
+    """Appends nodes before an anchor node of the main graph (names under ``kv_buffer/``)."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.count = 0
+
+    def __call__(
+        self, before: ir.Node | None, op_type: str, *inputs: ir.Value, **attrs: Any
+    ) -> ir.Value:
+        """A new ``op_type`` node before ``before`` (None: at the end); its output."""
+        name = f"kv_buffer/{op_type}_{self.count}"
+        self.count += 1
+        node = ir.node(op_type, list(inputs), attrs, name=name)
+        node.outputs[0].name = f"{name}/0"
+        if before is None:
+            self.graph.append(node)
+        else:
+            self.graph.insert_before(before, node)
+        return node.outputs[0]
+
+    def ints(self, before: ir.Node | None, values: list[int]) -> ir.Value:
+        """A ``Constant`` of ``values`` (int64)."""
+        return self(before, "Constant", value_ints=values)
+
+
+def _past_length(graph: ir.Graph, add: _Builder) -> ir.Value:
+    """``[T - S]``: ``attention_mask``'s length minus ``input_ids``' (int64, shape [1])."""
+    mask, ids = _input(graph, "attention_mask"), _input(graph, "input_ids")
+    first = graph.node(0)
+    total = add(first, "Shape", mask, start=1, end=2)
+    return add(first, "Sub", total, add(first, "Shape", ids, start=1, end=2))
+
+
+def _past_length_shapes(
+    model: ir.Model, pasts: Iterable[ir.Value], past_length: ir.Value, add: _Builder
+) -> None:
+    """``Shape(past, start, end)`` over the sequence axis → the same slice of the past's shape
+    with the sequence axis ``T - S``."""
+    graph = model.graph
+    shapes = [
+        use.node
+        for past in pasts
+        for use in past.uses()
+        if use.node.op_type == "Shape" and use.node.domain == "" and use.node.graph is graph
+    ]
+    for node in shapes:
+        attrs = node_attributes(node)
+        past = node.inputs[0]
+        if past is None or past.shape is None:
+            raise LoweringOptionsError(
+                f"share_kv_buffer: {node.name!r} reads the shape of a past input of unknown rank"
+            )
+        rank = len(past.shape)
+        start = int(attrs.get("start", 0))
+        end = int(attrs.get("end", rank))
+        start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else end)
+        if not start <= _SEQUENCE_AXIS < end:
+            continue  # batch, heads or head size: the buffer has the same
+        pieces: list[ir.Value] = []
+        if start < _SEQUENCE_AXIS:
+            pieces.append(add(node, "Shape", past, start=start, end=_SEQUENCE_AXIS))
+        pieces.append(past_length)
+        if end > _SEQUENCE_AXIS + 1:
+            pieces.append(add(node, "Shape", past, start=_SEQUENCE_AXIS + 1, end=end))
+        shape = pieces[0] if len(pieces) == 1 else add(node, "Concat", *pieces, axis=0)
+        old = node.outputs[0]
+        name = old.name
+        if old.is_graph_output():  # the output keeps its name
+            shape = add(node, "Identity", shape)
+        old.replace_all_uses_with(shape, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        if shape.is_graph_output():
+            shape.name = name
+
+
+def _ends(model: ir.Model, past: ir.Value) -> tuple[set[str], list[ir.Node]]:
+    """The op types a past input ends in (through function calls), and its other users."""
+    ends: set[str] = set()
+    other: list[ir.Node] = []
+    stack = [past]
+    while stack:
+        value = stack.pop()
+        for use in value.uses():
+            node = use.node
+            function = model.functions.get((node.domain, node.op_type, node.overload))
+            if function is not None:
+                stack.append(function.inputs[use.idx])
+            elif node.op_type in ("TensorScatter", "Shape") and node.domain == "":
+                ends.add(node.op_type)
+            else:
+                ends.add(node.op_type)
+                other.append(node)
+    return ends, other
+
+
+def _present_name(past: ir.Value) -> str:
+    return "present." + str(past.name)[len(_PAST_PREFIX) :]
+
+
+def _scatter_outside(model: ir.Model, past: ir.Value, past_length: ir.Value, add: _Builder) -> None:
+    """An unfused cache (``Concat(past, new)`` in a decomposed attention): the callee gets the
+    buffer's first ``T - S`` positions, and the new positions of what it returns as the present
+    are scattered into the buffer, which becomes the present output."""
+    graph = model.graph
+    present = next((v for v in graph.outputs if v.name == _present_name(past)), None)
+    producer = present.producer() if present is not None else None
+    if present is None or producer is None:
+        raise LoweringOptionsError(
+            f"share_kv_buffer: no graph output {_present_name(past)!r} computed in the graph for "
+            f"{past.name!r}: the graph cannot share its KV buffer; export without share_buffer"
+        )
+    first = graph.node(0)
+    zero = add.ints(first, [0])
+    axis = add.ints(first, [_SEQUENCE_AXIS])
+    for use in [u for u in past.uses() if u.node.op_type != "Shape"]:
+        view = add(use.node, "Slice", past, zero, past_length, axis)
+        use.node.replace_input_with(use.idx, view)
+    index = list(graph).index(producer) + 1
+    anchor = graph.node(index) if index < len(graph) else None
+    name = str(present.name)
+    present.name = f"kv_buffer/{name}/joined"
+    big = add.ints(anchor, [2**62])
+    new = add(anchor, "Slice", present, past_length, big, axis)
+    batch = add(anchor, "Shape", new, start=0, end=1)
+    write = add(anchor, "Expand", past_length, batch)
+    buffer = add(anchor, "TensorScatter", past, new, write, axis=_SEQUENCE_AXIS)
+    buffer.name = name
+    buffer.shape, buffer.type = past.shape, past.type
+    graph.outputs[graph.outputs.index(present)] = buffer
+
+
+def share_kv_buffer(model: ir.Model) -> ir.Model:
+    """Rewrite a lowered causal LM's KV cache into one shared buffer (opset 24), in place.
+
+    Args:
+        model: A model from :func:`irkit.llm.export_causal_lm`, lowered and optimized (its
+            cached attention fused into ``Attention`` with past inputs and present outputs).
+
+    Returns:
+        ``model``, with ``past_key_values.*`` / ``present.*`` the same buffers of any capacity.
+
+    Raises:
+        LoweringOptionsError: A precondition of the module docstring does not hold.
+    """
+    pasts = [v for v in model.graph.inputs if str(v.name).startswith(_PAST_PREFIX)]
+    if not pasts:
+        raise LoweringOptionsError(
+            "share_kv_buffer: the graph has no past_key_values.* inputs (no KV cache to share); "
+            "export with irkit.llm.export_causal_lm"
+        )
+    _bump_opset(model)
+    rewrite(model, rules)
+    add = _Builder(model.graph)
+    past_length = _past_length(model.graph, add)
+    _past_length_shapes(model, pasts, past_length, add)
+    for past in pasts:
+        ends, other = _ends(model, past)
+        if "TensorScatter" in ends and other:
+            raise LoweringOptionsError(
+                f"share_kv_buffer: {past.name!r} feeds a fused cached Attention and also "
+                f"{other[0].op_type} {other[0].name!r}: the graph cannot share its KV buffer; "
+                "export without share_buffer"
+            )
+        if other:
+            _scatter_outside(model, past, past_length, add)
+    for present in model.graph.outputs:  # the buffer: the past's shape, whatever its capacity
+        source = next((p for p in pasts if _present_name(p) == present.name), None)
+        if source is not None:
+            present.shape = source.shape
+    return model

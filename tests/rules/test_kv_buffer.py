@@ -1,0 +1,179 @@
+""":mod:`irkit.rules.kv_buffer`: a concatenating KV cache → one shared buffer (opset 24).
+
+Hand-written graphs hold one cached attention the way irkit lowers a causal LM: the fused
+``Attention(q, k, v, mask, past_key, past_value)`` (rule ``AttentionSharedBuffer``) and the
+unfused ``Concat(past, new)`` of a decomposed attention (scattered outside). The mask comes from
+``attention_mask`` (right-padded rows, as onnxruntime-genai pads them) and the graph reads its
+past length from ``Shape(past_key)``. The rewritten graph runs in onnxruntime on a buffer of
+capacity 8 holding the past in its first positions and garbage after them: the attention equals
+a numpy reference, the buffer gets the new keys and values right after the past, the rest of the
+buffer is untouched, and the graph's past length is the mask's, not the capacity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from irkit.errors import LoweringOptionsError
+from irkit.rules.kv_buffer import SHARED_BUFFER_OPSET, share_kv_buffer
+from tests.rewriting import util
+
+B, H, S, P, D, CAPACITY = 2, 2, 3, 4, 8, 8
+T = P + S
+
+_HEAD = '<ir_version: 10, opset_import: ["" : 23]>'
+_INPUTS = (
+    f"(int64[{B},{S}] input_ids, int64[{B},{T}] attention_mask, float[{B},{H},{S},{D}] q, "
+    f"float[{B},{H},{S},{D}] k, float[{B},{H},{S},{D}] v, "
+    f"float[{B},{H},past,{D}] pk, float[{B},{H},past,{D}] pv)"
+)
+_OUTPUTS = (
+    f"(float[{B},{H},{S},{D}] y, float[{B},{H},total,{D}] prk, "
+    f"float[{B},{H},total,{D}] prv, int64[1] past_length)"
+)
+_MASK = f"""
+    axes = Constant<value_ints=[1, 2]>()
+    m4 = Unsqueeze(attention_mask, axes)
+    full = Constant<value_ints=[{B}, 1, {S}, {T}]>()
+    m4s = Expand(m4, full)
+    keep = Cast<to=9>(m4s)
+    zero = Constant<value=float {{0.0}}>()
+    low = Constant<value=float {{-1e9}}>()
+    mask = Where(keep, zero, low)
+    past_length = Shape<start=2, end=3>(pk)
+"""
+FUSED = f"""{_HEAD}
+g {_INPUTS} => {_OUTPUTS} {{
+    {_MASK}
+    y, prk, prv = Attention<scale=0.5>(q, k, v, mask,
+        pk, pv)
+}}"""
+UNFUSED = f"""{_HEAD}
+g {_INPUTS} => {_OUTPUTS} {{
+    {_MASK}
+    prk = Concat<axis=2>(pk, k)
+    prv = Concat<axis=2>(pv, v)
+    kt = Transpose<perm=[0, 1, 3, 2]>(prk)
+    raw = MatMul(q, kt)
+    half = Constant<value=float {{0.5}}>()
+    scores = Mul(raw, half)
+    masked = Add(scores, mask)
+    probs = Softmax<axis=-1>(masked)
+    y = MatMul(probs, prv)
+}}"""
+
+
+NAMES = {
+    "pk": "past_key_values.0.key",
+    "pv": "past_key_values.0.value",
+    "prk": "present.0.key",
+    "prv": "present.0.value",
+}
+
+
+def _model(text: str) -> ir.Model:
+    """The model of ``text`` with the cache named as irkit.llm names it (dots: not in ONNX text)."""
+    model = util.model(text)
+    for value in [*model.graph.inputs, *model.graph.outputs]:
+        value.name = NAMES.get(str(value.name), value.name)
+    return model
+
+
+def _feeds(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((B, T), np.int64)
+    mask[1, 2:P] = 0  # row 1: a right-padded prompt of 2 tokens, then its pads
+    return {
+        "input_ids": np.zeros((B, S), np.int64),
+        "attention_mask": mask,
+        **{n: rng.standard_normal((B, H, S, D)).astype(np.float32) for n in ("q", "k", "v")},
+        "past_key_values.0.key": rng.standard_normal((B, H, P, D)).astype(np.float32),
+        "past_key_values.0.value": rng.standard_normal((B, H, P, D)).astype(np.float32),
+    }
+
+
+def _reference(feeds: dict[str, np.ndarray]) -> np.ndarray:
+    keys = np.concatenate([feeds["past_key_values.0.key"], feeds["k"]], axis=2)
+    values = np.concatenate([feeds["past_key_values.0.value"], feeds["v"]], axis=2)
+    scores = feeds["q"] @ keys.transpose(0, 1, 3, 2) * 0.5
+    scores = scores + np.where(feeds["attention_mask"][:, None, None, :] > 0, 0.0, -1e9)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    return (probs / probs.sum(-1, keepdims=True)) @ values  # type: ignore[no-any-return]
+
+
+def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    proto = ir.serde.serialize_model(model)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feeds), strict=True))
+
+
+def _buffer(past: np.ndarray) -> np.ndarray:
+    """A buffer of CAPACITY positions: the past first, then garbage."""
+    buffer = np.full((B, H, CAPACITY, D), 1e4, np.float32)
+    buffer[:, :, :P] = past
+    return buffer
+
+
+@pytest.mark.parametrize("text", [FUSED, UNFUSED], ids=["fused", "unfused"])
+def test_shared_buffer_matches_numpy(text):
+    model = _model(text)
+    feeds = _feeds()
+    before = _run(model, feeds)
+    np.testing.assert_allclose(before["y"], _reference(feeds), rtol=1e-5, atol=1e-5)
+    share_kv_buffer(model)
+    assert model.opset_imports[""] == SHARED_BUFFER_OPSET
+    assert util.ops(model).get("TensorScatter") == 2
+    assert "Concat" not in util.ops(model) or text is UNFUSED
+    shared = dict(feeds)
+    for name in ("past_key_values.0.key", "past_key_values.0.value"):
+        shared[name] = _buffer(feeds[name])
+    after = _run(model, shared)
+    np.testing.assert_allclose(after["y"], _reference(feeds), rtol=1e-5, atol=1e-5)
+    assert after["past_length"].tolist() == [P]  # the mask's past, not the capacity
+    for kind, new in (("key", "k"), ("value", "v")):
+        buffer = after[f"present.0.{kind}"]
+        assert buffer.shape == (B, H, CAPACITY, D)
+        assert model.graph.outputs[1 if kind == "key" else 2].shape == ir.Shape([B, H, "past", D])
+        np.testing.assert_array_equal(buffer[:, :, :T], before[f"present.0.{kind}"])
+        np.testing.assert_array_equal(buffer[:, :, P:T], feeds[new])
+        assert (buffer[:, :, T:] == 1e4).all()  # beyond the total: untouched
+
+
+def test_fused_rule_fires_in_place_of_the_cached_attention():
+    model = _model(FUSED)
+    share_kv_buffer(model)
+    attention = [n for n in model.graph if n.op_type == "Attention"]
+    assert len(attention) == 1
+    assert len(attention[0].inputs) == 4 and len(attention[0].outputs) == 1  # no past, no present
+    assert [n.op_type for n in model.graph if n.op_type in ("TensorScatter", "Slice")] == [
+        "TensorScatter",
+        "TensorScatter",
+        "Slice",
+        "Slice",
+    ]
+
+
+def test_no_cache_is_refused():
+    text = f"""{_HEAD}
+    g (float[2] x) => (float[2] y) {{ y = Relu(x) }}"""
+    with pytest.raises(LoweringOptionsError, match="no past_key_values"):
+        share_kv_buffer(_model(text))
+
+
+def test_no_attention_mask_is_refused():
+    text = FUSED.replace("int64[2,7] attention_mask", "int64[2,7] am").replace(
+        "Unsqueeze(attention_mask", "Unsqueeze(am"
+    )
+    with pytest.raises(LoweringOptionsError, match="no 'attention_mask' input"):
+        share_kv_buffer(_model(text))
+
+
+def test_export_refuses_a_shared_buffer_for_target_ort(tmp_path):
+    from irkit.llm import export
+
+    with pytest.raises(LoweringOptionsError, match="target onnx"):
+        export(tmp_path / "model", tmp_path / "out", target="ort", share_buffer=True)
