@@ -23,7 +23,6 @@ import pathlib
 import pytest
 
 from irkit.cli import main
-from irkit.llm import export
 from tests.llm import genai_support as gs
 from tests.llm_zoo import EXTRA, SLIDING_WINDOW, ZOO
 
@@ -40,16 +39,6 @@ NEW_TOKENS = 16
 MAX_LENGTH = 64
 PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox"]
 ARCHS = {arch.name: arch for arch in (*ZOO, *EXTRA)}
-
-#: Exported from the loaded model: the folder path cannot stream their weights yet.
-FROM_MODEL = {
-    # falcon indexes its fused qkv with Python lists: torch.export lifts the index tensors as
-    # constants, which a meta-device model creates on meta, without their values
-    "falcon": "list-index constants of a meta-device model have no values",
-    # longrope computes its long factors on first use (torch.tensor(long_factor) in forward):
-    # on a meta-device model the probe leaves a fake tensor behind and the constant has no value
-    "phi3_longrope": "longrope's lazily computed long factors on a meta-device model",
-}
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +59,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
             model = getattr(transformers, arch.model_class)(config).eval()
             folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
             out = root / f"{name}-onnx"
-            if name in FROM_MODEL:
-                loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
-                export(loaded.eval(), out, max_length=MAX_LENGTH)
-            else:
-                argv = ["export", str(folder), "-o", str(out), "-q"]
-                assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
+            argv = ["export", str(folder), "-o", str(out), "-q"]
+            assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
             done[name] = (folder, out, model)
         return done[name]
 
@@ -123,17 +108,3 @@ def test_longrope_runs_past_the_original_context(exported):
         < original
         < len(tokenizer(PROMPTS[1])["input_ids"]) + NEW_TOKENS
     )  # the prompt takes the short factors, the last tokens the long ones
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
-        for n, r in FROM_MODEL.items()
-    ],
-)
-def test_streaming_from_the_folder_not_yet(exported, name, tmp_path):
-    """Flips to a pass (strict xfail fails) when the folder path streams these weights."""
-    folder, _, _ = exported(name)
-    argv = ["export", str(folder), "-o", str(tmp_path / "out"), "-q"]
-    assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
