@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 import irkit
+from irkit.errors import WeightsError
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.weights import is_weightless
 from tests.helpers import FP32_ATOL, run_ort
@@ -135,3 +136,12 @@ def test_a_large_meta_model_is_never_materialized(size):
         program = torch.export.export(model, (torch.zeros(1, size),))
     (weight,) = program.state_dict.values()
     assert isinstance(weight, FakeTensor) and weight.untyped_storage().device.type == "meta"
+
+
+def test_the_programs_fake_weights_are_refused_as_weights(tmp_path):
+    _, meta = _models()
+    with fake_weights(meta):
+        program = _export(meta)
+    with pytest.raises(WeightsError, match="meta or fake tensor"):
+        irkit.save(irkit.lower(program), tmp_path / "m.onnx", weights=program.state_dict)
+    assert not (tmp_path / "m.onnx").exists()
