@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
-from irkit.llm._meta import probe_mode
+from irkit.llm._meta import fake_weights, probe_mode
 
 __all__ = [
     "TESTED_TRANSFORMERS",
@@ -232,28 +232,29 @@ def cache_layout(model: Any) -> CacheLayout:
     import torch
 
     binding = _bind(model)
-    device = next(iter(model.parameters())).device
-    ids = torch.ones((1, 2), dtype=torch.long, device=device)
-    passed = _cache([])  # an empty DynamicCache, as export_causal_lm passes one
-    kwargs: dict[str, Any] = {"input_ids": ids, binding.cache: passed}
-    if binding.attention_mask:
-        kwargs["attention_mask"] = torch.ones_like(ids)
-    if binding.use_cache:
-        kwargs["use_cache"] = True
-    try:
-        with torch.no_grad(), probe_mode(model):  # a meta-device model runs on fake tensors
+    # a meta-device model runs on fake CPU tensors, and is left as it was
+    with torch.no_grad(), probe_mode(model):
+        device = next(iter(model.parameters())).device
+        ids = torch.ones((1, 2), dtype=torch.long, device=device)
+        passed = _cache([])  # an empty DynamicCache, as export_causal_lm passes one
+        kwargs: dict[str, Any] = {"input_ids": ids, binding.cache: passed}
+        if binding.attention_mask:
+            kwargs["attention_mask"] = torch.ones_like(ids)
+        if binding.use_cache:
+            kwargs["use_cache"] = True
+        try:
             output = model(**kwargs)
-    except Exception as exc:
-        raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc
-    cache = _returned_cache(output)
-    if cache is None and getattr(passed, "layers", None):
-        cache = passed  # older transformers may return the legacy tuples; the cache was updated
-    if cache is None:
-        raise ExportError(
-            f"export_causal_lm: {type(model).__name__} returned no transformers Cache for "
-            f"use_cache=True ({_versions()}); only models with a KV cache can be exported"
-        )
-    return _layer_shapes(model, cache)
+        except Exception as exc:
+            raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc
+        cache = _returned_cache(output)
+        if cache is None and getattr(passed, "layers", None):
+            cache = passed  # older transformers may return the legacy tuples; it was updated
+        if cache is None:
+            raise ExportError(
+                f"export_causal_lm: {type(model).__name__} returned no transformers Cache for "
+                f"use_cache=True ({_versions()}); only models with a KV cache can be exported"
+            )
+        return _layer_shapes(model, cache)
 
 
 def causal_lm_feeds(
@@ -512,13 +513,11 @@ def export_causal_lm(
     feeds = causal_lm_feeds(
         model, batch=batch, seq=seq, past=past, position_ids=position_ids, layout=layout
     )
-    device = next(iter(model.parameters())).device
 
     def convert(array: np.ndarray) -> Any:
-        tensor = torch.from_numpy(np.array(array)).to(device)
+        tensor = torch.from_numpy(np.array(array))
         return tensor.to(layout.dtype) if tensor.is_floating_point() else tensor
 
-    inputs = _torch_inputs(model, feeds, convert)
     kv = {0: d_batch, 2: d_past}
     layers = layout.num_layers
     dynamic: dict[str, Any] = {
@@ -531,7 +530,11 @@ def export_causal_lm(
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
     try:
-        with _windows_by_position():
+        # meta weights are exported as fake CPU tensors: what forward builds from Python data
+        # (list indices, torch.tensor(...)) is lifted as a constant with its values
+        with fake_weights(model), _windows_by_position():
+            device = next(iter(model.parameters())).device
+            inputs = _torch_inputs(model, feeds, lambda a: convert(a).to(device))
             program = torch.export.export(model, (), inputs, dynamic_shapes=dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc

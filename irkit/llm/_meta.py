@@ -13,30 +13,124 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["MetaModel", "checkpoint_names", "meta_causal_lm", "probe_mode", "stacked_weights"]
+__all__ = [
+    "MetaModel",
+    "checkpoint_names",
+    "fake_weights",
+    "meta_causal_lm",
+    "probe_mode",
+    "stacked_weights",
+]
 
 
-def probe_mode(model: Any) -> contextlib.AbstractContextManager[Any]:
+def _has_meta_tensors(model: Any) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+def _module_state(model: Any) -> list[tuple[Any, dict[str, Any], list[Any]]]:
+    """Each module with a copy of its attributes and of its parameter/buffer/child tables."""
+    state = []
+    for module in model.modules():
+        attributes = dict(module.__dict__)
+        tables = [
+            (table, table.copy())
+            for table in (
+                module._parameters,
+                module._buffers,
+                module._modules,
+                module._non_persistent_buffers_set,
+            )
+        ]
+        state.append((module, attributes, tables))
+    return state
+
+
+def _restore_module_state(state: list[tuple[Any, dict[str, Any], list[Any]]]) -> None:
+    for module, attributes, tables in state:
+        module.__dict__.clear()
+        module.__dict__.update(attributes)
+        for table, saved in tables:
+            table.clear()
+            table.update(saved)
+
+
+@contextlib.contextmanager
+def fake_weights(model: Any) -> Iterator[Any]:
+    """Inside, the model's ``meta`` tensors are weightless fake tensors on the CPU.
+
+    A model whose parameters are on ``meta`` runs, and exports, as if it were on the CPU: each
+    ``meta`` parameter and buffer is replaced by a ``FakeTensor`` of the same shape, dtype and
+    strides on ``cpu`` (no storage: memory stays flat), all of one ``FakeTensorMode``. What
+    ``forward`` creates from Python data then lands on the CPU with its values: the index
+    tensors of list indexing, ``torch.tensor(factors, device=x.device)``, … — which
+    ``torch.export`` lifts as constants of the program (on ``meta`` they would have no values).
+    On exit the model is as it was: its parameters, buffers and every attribute ``forward``
+    set or replaced (a lazily cached tensor, a re-registered buffer) are restored.
+
+    For a model without ``meta`` tensors the model is left alone and ``None`` is yielded.
+
+    Args:
+        model: A ``torch.nn.Module``.
+
+    Yields:
+        The ``FakeTensorMode`` of the stand-ins (not entered: enter it to run the model on real
+        inputs, see :func:`probe_mode`), or ``None``.
+    """
+    if not _has_meta_tensors(model):
+        yield None
+        return
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    state = _module_state(model)
+    stand_ins: dict[int, Any] = {}  # tied weights stay tied
+
+    def stand_in(tensor: Any) -> Any:
+        if id(tensor) not in stand_ins:
+            with mode:
+                fake = torch.empty_strided(
+                    tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype, device="cpu"
+                )
+            if isinstance(tensor, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+            stand_ins[id(tensor)] = fake
+        return stand_ins[id(tensor)]
+
+    try:
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, tensor in list(table.items()):
+                    if tensor is not None and tensor.device.type == "meta":
+                        table[name] = stand_in(tensor)
+        yield mode
+    finally:
+        _restore_module_state(state)
+
+
+@contextlib.contextmanager
+def probe_mode(model: Any) -> Iterator[None]:
     """A context in which ``model`` runs for shapes only when its weights are on ``meta``.
 
-    transformers reads tensor values on the way (``padding_mask.all()`` in the causal-mask
-    code) unless the tensors are fake, as under ``torch.export``; a ``FakeTensorMode`` makes
-    them fake, so the eager run gives the output shapes (fake tensors) without data. For a
+    The ``meta`` tensors are swapped for fake CPU tensors (:func:`fake_weights`) and their
+    ``FakeTensorMode`` is entered, so the eager run on real inputs gives the output shapes
+    (fake tensors) without data: transformers reads tensor values on the way
+    (``padding_mask.all()`` in the causal-mask code), which fake tensors allow and ``meta`` ones
+    do not. On exit the model is as it was (what ``forward`` cached on it is dropped). For a
     model with real weights this is a no-op context.
 
     Args:
         model: A ``torch.nn.Module``.
 
-    Returns:
-        A ``FakeTensorMode`` (non-fake inputs allowed) or ``contextlib.nullcontext()``.
+    Yields:
+        Nothing.
     """
-    param = next(iter(model.parameters()), None)
-    if param is None or param.device.type != "meta":
-        return contextlib.nullcontext()
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode: contextlib.AbstractContextManager[Any] = FakeTensorMode(allow_non_fake_inputs=True)
-    return mode
+    with fake_weights(model) as mode:
+        if mode is None:
+            yield
+        else:
+            with mode:
+                yield
 
 
 @contextlib.contextmanager

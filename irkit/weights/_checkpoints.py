@@ -266,9 +266,10 @@ def _from_mapping(weights: Mapping[Any, Any]) -> WeightSource:
 
 def _adapt(value: Any, key: str) -> ir.TensorProtocol:
     if type(value).__module__.startswith("torch"):
-        if getattr(getattr(value, "device", None), "type", "cpu") == "meta":
+        fake = any(c.__module__ == "torch._subclasses.fake_tensor" for c in type(value).__mro__)
+        if getattr(getattr(value, "device", None), "type", "cpu") == "meta" or fake:
             raise WeightsError(
-                f"weights[{key!r}] is a meta tensor: it holds no data either.", [key]
+                f"weights[{key!r}] is a meta or fake tensor: it holds no data either.", [key]
             )
         return ir.tensor_adapters.TorchTensor(value.detach().cpu().contiguous(), name=key)
     if isinstance(value, np.ndarray):

@@ -1,4 +1,4 @@
-"""(Shared by ``test_genai_zoo*.py``.) The causal-LM zoo through ``irkit export`` and onnxruntime-genai's ``Generator``.
+"""The causal-LM zoo through ``irkit export`` and genai's ``Generator`` (``test_genai_zoo_*.py``).
 
 Each architecture of :data:`tests.llm_zoo.ZOO` (tiny config, random weights, vocabulary widened
 to :data:`VOCAB` for the local tokenizer) is saved with ``save_pretrained`` beside a byte-level
@@ -11,9 +11,9 @@ folder's prompts as transformers does, and ``apply_chat_template`` must work on 
 
 Mixture-of-experts folders (qwen3_moe, mixtral, deepseek_v3) hold one tensor per expert: the
 stacked expert weights are streamed as recipes over them. deepseek_v3's values (MLA) are
-narrower than its keys: the cache stores them padded. Archs in :data:`FROM_MODEL` are exported
-from the loaded model (``irkit.llm.export(model, ...)``, its own weights): their folders cannot
-be streamed yet (see :func:`test_streaming_from_the_folder_not_yet`).
+narrower than its keys: the cache stores them padded. Constants that ``forward`` builds
+(falcon's list indices, longrope's factors) are real although the model is built on ``meta``
+(``irkit.llm._meta.fake_weights``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import pathlib
 import pytest
 
 from irkit.cli import main
-from irkit.llm import export
 from tests.llm import genai_support as gs
 from tests.llm_zoo import EXTRA, SLIDING_WINDOW, ZOO
 
@@ -39,16 +38,6 @@ NEW_TOKENS = 16
 MAX_LENGTH = 64
 PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox"]
 ARCHS = {arch.name: arch for arch in (*ZOO, *EXTRA)}
-
-#: Exported from the loaded model: the folder path cannot stream their weights yet.
-FROM_MODEL = {
-    # falcon indexes its fused qkv with Python lists: torch.export lifts the index tensors as
-    # constants, which a meta-device model creates on meta, without their values
-    "falcon": "list-index constants of a meta-device model have no values",
-    # longrope computes its long factors on first use (torch.tensor(long_factor) in forward):
-    # on a meta-device model the probe leaves a fake tensor behind and the constant has no value
-    "phi3_longrope": "longrope's lazily computed long factors on a meta-device model",
-}
 
 
 def make_exported(tmp_path_factory: pytest.TempPathFactory):
@@ -68,12 +57,8 @@ def make_exported(tmp_path_factory: pytest.TempPathFactory):
             model = getattr(transformers, arch.model_class)(config).eval()
             folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
             out = root / f"{name}-onnx"
-            if name in FROM_MODEL:
-                loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
-                export(loaded.eval(), out, max_length=MAX_LENGTH)
-            else:
-                argv = ["export", str(folder), "-o", str(out), "-q"]
-                assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
+            argv = ["export", str(folder), "-o", str(out), "-q"]
+            assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
             done[name] = (folder, out, model)
         return done[name]
 
@@ -124,20 +109,4 @@ def check_longrope(exported) -> None:
         len(tokenizer(PROMPTS[1])["input_ids"])
         < original
         < len(tokenizer(PROMPTS[1])["input_ids"]) + NEW_TOKENS
-    )
-
-
-def check_streams_from_folder(exported, name: str, tmp_path: pathlib.Path) -> None:
-    """``irkit export`` of the architecture's folder (its weights streamed) succeeds."""
-    folder, _, _ = exported(name)
-    argv = ["export", str(folder), "-o", str(tmp_path / "out"), "-q"]
-    assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
-
-
-def from_model_params(names: list[str]) -> list[object]:
-    """The :data:`FROM_MODEL` architectures among ``names``, as strict xfails."""
-    return [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FROM_MODEL[n]))
-        for n in names
-        if n in FROM_MODEL
-    ]
+    )  # the prompt takes the short factors, the last tokens the long ones

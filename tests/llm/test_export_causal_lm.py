@@ -286,3 +286,26 @@ def test_default_export_with_a_dynamic_cache_output_lowers():
     assert names[0] == "out" and len(set(names)) == 3
     assert all(name.startswith("cache_") for name in names[1:]), names
     assert_close(run_ort(model, [x]), [(x * 3).numpy(), (x * 2).numpy(), (x + 1).numpy()], 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["falcon", "phi3_longrope"])
+def test_meta_model_constants_have_values_and_the_model_is_unchanged(name):
+    """forward's constants (falcon's list indices, longrope's long factors) of a meta model."""
+    from irkit.llm._meta import meta_causal_lm
+    from tests.llm_zoo import EXTRA
+
+    arch = {a.name: a for a in (*BY_NAME.values(), *EXTRA)}[name]
+    meta = meta_causal_lm(arch.config(), dtype=torch.float32)
+    before = {id(m): dict(vars(m)) for m in meta.model.modules()}
+    exported = export_causal_lm(meta.model)
+    program = exported.program
+    constants = [program.constants[n] for n in program.graph_signature.lifted_tensor_constants]
+    assert any(c.numel() for c in constants)  # not only the empty cache placeholders
+    assert all(c.device.type == "cpu" for c in constants)
+    assert all(not isinstance(c, torch._subclasses.fake_tensor.FakeTensor) for c in constants)
+    assert {id(m): dict(vars(m)) for m in meta.model.modules()} == before
+    assert {t.device.type for t in meta.model.state_dict().values()} == {"meta"}
+    if name == "phi3_longrope":  # torch.tensor(long_factor) in forward, with its values
+        factors = torch.tensor(arch.config().rope_parameters["long_factor"])
+        assert any(c.shape == factors.shape and torch.equal(c, factors) for c in constants)

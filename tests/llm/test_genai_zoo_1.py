@@ -28,9 +28,3 @@ def test_genai_generator_equals_generate(exported, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_tokenizer_and_chat_template(exported, name):
     zoo.check_tokenizer(exported, name)
-
-
-@pytest.mark.parametrize("name", zoo.from_model_params(NAMES))
-def test_streaming_from_the_folder_not_yet(exported, name, tmp_path):
-    """Flips to a pass (strict xfail fails) when the folder path streams these weights."""
-    zoo.check_streams_from_folder(exported, name, tmp_path)
