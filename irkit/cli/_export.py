@@ -60,9 +60,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-buffer",
         choices=("concat", "shared"),
-        default="concat",
-        help="KV cache: past + new concatenated (default, opset 23) or one shared buffer of "
-        "max_length (opset 24, past_present_share_buffer true; target onnx)",
+        default="shared",
+        help="KV cache: one buffer of max_length shared by past and present (default; "
+        "past_present_share_buffer true: opset 24 TensorScatter for target onnx, "
+        "GroupQueryAttention for target ort) or past + new concatenated (opset 23)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     p.add_argument(

@@ -364,7 +364,7 @@ def export(
     precision: str = "fp32",
     target: str = "onnx",
     max_length: int | None = None,
-    share_buffer: bool = False,
+    share_buffer: bool | None = None,
     overwrite: bool = False,
     trust_remote_code: bool = False,
     log: Callable[[str], None] | None = None,
@@ -390,9 +390,12 @@ def export(
             into ``MatMulNBits``).
         target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
         max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
-        share_buffer: Keep the KV cache in one buffer of ``max_length`` positions
-            (:func:`irkit.rules.kv_buffer.share_kv_buffer`, opset 24; target ``"onnx"``) and
-            write ``past_present_share_buffer: true``.
+        share_buffer: Keep the KV cache in one buffer of ``max_length`` positions shared by past
+            and present, and write ``past_present_share_buffer: true`` (the default,
+            ``None``, shares it): target ``"onnx"`` rewrites to opset 24
+            (:func:`irkit.rules.kv_buffer.share_kv_buffer`: ``TensorScatter``), target ``"ort"``
+            writes ``GroupQueryAttention`` on the buffer. ``False``: past and new keys
+            concatenated (opset 23), ``past_present_share_buffer: false``.
         overwrite: Replace a non-empty ``out_dir``.
         trust_remote_code: Allow a folder whose model is defined by its own code.
         log: Called with one line per stage and each note (default: nothing); with
@@ -419,11 +422,7 @@ def export(
     note = progress.note if progress is not None else quiet
     out = pathlib.Path(out_dir)
     _check_options(precision, target)
-    if share_buffer and target != "onnx":
-        raise LoweringOptionsError(
-            f"export: share_buffer (--kv-buffer shared) rewrites the standard Attention "
-            f"(target onnx), not target {target!r}; pass target='onnx'"
-        )
+    shares = share_buffer is not False
     is_folder = isinstance(model_or_dir, (str, os.PathLike))
     raw = _check_folder(pathlib.Path(model_or_dir)) if is_folder else {}
     _check_output(out, overwrite)
@@ -456,10 +455,14 @@ def export(
     if source.shapes:  # experts stored one tensor each: stacked while streaming
         stacked_weights(model, source.model, source.shapes)
     _fill_buffers(model, source.buffers)
-    rules = ort.default_rules(gqa_shared_buffer=length) if target == "ort" else None
+    rules = (
+        ort.default_rules(gqa_shared_buffer=length if shares else False)
+        if target == "ort"
+        else None
+    )
     irkit.optimize(model, target=target, rules=rules)
     shared = target == "ort" and ort.attention.runs_on_shared_buffer(model, decoder.num_layers)
-    if share_buffer:
+    if shares and target == "onnx":
         from irkit.rules.kv_buffer import share_kv_buffer
 
         stage("sharing the KV buffer (opset 24: TensorScatter)")

@@ -142,7 +142,7 @@ def test_folder_contents_and_config(exported):
     )
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     assert decoder["outputs"]["present_value_names"] == "present.%d.value"
-    assert search["past_present_share_buffer"] is False
+    assert search["past_present_share_buffer"] is True  # the default: opset 24, TensorScatter
     # the tied lm_head resolved to the embedding: the weights are written once
     data = (out / "model.onnx.data").stat().st_size
     assert data < 1.2 * sum(p.stat().st_size for p in folder.glob("*.safetensors"))
@@ -180,22 +180,20 @@ def test_gpt2_is_a_generic_decoder(exported):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the graph derives positions and the causal mask from the past tensor's length, "
-    "which under genai's shared static buffer is its capacity (GatherND: invalid index)",
-)
-def test_shared_buffer_not_yet(exported, tmp_path):
-    """Flips to a pass (and strict xfail fails) when the graph supports the shared buffer."""
-    folder, out = exported("llama")
-    shared = tmp_path / "shared"
-    shutil.copytree(out, shared)
-    path = shared / "genai_config.json"
-    config = json.loads(path.read_text())
-    config["search"]["past_present_share_buffer"] = True
-    path.write_text(json.dumps(config))
-    want = [_until_eos(ids) for ids in _reference_ids(folder, PROMPTS[:1])]
-    assert [_until_eos([int(t) for t in ids]) for ids in _genai_ids(shared, PROMPTS[:1])] == want
+def test_concatenated_kv_cache_on_request(exported, tmp_path):
+    """``--kv-buffer concat``: opset 23, past + new concatenated, the flag false; genai runs it."""
+    folder, _ = exported("llama")
+    out = tmp_path / "concat"
+    argv = ["export", str(folder), "-o", str(out), "-q", "--kv-buffer", "concat"]
+    assert main([*argv, "--max-length", "64"]) == 0
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is False
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    assert {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")} == {23}
+    assert not [n for n in model.graph.node if n.op_type == "TensorScatter"]
+    for prompts in (PROMPTS[:1], PROMPTS):
+        want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
+        assert [_until_eos([int(t) for t in ids]) for ids in _genai_ids(out, prompts)] == want
 
 
 @pytest.mark.slow

@@ -226,7 +226,7 @@ def test_fp16_model_on_the_shared_buffer(exported, tmp_path):
     folder, _ = exported("qwen2")
     half = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16)
     out = tmp_path / "qwen2-fp16"
-    written = export(half, out, target="ort", max_length=MAX_LENGTH)
+    written = export(half, out, target="ort", max_length=MAX_LENGTH, precision="fp16")
     assert written.genai_config["search"]["past_present_share_buffer"] is True
     model = onnx.load(out / "model.onnx", load_external_data=False)
     assert {i.type.tensor_type.elem_type for i in model.graph.input if "past" in i.name} == {
