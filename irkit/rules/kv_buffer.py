@@ -80,6 +80,12 @@ def _check(mask: ir.Value, match: Match) -> Verdict:
     return True
 
 
+def _heads(op: RewriteBuilder, t: ir.Value, heads: int) -> ir.Value:
+    """[B, S, H·D] → [B, H, S, D]."""
+    split = op.Reshape(t, op.Constant(value_ints=[0, 0, heads, -1]))
+    return op.Transpose(split, perm=[0, 2, 1, 3])
+
+
 def _shared(
     op: RewriteBuilder,
     q: ir.Value,
@@ -90,7 +96,17 @@ def _shared(
     pv: ir.Value,
     match: Match,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Attention(q, k, v, mask, pk, pv) → Attention(q, scatter(pk, k)[:T], …), the buffers."""
+    """Attention(q, k, v, mask, pk, pv) → Attention(q, scatter(pk, k)[:T], …), the buffers.
+
+    3-D q/k/v (``q_num_heads``/``kv_num_heads`` set: the heads folded into the last axis) are
+    split into heads first, as the 4-D buffer needs, and the output folded back.
+    """
+    attributes = node_attributes(match.nodes[0])
+    q_heads = attributes.pop("q_num_heads", None)
+    kv_heads = attributes.pop("kv_num_heads", None)
+    folded = q_heads is not None and kv_heads is not None
+    if folded:
+        q, k, v = (_heads(op, t, h) for t, h in ((q, q_heads), (k, kv_heads), (v, kv_heads)))
     total = op.Shape(mask, start=-1)  # [T]
     new = op.Shape(k, start=_SEQUENCE_AXIS, end=_SEQUENCE_AXIS + 1)  # [S]
     write = op.Expand(op.Sub(total, new), op.Shape(k, start=0, end=1))  # [B] = T - S
@@ -100,7 +116,9 @@ def _shared(
     axis = op.Constant(value_ints=[_SEQUENCE_AXIS])
     keys = op.Slice(present_k, zero, total, axis)
     values = op.Slice(present_v, zero, total, axis)
-    y = op.Attention(q, keys, values, mask, **node_attributes(match.nodes[0]))
+    y = op.Attention(q, keys, values, mask, **attributes)
+    if folded:  # [B, H, S, D] → [B, S, H·D]
+        y = op.Reshape(op.Transpose(y, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
     return y, present_k, present_v
 
 

@@ -170,10 +170,3 @@ def test_no_attention_mask_is_refused():
     )
     with pytest.raises(LoweringOptionsError, match="no 'attention_mask' input"):
         share_kv_buffer(_model(text))
-
-
-def test_export_refuses_a_shared_buffer_for_target_ort(tmp_path):
-    from irkit.llm import export
-
-    with pytest.raises(LoweringOptionsError, match="target onnx"):
-        export(tmp_path / "model", tmp_path / "out", target="ort", share_buffer=True)
