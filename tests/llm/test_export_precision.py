@@ -10,6 +10,7 @@ histogram is checked, and onnxruntime-genai's ``Generator`` runs it greedily.
 from __future__ import annotations
 
 import collections
+import json
 import pathlib
 
 import numpy as np
@@ -108,7 +109,8 @@ def test_int_precisions_quantize_the_matmuls(folder, tmp_path, precision, bits, 
     model = (
         transformers.AutoModelForCausalLM.from_pretrained(folder) if source == "loaded" else folder
     )
-    result = export(model, out, precision=precision)
+    # the eager comparison feeds a past of 4 and 8 new tokens: the concatenated cache's contract
+    result = export(model, out, precision=precision, share_buffer=False)
     ops = _histogram(out / "model.onnx")
     # q, k, v, o, gate, up, down per layer, and lm_head
     assert ops.get("MatMulNBits") == 7 * LAYERS + 1, ops
@@ -137,8 +139,8 @@ def test_unknown_precision(tmp_path):
 
 @pytest.mark.slow
 def test_fp16_export(folder, tmp_path):
-    fp32 = export(folder, tmp_path / "fp32")
-    fp16 = export(folder, tmp_path / "fp16", precision="fp16")
+    fp32 = export(folder, tmp_path / "fp32", share_buffer=False)
+    fp16 = export(folder, tmp_path / "fp16", precision="fp16", share_buffer=False)
     proto = onnx.load(str(tmp_path / "fp16" / "model.onnx"), load_external_data=False)
     inputs = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
     outputs = {o.name: o.type.tensor_type.elem_type for o in proto.graph.output}
@@ -153,3 +155,14 @@ def test_fp16_export(folder, tmp_path):
     error, _ = _ort_vs_eager(folder, tmp_path / "fp16")
     assert error < 0.01, error
     assert len(_generates(tmp_path / "fp16")) == 12
+
+
+@pytest.mark.slow
+def test_int4_on_the_shared_buffer_generates_as_concatenated(folder, tmp_path):
+    """The default (shared KV buffer, opset 24) quantized: genai's ids equal the concatenated
+    cache's, token for token."""
+    export(folder, tmp_path / "shared", precision="int4")
+    export(folder, tmp_path / "concat", precision="int4", share_buffer=False)
+    config = json.loads((tmp_path / "shared" / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    assert _generates(tmp_path / "shared") == _generates(tmp_path / "concat")
