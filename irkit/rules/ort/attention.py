@@ -48,6 +48,12 @@ value of one it carries only in part (``softcap`` for ``MultiHeadAttention``, a
 ``left_window_size`` / ``right_window_size`` other than -1, a ``softmax_precision`` other than the
 input dtype, any attribute of a newer opset), and any input but ``Q``, ``K``, ``V``, the mask and
 the past (``nonpad_kv_seqlen``), stop the rewrite. Every refusal says why (see ``explain``).
+
+The rules are patterns with a findings check. A pattern fixes how many outputs it replaces, so
+each op has two: ``GroupQueryAttentionKVCache`` / ``MultiHeadAttentionKVCache`` match
+``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key?, past_value?)`` and
+``GroupQueryAttention`` / ``MultiHeadAttention`` match ``Y = Attention(Q, K, V, mask?)``; the
+shared-buffer form is a ``GroupQueryAttentionKVCache`` too.
 """
 
 from __future__ import annotations
