@@ -49,9 +49,9 @@ from irkit.rewriting import (
     transpose_weight,
     weight_constant,
 )
+from irkit.rules._ort_types import ORT_FLOAT_TYPES
 
 MS = "com.microsoft"
-_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 
 class _Product:
@@ -113,7 +113,7 @@ class PackedMatMul(BaseRule):
         dx = dims(x)
         if dx is None or len(dx) < 2:
             return fail("shared input rank unknown or < 2", x)
-        if x.dtype not in _TYPES:
+        if x.dtype not in ORT_FLOAT_TYPES:
             return fail(f"dtype {x.dtype}: packed only for float16/float32", x)
         products: list[_Product] = []
         tensors: list[ir.TensorProtocol] = []  # (K, Nᵢ): the weights as the products use them

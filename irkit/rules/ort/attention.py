@@ -48,6 +48,12 @@ value of one it carries only in part (``softcap`` for ``MultiHeadAttention``, a
 ``left_window_size`` / ``right_window_size`` other than -1, a ``softmax_precision`` other than the
 input dtype, any attribute of a newer opset), and any input but ``Q``, ``K``, ``V``, the mask and
 the past (``nonpad_kv_seqlen``), stop the rewrite. Every refusal says why (see ``explain``).
+
+The rules are patterns with a findings check. A pattern fixes how many outputs it replaces, so
+each op has two: ``GroupQueryAttentionKVCache`` / ``MultiHeadAttentionKVCache`` match
+``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key?, past_value?)`` and
+``GroupQueryAttention`` / ``MultiHeadAttention`` match ``Y = Attention(Q, K, V, mask?)``; the
+shared-buffer form is a ``GroupQueryAttentionKVCache`` too.
 """
 
 from __future__ import annotations
@@ -59,10 +65,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit._irutil import node_attributes
 from irkit.rewriting import (
     Match,
     MatchFailure,
-    NodeRule,
     RewriteBuilder,
     Rule,
     RuleSet,
@@ -75,13 +81,9 @@ from irkit.rewriting import (
     var,
 )
 from irkit.rewriting import op as pat
+from irkit.rules._ort_types import ORT_FLOAT_TYPES
 
 MS = "com.microsoft"
-_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
-
-
-def _attrs(node: ir.Node) -> dict[str, Any]:
-    return {k: a.value for k, a in node.attributes.items()}
 
 
 def _input(node: ir.Node, i: int) -> ir.Value | None:
@@ -114,7 +116,7 @@ def _common(node: ir.Node) -> _Heads | MatchFailure:
     q, k, v = (_input(node, i) for i in range(3))
     if q is None or k is None or v is None:
         return fail("Q, K or V absent", None, node)
-    if q.dtype not in _TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+    if q.dtype not in ORT_FLOAT_TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return fail(f"dtype {q.dtype}: the contrib ops run float16/float32", q)
     dq, dk, dv = dims(q), dims(k), dims(v)
     if dq is None or dk is None or dv is None or not len(dq) == len(dk) == len(dv) == 4:
@@ -226,21 +228,22 @@ def _mask_type(v: ir.Value, depth: int = 4) -> tuple[ir.DataType | None, int | N
     return (dtypes.pop() if len(dtypes) == 1 else None), rank
 
 
-def _bias4(op: RewriteBuilder, mask: ir.Value, q: ir.Value) -> ir.Value | MatchFailure:
-    """An additive float mask as the contrib ops' 4-D ``attention_bias``, or why not."""
+def _mask_rank(mask: ir.Value, q: ir.Value) -> int | MatchFailure:
+    """The rank of an additive float mask the contrib ops take as ``attention_bias``, or why
+    they cannot."""
     dtype, rank = _mask_type(mask)
     if dtype != q.dtype:
         return fail(f"mask dtype {dtype}: only an additive mask of the input dtype", mask)
     if rank is None or rank > 4:
         return fail(f"mask rank {rank} unknown or > 4", mask)
-    if rank == 4:
+    return rank
+
+
+def _bias4(op: RewriteBuilder, mask: ir.Value | None, rank: int | None) -> ir.Value | None:
+    """The mask (of ``rank``, see :func:`_mask_rank`) as the contrib ops' 4-D ``attention_bias``."""
+    if mask is None or rank is None or rank == 4:
         return mask
     return op.Unsqueeze(mask, op.const(np.arange(4 - rank, dtype=np.int64)))
-
-
-def _present(node: ir.Node, outs: list[ir.Value]) -> list[ir.Value]:
-    """Replacements for the node's outputs: ``Y`` and the presents it has."""
-    return outs[: min(len(node.outputs), 3)]
 
 
 def _rotary(value: ir.Value) -> ir.Node | None:
@@ -260,7 +263,7 @@ def _rotary_parts(
         x, cos, sin, pos = (_input(node, i) for i in range(4))
     if x is None or cos is None or sin is None:
         return None
-    return x, pos, cos, sin, _attrs(node)
+    return x, pos, cos, sin, node_attributes(node)
 
 
 _Folded = tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value, int]
@@ -535,130 +538,39 @@ class SharedBuffer:
         self.position_input = position_input
 
 
-def group_query_attention(
-    dynamic_past: bool = False, masked: bool = False, shared: SharedBuffer | None = None
-) -> NodeRule | Rule:
-    """The ``GroupQueryAttention`` rule (by default: causal ``Attention`` without a mask).
-
-    Args:
-        dynamic_past: Also fuse when batch and new-token count are dynamic and there is a past.
-            onnxruntime then runs prefill (empty past) and decoding (one new token) at any batch
-            size, but raises an error for a step with several new tokens, a non-empty past and
-            batch > 1 (chunked prefill in a batch). Off by default: the fusion must not make a
-            valid input fail.
-        masked: Also fuse ``Attention`` with an additive float mask (HF's causal + padding
-            mask) or without ``is_causal``: the mask becomes the op's ``attention_bias`` input
-            and ``causal`` is the node's ``is_causal``. Both are newer than onnxruntime 1.20
-            (tested with 1.32), so this is opt-in.
-        shared: Write the op for onnxruntime-genai's shared KV buffer (see
-            :class:`SharedBuffer`): every ``Attention`` with a past whose mask, if any, is
-            computed from the attention-mask input.
-    """
-
-    if shared is not None:
-        return shared_buffer_rule(shared)
-
-    def fn(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
-        return _gqa_rewrite(op, node, dynamic_past, masked)
-
-    return NodeRule("GroupQueryAttention", ["Attention"], fn, min_opset=23)
-
-
-def _gqa_rewrite(
-    op: RewriteBuilder, node: ir.Node, dynamic_past: bool, masked: bool
-) -> list[ir.Value] | MatchFailure:
-    """GroupQueryAttention from an opset-23 Attention (see the module docstring)."""
-    heads = _common(node)
-    if isinstance(heads, MatchFailure):
-        return heads
-    a = _attrs(node)
-    causal = int(a.get("is_causal", 0))
-    mask = _input(node, 3)
-    if not masked and not causal:
-        return fail(
-            "not causal (is_causal=0): GroupQueryAttention is causal "
-            "(ort.default_rules(gqa_masked=True) sets causal=0: onnxruntime > 1.20)",
-            None,
-            node,
-        )
-    if not masked and mask is not None:
-        return fail(
-            "has an attention mask besides the causal one (ort.default_rules(gqa_masked=True) "
-            "passes it as attention_bias: onnxruntime > 1.20)",
-            mask,
-        )
-    bias = None if mask is None else _bias4(op, mask, node.inputs[0])  # type: ignore[arg-type]
-    if isinstance(bias, MatchFailure):
-        return bias
-    if heads.head_size % 8:
-        return fail(
-            f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
-        )
-    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
-    dq, dk = dims(q), dims(k)
-    if dq is None or dk is None or dq[2] is None or dq[2] != dk[2]:
-        return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
-    past_k, past_v = _input(node, 4), _input(node, 5)
-    if past_k is not None and dq[0] != 1 and dq[2] != 1 and not dynamic_past:
-        return fail(
-            f"batch {dq[0]} and {dq[2]} new tokens with a past: onnxruntime's "
-            "GroupQueryAttention runs a past only with batch 1 or one new token "
-            "(ort.default_rules(gqa_dynamic_past=True) fuses anyway)",
-            q,
-        )
-    if (
-        bias is not None
-        and past_k is not None
-        and q is not None
-        and q.dtype == ir.DataType.FLOAT16
-        and dq[0] != 1
-    ):
-        # Measured (tests/rules/ort/test_attention.py): onnxruntime 1.32's CPU kernel gives
-        # wrong numbers for every batch row but the first (max error 0.85).
-        return fail(
-            f"float16 with an attention_bias, a past and batch {dq[0]}: onnxruntime's CPU "
-            "GroupQueryAttention computes rows after the first wrongly in this form",
-            q,
-        )
-    rotary = _fold_rotary(q, k, heads.head_size)  # type: ignore[arg-type]
-    cos = sin = pos = None
-    interleaved = 0
-    if rotary is not None:
-        q, k, cos, sin, pos, interleaved = rotary
-    i32 = ir.DataType.INT32
-    new = op.Shape(k, start=2, end=3)
-    total = new if past_k is None else op.Add(new, op.Shape(past_k, start=2, end=3))
-    total32 = op.Cast(total, to=i32)
-    batch = op.Shape(q, start=0, end=1)
-    one = op.const(np.array([1], dtype=np.int32))
-    seqlens = op.Expand(op.Sub(total32, one), batch)
-    total_scalar = op.Squeeze(total32)
-    y, present_k, present_v = op.domain(MS).GroupQueryAttention(
-        _to3(op, q),  # type: ignore[arg-type]
-        _to3(op, k),  # type: ignore[arg-type]
-        _to3(op, v),  # type: ignore[arg-type]
-        past_k,
-        past_v,
-        seqlens,
-        total_scalar,
-        cos,
-        sin,
-        pos,
-        bias,
-        num_heads=heads.q_heads,
-        kv_num_heads=heads.kv_heads,
-        causal=None if causal else 0,
-        scale=a.get("scale"),
-        softcap=a.get("softcap") or None,
-        do_rotary=1 if rotary is not None else None,
-        rotary_interleaved=interleaved if rotary is not None else None,
-        _outputs=3,
-    )
-    return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
-
-
 _q, _k, _v, _mask = var("q"), var("k"), var("v"), var("mask")
 _past_key, _past_value = var("past_key"), var("past_value")
+_nonpad = var("nonpad_kv_seqlen")
+
+_ATTENTION = pat.Attention(
+    _q,
+    _k,
+    _v,
+    optional(_mask),
+    None,
+    None,
+    optional(_nonpad),
+    scale=attr("scale"),
+    softcap=attr("softcap"),
+    is_causal=attr("is_causal"),
+)
+"""``Y = Attention(Q, K, V, mask?)``: no cache (``nonpad_kv_seqlen`` matched to be refused)."""
+
+_ATTENTION_KV_CACHE = pat.Attention(
+    _q,
+    _k,
+    _v,
+    optional(_mask),
+    optional(_past_key),
+    optional(_past_value),
+    optional(_nonpad),
+    scale=attr("scale"),
+    softcap=attr("softcap"),
+    is_causal=attr("is_causal"),
+    _outputs=3,
+)
+"""``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key?, past_value?)``: the op
+writes the cache (the past may be absent: the presents are then ``K``, ``V``)."""
 
 _ATTENTION_WITH_PAST = pat.Attention(
     _q,
@@ -672,6 +584,193 @@ _ATTENTION_WITH_PAST = pat.Attention(
     _outputs=3,
 )
 """``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key, past_value)``."""
+
+
+def _check_gqa(
+    q: ir.Value,
+    k: ir.Value,
+    mask: ir.Value | None,
+    past_key: ir.Value | None,
+    is_causal: int,
+    match: Match,
+    dynamic_past: bool,
+    masked: bool,
+) -> Verdict:
+    """The preconditions of ``GroupQueryAttention`` (see the module docstring); findings:
+    ``heads``, ``mask_rank`` (of the mask passed as ``attention_bias``) and ``rotary`` (the
+    rotations the op absorbs, or ``None``)."""
+    node = match.nodes[0]
+    heads = _common(node)
+    if isinstance(heads, MatchFailure):
+        return heads
+    if not masked and not is_causal:
+        return fail(
+            "not causal (is_causal=0): GroupQueryAttention is causal "
+            "(ort.default_rules(gqa_masked=True) sets causal=0: onnxruntime > 1.20)",
+            None,
+            node,
+        )
+    if not masked and mask is not None:
+        return fail(
+            "has an attention mask besides the causal one (ort.default_rules(gqa_masked=True) "
+            "passes it as attention_bias: onnxruntime > 1.20)",
+            mask,
+        )
+    mask_rank = None if mask is None else _mask_rank(mask, q)
+    if isinstance(mask_rank, MatchFailure):
+        return mask_rank
+    if heads.head_size % 8:
+        return fail(
+            f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node
+        )
+    dq, dk = dims(q), dims(k)
+    if dq is None or dk is None or dq[2] is None or dq[2] != dk[2]:
+        return fail(f"query length {dq and dq[2]} and new key length {dk and dk[2]} differ", k)
+    if past_key is not None and dq[0] != 1 and dq[2] != 1 and not dynamic_past:
+        return fail(
+            f"batch {dq[0]} and {dq[2]} new tokens with a past: onnxruntime's "
+            "GroupQueryAttention runs a past only with batch 1 or one new token "
+            "(ort.default_rules(gqa_dynamic_past=True) fuses anyway)",
+            q,
+        )
+    if mask is not None and past_key is not None and q.dtype == ir.DataType.FLOAT16 and dq[0] != 1:
+        # Measured (tests/rules/ort/test_attention.py): onnxruntime 1.32's CPU kernel gives
+        # wrong numbers for every batch row but the first (max error 0.85).
+        return fail(
+            f"float16 with an attention_bias, a past and batch {dq[0]}: onnxruntime's CPU "
+            "GroupQueryAttention computes rows after the first wrongly in this form",
+            q,
+        )
+    return {"heads": heads, "mask_rank": mask_rank, "rotary": _fold_rotary(q, k, heads.head_size)}
+
+
+def _gqa(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value | None,
+    past_key: ir.Value | None,
+    past_value: ir.Value | None,
+    scale: float | None,
+    softcap: float,
+    is_causal: int,
+    heads: _Heads,
+    mask_rank: int | None,
+    rotary: _Folded | None,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_key, past_value, seqlens_k,
+    total_len, cos?, sin?, position_ids?, attention_bias?))``, the presents."""
+    cos = sin = pos = None
+    interleaved = 0
+    if rotary is not None:
+        q, k, cos, sin, pos, interleaved = rotary
+    i32 = ir.DataType.INT32
+    new = op.Shape(k, start=2, end=3)
+    total = new if past_key is None else op.Add(new, op.Shape(past_key, start=2, end=3))
+    total32 = op.Cast(total, to=i32)
+    batch = op.Shape(q, start=0, end=1)
+    one = op.const(np.array([1], dtype=np.int32))
+    seqlens = op.Expand(op.Sub(total32, one), batch)
+    total_scalar = op.Squeeze(total32)
+    y, present_k, present_v = op.domain(MS).GroupQueryAttention(
+        _to3(op, q),
+        _to3(op, k),
+        _to3(op, v),
+        past_key,
+        past_value,
+        seqlens,
+        total_scalar,
+        cos,
+        sin,
+        pos,
+        _bias4(op, mask, mask_rank),
+        num_heads=heads.q_heads,
+        kv_num_heads=heads.kv_heads,
+        causal=None if is_causal else 0,
+        scale=scale,
+        softcap=softcap or None,
+        do_rotary=1 if rotary is not None else None,
+        rotary_interleaved=interleaved if rotary is not None else None,
+        _outputs=3,
+    )
+    return _to4(op, y, heads.q_heads), present_k, present_v
+
+
+def _gqa_y(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value | None,
+    scale: float | None,
+    softcap: float,
+    is_causal: int,
+    heads: _Heads,
+    mask_rank: int | None,
+    rotary: _Folded | None,
+) -> ir.Value:
+    """``to4(GroupQueryAttention(to3(Q), to3(K), to3(V), , , seqlens_k, total_len, …))``."""
+    args = (scale, softcap, is_causal, heads, mask_rank, rotary)
+    return _gqa(op, q, k, v, mask, None, None, *args)[0]
+
+
+def group_query_attention(
+    dynamic_past: bool = False, masked: bool = False, shared: SharedBuffer | None = None
+) -> RuleSet:
+    """The ``GroupQueryAttention`` rules (by default: causal ``Attention`` without a mask):
+    ``GroupQueryAttentionKVCache`` for an ``Attention`` with present outputs (and a past or
+    not), ``GroupQueryAttention`` for one without.
+
+    Args:
+        dynamic_past: Also fuse when batch and new-token count are dynamic and there is a past.
+            onnxruntime then runs prefill (empty past) and decoding (one new token) at any batch
+            size, but raises an error for a step with several new tokens, a non-empty past and
+            batch > 1 (chunked prefill in a batch). Off by default: the fusion must not make a
+            valid input fail.
+        masked: Also fuse ``Attention`` with an additive float mask (HF's causal + padding
+            mask) or without ``is_causal``: the mask becomes the op's ``attention_bias`` input
+            and ``causal`` is the node's ``is_causal``. Both are newer than onnxruntime 1.20
+            (tested with 1.32), so this is opt-in.
+        shared: Write the op for onnxruntime-genai's shared KV buffer (see
+            :class:`SharedBuffer`): every ``Attention`` with a past whose mask, if any, is
+            computed from the attention-mask input (the one rule
+            ``GroupQueryAttentionKVCache``, :func:`shared_buffer_rule`).
+    """
+    if shared is not None:
+        return RuleSet("ort_gqa", [shared_buffer_rule(shared)])
+
+    def check(
+        q: ir.Value,
+        k: ir.Value,
+        mask: ir.Value | None,
+        past_key: ir.Value | None,
+        is_causal: int,
+        match: Match,
+    ) -> Verdict:
+        return _check_gqa(q, k, mask, past_key, is_causal, match, dynamic_past, masked)
+
+    return RuleSet(
+        "ort_gqa",
+        [
+            Rule(  # (Y, presents) = Attention(Q, K, V, mask?, past?) = to4(GQA(to3(Q), …))
+                "GroupQueryAttentionKVCache",
+                _ATTENTION_KV_CACHE,
+                check=check,
+                rewrite=_gqa,
+                min_opset=23,
+            ),
+            Rule(  # Y = Attention(Q, K, V, mask?) = to4(GQA(to3(Q), to3(K), to3(V), …))
+                "GroupQueryAttention",
+                _ATTENTION,
+                check=lambda q, k, mask, is_causal, match: check(
+                    q, k, mask, None, is_causal, match
+                ),
+                rewrite=_gqa_y,
+                min_opset=23,
+            ),
+        ],
+    )
 
 
 def _check_shared(
@@ -690,7 +789,7 @@ def _check_shared(
     attention_mask = _graph_input(node, shared.mask_input)
     if attention_mask is None:
         return fail(f"the graph has no input {shared.mask_input!r}", None, node)
-    if mask is None and not _attrs(node).get("is_causal", 0):
+    if mask is None and not node_attributes(node).get("is_causal", 0):
         return fail("not causal and no mask", None, node)
     if mask is not None and not _reaches(mask, attention_mask):
         return fail(f"the mask is not computed from {shared.mask_input!r}", mask)
@@ -769,7 +868,7 @@ def shared_buffer_rule(shared: SharedBuffer) -> Rule:
         return _check_shared(q, k, mask, match, shared)
 
     return Rule(
-        "GroupQueryAttention",
+        "GroupQueryAttentionKVCache",
         _ATTENTION_WITH_PAST,
         check=check,
         rewrite=_gqa_shared,
@@ -777,38 +876,88 @@ def shared_buffer_rule(shared: SharedBuffer) -> Rule:
     )
 
 
-def _mha(op: RewriteBuilder, node: ir.Node) -> list[ir.Value] | MatchFailure:
-    """MultiHeadAttention from a non-causal opset-23 Attention (see the module docstring)."""
+def _check_mha(q: ir.Value, mask: ir.Value | None, softcap: float, match: Match) -> Verdict:
+    """The preconditions of ``MultiHeadAttention``; findings: ``heads``, ``mask_rank``."""
+    node = match.nodes[0]
     heads = _common(node)
     if isinstance(heads, MatchFailure):
         return heads
-    a = _attrs(node)
-    if a.get("is_causal", 0):
+    if node_attributes(node).get("is_causal", 0):
         return fail("causal (is_causal=1): left to GroupQueryAttention", None, node)
-    if a.get("softcap", 0.0):
+    if softcap:
         return fail("softcap: MultiHeadAttention has none", None, node)
     if heads.q_heads != heads.kv_heads:
         return fail(f"{heads.q_heads} query heads but {heads.kv_heads} key/value heads", None, node)
-    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
-    mask = _input(node, 3)
-    bias = None if mask is None else _bias4(op, mask, q)  # type: ignore[arg-type]
-    if isinstance(bias, MatchFailure):
-        return bias
-    past_k, past_v = _input(node, 4), _input(node, 5)
+    mask_rank = None if mask is None else _mask_rank(mask, q)
+    if isinstance(mask_rank, MatchFailure):
+        return mask_rank
+    return {"heads": heads, "mask_rank": mask_rank}
+
+
+def _mha(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value | None,
+    past_key: ir.Value | None,
+    past_value: ir.Value | None,
+    scale: float | None,
+    heads: _Heads,
+    mask_rank: int | None,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``to4(MultiHeadAttention(to3(Q), to3(K), to3(V), , , bias?, past_key?, past_value?))``,
+    the presents."""
     y, present_k, present_v = op.domain(MS).MultiHeadAttention(
-        _to3(op, q),  # type: ignore[arg-type]
-        _to3(op, k),  # type: ignore[arg-type]
-        _to3(op, v),  # type: ignore[arg-type]
+        _to3(op, q),
+        _to3(op, k),
+        _to3(op, v),
         None,
         None,
-        bias,
-        past_k,
-        past_v,
+        _bias4(op, mask, mask_rank),
+        past_key,
+        past_value,
         num_heads=heads.q_heads,
-        scale=a.get("scale"),
+        scale=scale,
         _outputs=3,
     )
-    return _present(node, [_to4(op, y, heads.q_heads), present_k, present_v])
+    return _to4(op, y, heads.q_heads), present_k, present_v
+
+
+def _mha_y(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value | None,
+    scale: float | None,
+    heads: _Heads,
+    mask_rank: int | None,
+) -> ir.Value:
+    """``to4(MultiHeadAttention(to3(Q), to3(K), to3(V), , , bias?))``."""
+    return _mha(op, q, k, v, mask, None, None, scale, heads, mask_rank)[0]
+
+
+MULTI_HEAD_ATTENTION = RuleSet(
+    "ort_mha",
+    [
+        Rule(  # (Y, presents) = Attention(Q, K, V, bias?, past?) = to4(MHA(to3(Q), …))
+            "MultiHeadAttentionKVCache",
+            _ATTENTION_KV_CACHE,
+            check=_check_mha,
+            rewrite=_mha,
+            min_opset=23,
+        ),
+        Rule(  # Y = Attention(Q, K, V, bias?) = to4(MHA(to3(Q), to3(K), to3(V), , , bias))
+            "MultiHeadAttention",
+            _ATTENTION,
+            check=_check_mha,
+            rewrite=_mha_y,
+            min_opset=23,
+        ),
+    ],
+)
+"""The non-causal ``Attention`` → ``MultiHeadAttention`` rules (with and without a cache)."""
 
 
 _x, _cos, _sin, _pos = var("x"), var("cos"), var("sin"), var("position_ids")
@@ -832,7 +981,7 @@ def _check_contrib_rotary(
     """The contrib op's preconditions; the finding ``heads``: the head count it needs."""
     if position_ids is None:
         return fail("no position_ids: per-token cos/sin, the contrib op needs caches", x)
-    if x.dtype not in _TYPES or cos.dtype != x.dtype:
+    if x.dtype not in ORT_FLOAT_TYPES or cos.dtype != x.dtype:
         return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
     dx = dims(x)
     if dx is None or len(dx) not in (3, 4):
@@ -885,7 +1034,7 @@ def attention_rules(
         "ort_attention",
         [
             group_query_attention(gqa_dynamic_past, gqa_masked, shared),
-            NodeRule("MultiHeadAttention", ["Attention"], _mha, min_opset=23),
+            MULTI_HEAD_ATTENTION,
             CONTRIB_ROTARY,
         ],
     )

@@ -16,15 +16,15 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from irkit.rewriting import Rule, RuleSet, Verdict, dims, fail, op, var
+from irkit.rules._ort_types import ORT_FLOAT_TYPES
 
 MS = "com.microsoft"
-_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 x, bias = var("x"), var("bias")
 
 
 def _check_x(x: ir.Value) -> Verdict:
-    if x.dtype not in _TYPES:
+    if x.dtype not in ORT_FLOAT_TYPES:
         return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
     if dims(x) is None or not dims(x):
         return fail("input rank unknown or 0", x)
@@ -47,7 +47,7 @@ def _last_dim(x: ir.Value) -> int | str | None:
 
 
 def _check_bias(x: ir.Value, bias: ir.Value) -> Verdict:
-    if x.dtype not in _TYPES and not (x.dtype is None and bias.dtype in _TYPES):
+    if x.dtype not in ORT_FLOAT_TYPES and not (x.dtype is None and bias.dtype in ORT_FLOAT_TYPES):
         return fail(f"dtype {x.dtype}: the contrib op runs float16/float32", x)
     last, db = _last_dim(x), dims(bias)
     if last is None:

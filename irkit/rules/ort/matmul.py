@@ -20,9 +20,9 @@ from typing import Any
 import onnx_ir as ir
 
 from irkit.rewriting import RewriteBuilder, Rule, RuleSet, Verdict, attr, fail, op, var
+from irkit.rules._ort_types import ORT_FLOAT_TYPES
 
 MS = "com.microsoft"
-_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 a, b = var("a"), var("b")
 _TA = op.Transpose(a, perm=attr("perm_a"))
@@ -43,7 +43,7 @@ def _checker(trans_a: bool, trans_b: bool) -> Callable[..., Verdict]:
 
     def check(a: ir.Value, b: ir.Value, **env: Any) -> Verdict:
         dtype = a.dtype or b.dtype
-        if dtype is not None and dtype not in _TYPES:
+        if dtype is not None and dtype not in ORT_FLOAT_TYPES:
             return fail(f"dtype {dtype}: FusedMatMul runs float16/float32", a)
         for value, perm, transposed in ((a, "perm_a", trans_a), (b, "perm_b", trans_b)):
             if transposed and not _swaps_last_two(env.get(perm), value):

@@ -34,9 +34,9 @@ from irkit.rewriting import (
     optional,
     var,
 )
+from irkit.rules._ort_types import ORT_FLOAT_TYPES
 
 MS = "com.microsoft"
-_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 a, b, w, bias = var("a"), var("b"), var("w"), var("bias")
 _SUM = a + b
@@ -62,7 +62,7 @@ def _check(a: ir.Value, b: ir.Value, w: ir.Value, axis: int, bias: ir.Value | No
         return fail(f"input has rank {len(da)}; the contrib op takes rank 2 or 3", a)
     if axis not in (-1, len(da) - 1):
         return fail(f"normalizes from axis {axis}, the contrib op only the last axis", a)
-    if a.dtype not in _TYPES or b.dtype != a.dtype:
+    if a.dtype not in ORT_FLOAT_TYPES or b.dtype != a.dtype:
         return fail(f"dtypes {a.dtype}, {b.dtype}: need float16/float32, both the same", a)
     if da != db or any(d is None for d in da):
         return fail(f"residual shapes {list(da)} and {list(db)} differ or are unknown", b)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import irkit
-from irkit.rewriting import RewriteReport
+from irkit.rewriting import RewriteReport, Rule
 from irkit.rules import ort
 from tests.helpers import run_ort
 from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, ops, parse
@@ -47,8 +47,9 @@ def test_group_query_attention(b, heads, s, p, h, t, past):
     if past and b > 1:
         s = 1  # (onnxruntime: a past with several new tokens only at batch 1)
     m = _gqa(t, b, heads[0], heads[1], s, p, h, past=past)
-    report = fire(m, "GroupQueryAttention", _ops_with("GroupQueryAttention", past), t)
-    assert report.fired["GroupQueryAttention"] == 1
+    rule = "GroupQueryAttentionKVCache" if past else "GroupQueryAttention"
+    report = fire(m, rule, _ops_with("GroupQueryAttention", past), t)
+    assert report.fired[rule] == 1
 
 
 def _ops_with(op: str, past: bool) -> dict[str, int]:
@@ -64,7 +65,7 @@ def _ops_with(op: str, past: bool) -> dict[str, int]:
 def test_group_query_attention_declines_head_size_4():
     no_fire(
         _gqa("float", 1, 2, 1, 3, 2, 4),
-        "GroupQueryAttention",
+        "GroupQueryAttentionKVCache",
         "head size 4 is not a multiple of 8 (onnxruntime CPU)",
     )
 
@@ -72,7 +73,7 @@ def test_group_query_attention_declines_head_size_4():
 def test_group_query_attention_declines_chunks_with_past_in_a_batch():
     no_fire(
         _gqa("float", 2, 2, 1, 3, 2, 8),
-        "GroupQueryAttention",
+        "GroupQueryAttentionKVCache",
         "batch 2 and 3 new tokens with a past",
     )
 
@@ -80,7 +81,7 @@ def test_group_query_attention_declines_chunks_with_past_in_a_batch():
 def test_group_query_attention_declines_a_mask():
     no_fire(
         _gqa("float", 1, 2, 1, 3, 2, 8, mask=True),
-        "GroupQueryAttention",
+        "GroupQueryAttentionKVCache",
         "has an attention mask besides the causal one",
     )
 
@@ -98,20 +99,25 @@ def test_group_query_attention_declines_a_mask():
 )
 def test_multi_head_attention(b, n, s, p, h, t, mask, past):
     m = _gqa(t, b, n, n, s, p, h, causal=0, mask=mask, past=past)
-    fire(m, "MultiHeadAttention", _ops_with("MultiHeadAttention", past), t)
+    fire(
+        m,
+        "MultiHeadAttentionKVCache" if past else "MultiHeadAttention",
+        _ops_with("MultiHeadAttention", past),
+        t,
+    )
 
 
 def test_multi_head_attention_2d_mask():
     m = _gqa("float", 2, 2, 2, 3, 4, 8, causal=0, mask=True, mask_shape="3,7")
     ops = {**_ops_with("MultiHeadAttention", True), "Unsqueeze": 1}
     ops["Constant"] += 1
-    fire(m, "MultiHeadAttention", dict(sorted(ops.items())))
+    fire(m, "MultiHeadAttentionKVCache", dict(sorted(ops.items())))
 
 
 def test_multi_head_attention_declines_grouped_heads():
     no_fire(
         _gqa("float", 1, 4, 2, 3, 2, 8, causal=0),
-        "MultiHeadAttention",
+        "MultiHeadAttentionKVCache",
         "4 query heads but 2 key/value heads",
     )
 
@@ -163,6 +169,45 @@ def test_attention_declines_nonpad_kv_seqlen():
         opset=24,
     )
     no_fire(m, "GroupQueryAttention", "nonpad_kv_seqlen (opset 24) is not supported")
+
+
+@pytest.mark.parametrize(
+    ("causal", "rule", "op"),
+    [
+        (1, "GroupQueryAttentionKVCache", "GroupQueryAttention"),
+        (0, "MultiHeadAttentionKVCache", "MultiHeadAttention"),
+    ],
+)
+def test_attention_writing_a_cache_without_a_past(causal, rule, op):
+    """Prefill: no past, the presents are K and V (outputs): the cache form, past absent."""
+    m = parse(f"""g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v)
+      => (float[1,2,3,8] y, float[1,2,3,8] ko, float[1,2,3,8] vo) {{
+      y, ko, vo = Attention<is_causal={causal}>(q, k, v) }}""")
+    fire(m, rule, _ops_with(op, False))
+
+
+def test_attention_declines_a_used_qk_matmul_output():
+    m = parse("""g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v)
+      => (float[1,2,3,8] y, float[1,2,3,3] qk) {
+      y, , , qk = Attention<is_causal=1>(q, k, v) }""")
+    no_fire(m, "GroupQueryAttention", "an intermediate value of the match is a graph output")
+    assert [n.op_type for n in m.graph] == ["Attention"]
+
+
+def test_attention_rules_are_patterns():
+    """Every ort attention rule is a pattern Rule (no hand-written NodeRule left)."""
+    shared = ort.attention.SharedBuffer()
+    for options in ({}, {"gqa_dynamic_past": True, "gqa_masked": True}, {"shared": shared}):
+        rule_set = ort.attention.attention_rules(**options)
+        assert all(type(rule) is Rule for rule in rule_set), [type(r).__name__ for r in rule_set]
+    names = ort.attention.attention_rules().names()
+    assert names == [
+        "GroupQueryAttentionKVCache",
+        "GroupQueryAttention",
+        "MultiHeadAttentionKVCache",
+        "MultiHeadAttention",
+        "ContribRotaryEmbedding",
+    ]
 
 
 def _caches(t: str, h: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -238,7 +283,7 @@ def test_group_query_attention_absorbs_rotary(b, heads, s, p, t, interleaved):
       k = RotaryEmbedding<interleaved={interleaved}>(k0, cos, sin, pos)
       y, ko, vo = Attention<is_causal=1>(q, k, v, , pk, pv) }}""")
     m = _with_caches(m, t, h)
-    report = fire(m, "GroupQueryAttention", _ops_with("GroupQueryAttention", True), t)
+    report = fire(m, "GroupQueryAttentionKVCache", _ops_with("GroupQueryAttention", True), t)
     assert report.fired.get("ContribRotaryEmbedding", 0) == 0
     gqa = next(node for node in m.graph if node.op_type == "GroupQueryAttention")
     assert gqa.attributes["do_rotary"].value == 1
@@ -252,7 +297,7 @@ def _dynamic_gqa(t: str = "float") -> ir.Model:
 
 
 def test_group_query_attention_dynamic_past_is_opt_in():
-    no_fire(_dynamic_gqa(), "GroupQueryAttention", "batch b and s new tokens with a past")
+    no_fire(_dynamic_gqa(), "GroupQueryAttentionKVCache", "batch b and s new tokens with a past")
 
 
 @pytest.mark.parametrize("t", ["float", "float16"])
@@ -261,7 +306,7 @@ def test_group_query_attention_dynamic_past_prefill_and_decode(t):
     m = clone(before)
     report = RewriteReport()
     irkit.rewrite(m, ort.default_rules(gqa_dynamic_past=True), report=report)
-    assert report.fired["GroupQueryAttention"] == 1
+    assert report.fired["GroupQueryAttentionKVCache"] == 1
     rng = np.random.default_rng(0)
     for b, s, p in ((3, 5, 0), (3, 1, 6)):  # prefill (empty past), then one decoding step
         shapes = [(b, 4, s, 16), (b, 2, s, 16), (b, 2, s, 16), (b, 2, p, 16), (b, 2, p, 16)]
@@ -288,9 +333,9 @@ def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
     report = RewriteReport()
     irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
     if t == "float16" and b > 1:  # onnxruntime's kernel is wrong there: declined
-        assert "GroupQueryAttention" not in report.fired
+        assert "GroupQueryAttentionKVCache" not in report.fired
         return
-    assert report.fired["GroupQueryAttention"] == 1
+    assert report.fired["GroupQueryAttentionKVCache"] == 1
     gqa = next(n for n in m.graph if n.op_type == "GroupQueryAttention")
     assert gqa.inputs[10] is not None and gqa.inputs[10].name == "m"
     rng = np.random.default_rng(0)
@@ -306,9 +351,9 @@ def test_group_query_attention_masked_declines_float16_batches_with_a_past():
     m = _gqa("float16", 2, 4, 2, 1, 2, 16, causal=0, mask=True)
     report = RewriteReport()
     irkit.rewrite(
-        m, ort.default_rules(gqa_masked=True), explain="GroupQueryAttention", report=report
+        m, ort.default_rules(gqa_masked=True), explain="GroupQueryAttentionKVCache", report=report
     )
-    assert "GroupQueryAttention" not in report.fired
+    assert "GroupQueryAttentionKVCache" not in report.fired
     assert "float16 with an attention_bias, a past and batch 2" in report.explain()
 
 
@@ -323,7 +368,7 @@ def test_group_query_attention_masked_reads_an_untyped_where_mask():
     before = clone(m)
     report = RewriteReport()
     irkit.rewrite(m, ort.default_rules(gqa_masked=True), report=report)
-    assert report.fired["GroupQueryAttention"] == 1
+    assert report.fired["GroupQueryAttentionKVCache"] == 1
     rng = np.random.default_rng(4)
     inputs = [
         rng.standard_normal([int(d) for d in v.shape]).astype(np.float32)
@@ -406,7 +451,7 @@ def test_group_query_attention_on_the_shared_buffer(t, window):
     model = _shared_model(t, window)
     report = RewriteReport()
     irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
-    assert report.fired.get("GroupQueryAttention") == 1, str(report)
+    assert report.fired.get("GroupQueryAttentionKVCache") == 1, str(report)
     (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
     assert node.attributes.get("local_window_size") is None or window is not None
     if window:
@@ -444,9 +489,9 @@ def test_shared_buffer_declines_a_mask_not_from_attention_mask():
         model,
         ort.default_rules(gqa_shared_buffer=True),
         report=report,
-        explain="GroupQueryAttention",
+        explain="GroupQueryAttentionKVCache",
     )
-    assert report.rules["GroupQueryAttention"].fired == 0
+    assert report.rules["GroupQueryAttentionKVCache"].fired == 0
     assert "the graph has no input 'attention_mask'" in report.explain(limit=100)
 
 
@@ -469,9 +514,9 @@ def test_shared_buffer_declines_a_bias_in_the_mask():
         model,
         ort.default_rules(gqa_shared_buffer=True),
         report=report,
-        explain="GroupQueryAttention",
+        explain="GroupQueryAttentionKVCache",
     )
-    assert report.rules["GroupQueryAttention"].fired == 0
+    assert report.rules["GroupQueryAttentionKVCache"].fired == 0
     assert "ALiBi or another bias" in report.explain(limit=100)
 
 
