@@ -141,7 +141,7 @@ def test_optimize_unknown_rule(files, tmp_path):
         r.stdout,
         r.stderr,
         "irkit optimize",
-        "--explain 'Nope': no such rule in 'default'; rules: IdentityElimination,",
+        "--explain 'Nope': no such rule in 'onnx'; rules: IdentityElimination,",
     )
     assert not (tmp_path / "out.onnx").exists()
 

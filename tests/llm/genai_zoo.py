@@ -18,6 +18,8 @@ narrower than its keys: the cache stores them padded. Constants that ``forward``
 
 from __future__ import annotations
 
+import collections
+import json
 import pathlib
 
 import pytest
@@ -69,8 +71,24 @@ def _before_eos(ids: list[int]) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
+def check_shared_buffer(out: pathlib.Path) -> None:
+    """The default export shares the KV buffer: opset 24, ``TensorScatter`` into the buffer
+    (key and value of each cached layer, a layer function counted once), the flag true."""
+    import onnx
+
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    proto = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 24
+    ops = collections.Counter(n.op_type for f in proto.functions for n in f.node)
+    ops.update(n.op_type for n in proto.graph.node)
+    layers = config["model"]["decoder"]["num_hidden_layers"]
+    assert 2 <= ops["TensorScatter"] <= 2 * layers
+
+
 def check_generator(exported, name: str) -> None:
     folder, out, model = exported(name)
+    check_shared_buffer(out)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     shortest = min(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
     assert shortest + NEW_TOKENS > SLIDING_WINDOW  # windowed layers see a full window
