@@ -24,6 +24,14 @@ torchvision_ops.install()
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
 
+# Under pytest-xdist the workers share the cores: torch's intra-op pool sized for every core in
+# each worker would oversubscribe them (workers × cores threads), so each gets its share.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 # Property tests draw the same examples on every run (CI must not pass or fail by luck);
 # HYPOTHESIS_PROFILE=explore draws new ones, to look for failures locally.
 settings.register_profile("deterministic", derandomize=True)
