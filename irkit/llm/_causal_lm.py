@@ -389,7 +389,7 @@ def _register_cache_pytree() -> None:
             return
         raise _export_error("registering DynamicCache as a pytree node", exc) from exc
     try:
-        register_dynamic_cache_export_support()  # type: ignore[no-untyped-call]
+        register_dynamic_cache_export_support()
     except Exception as exc:
         raise _export_error("registering DynamicCache as a pytree node", exc) from exc
 

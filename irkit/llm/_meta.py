@@ -193,7 +193,7 @@ def meta_causal_lm(config: Any, *, dtype: Any, trust_remote_code: bool = False) 
     from transformers import AutoModelForCausalLM
 
     with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, trust_remote_code=trust_remote_code
         )
     model.eval()
