@@ -1,8 +1,13 @@
-"""Weight-only quantization: MatMul / FusedMatMul / Gemm with a constant weight → MatMulNBits.
+"""Quantization: MatMul / FusedMatMul / Gemm with a constant weight → MatMulNBits (weight-only)
+or DynamicQuantizeMatMul (dynamic int8 activations).
 
 Identity: ``A @ W = MatMulNBits(A, pack(W))`` up to the rounding of ``W`` to ``bits`` per value
 (round to nearest, per block of ``block_size`` rows of ``K``; packing in
-:mod:`irkit.weights.packing`, byte-equal to onnxruntime's ``MatMulNBitsQuantizer``).
+:mod:`irkit.weights.packing`, byte-equal to onnxruntime's ``MatMulNBitsQuantizer``). With
+``activations="dynamic"`` (:class:`Activations`): ``A @ W ≈ DynamicQuantizeMatMul(A, Wq, s)``,
+``Wq`` int8 with one scale per output column (7-bit codes by default,
+:func:`irkit.weights.packing.quantize_columns_int8`), ``A`` quantized to uint8 by the kernel at
+each call: every product is an int8 GEMM, the fast prefill on CPU.
 
 Which nodes (each one not taken is reported with why, see :class:`QuantizeReport`):
 
@@ -11,7 +16,8 @@ Which nodes (each one not taken is reported with why, see :class:`QuantizeReport
   ``Transpose``), ``Gemm`` (``alpha = beta = 1``, ``transA = 0``, a 1-D ``C`` of ``N`` values
   becomes MatMulNBits' ``bias``);
 - the weight is a 2-D float32/float16 constant (an initializer that is not a graph input, or a
-  ``Constant``) of the activation's dtype, with ``K >= block_size``;
+  ``Constant``) of the activation's dtype, with ``K >= block_size`` (dynamic int8: float32, any
+  ``K``; embedding Gathers stay weight-only);
 - or the weight is an input of a local function whose every call passes such a constant (through
   any depth of calls). The function body is rewritten once: that input becomes the packed
   weight, scales (and zero points) inputs, and every call passes its own packed initializers, so
@@ -31,36 +37,23 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
-from irkit.errors import QuantizationError
 from irkit.rules._calls import Calls
 from irkit.rules.quantize._choice import Choice, collect, note_quantized, note_tied, specialize
-from irkit.rules.quantize._packer import Packer, Settings
+from irkit.rules.quantize._options import DEFAULT_ACCURACY_LEVEL, Activations, checked_settings
+from irkit.rules.quantize._packer import Packer
 from irkit.rules.quantize._report import QuantizedNode, QuantizeReport, SkippedNode
 from irkit.rules.quantize._rewrite import apply_sites, initializer_bytes
-from irkit.weights.packing import Method, check_settings
+from irkit.rules.quantize._sites import dynamic_note, refuse_weightless
+from irkit.weights.packing import Method
 
-__all__ = ["quantize", "QuantizeReport", "QuantizedNode", "SkippedNode", "DEFAULT_ACCURACY_LEVEL"]
-
-DEFAULT_ACCURACY_LEVEL = 4
-"""``accuracy_level`` when none is given: 4 (activations quantized to int8 inside the kernel),
-the onnxruntime-genai builder's CPU default, about 2× faster decode on CPU than 0."""
-
-
-def _checked_options(
-    bits: int, block_size: int, accuracy_level: int | None, bits_for: Mapping[str, int]
-) -> int:
-    check_settings(bits, block_size)
-    for pattern, b in bits_for.items():
-        if not isinstance(pattern, str):
-            raise QuantizationError(f"bits_for keys are module path globs, got {pattern!r}")
-        check_settings(b, block_size)
-    level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level
-    if isinstance(level, bool) or level not in (0, 1, 2, 3, 4):
-        raise QuantizationError(
-            f"accuracy_level={accuracy_level!r}: MatMulNBits takes 0 (unset), 1 (fp32), "
-            "2 (fp16), 3 (bf16) or 4 (int8)"
-        )
-    return int(level)
+__all__ = [
+    "quantize",
+    "Activations",
+    "QuantizeReport",
+    "QuantizedNode",
+    "SkippedNode",
+    "DEFAULT_ACCURACY_LEVEL",
+]
 
 
 def quantize(
@@ -74,9 +67,11 @@ def quantize(
     bits_for: Mapping[str, int] | None = None,
     method: Method | str = Method.RTN,
     embeddings: bool = False,
+    activations: Activations | str | None = None,
     report: QuantizeReport | None = None,
 ) -> ir.Model:
-    """Quantize the model's constant matmul weights **in place** into ``com.microsoft.MatMulNBits``.
+    """Quantize the model's constant matmul weights **in place** into ``com.microsoft.MatMulNBits``
+    (or, with ``activations="dynamic"``, ``com.microsoft.DynamicQuantizeMatMul``).
 
     See the module docstring for which nodes are taken; every ``MatMul``/``FusedMatMul``/``Gemm``
     left alone is listed in the report with why. Inside local functions the weight inputs become
@@ -102,19 +97,28 @@ def quantize(
             ``com.microsoft.GatherBlockQuantized`` (same bits, block size and zero points; 4
             or 8 bits). A table tied to a quantized lm_head (``MatMul(x, Transpose(E))``) with
             the same bits is packed once: both ops read one initializer.
+        activations: ``None``/``"none"`` (weight-only ``MatMulNBits``: the fast decode),
+            ``"dynamic"`` (``DynamicQuantizeMatMul``: int8 weights with one scale per output
+            column, activations quantized per call by the kernel: the fast prefill; needs
+            ``bits=8`` and no block, level, zero point, k-quant or embedding option) or
+            ``"dynamic-full-range"`` (8-bit instead of 7-bit codes: for VNNI/ARM CPUs only);
+            see :class:`Activations`. Site finding, ``exclude=``, the report and local
+            functions (quantized weights become function inputs) are shared by both paths.
         report: If given, filled with the :class:`QuantizeReport`.
 
     On a weightless model (lowered from a ``meta``-device program) the packed weights, scales
     and zero points are derived tensors (:class:`irkit.weights.Packed` recipes over the
     checkpoint tensors): :func:`irkit.save` with ``weights=`` packs them one tensor at a time
     while streaming the shards, to the same bytes as quantizing the real model in memory.
+    Dynamic int8 is not derived while saving: it refuses a weightless model.
 
     Returns:
         ``model`` itself.
 
     Raises:
         QuantizationError: Unsupported ``bits``, ``block_size``, ``accuracy_level``,
-            ``bits_for`` or ``method``.
+            ``bits_for``, ``method`` or ``activations``; an option the dynamic path does not
+            take; a weightless weight on the dynamic path (before any change).
 
     Example:
         >>> import numpy as np, onnx_ir as ir
@@ -128,9 +132,21 @@ def quantize(
     start = time.perf_counter()
     patterns = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     overrides = dict(bits_for or {})
-    level = _checked_options(bits, block_size, accuracy_level, overrides)
-    settings = Settings(bits, block_size, symmetric, level, Method.of(method), embeddings)
-    result = QuantizeReport(bytes_before=initializer_bytes(model))
+    settings = checked_settings(
+        bits=bits,
+        block_size=block_size,
+        symmetric=symmetric,
+        accuracy_level=accuracy_level,
+        bits_for=overrides,
+        method=method,
+        embeddings=embeddings,
+        activations=activations,
+    )
+    if settings.activations.dynamic:
+        refuse_weightless(model, settings)
+    result = QuantizeReport(bytes_before=initializer_bytes(model), into=settings.op_type)
+    if settings.activations.dynamic:
+        result.notes.append(dynamic_note(settings.activations))
     choice = Choice(bits, patterns, overrides)
     result.notes += specialize(model, choice, settings)
     calls = Calls.of(model)

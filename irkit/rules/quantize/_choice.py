@@ -20,9 +20,11 @@ from irkit.rules._calls import (
     owner_name,
     owners,
 )
-from irkit.rules.quantize._packer import Packer, Settings
+from irkit.rules.quantize._options import Settings
+from irkit.rules.quantize._packer import Packer
 from irkit.rules.quantize._report import QuantizeReport, SkippedNode
 from irkit.rules.quantize._sites import (
+    DYNAMIC_OP,
     IN_SUBGRAPH,
     MS,
     QUANTIZED_OP,
@@ -113,7 +115,7 @@ def _specialize_one(
         instances = _settings_of(owner, node, calls, choice)
         if len({s for _, _, s in instances}) < 2:
             continue
-        quantizable = isinstance(find_site(owner, node, calls, settings.block_size), Site)
+        quantizable = isinstance(find_site(owner, node, calls, settings), Site)
         if quantizable and specializer.specialize(owner, instances):
             return True
     return False
@@ -127,7 +129,7 @@ def collect(
     for owner, node, top in list(candidates(model, packer.settings.embeddings)):
         instances = _settings_of(owner, node, calls, choice)
         shown = tuple(p for _, p, _ in instances if p)
-        site = find_site(owner, node, calls, packer.settings.block_size) if top else IN_SUBGRAPH
+        site = find_site(owner, node, calls, packer.settings) if top else IN_SUBGRAPH
         chosen = site if isinstance(site, str) else _choose_bits(instances)
         if not isinstance(site, str) and not isinstance(chosen, str):
             problem = packer.prepare(site, chosen)  # (every weight packed before any change)
@@ -142,11 +144,12 @@ def collect(
 
 
 def note_quantized(model: ir.Model, sites: Sequence[Chosen], result: QuantizeReport) -> None:
-    already = sum(
-        1 for owner in owners(model) for n in owner if n.domain == MS and n.op_type == QUANTIZED_OP
-    )
-    if already:
-        result.notes.append(f"the model already holds {already} MatMulNBits node(s)")
+    for op in (QUANTIZED_OP, DYNAMIC_OP):
+        already = sum(
+            1 for owner in owners(model) for n in owner if n.domain == MS and n.op_type == op
+        )
+        if already:
+            result.notes.append(f"the model already holds {already} {op} node(s)")
     if not sites:
         result.notes.append("nothing was quantized")
 

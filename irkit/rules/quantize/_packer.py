@@ -3,29 +3,28 @@ the local functions whose weight inputs are packed (fed at every call)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from irkit.errors import QuantizationError
 from irkit.rules._calls import Calls, Owner
-from irkit.rules.quantize._sites import Site, constant_leaves, constant_tensor, function_input_index
+from irkit.rules.quantize._options import Activations, Settings
+from irkit.rules.quantize._sites import (
+    Site,
+    constant_leaves,
+    constant_tensor,
+    function_input_index,
+    weightless_message,
+)
 from irkit.weights import has_data, packed_parts, transpose
-from irkit.weights.packing import Method, PackedWeight, quantize_blockwise
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    bits: int
-    block_size: int
-    symmetric: bool
-    accuracy_level: int
-    method: Method
-    embeddings: bool
-
+from irkit.weights.packing import quantize_blockwise, quantize_columns_int8
 
 PackedValues = tuple[ir.Value, ir.Value, ir.Value | None]
+"""The values of a packed weight: codes, scales and zero points (``None`` when symmetric)."""
+
+_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class Packer:
@@ -34,7 +33,7 @@ class Packer:
     def __init__(self, model: ir.Model, calls: Calls, settings: Settings):
         self.model, self.calls, self.settings = model, calls, settings
         self.done: dict[tuple[int, int, bool, int], PackedValues] = {}
-        self.arrays: dict[tuple[int, bool, int], PackedWeight] = {}
+        self.arrays: dict[tuple[int, bool, int], _Arrays] = {}
         self.replaced: list[tuple[Owner, ir.Value]] = []
         self.changed_functions: dict[ir.OperatorIdentifier, ir.Function] = {}
         self.names: dict[int, set[str]] = {}
@@ -64,18 +63,25 @@ class Packer:
                 return str(exc)
         return None
 
-    def _pack(self, tensor: ir.TensorProtocol, transposed: bool, bits: int) -> PackedWeight:
+    def _pack(self, tensor: ir.TensorProtocol, transposed: bool, bits: int) -> _Arrays:
         key = (id(tensor), transposed, bits)
         if key not in self.arrays:
             array = tensor.numpy()
+            weight = array.T if transposed else array
             s = self.settings
-            self.arrays[key] = quantize_blockwise(
-                array.T if transposed else array,
-                bits=bits,
-                block_size=s.block_size,
-                symmetric=s.symmetric,
-                method=s.method,
-            )
+            if s.activations.dynamic:
+                full = s.activations is Activations.DYNAMIC_FULL_RANGE
+                codes, scale = quantize_columns_int8(weight, reduce_range=not full)
+                self.arrays[key] = (codes, scale, None)
+            else:
+                packed = quantize_blockwise(
+                    weight,
+                    bits=bits,
+                    block_size=s.block_size,
+                    symmetric=s.symmetric,
+                    method=s.method,
+                )
+                self.arrays[key] = (packed.data, packed.scales, packed.zero_points)
         return self.arrays[key]
 
     def _parts(
@@ -84,10 +90,11 @@ class Packer:
         """The packed data, scales and zero points of a constant: real, or derived recipes
         over a weightless one (packed per tensor while :func:`irkit.save` streams it)."""
         if has_data(tensor):
-            packed = self._pack(tensor, transposed, bits)
-            arrays = [packed.data, packed.scales, packed.zero_points]
+            arrays = self._pack(tensor, transposed, bits)
             return [None if a is None else ir.Tensor(a) for a in arrays]
         s = self.settings
+        if s.activations.dynamic:  # (quantize() refuses weightless weights before any change)
+            raise QuantizationError(weightless_message(tensor.name or "?"))
         weight = transpose(tensor, (1, 0)) if transposed else tensor
         parts = packed_parts(
             weight, bits=bits, block_size=s.block_size, symmetric=s.symmetric, method=s.method

@@ -54,13 +54,15 @@ class QuantizeReport:
     """What :func:`quantize` did: every MatMul-like node, quantized or not (with why).
 
     Attributes:
-        quantized: The nodes now ``MatMulNBits`` (a shared function body counts once).
+        quantized: The nodes now quantized (a shared function body counts once).
         skipped: The ``MatMul``/``FusedMatMul``/``Gemm`` nodes left alone, each with its reason.
         notes: Model-level remarks (already quantized, weights kept for other uses, …).
         functions: Local functions whose signature changed.
         bytes_before: Bytes of the main graph's initializers before.
         bytes_after: Bytes after.
         seconds: Wall time.
+        into: The op the products became: ``MatMulNBits`` (weight-only) or
+            ``DynamicQuantizeMatMul`` (``activations="dynamic"``).
     """
 
     quantized: list[QuantizedNode] = dataclasses.field(default_factory=list)
@@ -70,6 +72,7 @@ class QuantizeReport:
     bytes_before: int = 0
     bytes_after: int = 0
     seconds: float = 0.0
+    into: str = "MatMulNBits"
 
     def fill_from(self, other: QuantizeReport) -> None:
         """Make this report a copy of ``other`` (how ``report=`` out-parameters are filled)."""
@@ -81,7 +84,7 @@ class QuantizeReport:
         gathers = sum(1 for q in self.quantized if q.op_type == "Gather")
         also = f", {gathers} Gather → GatherBlockQuantized" if gathers else ""
         lines = [
-            f"quantize: {len(self.quantized) - gathers} node(s) → MatMulNBits{also}, "
+            f"quantize: {len(self.quantized) - gathers} node(s) → {self.into}{also}, "
             f"{len(self.skipped)} "
             f"skipped, {len(self.functions)} function(s) changed, weights "
             f"{self.bytes_before / mib:.2f} → {self.bytes_after / mib:.2f} MiB, "

@@ -10,9 +10,10 @@ import onnx_ir as ir
 
 from irkit import metadata
 from irkit.rules._calls import Calls, Owner, owner_name
-from irkit.rules.quantize._packer import PackedValues, Packer, Settings
+from irkit.rules.quantize._options import Settings
+from irkit.rules.quantize._packer import PackedValues, Packer
 from irkit.rules.quantize._report import QuantizedNode, QuantizeReport
-from irkit.rules.quantize._sites import MS, QUANTIZED_OP, Chosen, Site, function_input_index
+from irkit.rules.quantize._sites import MS, Chosen, Site, function_input_index
 
 
 def _int64s(owner: Owner, values: Sequence[int], nodes: list[ir.Node]) -> ir.Value:
@@ -66,27 +67,29 @@ def _replace_gather(site: Site, packed: PackedValues, settings: Settings, bits: 
 
 
 def replace_site(site: Site, packed: PackedValues, settings: Settings, bits: int) -> None:
+    """Replace the site's node by ``MatMulNBits``, ``DynamicQuantizeMatMul`` or
+    ``GatherBlockQuantized`` reading ``packed``."""
     if site.node.op_type == "Gather":
         _replace_gather(site, packed, settings, bits)
         return
     q, scales, zp = packed
-    inputs: list[ir.Value | None] = [site.activation, q, scales, zp, None, site.bias]
-    while inputs[-1] is None:
-        inputs.pop()
     old = site.node
-    new = ir.node(
-        QUANTIZED_OP,
-        inputs,
-        {
+    name = f"{old.name}_Q{bits}" if old.name else None
+    if settings.activations.dynamic:  # (A, B, b_scale, b_zero_point, bias)
+        inputs: list[ir.Value | None] = [site.activation, q, scales, zp, site.bias]
+        attributes: dict[str, int] = {}
+    else:
+        inputs = [site.activation, q, scales, zp, None, site.bias]
+        attributes = {
             "K": site.k,
             "N": site.n,
             "bits": bits,
             "block_size": settings.block_size,
             "accuracy_level": settings.accuracy_level,
-        },
-        domain=MS,
-        name=f"{old.name}_Q{bits}" if old.name else None,
-    )
+        }
+    while inputs[-1] is None:
+        inputs.pop()
+    new = ir.node(settings.op_type, inputs, attributes, domain=MS, name=name)
     new.metadata_props.update(old.metadata_props)
     new.metadata_props[metadata.REWRITE_RULE] = "Quantize"
     ir.convenience.replace_nodes_and_values(
@@ -176,7 +179,8 @@ def initializer_bytes(model: ir.Model) -> int:
 def apply_sites(
     model: ir.Model, sites: Sequence[Chosen], packer: Packer, result: QuantizeReport
 ) -> None:
-    """Replace each site by MatMulNBits, then drop the float weights nothing reads any more."""
+    """Replace each site by its quantized op, then drop the float weights nothing reads any
+    more."""
     for site, chosen, shown in sites:
         packed = packer.packed(site.owner, site.weight, site.transposed, chosen)
         replace_site(site, packed, packer.settings, chosen)

@@ -9,11 +9,14 @@ from collections.abc import Iterator
 import numpy as np
 import onnx_ir as ir
 
+from irkit.errors import QuantizationError
 from irkit.rules._calls import Calls, Owner, owner_name, owners
+from irkit.rules.quantize._options import Activations, Settings
 from irkit.weights import has_data
 
 MS = "com.microsoft"
 QUANTIZED_OP = "MatMulNBits"
+DYNAMIC_OP = "DynamicQuantizeMatMul"
 IN_SUBGRAPH = "inside an If/Loop/Scan body"
 
 
@@ -179,8 +182,8 @@ def _gather_site(owner: Owner, node: ir.Node, calls: Calls) -> Site | str:
     return Site(owner, node, ids, data, True, None, None, k, n, dtype.numpy())
 
 
-def find_site(owner: Owner, node: ir.Node, calls: Calls, block_size: int) -> Site | str:
-    """The node as a site to quantize, or why it is not one."""
+def find_site(owner: Owner, node: ir.Node, calls: Calls, settings: Settings) -> Site | str:
+    """The node as a site to quantize with ``settings``, or why it is not one."""
     if node.op_type == "Gather":
         return _gather_site(owner, node, calls)
     operands = _operands(node)
@@ -199,17 +202,20 @@ def find_site(owner: Owner, node: ir.Node, calls: Calls, block_size: int) -> Sit
     if len(shapes) != 1 or len(dtypes) != 1:
         return f"the calls of this shared body pass weights of different shapes/dtypes {sorted(shapes)}"
     (shape,), (dtype,) = shapes, dtypes
+    op = settings.op_type
     if len(shape) != 2:
-        return f"weight has rank {len(shape)}, MatMulNBits takes a 2-D weight"
+        return f"weight has rank {len(shape)}, {op} takes a 2-D weight"
+    if settings.activations.dynamic and dtype != ir.DataType.FLOAT:
+        return f"weight dtype {dtype} is not float32 ({op} takes float32)"
     if dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
         return f"weight dtype {dtype} is not float32/float16"
     if a.dtype is not None and a.dtype != dtype:
         return f"activation dtype {a.dtype} differs from the weight's {dtype}"
     k, n = (shape[1], shape[0]) if transposed else shape
-    if k < block_size:
-        return f"K={k} is smaller than one block ({block_size})"
+    if not settings.activations.dynamic and k < settings.block_size:
+        return f"K={k} is smaller than one block ({settings.block_size})"
     if bias is not None and (bias.shape is None or list(bias.shape.dims) != [n]):
-        return f"Gemm's C has shape {bias.shape}, MatMulNBits' bias must be [{n}]"
+        return f"Gemm's C has shape {bias.shape}, {op}'s bias must be [{n}]"
     return Site(owner, node, a, weight, transposed, transpose, bias, k, n, dtype.numpy())
 
 
@@ -239,3 +245,47 @@ def _table_like(node: ir.Node) -> bool:
 
 Chosen = tuple[Site, int, tuple[str, ...]]
 """A site to quantize, its bits and its module paths."""
+
+
+def weightless_message(name: str) -> str:
+    """Why a weightless weight cannot become ``DynamicQuantizeMatMul``'s, and the fix."""
+    return (
+        f"weight {name!r} has no data (a model lowered from the meta device): the int8 weights "
+        "of DynamicQuantizeMatMul are not derived while saving. Fix: lower the model with its "
+        "weights, or quantize with activations=None (MatMulNBits, packed while irkit.save "
+        "streams the checkpoint)"
+    )
+
+
+def refuse_weightless(model: ir.Model, settings: Settings) -> None:
+    """Raise before any change if a weight the dynamic path would quantize has no data.
+
+    Raises:
+        QuantizationError: Naming the first such node and the fix.
+    """
+    calls = Calls.of(model)
+    for owner, node, top in candidates(model, gathers=False):
+        site = find_site(owner, node, calls, settings) if top else None
+        if not isinstance(site, Site):
+            continue
+        leaves = constant_leaves(owner, site.weight, calls)
+        for tensor in [] if isinstance(leaves, str) else leaves:
+            if not has_data(tensor):
+                name = tensor.name or site.weight.name or "?"
+                raise QuantizationError(
+                    f"quantize: {node.op_type} {node.name!r} in {owner_name(owner)}: "
+                    + weightless_message(name)
+                )
+
+
+def dynamic_note(activations: Activations) -> str:
+    """The report's line on what dynamic int8 computes."""
+    codes = (
+        "8-bit codes (VNNI/ARM CPUs)"
+        if activations is Activations.DYNAMIC_FULL_RANGE
+        else ("7-bit codes, exact on every x86 CPU")
+    )
+    return (
+        f"dynamic int8: weights int8 with one scale per output column ({codes}); the kernel "
+        "quantizes the activations to uint8 per call (prefill-fast; decode reads 8-bit weights)"
+    )
