@@ -280,11 +280,8 @@ def refuse_weightless(model: ir.Model, settings: Settings) -> None:
 
 def dynamic_note(activations: Activations) -> str:
     """The report's line on what dynamic int8 computes."""
-    codes = (
-        "8-bit codes (VNNI/ARM CPUs)"
-        if activations is Activations.DYNAMIC_FULL_RANGE
-        else ("7-bit codes, exact on every x86 CPU")
-    )
+    full = activations is Activations.DYNAMIC_FULL_RANGE
+    codes = "8-bit codes (VNNI/ARM CPUs)" if full else "7-bit codes, exact on every x86 CPU"
     return (
         f"dynamic int8: weights int8 with one scale per output column ({codes}); the kernel "
         "quantizes the activations to uint8 per call (prefill-fast; decode reads 8-bit weights)"
