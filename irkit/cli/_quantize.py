@@ -29,22 +29,32 @@ examples:
   irkit quantize model.onnx -o model.int8.onnx --bits 8 --block-size 128
   irkit quantize model.onnx -o out.onnx --exclude lm_head --exclude 'layers.0.*'
   irkit quantize model.onnx -o out.onnx --embeddings --method kquant
+  irkit quantize model.onnx -o model.dyn8.onnx --activations dynamic
 
 Runs irkit.quantize: every MatMul, FusedMatMul and Gemm whose weight is a constant (directly,
 through a Transpose, or fed to a local function by every call) becomes MatMulNBits; local
 functions stay shared. --embeddings also turns embedding Gathers into GatherBlockQuantized (a
 tied lm_head shares its packed initializer). --method kquant searches scales for less error than
 round-to-nearest (slower to pack). --accuracy-level defaults to 4 (int8 activations in the kernel, the CPU
-choice); 0 computes in float. Prints what was quantized and every MatMul left alone with why.
+choice); 0 computes in float. --activations dynamic writes DynamicQuantizeMatMul instead (int8
+weights per output column, activations quantized per call: faster prefill, 8-bit decode).
+Prints what was quantized and every MatMul left alone with why.
 The output runs in onnxruntime (CPU, CUDA). The input file is never modified."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
+    from irkit.rules.quantize import Activations
     from irkit.weights.packing import BITS, BLOCK_SIZES, Method
 
     p.add_argument("model", metavar="MODEL", help="the ONNX file to quantize")
     p.add_argument("-o", "--output", required=True, help="where to write the quantized model")
-    p.add_argument("--bits", type=int, choices=BITS, default=4, help="bits per weight (default 4)")
+    p.add_argument(
+        "--bits",
+        type=int,
+        choices=BITS,
+        default=None,
+        help="bits per weight (default 4; 8 with --activations dynamic)",
+    )
     p.add_argument(
         "--block-size",
         type=int,
@@ -83,6 +93,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also quantize embedding Gathers (com.microsoft.GatherBlockQuantized)",
     )
+    p.add_argument(
+        "--activations",
+        choices=[a.value for a in Activations],
+        default=Activations.NONE.value,
+        help="none: weight-only MatMulNBits (fast decode, default); dynamic: int8 "
+        "DynamicQuantizeMatMul (fast prefill; dynamic-full-range for VNNI/ARM CPUs)",
+    )
     add_external_data(p)
 
 
@@ -98,13 +115,14 @@ def _run(args: argparse.Namespace) -> int:
     report = irkit.QuantizeReport()
     irkit.quantize(
         model,
-        bits=args.bits,
+        bits=args.bits or (4 if args.activations == "none" else 8),
         block_size=args.block_size,
         symmetric=not args.asymmetric,
         accuracy_level=args.accuracy_level,
         exclude=args.exclude,
         method=args.method,
         embeddings=args.embeddings,
+        activations=args.activations,
         report=report,
     )
     after = count_nodes(model)

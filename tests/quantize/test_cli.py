@@ -78,3 +78,24 @@ def test_cli_embeddings_and_kquant(tmp_path, capsys):
     (y,) = run_ort(out, [ids])
     np.testing.assert_allclose(y, table[ids] @ table.T, atol=1e-4)
     assert main(["quantize", str(source), "-o", str(out), "--method", "gptq"]) == 2
+
+
+def test_cli_dynamic_activations(tmp_path, capsys):
+    model, _ = support.shared_blocks()
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    irkit.save(model, source)
+    assert main(["quantize", str(source), "-o", str(out), "--activations", "dynamic"]) == 0
+    printed = capsys.readouterr().out
+    assert "quantize: 1 node(s) → DynamicQuantizeMatMul, 0 skipped, 2 function(s) changed" in (
+        printed
+    )
+    lin = irkit.load(out).functions[("local", "Lin", "")]
+    assert op_histogram(lin) == {"com.microsoft::DynamicQuantizeMatMul": 1}
+    assert [v.name for v in lin.inputs] == ["x", "w_Q8", "w_scales"]
+    expected, _ = support.shared_blocks()
+    irkit.quantize(expected, bits=8, activations="dynamic")
+    x = np.ones((2, 3, 64), np.float32)
+    np.testing.assert_array_equal(run_ort(out, [x])[0], run_ort(expected, [x])[0])
+    bad = ["quantize", str(source), "-o", str(tmp_path / "o.onnx"), "--activations", "dynamic"]
+    assert main([*bad, "--bits", "4"]) != 0
+    assert "bits=4: its weights are int8, pass bits=8" in capsys.readouterr().err

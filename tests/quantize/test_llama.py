@@ -133,3 +133,28 @@ def test_after_the_ort_target_every_projection_is_quantized():
         assert not [n for n in owner if n.op_type in ("MatMul", "FusedMatMul", "Gemm")]
     (out,) = run_ort(model, [ids])
     assert np.abs(out - reference).max() < 0.6
+
+
+def test_dynamic_int8_inside_the_deduplicated_layers():
+    """activations="dynamic": the Linear bodies shared by every layer stay shared, each one
+    DynamicQuantizeMatMul fed its int8 weight and scales by the calls (no weight skipped)."""
+    _, ids, reference, layers = _lowered()
+    model = _model()
+    functions = sorted(model.functions)
+    linear_bodies = len(_linear_bodies(model))
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, bits=8, activations="dynamic", report=report)
+    assert sorted(model.functions) == functions
+    for body in _linear_bodies(model):
+        assert op_histogram(body) == {"com.microsoft::DynamicQuantizeMatMul": 1}
+    assert len(report.quantized) == linear_bodies
+    assert sum(len(q.modules) for q in report.quantized) == LINEARS_PER_LAYER * layers
+    assert len(report.skipped) == 2  # the attention products of two activations
+    assert all(s.reason.endswith("not a constant") for s in report.skipped)
+    assert report.bytes_after < report.bytes_before / 2  # (int8; the embedding stays float)
+    (out,) = run_ort(model, [ids])
+    delta = float(np.abs(out - reference).max())
+    cosine = float(
+        out.ravel() @ reference.ravel() / np.linalg.norm(out) / np.linalg.norm(reference)
+    )
+    assert delta < 0.6 and cosine > 0.99, (delta, cosine)

@@ -149,6 +149,18 @@ def test_streamed_quantization_equals_the_in_memory_one(llama, tmp_path, options
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.slow
+def test_dynamic_int8_refuses_the_meta_model_and_names_the_fix(llama):
+    """DynamicQuantizeMatMul's int8 weights are not derived tensors: a meta-device Llama is
+    refused before any change (the weight-only path streams it, above)."""
+    meta_path, _, _ = llama
+    meta = irkit.load(meta_path, load_external_data=False)
+    before = ir.serde.serialize_model(meta).SerializeToString()
+    with pytest.raises(irkit.QuantizationError, match=r"has no data .* Fix: lower the model with"):
+        irkit.quantize(meta, bits=8, activations="dynamic")
+    assert ir.serde.serialize_model(meta).SerializeToString() == before
+
+
 # --- the 7B-shaped slice: peak RSS of the streamed int4 save, projected to the whole 7B ----------
 
 RSS_7B_TARGET = 2 * 10**9
