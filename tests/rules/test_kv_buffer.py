@@ -181,3 +181,26 @@ def test_no_attention_mask_is_refused():
     )
     with pytest.raises(LoweringOptionsError, match="no 'attention_mask' input"):
         share_kv_buffer(_model(text))
+
+
+@pytest.mark.slow
+def test_gemma2_scatters_inside_its_layer():
+    # gemma2's softcapped attention is fused (irkit.rules.attention): its cache is scattered in
+    # the attention function like every other decoder's, not outside in the main graph.
+    import irkit
+    from irkit.llm import export_causal_lm
+    from tests.llm_zoo import BY_NAME
+
+    lm = BY_NAME["gemma2"].model()
+    exported = export_causal_lm(lm)
+    model = irkit.optimize(irkit.lower(exported.program, **exported.lower_kwargs()))
+    share_kv_buffer(model)
+    assert "TensorScatter" not in util.ops(model)  # the main graph
+    (attention,) = [f for f in model.functions.values() if f.name == "Gemma2Attention"]
+    ops = {n.op_type: 0 for n in attention}
+    for node in attention:
+        ops[node.op_type] += 1
+    assert ops["TensorScatter"] == 2 and ops["Attention"] == 1
+    assert not {"Concat", "Tanh", "Softmax", "MatMul"} & set(ops)
+    (node,) = [n for n in attention if n.op_type == "Attention"]
+    assert node.attributes.get_float("softcap") == lm.config.attn_logit_softcapping
