@@ -542,8 +542,9 @@ def convert_keeping_functions(model: ir.Model, convert: Callable[[ir.Model], Non
         if body.graph is not function.graph:  # the converter must convert in place
             raise LoweringOptionsError(
                 f"the opset conversion replaced the body of function {key} instead of "
-                "converting it in place: the function would keep its old opset. This is likely "
-                "a bug in irkit; fix: lower at the default opset (no opset=)."
+                "converting it in place: the function would keep torchlib's opset. This is "
+                "likely a bug in irkit (or onnxscript's version converter); please report it "
+                "with this message."
             )
         model.functions[key] = function
 
