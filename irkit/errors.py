@@ -2,8 +2,9 @@
 
 Every error a user can cause is one of these (``tests/test_errors.py`` drives each public entry
 point with bad input and asserts the class). Messages say *what* went wrong, *where* (FX node,
-source line, module path, file) and *how to fix it*. Internal invariants use ``assert``. Raise
-a specific subclass, never the bare :class:`IrkitError`.
+source line, module path, file) and *how to fix it*. Internal invariants are explicit checks
+raising one of these too, not ``assert`` (``tests/test_conventions.py`` counts the ones left).
+Raise a specific subclass, never the bare :class:`IrkitError`.
 """
 
 from __future__ import annotations

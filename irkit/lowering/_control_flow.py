@@ -38,7 +38,7 @@ import onnx_ir as ir
 import torch
 
 from irkit import metadata
-from irkit.errors import IrkitError, LoweringError
+from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
 from irkit.lowering._plan_types import Decomposition, Frame
 from irkit.lowering._recorder import Recorder
 from irkit.lowering._source import MetadataStamper, module_path, node_location, node_scope
@@ -110,7 +110,15 @@ def _body(node: torch.fx.Node, index: int) -> torch.fx.GraphModule:
     body: Any = owner
     for part in str(attr.target).split("."):
         body = getattr(body, part)
-    assert isinstance(body, torch.fx.GraphModule)
+    if not isinstance(body, torch.fx.GraphModule):
+        raise LoweringError(
+            f"argument {index} names {attr.target!r}, a {type(body).__name__}, not a "
+            "torch.fx.GraphModule. Fix: export the model with torch.export.export (bodies are "
+            "then submodules).",
+            fx_node=node.name,
+            target=_label(node),
+            source=node_location(node),
+        )
     return body
 
 
@@ -531,7 +539,13 @@ def convert_keeping_functions(model: ir.Model, convert: Callable[[ir.Model], Non
     for key, function in kept.items():
         body = ir.Model(function.graph, ir_version=model.ir_version)
         convert(body)
-        assert body.graph is function.graph
+        if body.graph is not function.graph:  # the converter must convert in place
+            raise LoweringOptionsError(
+                f"the opset conversion replaced the body of function {key} instead of "
+                "converting it in place: the function would keep torchlib's opset. This is "
+                "likely a bug in irkit (or onnxscript's version converter); please report it "
+                "with this message."
+            )
         model.functions[key] = function
 
 

@@ -110,7 +110,14 @@ def _plan_graph(
 
 def _functional_choice(node: torch.fx.Node, choice: Choice, table: LoweringTable) -> Choice | None:
     """An in-place op lowered as its functional counterpart (directly or decomposed)."""
-    assert choice.functional is not None
+    if choice.functional is None:
+        raise LoweringError(
+            "the in-place op was planned through its functional counterpart, but the lowering "
+            "table names none. This is likely a bug in irkit; please report it with this message.",
+            fx_node=node.name,
+            target=_op_name(node.target),
+            source=node_location(node),
+        )
     functional = table.choose(node, target=choice.functional)
     if functional is None or functional.via is Via.INPLACE:
         return None

@@ -12,7 +12,7 @@ dtype follows the op's type constraints (``Mul(x_fp16, 0.5)`` gets an fp16 const
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,7 +147,8 @@ class Recorder:
         self, function: osv.OnnxFunction, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> Any:
         signature = function.op_signature
-        assert signature is not None
+        if signature is None:  # as for an op: the FX node's lowering wraps it in LoweringError
+            raise ValueError(f"no signature for the ONNX function {function.name!r}")
         inputs, attrs = _bind(signature, args, kwargs)
         ir_function = self._ir_function(function)
         return self._emit(
@@ -193,9 +194,7 @@ class Recorder:
     ) -> list[ir.Value | None]:
         bound = _type_binding(signature, inputs)
         flat: list[ir.Value | None] = []
-        for name, arg in inputs.items():
-            param = signature.params_map[name]
-            assert isinstance(param, schemas.Parameter)
+        for param, arg in _input_params(signature, inputs):
             if param.variadic:
                 items = arg if isinstance(arg, (list, tuple)) else [arg]
                 flat.extend(self.as_value(a, _dtype_for(param, a, bound)) for a in items)
@@ -309,17 +308,25 @@ def _num_outputs(
     return len(signature.outputs)
 
 
+def _input_params(
+    signature: schemas.OpSignature, inputs: Mapping[str, Any]
+) -> Iterator[tuple[schemas.Parameter, Any]]:
+    """``(parameter, argument)`` for each input :func:`_bind` bound, in the signature's order
+    (the order ``_bind`` filled ``inputs`` in; attributes are not inputs)."""
+    for param in signature.params:
+        if isinstance(param, schemas.Parameter) and param.name in inputs:
+            yield param, inputs[param.name]
+
+
 def _type_binding(
     signature: schemas.OpSignature, inputs: Mapping[str, Any]
 ) -> dict[str, ir.DataType]:
     """Type-constraint name → dtype, from the inputs that are values with a known dtype."""
     bound: dict[str, ir.DataType] = {}
-    for name, arg in inputs.items():
-        param = signature.params_map[name]
+    for param, arg in _input_params(signature, inputs):
         candidates = arg if isinstance(arg, (list, tuple)) else (arg,)
         for item in candidates:
             if isinstance(item, ir.Value) and item.dtype is not None:
-                assert isinstance(param, schemas.Parameter)
                 bound.setdefault(param.type_constraint.name, item.dtype)
                 break
     return bound

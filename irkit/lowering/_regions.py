@@ -16,6 +16,9 @@ import functools
 
 import torch
 
+from irkit.errors import LoweringError
+from irkit.lowering._source import node_location, op_name
+
 __all__ = ["RegionOp", "region_op", "region_body", "region_operands"]
 
 
@@ -46,11 +49,25 @@ def region_body(node: torch.fx.Node, region: RegionOp) -> torch.fx.GraphModule:
     """The body ``GraphModule`` of a context HOP node (its ``get_attr`` argument resolved)."""
     attr = node.args[region.body_index]
     owner = node.graph.owning_module
-    assert isinstance(attr, torch.fx.Node) and attr.op == "get_attr" and owner is not None
-    body = owner
+    if not (isinstance(attr, torch.fx.Node) and attr.op == "get_attr" and owner is not None):
+        raise LoweringError(
+            f"expected a get_attr submodule as argument {region.body_index}, got {attr!r}. "
+            "Fix: export the model with torch.export.export (bodies are then submodules).",
+            fx_node=node.name,
+            target=op_name(node.target),
+            source=node_location(node),
+        )
+    body: object = owner
     for part in str(attr.target).split("."):
         body = getattr(body, part)
-    assert isinstance(body, torch.fx.GraphModule)
+    if not isinstance(body, torch.fx.GraphModule):
+        raise LoweringError(
+            f"argument {region.body_index} names {attr.target!r}, a {type(body).__name__}, "
+            "not a torch.fx.GraphModule. Fix: export the model with torch.export.export.",
+            fx_node=node.name,
+            target=op_name(node.target),
+            source=node_location(node),
+        )
     return body
 
 

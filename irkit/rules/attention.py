@@ -4,16 +4,23 @@ Identity (4-D tensors; ``q`` ``(B, Hq, S, D)``, ``k``/``v`` ``(B, Hkv, L, D)``, 
 
 ``softmax(q·kᵀ·scale + mask) · repeat(v) = Attention(q, k, v, mask, scale=scale)``
 
+and with logit softcapping (gemma2's ``attn_logit_softcapping``; ONNX ``Attention`` caps the
+scaled scores *before* it adds the mask, as gemma2 does, so a masked score stays masked):
+
+``softmax(tanh(q·kᵀ·scale / c)·c + mask) · repeat(v) = Attention(q, k, v, mask, scale=scale,
+softcap=c)``
+
 Four rules, applied in stages (each fires on what the previous one produced):
 
 ``Attention``
     The attention core. Matched forms: torchlib's SDPA expansion (``(q·√s) @ (kᵀ·√s)``, the
     additive mask — or the ``Where(bool_mask, 0, lowest)`` it builds from a boolean one — then
     ``Softmax`` and the ``Where(IsNaN(p), 0, p)`` guard), and eager attention (``(q @ kᵀ) · s``
-    or ``/ c``, ``+ mask``, ``Softmax``, optionally between ``Cast`` s as HF's fp16 eager code
-    does). ``kᵀ`` is ``Transpose(k, perm=[0, 1, 3, 2])`` or torchlib's
-    ``Reshape(Transpose(Reshape(k, [-1, L, D]), [0, 2, 1]), [..., D, L])`` (symbolic shape
-    from ``Shape(k)`` or a constant equal to ``k``'s static shape). ``mask`` (float, additive) is
+    or ``/ c``, optionally capped ``Tanh(x / c) · c`` with ``c`` the same positive constant,
+    ``+ mask``, ``Softmax``, optionally between ``Cast`` s as HF's fp16 eager code does).
+    ``kᵀ`` is ``Transpose(k, perm=[0, 1, 3, 2])`` or torchlib's ``Reshape(Transpose(Reshape(k,
+    [-1, L, D]), [0, 2, 1]), [..., D, L])`` (symbolic shape from ``Shape(k)`` or a constant
+    equal to ``k``'s static shape). ``mask`` (float, additive) is
     passed unchanged as ``attn_mask``; no mask, no ``attn_mask``.
 ``AttentionCausal``
     ``Attention(q, k, v, causal) = Attention(q, k, v, is_causal=1)`` where ``causal`` is
@@ -41,19 +48,20 @@ The form emitted (what the ``"ort"`` target's rules consume): **4-D** ``Attentio
 ``(Q, K, V[, attn_mask[, past_key, past_value]])`` — ``Q`` ``(B, Hq, S, D)``, ``K``/``V``
 ``(B, Hkv, L, D)`` (no head repeat), ``attn_mask`` the original additive float mask (any shape
 broadcastable to ``(B, Hq, S, past + L)``; absent when the model had none), ``past_*``
-``(B, Hkv, P, D)`` — attributes ``scale`` (always set), ``is_causal=1`` only for the causal form (never together
-with ``past_*``), and nothing else (
-``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)`` or
+``(B, Hkv, P, D)`` — attributes ``scale`` (always set), ``softcap`` (only for capped
+scores), ``is_causal=1`` only for the causal form (never together with ``past_*``), and nothing
+else (``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)`` or
 ``(Y, present_key, present_value)`` with ``Y`` ``(B, Hq, S, D)``.
 
 Preconditions: opset ≥ 23; ``q``, ``k``, ``v`` of known rank 4 (after the repeat: ``Hq`` =
 ``Hkv · n``, checked on the static or symbolic dims of the repeat's values); the two ``√s``
 factors (or the one ``s``) scalar constants; ``Softmax`` over the last axis (fp16 eager: the
 probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4; every
-intermediate value used only inside the match (the engine's rule). Not matched: dropout,
-``softcap`` (``tanh`` capping), masks that are not added to the scores. The ``IsNaN`` guard of
-torchlib's boolean-mask path only changes rows whose scores are all ``-inf``; onnxruntime's
-``Attention`` returns 0 for such rows as the guard does (tested).
+intermediate value used only inside the match (the engine's rule); a softcap's divisor and
+factor the same positive scalar constant. Not matched: dropout, a softcap in torchlib's SDPA
+form (``scaled_dot_product_attention`` has none), masks that are not added to the scores. The
+``IsNaN`` guard of torchlib's boolean-mask path only changes rows whose scores are all
+``-inf``; onnxruntime's ``Attention`` returns 0 for such rows as the guard does (tested).
 """
 
 from __future__ import annotations
@@ -127,7 +135,9 @@ _SDPA = op.MatMul(either(op.Where(op.IsNaN(_SDPA_PROBS), 0.0, _SDPA_PROBS), _SDP
 
 # Eager attention: (q @ kᵀ) · s (or / s), optional mask, softmax (maybe computed in float32).
 _EAGER_SCORES = either(op.MatMul(q, _KT) * s, op.MatMul(q, _KT) / s, tag="scaling")
-_EAGER_LOGITS = either(_EAGER_SCORES + mask, _EAGER_SCORES)
+# Logit softcapping (gemma2's attn_logit_softcapping): tanh(scores / c) · c, before the mask.
+_EAGER_CAPPED = either(op.Tanh(_EAGER_SCORES / var("cap")) * var("cap2"), _EAGER_SCORES)
+_EAGER_LOGITS = either(_EAGER_CAPPED + mask, _EAGER_CAPPED)
 _EAGER_PROBS = either(
     op.Cast(op.Softmax(op.Cast(_EAGER_LOGITS, to=1), axis=attr("softmax_axis")), to=attr("to")),
     op.Softmax(_EAGER_LOGITS, axis=attr("softmax_axis")),
@@ -181,6 +191,20 @@ def _scale(
     return values[0]
 
 
+def _softcap(cap: ir.Value | None, cap2: ir.Value | None) -> float | MatchFailure:
+    """``c`` of ``tanh(x / c) · c`` (0.0: no capping); why not if not one positive constant."""
+    if cap is None:
+        return 0.0
+    c, c2 = scalar(cap), scalar(cap2)
+    if c is None or c2 is None:
+        return fail("the softcap is not a scalar constant", cap if c is None else cap2)
+    if c != c2:
+        return fail(f"the scores are divided by {c} but multiplied by {c2}: not a softcap", cap)
+    if c <= 0.0:
+        return fail(f"softcap {c} is not positive", cap)
+    return c
+
+
 def _check_core(
     form: int,
     scaling: int | None,
@@ -195,6 +219,8 @@ def _check_core(
     softmax_axis: int | None,
     mask: ir.Value | None,
     to: int | None,
+    cap: ir.Value | None,
+    cap2: ir.Value | None,
 ) -> Verdict | dict[str, Any]:
     if softmax_axis not in (None, -1, 3):
         return fail(f"softmax over axis {softmax_axis}, not the last (keys) axis", q)
@@ -209,7 +235,12 @@ def _check_core(
     if ok is not True:
         return ok
     scale = _scale(form, scaling, s, s1, s2)
-    return scale if isinstance(scale, MatchFailure) else {"scale": scale}
+    if isinstance(scale, MatchFailure):
+        return scale
+    softcap = _softcap(cap, cap2)
+    if isinstance(softcap, MatchFailure):
+        return softcap
+    return {"scale": scale, "softcap": softcap}
 
 
 def _core(
@@ -219,9 +250,12 @@ def _core(
     v: ir.Value,
     mask: ir.Value | None,
     scale: float,
+    softcap: float,
 ) -> ir.Value:
-    """Attention(q, k, v, mask, scale=s)"""
+    """Attention(q, k, v, mask, scale=s[, softcap=c])"""
     inputs = [q, k, v] if mask is None else [q, k, v, mask]
+    if softcap:
+        return op.Attention(*inputs, scale=scale, softcap=softcap)
     return op.Attention(*inputs, scale=scale)
 
 

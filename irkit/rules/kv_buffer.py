@@ -21,8 +21,8 @@ input and the output: its length is the capacity, not the number of past tokens.
   positions then hold exactly what the concatenation held (the right-padded prompt's pads
   included, masked by ``attention_mask`` as before), so the graph's own mask, sliding windows
   and softcaps are untouched; only the capacity beyond ``T`` is never read;
-- a cache the fusions left unfused (``Concat(past, new)`` feeding a decomposed attention, e.g.
-  gemma2's softcapped one inside its layer function) is handled in the main graph: the consumer
+- a cache the fusions left unfused (``Concat(past, new)`` feeding a decomposed attention the
+  :mod:`irkit.rules.attention` rules do not match) is handled in the main graph: the consumer
   of each past input gets the buffer's first ``T - S`` positions (``Slice``), and the last ``S``
   positions of the present it returns are scattered into the buffer, which becomes the present
   output;

@@ -41,8 +41,12 @@ def attention_text(
     softmax_axis=-1,
     cat_axis=-2,
     scale=None,
+    softcap=None,
 ) -> str:
-    """ONNX text of one attention block as the exporters write it (fp16: constants converted later)."""
+    """ONNX text of one attention block as the exporters write it (fp16: constants converted later).
+
+    ``softcap`` (eager only): gemma2's ``tanh(scores / c) · c`` between the scale and the mask.
+    """
     total = p + s if cache else s
     ins = [
         f"float[{b},{hq},{s},{d}] q",
@@ -93,12 +97,17 @@ def attention_text(
             f"kT = Transpose<perm=[0,1,3,2]>({kk})  a0 = MatMul(q, kT)"
             f"  sc = Constant<value=float {{{scale}}}>()  a = Mul(a0, sc)"
         )
-    logits = "a"
+    if softcap is not None:
+        body.append(
+            f"cap = Constant<value=float {{{softcap}}}>()  ad = Div(a, cap)  at = Tanh(ad)"
+            "  ac = Mul(at, cap)"
+        )
+    logits = "ac" if softcap is not None else "a"
     if mask == "float":
-        body.append("a2 = Add(a, m)")
+        body.append(f"a2 = Add({logits}, m)")
         logits = "a2"
     elif mask == "bool":
-        body.append("mf = Where(m, z, lo)  a2 = Add(a, mf)")
+        body.append(f"mf = Where(m, z, lo)  a2 = Add({logits}, mf)")
         logits = "a2"
     if form == "sdpa":
         body.append(
@@ -173,6 +182,26 @@ def test_no_mask_and_custom_scale():
     (node,) = list(m.graph)
     assert len(node.inputs) == 3
     assert node.attributes["scale"].value == pytest.approx(0.3, rel=1e-6)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "no-cache"])
+@pytest.mark.parametrize("mask", ["float", "bool", "none"])
+@pytest.mark.parametrize("dtype", ["float", "float16"])
+def test_softcap_becomes_an_attribute(cache, mask, dtype):
+    # gemma2's tanh(scores / c) · c comes before the mask; onnxruntime's Attention caps before it
+    # adds the mask too, else a masked (lowest) score would be capped to -c and leak probability:
+    # run() compares the numbers in onnxruntime (the bool mask fills with the dtype's lowest).
+    m = build(attention_text(form="eager", mask=mask, cache=cache, dtype=dtype, softcap=1.5), dtype)
+    report = run(m, dtype)
+    expect = {"Attention": 1, "AttentionGQA": 1}
+    if cache:
+        expect["AttentionKVCache"] = 1
+    assert fired(report) == expect
+    ops = util.ops(m)
+    assert ops.pop("Attention") == 1 and not {"Tanh", "Div", "Softmax", "MatMul"} & set(ops)
+    (att,) = [n for n in m.graph if n.op_type == "Attention"]
+    assert att.attributes["softcap"].value == pytest.approx(1.5)
+    assert att.attributes["scale"].value == pytest.approx(1 / math.sqrt(8), rel=1e-3)  # fp16
 
 
 @SETTINGS
@@ -297,6 +326,30 @@ def test_scale_not_constant():
     assert "the attention scale is not a scalar constant" in failures
 
 
+def _capped_text(**kw) -> str:
+    return attention_text(form="eager", mask="float", cache=False, hkv=4, softcap=1.5, **kw)
+
+
+def test_softcap_multiplied_by_another_constant_is_not_matched():
+    text = _capped_text().replace(
+        "ac = Mul(at, cap)", "cap2 = Constant<value=float {2.0}>()  ac = Mul(at, cap2)"
+    )
+    failures = _reason(build(text), "Attention")
+    assert "the scores are divided by 1.5 but multiplied by 2.0: not a softcap" in failures
+
+
+def test_softcap_not_constant():
+    text = _capped_text().replace("g (", "g (float[1] cap, ")
+    text = text.replace("cap = Constant<value=float {1.5}>()  ", "")
+    failures = _reason(build(text), "Attention")
+    assert "the softcap is not a scalar constant" in failures
+
+
+def test_negative_softcap_is_not_matched():
+    failures = _reason(build(_capped_text().replace("{1.5}", "{-1.5}")), "Attention")
+    assert "softcap -1.5 is not positive" in failures
+
+
 def test_inconsistent_repeat_is_not_gqa():
     m = build(attention_text(cache=False, mask="none"))
     for node in m.graph:  # claim V's expand repeats 3 times: the dims no longer describe repeat_kv
@@ -320,11 +373,17 @@ def _histogram(model: ir.Model, fn: ir.Function) -> dict[str, int]:
     return counts
 
 
+#: Extra config per architecture: gemma2's window (sliding layers alternate with full ones) is
+#: shorter than the longest past fed below, so the sliding layers' mask cuts keys off.
+_EXTRA_CONFIG: dict[str, dict[str, object]] = {"Gemma2": {"sliding_window": 4}}
+
+
 def _decoder(arch: str, impl: str):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = getattr(transformers, f"{arch}Config")(
+        **_EXTRA_CONFIG.get(arch, {}),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -343,6 +402,8 @@ def _decoder(arch: str, impl: str):
         pytest.param("Llama", "sdpa", id="llama-sdpa", marks=pytest.mark.slow),
         pytest.param("Llama", "eager", id="llama-eager", marks=pytest.mark.slow),
         pytest.param("Qwen2", "sdpa", id="qwen2-sdpa", marks=pytest.mark.slow),
+        # softcapped attention (Attention's softcap); the final logit softcap is outside the layer
+        pytest.param("Gemma2", "eager", id="gemma2-eager", marks=pytest.mark.slow),
     ],
 )
 def test_decoder_with_kv_cache(arch, impl):
@@ -369,8 +430,24 @@ def test_decoder_with_kv_cache(arch, impl):
     assert len(calls) == 2  # ...called once per layer
     ops = _histogram(model, layer)
     assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2
-    assert not {"Softmax", "IsNaN", "Expand", "Neg"} & set(ops)
+    assert not {"Softmax", "IsNaN", "Expand", "Neg", "Tanh"} & set(ops)
     assert ops.get("MatMul", 0) == 7  # q, k, v, o projections and the MLP: no attention MatMul
+    (att,) = [n for f in model.functions.values() for n in f if n.op_type == "Attention"]
+    cap = getattr(lm.config, "attn_logit_softcapping", None)
+    assert att.attributes.get_float("softcap", 0.0) == pytest.approx(cap or 0.0)
+    if arch == "Gemma2":  # the whole layer: 4 norms, the attention, the gated-GELU MLP
+        assert ops == {
+            "Add": 6,  # 4 norms' 1 + w, 2 residuals
+            "Attention": 1,
+            "Constant": 7,
+            "Gelu": 1,
+            "MatMul": 7,
+            "Mul": 1,
+            "RMSNormalization": 4,
+            "RotaryEmbedding": 2,
+            "Slice": 2,
+            "Transpose": 7,
+        }
     session = ort_session(model)
     for batch, seq, past in [(2, 4, 0), (1, 1, 6), (2, 3, 9)]:
         feeds = causal_lm_feeds(lm, batch=batch, seq=seq, past=past, seed=past)

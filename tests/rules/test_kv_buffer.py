@@ -51,6 +51,9 @@ g {_INPUTS} => {_OUTPUTS} {{
     y, prk, prv = Attention<scale=0.5>(q, k, v, mask,
         pk, pv)
 }}"""
+CAP = 0.7
+#: gemma2's softcapped attention as irkit.rules.attention fuses it (the cap comes before the mask).
+FUSED_SOFTCAP = FUSED.replace("Attention<scale=0.5>", f"Attention<scale=0.5, softcap={CAP}>")
 UNFUSED = f"""{_HEAD}
 g {_INPUTS} => {_OUTPUTS} {{
     {_MASK}
@@ -95,10 +98,12 @@ def _feeds(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def _reference(feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _reference(feeds: dict[str, np.ndarray], softcap: float | None = None) -> np.ndarray:
     keys = np.concatenate([feeds["past_key_values.0.key"], feeds["k"]], axis=2)
     values = np.concatenate([feeds["past_key_values.0.value"], feeds["v"]], axis=2)
     scores = feeds["q"] @ keys.transpose(0, 1, 3, 2) * 0.5
+    if softcap is not None:
+        scores = np.tanh(scores / softcap) * softcap
     scores = scores + np.where(feeds["attention_mask"][:, None, None, :] > 0, 0.0, -1e9)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     return (probs / probs.sum(-1, keepdims=True)) @ values  # type: ignore[no-any-return]
@@ -118,12 +123,15 @@ def _buffer(past: np.ndarray) -> np.ndarray:
     return buffer
 
 
-@pytest.mark.parametrize("text", [FUSED, UNFUSED], ids=["fused", "unfused"])
+@pytest.mark.parametrize(
+    "text", [FUSED, FUSED_SOFTCAP, UNFUSED], ids=["fused", "fused-softcap", "unfused"]
+)
 def test_shared_buffer_matches_numpy(text):
     model = _model(text)
     feeds = _feeds()
+    cap = CAP if text is FUSED_SOFTCAP else None
     before = _run(model, feeds)
-    np.testing.assert_allclose(before["y"], _reference(feeds), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(before["y"], _reference(feeds, cap), rtol=1e-5, atol=1e-5)
     share_kv_buffer(model)
     assert model.opset_imports[""] == SHARED_BUFFER_OPSET
     assert util.ops(model).get("TensorScatter") == 2
@@ -132,7 +140,7 @@ def test_shared_buffer_matches_numpy(text):
     for name in ("past_key_values.0.key", "past_key_values.0.value"):
         shared[name] = _buffer(feeds[name])
     after = _run(model, shared)
-    np.testing.assert_allclose(after["y"], _reference(feeds), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(after["y"], _reference(feeds, cap), rtol=1e-5, atol=1e-5)
     assert after["past_length"].tolist() == [P]  # the mask's past, not the capacity
     for kind, new in (("key", "k"), ("value", "v")):
         buffer = after[f"present.0.{kind}"]
@@ -143,12 +151,15 @@ def test_shared_buffer_matches_numpy(text):
         assert (buffer[:, :, T:] == 1e4).all()  # beyond the total: untouched
 
 
-def test_fused_rule_fires_in_place_of_the_cached_attention():
-    model = _model(FUSED)
+@pytest.mark.parametrize("text", [FUSED, FUSED_SOFTCAP], ids=["plain", "softcap"])
+def test_fused_rule_fires_in_place_of_the_cached_attention(text):
+    model = _model(text)
     share_kv_buffer(model)
     attention = [n for n in model.graph if n.op_type == "Attention"]
     assert len(attention) == 1
     assert len(attention[0].inputs) == 4 and len(attention[0].outputs) == 1  # no past, no present
+    expect = {"scale": 0.5} if text is FUSED else {"scale": 0.5, "softcap": CAP}
+    assert {a.name: a.value for a in attention[0].attributes.values()} == pytest.approx(expect)
     assert [n.op_type for n in model.graph if n.op_type in ("TensorScatter", "Slice")] == [
         "TensorScatter",
         "TensorScatter",
@@ -170,3 +181,26 @@ def test_no_attention_mask_is_refused():
     )
     with pytest.raises(LoweringOptionsError, match="no 'attention_mask' input"):
         share_kv_buffer(_model(text))
+
+
+@pytest.mark.slow
+def test_gemma2_scatters_inside_its_layer():
+    # gemma2's softcapped attention is fused (irkit.rules.attention): its cache is scattered in
+    # the attention function like every other decoder's, not outside in the main graph.
+    import irkit
+    from irkit.llm import export_causal_lm
+    from tests.llm_zoo import BY_NAME
+
+    lm = BY_NAME["gemma2"].model()
+    exported = export_causal_lm(lm)
+    model = irkit.optimize(irkit.lower(exported.program, **exported.lower_kwargs()))
+    share_kv_buffer(model)
+    assert "TensorScatter" not in util.ops(model)  # the main graph
+    (attention,) = [f for f in model.functions.values() if f.name == "Gemma2Attention"]
+    ops = {n.op_type: 0 for n in attention}
+    for node in attention:
+        ops[node.op_type] += 1
+    assert ops["TensorScatter"] == 2 and ops["Attention"] == 1
+    assert not {"Concat", "Tanh", "Softmax", "MatMul"} & set(ops)
+    (node,) = [n for n in attention if n.op_type == "Attention"]
+    assert node.attributes.get_float("softcap") == lm.config.attn_logit_softcapping
