@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit.errors import RuleDefinitionError
 from irkit.rewriting import (
     Match,
     RewriteBuilder,
@@ -79,7 +80,15 @@ def rotary_position_table(max_positions: int) -> Rule:
 
     Args:
         max_positions: Rows of the cos/sin tables: the longest sequence the model serves.
+
+    Raises:
+        RuleDefinitionError: ``max_positions`` is not a positive int.
     """
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+        raise RuleDefinitionError(
+            f"RotaryPositionTable: max_positions={max_positions!r}; give the number of positions "
+            "the model serves (a positive int, e.g. export_causal_lm's max_sequence)"
+        )
 
     def check(x: ir.Value, c: ir.Value, s: ir.Value, match: Match) -> Verdict:
         if x.dtype != ir.DataType.FLOAT:

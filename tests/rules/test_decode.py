@@ -75,6 +75,14 @@ def test_rotary_tables_need_constant_frequencies():
     assert util.ops(m)["Cos"] == 1
 
 
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_rotary_tables_need_a_positive_number_of_positions(bad):
+    from irkit.errors import RuleDefinitionError
+
+    with pytest.raises(RuleDefinitionError, match="max_positions"):
+        rotary_position_table(bad)
+
+
 def test_quantized_rules_names():
     assert quantized_rules().names() == [
         "SkipSimplifiedLayerNormalization",
