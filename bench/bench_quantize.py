@@ -6,9 +6,12 @@ heads — 2.5× wider), this builds
 
 - ``irkit int4`` / ``irkit int8``: ``export_causal_lm`` → ``irkit.lower(functions=False)`` →
   ``irkit.optimize("onnx")`` (glue rules, packed q/k/v and gate/up) → ``irkit.quantize`` at the
-  builder's block size and accuracy level (read from its model's ``MatMulNBits``);
+  builder's block size and accuracy level (read from its model's ``MatMulNBits``), then
+  :func:`irkit.rules.decode.quantized_rules` (residual add + RMSNorm →
+  ``SkipSimplifiedLayerNormalization``, rotary angles → tables read at the position ids;
+  ``--no-decode-rules`` leaves them out);
 - ``irkit dyn8``: the same float model → :func:`irkit.rules.quantize_dynamic.quantize_dynamic`
-  (``DynamicQuantizeMatMul``, the prefill-fast option);
+  (``DynamicQuantizeMatMul``, the prefill-fast option), then the same decode rules;
 - ``builder int4`` / ``builder int8``: ``python -m onnxruntime_genai.models.builder -p int4|int8
   -e cpu`` on a ``save_pretrained`` folder of the same weights,
 
@@ -28,7 +31,8 @@ per decode step <= builder + 20%; non-MatMulNBits, non-attention kernels <= 10%.
 machine the figures are indicative: rerun on a quiet one.
 
 Usage: ``PYTHONPATH=$PWD:$PWD/tests/site python bench/bench_quantize.py [--sizes ref,wide]
-[--rounds 7] [--threads 1,2] [--workdir DIR]`` (the builder runs with the same ``PYTHONPATH``).
+[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4]`` (the builder runs
+with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per model).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import torch
 
 import irkit
 from irkit.llm import causal_lm_feeds, export_causal_lm
+from irkit.rules.decode import quantized_rules
 from irkit.rules.quantize_dynamic import quantize_dynamic
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -69,6 +74,7 @@ CASES = [("decode@127", 1, 127), ("decode@511", 1, 511), ("prefill@128", 128, 0)
 PAIRS = [("irkit int4", "builder int4"), ("irkit int8", "builder int8")]
 MATMUL_OPS = {"MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger", "MatMul"}
 ATTENTION_OPS = {"Attention", "GroupQueryAttention", "MultiHeadAttention"}
+MAX_SEQUENCE = 1024  # the export's bound, and the rotary tables' rows
 
 
 def llama(size: str) -> torch.nn.Module:
@@ -78,7 +84,7 @@ def llama(size: str) -> torch.nn.Module:
         num_hidden_layers=4,
         num_key_value_heads=KV_HEADS[size],
         vocab_size=4000,
-        max_position_embeddings=1024,
+        max_position_embeddings=MAX_SEQUENCE,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
@@ -116,7 +122,7 @@ def nbits_settings(path: pathlib.Path) -> tuple[int, int]:
 
 def irkit_float(lm: torch.nn.Module, out: pathlib.Path) -> tuple[pathlib.Path, float]:
     t0 = time.perf_counter()
-    exported = export_causal_lm(lm, max_sequence=1024)
+    exported = export_causal_lm(lm, max_sequence=MAX_SEQUENCE)
     model = irkit.lower(exported.program, functions=False, **exported.lower_kwargs())
     irkit.optimize(model, "onnx")
     path = out / "irkit_fp32.onnx"
@@ -125,13 +131,15 @@ def irkit_float(lm: torch.nn.Module, out: pathlib.Path) -> tuple[pathlib.Path, f
 
 
 def irkit_quantized(
-    source: pathlib.Path, out: pathlib.Path, name: str, **options: Any
+    source: pathlib.Path, out: pathlib.Path, name: str, decode_rules: bool, **options: Any
 ) -> pathlib.Path:
     model = ir.load(source)
     if options.pop("dynamic", False):
         quantize_dynamic(model)
     else:
         irkit.quantize(model, **options)
+    if decode_rules:
+        irkit.optimize(model, rules=quantized_rules(max_positions=MAX_SEQUENCE))
     path = out / f"{name.replace(' ', '_')}.onnx"
     irkit.save(model, path)
     return path
@@ -220,7 +228,12 @@ def node_counts(path: pathlib.Path, work: pathlib.Path, name: str) -> tuple[int,
 
 
 def profile_share(
-    path: pathlib.Path, feeds: dict[str, np.ndarray], work: pathlib.Path, name: str, steps: int = 50
+    path: pathlib.Path,
+    feeds: dict[str, np.ndarray],
+    work: pathlib.Path,
+    name: str,
+    steps: int = 50,
+    top: int = 4,
 ) -> str:
     """Kernel-time share outside matmuls and attention over ``steps`` decode steps (1 thread)."""
     sess = session(path, 1, profile=str(work / f"prof_{name.replace(' ', '_')}"))
@@ -234,16 +247,17 @@ def profile_share(
             per_op[event["args"]["op_name"]] += event["dur"]
     total = sum(per_op.values()) or 1
     glue = {k: v for k, v in per_op.items() if k not in MATMUL_OPS | ATTENTION_OPS}
-    top = ", ".join(f"{k} {v / total:.0%}" for k, v in collections.Counter(glue).most_common(4))
-    return (
-        f"glue {sum(glue.values()) / total:5.1%} of {total / steps / 1e3:.3f} ms/step (top: {top})"
-    )
+    listed = collections.Counter(glue).most_common(top)
+    names = ", ".join(f"{k} {v / total:.0%}" for k, v in listed)
+    return f"glue {sum(glue.values()) / total:5.1%} of {total / steps / 1e3:.3f} ms/step (top: {names})"
 
 
 # --- one model size ------------------------------------------------------------------------------
 
 
-def run_size(size: str, work: pathlib.Path, rounds: int, threads: list[int]) -> str:
+def run_size(
+    size: str, work: pathlib.Path, rounds: int, threads: list[int], decode_rules: bool, top: int
+) -> str:
     out = work / size
     out.mkdir(parents=True, exist_ok=True)
     lm = llama(size)
@@ -259,26 +273,33 @@ def run_size(size: str, work: pathlib.Path, rounds: int, threads: list[int]) -> 
     lines.append(f"irkit export+lower+optimize: {seconds:.1f} s")
     settings = dict(block_size=block, accuracy_level=level)
     paths = {
-        "irkit int4": irkit_quantized(fp32, out, "irkit int4", bits=4, **settings),
+        "irkit int4": irkit_quantized(fp32, out, "irkit int4", decode_rules, bits=4, **settings),
         "builder int4": b4,
-        "irkit int8": irkit_quantized(fp32, out, "irkit int8", bits=8, **settings),
+        "irkit int8": irkit_quantized(fp32, out, "irkit int8", decode_rules, bits=8, **settings),
         "builder int8": b8,
-        "irkit dyn8": irkit_quantized(fp32, out, "irkit dyn8", dynamic=True),
+        "irkit dyn8": irkit_quantized(fp32, out, "irkit dyn8", decode_rules, dynamic=True),
     }
-    acc0 = irkit_quantized(fp32, out, "irkit int4 acc0", bits=4, block_size=block, accuracy_level=0)
+    pairs = list(PAIRS)
+    if decode_rules:  # the decode rules' own effect, in the same rounds
+        plain = irkit_quantized(fp32, out, "irkit int4 plain", False, bits=4, **settings)
+        paths["irkit int4 plain"] = plain
+        pairs.append(("irkit int4", "irkit int4 plain"))
+    acc0 = irkit_quantized(
+        fp32, out, "irkit int4 acc0", decode_rules, bits=4, block_size=block, accuracy_level=0
+    )
     cases = {
         c: causal_lm_feeds(lm, batch=1, seq=seq, past=past, seed=past) for c, seq, past in CASES
     }
     for threads_n in threads:
         times = timed(paths, cases, threads_n, rounds)
         lines.append(f"\n### {threads_n} thread(s), {rounds} interleaved rounds (ms, medians)")
-        lines.append(f"{'case':12} {'pair':26} {'irkit':>8} {'builder':>8}  ratio [min–max]")
-        for a, b in PAIRS:
+        lines.append(f"{'case':12} {'pair':30} {'a':>8} {'b':>8}  ratio [min–max]")
+        for a, b in pairs:
             for c in cases:
-                lines.append(f"{c:12} {a + ' / ' + b:26} {ratio_line(times, a, b, c)}")
+                lines.append(f"{c:12} {a + ' / ' + b:30} {ratio_line(times, a, b, c)}")
         for c in cases:
             lines.append(
-                f"{c:12} {'irkit dyn8 / builder int4':26} "
+                f"{c:12} {'irkit dyn8 / builder int4':30} "
                 f"{ratio_line(times, 'irkit dyn8', 'builder int4', c)}"
             )
     decodes = [causal_lm_feeds(lm, batch=1, seq=1, past=127, seed=100 + i) for i in range(32)]
@@ -291,7 +312,7 @@ def run_size(size: str, work: pathlib.Path, rounds: int, threads: list[int]) -> 
     )
     for name, path in [("irkit fp32", fp32), *paths.items()]:
         nodes, optimized = node_counts(path, out, name)
-        share = profile_share(path, cases["decode@127"], out, name)
+        share = profile_share(path, cases["decode@127"], out, name, top=top)
         lines.append(f"{name:14} {nodes:4d} | {optimized:4d}   {share}")
     return "\n".join(lines)
 
@@ -302,13 +323,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--no-decode-rules", action="store_true")
+    parser.add_argument("--top", type=int, default=4)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="bench_quantize_"))
     threads = [int(t) for t in args.threads.split(",")]
-    print(f"onnxruntime {ort.__version__}, workdir {work}", flush=True)
+    print(
+        f"onnxruntime {ort.__version__}, workdir {work}, "
+        f"decode rules {'off' if args.no_decode_rules else 'on'}",
+        flush=True,
+    )
     for size in args.sizes.split(","):
-        print(run_size(size, work, max(args.rounds, 5), threads), flush=True)
+        rules = not args.no_decode_rules
+        print(run_size(size, work, max(args.rounds, 5), threads, rules, args.top), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ module                        identity
 :mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, gate/up)
 :mod:`irkit.rules.quantize`    constant-weight MatMul/FusedMatMul/Gemm → ``MatMulNBits`` (a pass:
                               :func:`irkit.quantize`, not in any default rule set)
+:mod:`irkit.rules.decode`      after quantizing: residual add + RMSNorm →
+                              ``SkipSimplifiedLayerNormalization``, rotary angles → tables read
+                              at the position ids (:func:`irkit.rules.decode.quantized_rules`)
 ============================  ======================================================
 
 The ``"ort"`` target's contrib-op rules live in :mod:`irkit.rules.ort` (imported on demand).
@@ -34,6 +37,7 @@ from irkit.rules import (
     arith,
     attention,
     cleanup,
+    decode,
     gelu,
     gemm,
     glue,
@@ -47,6 +51,7 @@ __all__ = [
     "arith",
     "attention",
     "cleanup",
+    "decode",
     "gelu",
     "gemm",
     "glue",
