@@ -10,7 +10,7 @@ heads — 2.5× wider), this builds
   :func:`irkit.rules.decode.quantized_rules` (residual add + RMSNorm →
   ``SkipSimplifiedLayerNormalization``, rotary angles → tables read at the position ids;
   ``--no-decode-rules`` leaves them out);
-- ``irkit dyn8``: the same float model → :func:`irkit.rules.quantize_dynamic.quantize_dynamic`
+- ``irkit dyn8``: the same float model → ``irkit.quantize(bits=8, activations="dynamic")``
   (``DynamicQuantizeMatMul``, the prefill-fast option), then the same decode rules;
 - ``builder int4`` / ``builder int8``: ``python -m onnxruntime_genai.models.builder -p int4|int8
   -e cpu`` on a ``save_pretrained`` folder of the same weights,
@@ -60,7 +60,6 @@ import torch
 import irkit
 from irkit.llm import causal_lm_feeds, export_causal_lm
 from irkit.rules.decode import quantized_rules
-from irkit.rules.quantize_dynamic import quantize_dynamic
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bench_latency import _tokenizer  # (the offline tokenizer the builder copies)
@@ -135,7 +134,7 @@ def irkit_quantized(
 ) -> pathlib.Path:
     model = ir.load(source)
     if options.pop("dynamic", False):
-        quantize_dynamic(model)
+        irkit.quantize(model, bits=8, activations="dynamic")
     else:
         irkit.quantize(model, **options)
     if decode_rules:
