@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedOpError",
     "LoweringError",
     "LoweringOptionsError",
+    "OpCallError",
     "OutlineError",
     "RuleDefinitionError",
     "RewriteError",
@@ -96,6 +97,13 @@ class LoweringError(IrkitError):
 class LoweringOptionsError(IrkitError):
     """:func:`irkit.lower` was called with something it cannot use: not an ``ExportedProgram``,
     an opset out of range, or name lists of the wrong length."""
+
+
+class OpCallError(IrkitError):
+    """A lowering function (torchlib's or a custom one) called an ONNX op in a way irkit cannot
+    record: an op without a schema (or an onnxscript function without a signature), a required
+    input or attribute left out, or a ``Split`` whose number of outputs cannot be told. Lowering
+    an FX node raises it as the ``__cause__`` of a :class:`LoweringError` naming the node."""
 
 
 class OutlineError(IrkitError):

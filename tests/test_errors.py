@@ -139,6 +139,39 @@ def test_bad_input_raises_the_specific_irkit_error(case):
     assert str(info.value)
 
 
+def _no_schema(x):
+    from onnxscript import values as osv
+
+    return osv.Op(osv.Opset("com.example", 1), "Frob")(x)
+
+
+def _split_of_unknown_sizes(x):
+    from onnxscript import opset18 as op
+
+    return op.Split(x, op.Shape(x))
+
+
+@pytest.mark.parametrize(
+    ("lowering", "message"),
+    [
+        (_no_schema, "the ONNX op 'com.example'::Frob (opset 1) has no schema"),
+        (_split_of_unknown_sizes, "cannot tell the number of outputs of Split"),
+    ],
+)
+def test_an_op_the_recorder_cannot_record_is_a_lowering_error_naming_the_node(lowering, message):
+    """The recorder raises :class:`~irkit.errors.OpCallError` (it cannot tell which FX node it
+    records); lowering that node chains it under a :class:`~irkit.errors.LoweringError`."""
+    import torch
+
+    ep = torch.export.export(torch.nn.ReLU(), (torch.randn(3),))
+    with pytest.raises(errors.LoweringError) as info:
+        irkit.lower(ep, custom_lowerings={torch.ops.aten.relu.default: lowering})
+    assert info.value.fx_node == "relu"
+    assert isinstance(info.value.__cause__, errors.OpCallError)
+    assert message in str(info.value)
+    assert "custom_lowerings={torch.ops.aten.relu.default: fn}" in str(info.value)
+
+
 def test_unknown_rule_is_also_a_key_error_with_a_plain_message():
     with pytest.raises(KeyError) as info:
         irkit.rules.cleanup.rules["Nope"]

@@ -143,7 +143,7 @@ def outline(
         ``model`` itself.
 
     Raises:
-        OutlineError: Bad ``functions``/``max_depth`` options.
+        OutlineError: Bad ``functions``/``max_depth`` options (or a bug in irkit, said so).
         MetadataError: Malformed ``irkit.*`` metadata.
 
     Example:
@@ -457,7 +457,12 @@ def _split(
     while remaining:
         part = ctx.dataflow.first_convex_part(remaining)
         plan = ctx.dataflow.plan(part)
-        assert isinstance(plan, ContractionPlan), "the early part of a region is convex"
+        if not isinstance(plan, ContractionPlan):  # (the early part of a region is convex)
+            raise OutlineError(
+                f"the first convex part of module call {frame.call_id!r} is not convex. This is "
+                "a bug in irkit; please report it with this message (outline(..., "
+                "functions=...) can leave this module call out meanwhile)."
+            )
         call = _contract(ctx, scope, plan, f"{frame.call_id}/part{k}")
         result.extend([call] if call is not None else part)
         remaining -= part

@@ -11,7 +11,7 @@ import torch
 from onnxscript import evaluator as os_evaluator
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from irkit.errors import IrkitError, LoweringError, LoweringOptionsError
+from irkit.errors import IrkitError, LoweringError, LoweringOptionsError, OpCallError
 from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
 from irkit.lowering._plan_types import Choice, Decomposition, Env, Frame, Plan, Via
 from irkit.lowering._promotion import input_casts, output_cast
@@ -286,21 +286,27 @@ class Emitter:
                         outputs = lower_to_rank0(self.recorder, outputs)
                     outputs = self._cast_outputs(node, outputs)
                 self._finish(frame, node, outputs, self.stamper.props(stamp_node))
+        except OpCallError as exc:  # (from the recorder, which cannot name the FX node)
+            raise self._failed(node, stamp_node, str(exc)) from exc
         except IrkitError:
             raise
         except Exception as exc:
-            self.recorder.take_nodes()
-            raise LoweringError(
-                f"{type(exc).__name__}: {exc}. Fix: check the op's arguments, or pass "
-                f"custom_lowerings={{{python_spelling(node.target)}: fn}}.",
-                fx_node=stamp_node.name,
-                target=op_name(node.target),
-                module_path=module_path(stamp_node),
-                source=node_location(stamp_node),
-            ) from exc
+            raise self._failed(node, stamp_node, f"{type(exc).__name__}: {exc}.") from exc
         frame.env[node] = outputs
         if choice.functional is not None:
             frame.env[node.args[0]] = outputs  # later reads of the mutated tensor see the result
+
+    def _failed(self, node: torch.fx.Node, stamp_node: torch.fx.Node, what: str) -> LoweringError:
+        """The error for a lowering of ``node`` that raised (its recorded nodes are dropped)."""
+        self.recorder.take_nodes()
+        return LoweringError(
+            f"{what} Fix: check the op's arguments, or pass "
+            f"custom_lowerings={{{python_spelling(node.target)}: fn}}.",
+            fx_node=stamp_node.name,
+            target=op_name(node.target),
+            module_path=module_path(stamp_node),
+            source=node_location(stamp_node),
+        )
 
     def _fill_defaults(
         self, fn: Any, target: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]

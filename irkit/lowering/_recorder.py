@@ -20,6 +20,8 @@ import onnx_ir as ir
 from onnx_ir import schemas
 from onnxscript import values as osv
 
+from irkit.errors import OpCallError
+
 __all__ = ["Recorder", "Tensor", "call_lowering"]
 
 _PY_DTYPES: tuple[tuple[type, ir.DataType], ...] = (
@@ -129,7 +131,11 @@ class Recorder:
         if signature is None:
             signature = op.op_signature  # built from the OpSchema: slow, so cached per op
             if signature is None:
-                raise ValueError(f"no schema for ONNX op {op.domain!r}::{op.name}")
+                raise OpCallError(
+                    f"the ONNX op {op.domain!r}::{op.name} (opset {op.opset.version}) has no "
+                    "schema, so its inputs and attributes cannot be told apart (call an op "
+                    "onnx or onnxruntime defines, or register its schema with onnx.defs first)."
+                )
             self._op_signatures[key] = signature
         kwargs = dict(kwargs)
         num_outputs = kwargs.pop("_outputs", None)
@@ -148,7 +154,10 @@ class Recorder:
     ) -> Any:
         signature = function.op_signature
         if signature is None:  # as for an op: the FX node's lowering wraps it in LoweringError
-            raise ValueError(f"no signature for the ONNX function {function.name!r}")
+            raise OpCallError(
+                f"the onnxscript function {function.name!r} has no signature, so its inputs "
+                "and attributes cannot be told apart."
+            )
         inputs, attrs = _bind(signature, args, kwargs)
         ir_function = self._ir_function(function)
         return self._emit(
@@ -253,7 +262,7 @@ def _bind(
             elif param.name in kwargs:
                 inputs[param.name] = kwargs[param.name]
             elif param.required and not param.has_default():
-                raise ValueError(f"required input {param.name!r} of {signature.name} not given")
+                raise OpCallError(f"required input {param.name!r} of {signature.name} not given.")
             else:
                 inputs[param.name] = param.default if param.has_default() else None
             continue
@@ -264,7 +273,9 @@ def _bind(
             value = kwargs.get(param.name)
         if value is None:
             if param.required:
-                raise ValueError(f"required attribute {param.name!r} of {signature.name} not given")
+                raise OpCallError(
+                    f"required attribute {param.name!r} of {signature.name} not given."
+                )
             continue
         attrs.append(_attr(param, value))
     return inputs, attrs
@@ -301,7 +312,10 @@ def _num_outputs(
             return len(split)
         if isinstance(split, ir.Value) and split.const_value is not None:
             return int(split.const_value.numpy().size)
-        raise ValueError("cannot tell the number of outputs of Split; pass num_outputs")
+        raise OpCallError(
+            "cannot tell the number of outputs of Split: no num_outputs, and its split sizes "
+            "are not constant."
+        )
     if signature.domain == "" and signature.name == "BatchNormalization":
         training = any(a.name == "training_mode" and a.value for a in attrs)
         return 3 if training else 1

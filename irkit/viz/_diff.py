@@ -176,13 +176,10 @@ def diff_summaries(a: ModelSummary, b: ModelSummary) -> ModelDiff:
     calls_b = {c.path: c for c in b.root.walk()}
     cache: dict[tuple[str, str], BodyDiff] = {}
     modules: list[ModuleDiff] = []
-    for path in [*calls_a, *(p for p in calls_b if p not in calls_a)]:
-        ca, cb = calls_a.get(path), calls_b.get(path)
-        if ca is None or cb is None:
-            call = ca or cb
-            assert call is not None
-            status = "removed" if cb is None else "added"
-            modules.append(ModuleDiff(path, call.class_name, status, BodyDiff(), ca, cb))
+    for path, ca in calls_a.items():
+        cb = calls_b.get(path)
+        if cb is None:
+            modules.append(ModuleDiff(path, ca.class_name, "removed", BodyDiff(), ca, None))
             continue
         pair = (ca.body.key, cb.body.key)
         if pair not in cache:
@@ -191,6 +188,11 @@ def diff_summaries(a: ModelSummary, b: ModelSummary) -> ModelDiff:
             continue
         module = ModuleDiff(path, cb.class_name, "changed", cache[pair], ca, cb)
         modules.extend(_split_by_scope(module) if ca.node is None else [module])
+    modules += [
+        ModuleDiff(path, cb.class_name, "added", BodyDiff(), None, cb)
+        for path, cb in calls_b.items()
+        if path not in calls_a
+    ]
     delta = Counter(b.root.body.ops)
     delta.subtract(a.root.body.ops)
     return ModelDiff(a, b, modules, Counter({k: v for k, v in delta.items() if v}))

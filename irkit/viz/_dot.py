@@ -85,12 +85,12 @@ def _io_node(ident: str, info: TensorInfo, kind: str) -> str:
 def call_label(summary: ModelSummary, node: ir.Node, callee: Body) -> str:
     """``q_proj`` / ``Linear`` / ``2 nodes · body ×4``: the instance, its module class (or the
     function's name without irkit metadata), and how many calls share the drawn body."""
-    assert callee.identifier is not None
     name = summary.call_names.get(node, node.name or "")
     frame = call_frame(node)
-    cls = frame.class_name if frame is not None else callee.identifier[1]
-    if frame is not None and callee.identifier[1] != cls:
-        cls += f" ({callee.identifier[1]})"
+    function_name = node.op_type  # (the name of the function ``callee`` is the body of)
+    cls = frame.class_name if frame is not None else function_name
+    if frame is not None and function_name != cls:
+        cls += f" ({function_name})"
     node_name = node.name or ""
     if frame is not None and node_name.startswith(frame.call_id + "/part"):
         name += f" [{node_name[len(frame.call_id) + 1 :]}]"  # a split call: "enc [part0]"
@@ -112,21 +112,20 @@ def _scope(node: ir.Node) -> tuple[metadata.Frame, ...]:
 class _Cluster:
     """Nested Graphviz clusters, one per module call (``id="c:<call id>"``)."""
 
-    frame: metadata.Frame | None = None
     statements: list[str] = dataclasses.field(default_factory=list)
-    children: dict[str, _Cluster] = dataclasses.field(default_factory=dict)
+    children: dict[str, tuple[metadata.Frame, _Cluster]] = dataclasses.field(default_factory=dict)
+    """Call id → the call's frame and its cluster."""
 
     def at(self, frames: tuple[metadata.Frame, ...]) -> _Cluster:
         cluster = self
         for frame in frames:
-            cluster = cluster.children.setdefault(frame.call_id, _Cluster(frame))
+            _, cluster = cluster.children.setdefault(frame.call_id, (frame, _Cluster()))
         return cluster
 
     def emit(self, indent: str) -> list[str]:
         lines = [indent + s.strip() for s in self.statements]
-        for call_id, child in self.children.items():
-            assert child.frame is not None
-            label = f"{call_id}  {child.frame.class_name}"
+        for call_id, (frame, child) in self.children.items():
+            label = f"{call_id}  {frame.class_name}"
             attrs = _attrs(
                 id=f"c:{call_id}",
                 label=label,
@@ -306,7 +305,11 @@ def layout_svg(sources: Sequence[str]) -> list[str]:
     text = out.decode("utf-8")
     starts = [m.start() for m in re.finditer(r"<\?xml", text)]
     svgs = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
-    assert len(svgs) == len(sources), (len(svgs), len(sources))
+    if len(svgs) != len(sources):
+        raise VizError(
+            f"Graphviz `dot` returned {len(svgs)} SVG documents for {len(sources)} graphs. "
+            "Check the Graphviz installation (`dot -V`), or leave out --layout dot."
+        )
     return svgs
 
 

@@ -56,7 +56,6 @@ def _call(call: Call, scopes: _scopes.ScopeNode | None = None) -> dict[str, obje
 
 def _scope(node: _scopes.ScopeNode, params: dict[ir.Value, tuple[int, int]]) -> dict[str, object]:
     """A module call of a flat model, from the ``irkit.scope`` of the nodes it ran."""
-    assert node.frame is not None
     inside = set(node.members)
     used = {v for n in node.members for v in n.inputs if v is not None and v in params}
     flops, shapes = _flops.Flops(), _flops.ShapeTracker()
@@ -70,7 +69,7 @@ def _scope(node: _scopes.ScopeNode, params: dict[ir.Value, tuple[int, int]]) -> 
         ]
     return {
         "path": node.path,
-        "class": node.frame.cls,
+        "class": node.cls,
         "origin": "scope",
         "function": None,
         "node_name": None,
@@ -94,9 +93,7 @@ def to_json_data(summary: ModelSummary) -> dict[str, object]:
     """The summary as plain JSON-able data (keys sorted where order is not meaningful)."""
     model = summary.model
     functions = []
-    for body in sorted(summary.function_bodies(), key=lambda b: b.key):
-        assert body.identifier is not None
-        domain, name, overload = body.identifier
+    for (domain, name, overload), body in sorted(summary.functions(), key=lambda f: f[1].key):
         functions.append(
             {
                 "id": body.key,

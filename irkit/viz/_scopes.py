@@ -104,6 +104,16 @@ class ScopeNode:
     def path(self) -> str:
         return self.frame.call_id if self.frame else ""
 
+    @property
+    def cls(self) -> str:
+        """The module's class, qualified (``""`` for the root)."""
+        return self.frame.cls if self.frame else ""
+
+    @property
+    def class_name(self) -> str:
+        """The module's class name (``""`` for the root)."""
+        return self.frame.class_name if self.frame else ""
+
 
 def scope_tree(nodes: Iterable[ir.Node]) -> ScopeNode | None:
     """The call tree of ``nodes``' scopes (see :func:`node_frames`); ``None`` if no node
@@ -176,14 +186,11 @@ def scope_lines(
         for i, group in enumerate(groups):
             last = i == len(groups) - 1
             first = group[0]
-            assert first.frame is not None
             label = relative_name(first.path, node.path)
             if len(group) > 1:
                 label += f" … {relative_name(group[-1].path, node.path)}"
             count = mult * len(group)
-            cls = s(first.frame.class_name, "yellow") + (
-                s(f" ×{count}", "green") if count > 1 else ""
-            )
+            cls = s(first.class_name, "yellow") + (s(f" ×{count}", "green") if count > 1 else "")
             detail = plural(first.nodes, "node") + (" each" if count > 1 else "")
             lines.append(
                 f"{prefix}{'└─ ' if last else '├─ '}{s(label, 'bold')}  {cls}  " + s(detail, "dim")

@@ -214,15 +214,19 @@ class ModelSummary:
     call_names: dict[ir.Node, str] = dataclasses.field(default_factory=dict)
     subgraphs: dict[tuple[ir.Node, str], str] = dataclasses.field(default_factory=dict)
 
+    def functions(self) -> list[tuple[FunctionId, Body]]:
+        """Each function body with its ``(domain, name, overload)``."""
+        return [(b.identifier, b) for b in self.bodies.values() if b.identifier is not None]
+
     def function_bodies(self) -> list[Body]:
-        return [b for b in self.bodies.values() if b.identifier is not None]
+        return [body for _, body in self.functions()]
 
     def find_body(self, name: str) -> Body | None:
         """The body named ``name``: a function key, a bare function name, or a module path."""
         if name in self.bodies:
             return self.bodies[name]
-        for body in self.function_bodies():
-            if body.identifier is not None and name in (body.identifier[1], body.key):
+        for (_, function_name, _), body in self.functions():
+            if name in (function_name, body.key):
                 return body
         for call in self.root.walk():
             if call.path == name:
@@ -380,12 +384,11 @@ class _Builder:
         return body.flops
 
     def instance_scope(
-        self, node: ir.Node, parent: Call, index: int
+        self, node: ir.Node, function: ir.Function, parent: Call, index: int
     ) -> tuple[str, str, tuple[metadata.Frame, ...]]:
-        """(module path, class, scope) of a call node called from ``parent``'s body."""
+        """(module path, class, scope) of a call node of ``function`` called from ``parent``'s
+        body."""
         frame = call_frame(node)
-        function = self.callee(node)
-        assert function is not None
         cls = f"{function.domain}.{function.name}" if function.domain else function.name
         if frame is None:
             name = node.name or f"{node.op_type}_{index}"
@@ -423,7 +426,7 @@ class _Builder:
             function = self.callee(node)
             if function is None:
                 continue
-            path, cls, scope = self.instance_scope(node, call, index)
+            path, cls, scope = self.instance_scope(node, function, call, index)
             _borrow_input_types(call.body, self.bodies[function_key(function.identifier())], node)
             self.call_names.setdefault(node, relative_name(path, call.path))
             child = Call(

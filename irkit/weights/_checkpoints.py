@@ -211,6 +211,10 @@ class WeightSource:
         """The checkpoint keys."""
         return list(self._tensors)
 
+    def items(self) -> list[tuple[str, ir.TensorProtocol]]:
+        """``(key, tensor)`` for each checkpoint key."""
+        return list(self._tensors.items())
+
     def __len__(self) -> int:
         return len(self._tensors)
 
@@ -250,9 +254,7 @@ def open_weights(weights: object) -> WeightSource:
 def _merged(sources: list[WeightSource]) -> WeightSource:
     merged = WeightSource(" + ".join(s.description for s in sources))
     for source in reversed(sources):
-        for key in source.names():
-            tensor = source.get(key)
-            assert tensor is not None
+        for key, tensor in source.items():
             merged.add(key, tensor, source.where(key))
     return merged
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from irkit.errors import SaveError, WeightsError
-from irkit.weights._checkpoints import open_weights
+from irkit.weights._checkpoints import WeightSource, open_weights
 from irkit.weights._derived import DerivedTensor, Leaf, evaluate
 from irkit.weights._weightless import WeightlessTensor
 from irkit.weights._writer import WriteProgress, write_data_file
@@ -63,14 +63,13 @@ def resolve_weights(
         name: str, spec: ir.TensorProtocol | Leaf, aliases: Sequence[str], what: str
     ) -> ir.TensorProtocol | _Converted | None:
         keys = [_renamed(k, rename) for k in (name, *aliases)]
-        key = next((k for k in keys if k is not None and source.get(k) is not None), None)
-        if key is None:
+        hit = _first_stored(source, keys)
+        if hit is None:
             close = difflib.get_close_matches(name, source.names(), n=1)
             hint = f" (closest key: {close[0]!r})" if close else ""
             missing.append(f"{what} {_spec(spec)}{hint}")
             return None
-        stored = source.get(key)
-        assert stored is not None
+        key, stored = hit
         shape, dtype = _shape_dtype(spec)
         if _shape_dtype(stored)[0] != shape or not _convertible(stored.dtype, dtype):
             mismatched.append(
@@ -95,8 +94,9 @@ def resolve_weights(
                     what = f"{leaf.name!r} (a leaf of derived initializer {name!r})"
                     if leaf not in leaves:
                         leaves[leaf] = lookup(leaf.name, leaf, leaf.aliases, what)
-                if all(t is not None for t in leaves.values()):
-                    found[value] = _derived_tensor(name, tensor, leaves)
+                present = {leaf: t for leaf, t in leaves.items() if t is not None}
+                if len(present) == len(leaves):  # (else each missing leaf is listed)
+                    found[value] = _derived_tensor(name, tensor, present)
                 continue
             weightless = isinstance(tensor, WeightlessTensor)
             if not weightless:
@@ -183,15 +183,24 @@ class _Converted:
         return _Converted(self.stored, self.dtype, name).as_tensor()
 
 
+def _first_stored(
+    source: WeightSource, keys: Sequence[str | None]
+) -> tuple[str, ir.TensorProtocol] | None:
+    """The first of ``keys`` the checkpoint holds, with its tensor."""
+    for key in keys:
+        stored = None if key is None else source.get(key)
+        if key is not None and stored is not None:
+            return key, stored
+    return None
+
+
 def _derived_tensor(
-    name: str, tensor: DerivedTensor, leaves: Mapping[Leaf, ir.TensorProtocol | _Converted | None]
+    name: str, tensor: DerivedTensor, leaves: Mapping[Leaf, ir.TensorProtocol | _Converted]
 ) -> ir.TensorProtocol:
     """A tensor whose bytes are computed from the leaves' tensors when written."""
 
     def read(leaf: Leaf) -> np.ndarray:
-        stored = leaves[leaf]
-        assert stored is not None
-        return stored.numpy()
+        return leaves[leaf].numpy()
 
     def compute() -> ir.TensorProtocol:
         return ir.Tensor(evaluate(tensor.recipe, read), dtype=tensor.dtype, name=name)

@@ -85,22 +85,22 @@ class _WriteBehind:
 
     def advance(self, end: int) -> None:
         """The file holds its final bytes up to ``end`` (and is not written below it again)."""
-        while self._sync is not None and end - self._started >= self._window:
+        while (sync := self._sync) is not None and end - self._started >= self._window:
             start = self._started
-            if not self._call(start, self._window, _WRITE):
+            if not self._call(sync, start, self._window, _WRITE):
                 return
             if self._retired < start:
                 length = start - self._retired
-                if not self._call(self._retired, length, _WAIT_BEFORE | _WRITE | _WAIT_AFTER):
+                flags = _WAIT_BEFORE | _WRITE | _WAIT_AFTER
+                if not self._call(sync, self._retired, length, flags):
                     return
                 if hasattr(os, "posix_fadvise"):
                     os.posix_fadvise(self._fd, self._retired, length, os.POSIX_FADV_DONTNEED)
                 self._retired = start
             self._started = start + self._window
 
-    def _call(self, offset: int, length: int, flags: int) -> bool:
-        assert self._sync is not None
-        if self._sync(self._fd, offset, length, flags) == 0:
+    def _call(self, sync: SyncFileRange, offset: int, length: int, flags: int) -> bool:
+        if sync(self._fd, offset, length, flags) == 0:
             return True
         error = ctypes.get_errno()
         logger.debug("sync_file_range: %s; write-behind off", os.strerror(error))

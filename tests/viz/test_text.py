@@ -122,3 +122,16 @@ def test_recursive_function_is_a_user_error():
     )
     with pytest.raises(irkit.errors.IrkitError, match="'local::Loop' calls itself"):
         viz.summarize(model)
+
+
+def test_a_dot_that_returns_too_few_svgs_is_a_viz_error(monkeypatch):
+    """``layout_svg`` splits ``dot``'s output at each XML header: a count that does not match
+    the sources it was given (a broken Graphviz) is reported, not mispaired."""
+    graphviz = pytest.importorskip("graphviz")
+    from irkit.viz._dot import layout_svg
+
+    one_svg = b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"/>\n'
+    monkeypatch.setattr(graphviz, "pipe", lambda *args, **kwargs: one_svg)
+    assert layout_svg(["digraph a {}"]) == [one_svg.decode()]
+    with pytest.raises(irkit.VizError, match="returned 1 SVG documents for 2 graphs"):
+        layout_svg(["digraph a {}", "digraph b {}"])

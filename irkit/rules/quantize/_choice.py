@@ -72,8 +72,6 @@ def _settings_of(owner: Owner, node: ir.Node, calls: Calls, choice: Choice) -> l
 def _choose_bits(instances: Sequence[Instance]) -> int | str:
     """The bits for a site, or why it is left alone (excluded, or its instances disagree)."""
     settings = {s for _, _, s in instances}
-    if settings == {None}:
-        return "excluded by exclude="
     if len(settings) > 1:
         shown = ", ".join(
             f"{p}: {'excluded' if b is None else f'{b} bits'}" for _, p, b in instances
@@ -83,8 +81,7 @@ def _choose_bits(instances: Sequence[Instance]) -> int | str:
             "level of calls parts: give them one setting, or outline them apart"
         )
     (bits,) = settings
-    assert bits is not None
-    return bits
+    return "excluded by exclude=" if bits is None else bits
 
 
 def specialize(model: ir.Model, choice: Choice, settings: Settings) -> list[str]:

@@ -9,13 +9,13 @@ import numpy as np
 import onnx_ir as ir
 
 from irkit.errors import QuantizationError
-from irkit.rules._calls import Calls, Owner
+from irkit.rules._calls import Calls, Owner, owner_name
 from irkit.rules.quantize._options import Activations, Settings
 from irkit.rules.quantize._sites import (
     Site,
     constant_leaves,
     constant_tensor,
-    function_input_index,
+    function_input,
     weightless_message,
 )
 from irkit.weights import has_data, packed_parts, transpose
@@ -41,19 +41,20 @@ class Packer:
     def packed(self, owner: Owner, weight: ir.Value, transposed: bool, bits: int) -> PackedValues:
         key = (id(owner), id(weight), transposed, bits)
         if key not in self.done:
-            index = function_input_index(owner, weight)
-            if index is None:
+            lifted = function_input(owner, weight)
+            if lifted is None:
                 self.done[key] = self._constant(owner, weight, transposed, bits)
             else:
-                assert isinstance(owner, ir.Function)
-                self.done[key] = self._lift(owner, index, weight, transposed, bits)
+                function, index = lifted
+                self.done[key] = self._lift(function, index, weight, transposed, bits)
             self.replaced.append((owner, weight))
         return self.done[key]
 
     def prepare(self, site: Site, bits: int) -> str | None:
         """Pack every constant the site's weight takes; why not, if a weight cannot be packed."""
         leaves = constant_leaves(site.owner, site.weight, self.calls)
-        assert not isinstance(leaves, str)
+        if isinstance(leaves, str):
+            return leaves
         for tensor in leaves:
             if not has_data(tensor):  # (packed while irkit.save streams the checkpoint)
                 continue
@@ -86,20 +87,20 @@ class Packer:
 
     def _parts(
         self, tensor: ir.TensorProtocol, transposed: bool, bits: int
-    ) -> list[ir.TensorProtocol | None]:
+    ) -> tuple[ir.TensorProtocol, ir.TensorProtocol, ir.TensorProtocol | None]:
         """The packed data, scales and zero points of a constant: real, or derived recipes
         over a weightless one (packed per tensor while :func:`irkit.save` streams it)."""
         if has_data(tensor):
-            arrays = self._pack(tensor, transposed, bits)
-            return [None if a is None else ir.Tensor(a) for a in arrays]
+            data, scales, zero_points = self._pack(tensor, transposed, bits)
+            zp = None if zero_points is None else ir.Tensor(zero_points)
+            return ir.Tensor(data), ir.Tensor(scales), zp
         s = self.settings
         if s.activations.dynamic:  # (quantize() refuses weightless weights before any change)
             raise QuantizationError(weightless_message(tensor.name or "?"))
         weight = transpose(tensor, (1, 0)) if transposed else tensor
-        parts = packed_parts(
+        return packed_parts(
             weight, bits=bits, block_size=s.block_size, symmetric=s.symmetric, method=s.method
         )
-        return list(parts)
 
     def _unique(self, owner: Owner, base: str) -> str:
         names = self.names.get(id(owner))
@@ -115,16 +116,16 @@ class Packer:
         self, owner: Owner, weight: ir.Value, transposed: bool, bits: int
     ) -> PackedValues:
         tensor = constant_tensor(owner, weight)
-        assert not isinstance(tensor, str)
-        parts = self._parts(tensor, transposed, bits)
-        suffixes = (f"_Q{bits}", "_scales", "_zero_points")
+        if isinstance(tensor, str):  # (prepare() found every weight of a site constant)
+            raise QuantizationError(
+                f"{weight.name!r} in {owner_name(owner)} was packable and is no longer: {tensor}. "
+                "This is a bug in irkit; please report it with this message."
+            )
+        data, scales, zero_points = self._parts(tensor, transposed, bits)
         base = weight.name or "weight"
-        values: list[ir.Value | None] = []
         new_nodes: list[ir.Node] = []
-        for part, suffix in zip(parts, suffixes, strict=True):
-            if part is None:
-                values.append(None)
-                continue
+
+        def value_of(part: ir.TensorProtocol, suffix: str) -> ir.Value:
             name = self._unique(owner, base + suffix)
             part.name = name
             shape = ir.Shape(part.shape.numpy())
@@ -139,14 +140,21 @@ class Packer:
                 value.shape = shape
                 value.type = ir.TensorType(part.dtype)
                 new_nodes.append(node)
-            values.append(value)
-        if new_nodes:
+            return value
+
+        q = value_of(data, f"_Q{bits}")
+        scale_value = value_of(scales, "_scales")
+        zp = None if zero_points is None else value_of(zero_points, "_zero_points")
+        if new_nodes:  # (a function's weight is a Constant node's output: the new ones follow it)
             producer = weight.producer()
-            assert producer is not None and producer.graph is not None
-            producer.graph.insert_after(producer, new_nodes)
-        q, scales, zp = values
-        assert q is not None and scales is not None
-        return q, scales, zp
+            graph = None if producer is None else producer.graph
+            if producer is None or graph is None:
+                raise QuantizationError(
+                    f"the constant {weight.name!r} in {owner_name(owner)} is no node's output. "
+                    "This is a bug in irkit; please report it with this message."
+                )
+            graph.insert_after(producer, new_nodes)
+        return q, scale_value, zp
 
     def _lift(
         self, function: ir.Function, index: int, weight: ir.Value, transposed: bool, bits: int
@@ -157,26 +165,24 @@ class Packer:
             self.packed(caller, call.inputs[index], transposed, bits)  # type: ignore[arg-type]
             for caller, call in sites
         ]
-        example = caller_values[0]
+        q_example, scales_example, zp_example = caller_values[0]
         base = weight.name or "weight"
-        suffixes = (f"_Q{bits}", "_scales", "_zero_points")
-        new_inputs: list[ir.Value | None] = []
-        for template, suffix in zip(example, suffixes, strict=True):
-            if template is None:
-                new_inputs.append(None)
-                continue
+
+        def input_like(template: ir.Value, suffix: str) -> ir.Value:
             value = ir.Value(
                 name=self._unique(function, base + suffix),
                 type=template.type,
                 shape=template.shape,
             )
             function.inputs.append(value)
-            new_inputs.append(value)
+            return value
+
+        q = input_like(q_example, f"_Q{bits}")
+        scales = input_like(scales_example, "_scales")
+        zp = None if zp_example is None else input_like(zp_example, "_zero_points")
         for (_, call), packed in zip(sites, caller_values, strict=True):
             _pass_arguments(call, function, [v for v in packed if v is not None])
         self.changed_functions[function.identifier()] = function
-        q, scales, zp = new_inputs
-        assert q is not None and scales is not None
         return q, scales, zp
 
 

@@ -13,7 +13,7 @@ from irkit.rules._calls import Calls, Owner, owner_name
 from irkit.rules.quantize._options import Settings
 from irkit.rules.quantize._packer import PackedValues, Packer
 from irkit.rules.quantize._report import QuantizedNode, QuantizeReport
-from irkit.rules.quantize._sites import MS, Chosen, Site, function_input_index
+from irkit.rules.quantize._sites import MS, Chosen, Site, function_input
 
 
 def _int64s(owner: Owner, values: Sequence[int], nodes: list[ir.Node]) -> ir.Value:
@@ -137,9 +137,10 @@ def clean_up(packer: Packer, calls: Calls, report: QuantizeReport) -> None:
         for owner, value in list(pending):
             if value.uses() or (isinstance(owner, ir.Graph) and value.is_graph_output()):
                 continue
-            index = function_input_index(owner, value)
-            if isinstance(owner, ir.Function) and index is not None:
-                unused.setdefault(id(owner), (owner, set()))[1].add(index)
+            lifted = function_input(owner, value)
+            if lifted is not None:
+                function, index = lifted
+                unused.setdefault(id(function), (function, set()))[1].add(index)
             elif not _remove_if_unused(owner, value):
                 continue
             pending.remove((owner, value))

@@ -117,12 +117,13 @@ def constant_tensor(owner: Owner, value: ir.Value) -> ir.TensorProtocol | str:
     return f"weight {value.name!r} is not a constant"
 
 
-def function_input_index(owner: Owner, value: ir.Value) -> int | None:
+def function_input(owner: Owner, value: ir.Value) -> tuple[ir.Function, int] | None:
+    """``(function, input index)`` when ``value`` is an input of the local function ``owner``."""
     if not isinstance(owner, ir.Function):
         return None
     for i, v in enumerate(owner.inputs):
         if v is value:
-            return i
+            return owner, i
     return None
 
 
@@ -130,21 +131,21 @@ def constant_leaves(
     owner: Owner, value: ir.Value, calls: Calls, depth: int = 0
 ) -> list[ir.TensorProtocol] | str:
     """The constants a weight value takes, one per chain of calls, or why it is not constant."""
-    index = function_input_index(owner, value)
-    if index is None:
+    lifted = function_input(owner, value)
+    if lifted is None:
         tensor = constant_tensor(owner, value)
         return tensor if isinstance(tensor, str) else [tensor]
-    assert isinstance(owner, ir.Function)
-    sites = calls.of_function(owner)
+    function, index = lifted
+    sites = calls.of_function(function)
     if not sites:
-        return f"function {owner_name(owner)} is never called"
+        return f"function {owner_name(function)} is never called"
     if depth > 64:
         return "calls nested deeper than 64"
     tensors: list[ir.TensorProtocol] = []
     for caller, call in sites:
         arg = call.inputs[index] if index < len(call.inputs) else None
         if arg is None:
-            return f"a call of {owner_name(owner)} omits the weight input {value.name!r}"
+            return f"a call of {owner_name(function)} omits the weight input {value.name!r}"
         found = constant_leaves(caller, arg, calls, depth + 1)
         if isinstance(found, str):
             return f"at a call in {owner_name(caller)}: {found}"
