@@ -15,15 +15,34 @@ table stops recomputing them. Identities:
   position ≥ ``max_positions`` is then refused by onnxruntime ("position_ids value … is out of
   range"): the rule is opt-in, with the bound the model was exported for
   (``export_causal_lm(max_sequence=…)``).
+- ``x · Sigmoid(x) = com.microsoft.QuickGelu(x, alpha=1)`` (``SiLU``; float32, the op's CPU
+  kernel). onnxruntime fuses it itself when it loads the model: one node less in the file, no
+  change in kernel time.
+- The export's mask ``Where(causal ∧ padding, 0, lowest)``, with ``causal[i, j] = j ≤ P + i``
+  (``Range`` over ``T = P + S`` against ``Range(S) + P``) and ``padding = attention_mask[:, :T] ≠ 0``,
+  is ``Attention(is_causal=1)`` with the padding alone, as a bool ``[B, 1, S, T]``
+  (``CausalPaddingMask``: 17 nodes → ``Cast``, ``Unsqueeze``, ``Shape``, ``Concat``, ``Expand``).
+  onnxruntime 1.32's CPU ``Attention`` aligns ``is_causal`` to the bottom right when it has a
+  past (query ``i`` sees keys ``≤ P + i``), gives a bool mask the float mask's numbers, fully
+  masked rows included (left padding longer than the past), and refuses a mask whose query
+  axis is 1 when ``S > 1`` (hence the ``Expand``). An ``attention_mask`` wider than ``T`` was
+  cut to ``T`` by the ``Slice``; it is now refused by onnxruntime (its width must be ``T``).
 
 Preconditions (``RotaryPositionTable``): opset ≥ 23; the ``RotaryEmbedding`` has no
 ``position_ids`` yet; its ``cos``/``sin`` inputs are ``Cos``/``Sin`` of one ``Mul`` of
 ``Cast(Unsqueeze(p, [-1]), to=float)`` by a constant ``f`` (1-D, or every dim but the last 1);
 ``p`` int64 ``(batch, sequence)``; ``x`` float32.
 
+Preconditions (``CausalPaddingMask``): opset ≥ 23; a 3-D float32 ``Attention`` with a past and
+present key/value, ``is_causal``, ``softcap`` and ``qk_matmul_output_mode`` unset or 0; its mask
+exactly the chain above with the fill float32's lowest (or -inf); ``S`` and ``P`` read by
+``Squeeze(Shape(x, start=a, end=a + 1))`` from dims equal (same int or symbol) to q's sequence
+and the past key's length; ``attention_mask`` 2-D.
+
 Measured (bench/bench_quantize.py's reference model, int4, decode@127, one thread, a busy
-machine): each rule alone moves the step by 2-3 % (median ratio to the unfused graph), within
-the noise of single runs; 89 → 76 nodes per step with both.
+machine): the skip-norm and rotary rules each move the step by 2-3 % (median ratio to the
+unfused graph), within the noise of single runs; 89 → 76 nodes per step with both, 60 with
+``SiLU`` and ``CausalPaddingMask``.
 """
 
 from __future__ import annotations

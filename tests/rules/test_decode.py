@@ -190,6 +190,19 @@ def test_tiny_llama_quantized_step_with_skip_norms_and_rotary_tables():
         for want, got in zip(before.run(None, feeds), after.run(None, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
+    # A fill that is not the lowest value gives fully masked rows other numbers: declined.
+    other = util.clone(quantized)
+    (where,) = [n for n in other.graph if n.op_type == "Where"]
+    fill = ir.Value(name="fill", const_value=ir.tensor(np.float32(-1e4)))
+    fill.type, fill.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([])
+    other.graph.register_initializer(fill)
+    where.replace_input_with(2, fill)
+    report = irkit.RewriteReport()
+    irkit.optimize(other, rules=causal_padding_mask(), report=report, explain="CausalPaddingMask")
+    assert report.fired.get("CausalPaddingMask", 0) == 0
+    assert any("lowest" in r for r in report.rules["CausalPaddingMask"].failures)
+    assert util.ops(other)["Where"] == 1
+
     fp32 = irkit.optimize(util.clone(flat))  # the same rules keep a float model's numbers
     irkit.optimize(fp32, rules=quantized_rules(max_positions=256))
     assert util.ops(fp32) == {
