@@ -112,6 +112,74 @@ def test_silu_becomes_quick_gelu():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def mask_text(fill: str = "-3.4028234663852886e+38") -> str:
+    """The export's causal ∧ padding mask feeding a cached, head-folded Attention."""
+    return H + (
+        "g (float[b, s, 32] q, float[b, s, 16] k, float[b, s, 16] v, float[b, 2, p, 8] pk,"
+        " float[b, 2, p, 8] pv, int64[b, s] ids, int64[b, t] am)"
+        " => (float[b, s, 32] y, float[b, 2, t, 8] ok, float[b, 2, t, 8] ov) {\n"
+        "  ss = Shape<start=1, end=2>(ids)  n = Squeeze(ss)\n"
+        "  ps = Shape<start=2, end=3>(pk)  past = Squeeze(ps)\n"
+        "  total = Add(past, n)  mb = Cast<to=9>(am)\n"
+        "  zero = Constant<value=int64 {0}>()  one = Constant<value=int64 {1}>()\n"
+        "  r1 = Range(zero, n, one)  qp = Add(r1, past)  r2 = Range(zero, total, one)\n"
+        "  a013 = Constant<value=int64[3] {0, 1, 3}>()  a012 = Constant<value=int64[3] {0, 1, 2}>()\n"
+        "  qc = Unsqueeze(qp, a013)  kc = Unsqueeze(r2, a012)  causal = LessOrEqual(kc, qc)\n"
+        "  one1 = Constant<value=int64[1] {1}>()  zero1 = Constant<value=int64[1] {0}>()\n"
+        "  t1 = Reshape(total, one1)  sl = Slice(mb, zero1, t1, one1)\n"
+        "  a12 = Constant<value=int64[2] {1, 2}>()  pad = Unsqueeze(sl, a12)\n"
+        "  both = And(causal, pad)\n"
+        f"  z = Constant<value=float {{0.0}}>()  low = Constant<value=float {{{fill}}}>()\n"
+        "  m = Where(both, z, low)\n"
+        "  y, ok, ov = Attention<q_num_heads=4, kv_num_heads=2, scale=0.3>(q, k, v, m, pk, pv)\n"
+        "}"
+    )
+
+
+def _mask_feeds(seq: int, past: int, pad: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    am = np.ones((2, past + seq), np.int64)
+    am[0, :pad] = 0
+    return {
+        "q": rng.standard_normal((2, seq, 32)).astype(np.float32),
+        "k": rng.standard_normal((2, seq, 16)).astype(np.float32),
+        "v": rng.standard_normal((2, seq, 16)).astype(np.float32),
+        "pk": rng.standard_normal((2, 2, past, 8)).astype(np.float32),
+        "pv": rng.standard_normal((2, 2, past, 8)).astype(np.float32),
+        "ids": np.zeros((2, seq), np.int64),
+        "am": am,
+    }
+
+
+def test_causal_padding_mask_becomes_is_causal():
+    m = util.infer_shapes(util.model(mask_text()))
+    before = util.clone(m)
+    report = irkit.RewriteReport()
+    irkit.optimize(m, rules=causal_padding_mask(), report=report)
+    assert report.fired["CausalPaddingMask"] == 1
+    assert util.ops(m) == {
+        "Attention": 1, "Cast": 1, "Concat": 1, "Expand": 1, "Shape": 1, "Unsqueeze": 1,
+        "Where": 1,
+    }  # fmt: skip
+    (att,) = [n for n in m.graph if n.op_type == "Attention"]
+    assert att.attributes.get_int("is_causal") == 1
+    assert att.attributes.get_float("scale") == pytest.approx(0.3)
+    # prefill with a past and fully masked rows (padding 4 > past 2), prefill, decode
+    for seq, past, pad in [(3, 2, 4), (4, 0, 2), (1, 6, 3), (1, 5, 0)]:
+        feeds = _mask_feeds(seq, past, pad)
+        for want, got in zip(util.run_ort(before, feeds), util.run_ort(m, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_causal_padding_mask_needs_the_lowest_fill():
+    m = util.infer_shapes(util.model(mask_text(fill="-10000.0")))
+    report = irkit.RewriteReport()
+    irkit.optimize(m, rules=causal_padding_mask(), report=report, explain="CausalPaddingMask")
+    assert report.fired.get("CausalPaddingMask", 0) == 0
+    assert any("lowest" in r for r in report.rules["CausalPaddingMask"].failures)
+    assert util.ops(m)["LessOrEqual"] == 1
+
+
 def test_quantized_rules_names():
     assert quantized_rules().names() == [
         "SkipSimplifiedLayerNormalization",
