@@ -36,10 +36,10 @@ Preconditions (``RotaryPositionTable``): opset ≥ 23; the ``RotaryEmbedding`` h
 ``p`` int64 ``(batch, sequence)``; ``x`` float32.
 
 Preconditions (``CausalPaddingMask``): opset ≥ 23; a 3-D float32 ``Attention`` with a past and
-present key/value, ``is_causal``, ``softcap`` and ``qk_matmul_output_mode`` unset or 0; its mask
-exactly the chain above with the fill float32's lowest; ``S`` and ``P`` read by
-``Squeeze(Shape(x, start=a, end=a + 1))`` from dims equal (same int or symbol) to q's sequence
-and the past key's length; ``attention_mask`` 2-D.
+present key/value, q, k and v of one sequence length, ``is_causal``, ``softcap`` and
+``qk_matmul_output_mode`` unset or 0; its mask exactly the chain above with the fill float32's
+lowest; ``S`` and ``P`` read by ``Squeeze(Shape(x, start=a, end=a + 1))`` from dims equal (same
+int or symbol) to q's sequence and the past key's length; ``attention_mask`` 2-D.
 
 Measured (bench/bench_quantize.py's reference model, int4, decode@127, one thread, a busy
 machine): the skip-norm and rotary rules each move the step by 2-3 % (median ratio to the
@@ -214,7 +214,8 @@ def _length_source(length: ir.Value) -> tuple[ir.Value, ir.Value, int] | None:
     squeeze = length.producer()
     if squeeze is None or squeeze.op_type != "Squeeze" or squeeze.domain != "":
         return None
-    if len(squeeze.inputs) > 1 and _axes(squeeze.inputs[1], 1) not in (None, [0]):
+    axes = squeeze.inputs[1] if len(squeeze.inputs) > 1 else None
+    if axes is not None and _axes(axes, 1) != [0]:
         return None
     shape = squeeze.inputs[0]
     node = shape.producer() if shape is not None else None
@@ -237,7 +238,13 @@ def _same_dim(a: ir.Value | None, i: int, b: ir.Value | None, j: int) -> bool:
 
 
 def _check_mask(
-    q: ir.Value, pk: ir.Value, pv: ir.Value, mask: ir.Value, match: Match
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    pk: ir.Value,
+    pv: ir.Value,
+    mask: ir.Value,
+    match: Match,
 ) -> Verdict | dict[str, Any]:
     att = match.nodes[0]
     attrs = node_attributes(att)
@@ -250,6 +257,8 @@ def _check_mask(
         return fail(f"q is {q.dtype}: the rule is proven on float32", q)
     if len(dims(q) or ()) != 3 or len(dims(pk) or ()) != 4:
         return fail("q is not 3-D (batch, sequence, hidden) or the past key not 4-D", q)
+    if not (_same_dim(k, 1, q, 1) and _same_dim(v, 1, q, 1)):
+        return fail("the new keys/values are not as long as the queries (is_causal aligns on k)", k)
     found = matches(_MASK, mask, match.opset)
     if not isinstance(found, dict):
         return fail(f"the mask is not the export's causal ∧ padding mask ({found.reason})", mask)
