@@ -19,7 +19,8 @@ module                        identity
 :mod:`irkit.rules.quantize`    constant-weight MatMul/FusedMatMul/Gemm → ``MatMulNBits`` (a pass:
                               :func:`irkit.quantize`, not in any default rule set)
 :mod:`irkit.rules.decode`      after quantizing: residual add + RMSNorm →
-                              ``SkipSimplifiedLayerNormalization``, rotary angles → tables read
+                              ``SkipSimplifiedLayerNormalization``, SiLU → ``QuickGelu``, the
+                              causal mask → ``is_causal=1``, rotary angles → tables read
                               at the position ids (:func:`irkit.rules.decode.quantized_rules`)
 ============================  ======================================================
 
