@@ -8,7 +8,8 @@ heads — 2.5× wider), this builds
   ``irkit.optimize("onnx")`` (glue rules, packed q/k/v and gate/up) → ``irkit.quantize`` at the
   builder's block size and accuracy level (read from its model's ``MatMulNBits``), then
   :func:`irkit.rules.decode.quantized_rules` (residual add + RMSNorm →
-  ``SkipSimplifiedLayerNormalization``, rotary angles → tables read at the position ids;
+  ``SkipSimplifiedLayerNormalization``, rotary angles → tables read at the position ids, SiLU →
+  ``QuickGelu``, the causal mask → ``Attention(is_causal=1)`` with the padding mask alone;
   ``--no-decode-rules`` leaves them out);
 - ``irkit dyn8``: the same float model → ``irkit.quantize(bits=8, activations="dynamic")``
   (``DynamicQuantizeMatMul``, the prefill-fast option), then the same decode rules;
