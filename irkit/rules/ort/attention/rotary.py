@@ -4,6 +4,8 @@ evaluated for the shared buffer) and ``RotaryEmbedding`` → contrib ``RotaryEmb
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -152,15 +154,85 @@ def _evaluate(
     return [np.asarray(r) for r in results]
 
 
+@dataclasses.dataclass(frozen=True)
+class RotaryCaches:
+    """The rotation ``GroupQueryAttention`` takes over on the shared buffer.
+
+    Attributes:
+        q: The un-rotated query.
+        k: The un-rotated key.
+        cos: ``(max_positions, head_size / 2)``: the angles' cosines at positions
+            ``0 … max_positions - 1`` (those of the long regime when ``switch`` is set).
+        sin: The sines, likewise.
+        interleaved: The rotation's ``interleaved``.
+        switch: ``None``, or the total length from which ``cos``/``sin`` hold; below it
+            ``short_cos``/``short_sin`` (longrope: ``original_max_position_embeddings + 1``).
+        short_cos: The cosines of the short regime (its first ``switch - 1`` rows are used).
+        short_sin: The sines of the short regime.
+    """
+
+    q: ir.Value
+    k: ir.Value
+    cos: np.ndarray
+    sin: np.ndarray
+    interleaved: int
+    switch: int | None = None
+    short_cos: np.ndarray | None = None
+    short_sin: np.ndarray | None = None
+
+
+_Evaluate = Callable[[int], list[np.ndarray]]
+
+
+def _matches(angles: list[np.ndarray], reference: list[np.ndarray]) -> bool:
+    """Whether ``angles`` (of ``n`` positions) are the first ``n`` rows of ``reference``."""
+    n = angles[0].shape[1]
+    return all(np.array_equal(a[0], r[0, :n]) for a, r in zip(angles, reference, strict=True))
+
+
+def _switch(at: _Evaluate, full: list[np.ndarray], total: int) -> int | None | str:
+    """``None`` when the angles of ``n < total`` positions are the first rows of ``full``
+    (a function of each position alone); the total length ``n*`` from which they are, when
+    below it they are those of one other, fixed function (two regimes: longrope); otherwise
+    why neither holds."""
+    probes = sorted({1, min(total, 4096) // 2, min(total, 4096) // 16} - {0})
+    if all(_matches(at(n), full) for n in probes):
+        return None
+    low, high = 1, total  # (full matches itself at ``total``)
+    while low < high:  # the smallest n from which the angles are full's (assumed monotone)
+        mid = (low + high) // 2
+        if _matches(at(mid), full):
+            high = mid
+        else:
+            low = mid + 1
+    start = low
+    why = (
+        "cos/sin depend on more than each token's position and are not two fixed regimes "
+        f"(dynamic NTK?) within {total} positions: the rotation stays unfused"
+    )
+    if start < 2:
+        return why
+    short = at(start - 1)
+    below = {1, max(1, (start - 1) // 2), start - 1}
+    above = {start, (start + total) // 2}
+    if not all(_matches(at(n), short) for n in below):
+        return why
+    if not all(_matches(at(n), full) for n in above):
+        return why
+    return start
+
+
 def _rotary_caches(
     node: ir.Node, q: ir.Value, k: ir.Value, head_size: int, shared: SharedBuffer
-) -> tuple[ir.Value, ir.Value, np.ndarray, np.ndarray, int] | MatchFailure:
-    """``(q, k, cos_cache, sin_cache, interleaved)`` when ``q`` and ``k`` are rotated by the
-    same per-token ``RotaryEmbedding(x, cos, sin)`` whose ``cos``/``sin`` are a function of each
-    token's position id alone: the caches are that function at positions
-    ``0 … max_positions - 1`` (``GroupQueryAttention`` reads the positions from ``seqlens_k``).
-    A rotation that depends on more (dynamic NTK, longrope's factor switch past
-    ``original_max_position_embeddings`` within ``max_positions``) stays unfused."""
+) -> RotaryCaches | MatchFailure:
+    """The :class:`RotaryCaches` when ``q`` and ``k`` are rotated by the same per-token
+    ``RotaryEmbedding(x, cos, sin)`` whose ``cos``/``sin`` are a function of each token's
+    position id alone: the caches are that function at positions ``0 … max_positions - 1``
+    (``GroupQueryAttention`` reads the positions from ``seqlens_k``); or of the position and
+    which of two regimes the total length is in (longrope's factor switch past
+    ``original_max_position_embeddings``): the caches of both regimes and the switch point,
+    found by evaluating the angles for ``n`` positions, ``n ≤ max_positions``. A rotation that
+    depends on more (dynamic NTK) stays unfused."""
     rq, rk = _rotary(q), _rotary(k)
     if rq is None or rk is None or rq.domain != "" or rk.domain != "":
         return fail("Q and K are not both rotated by a RotaryEmbedding", q)
@@ -185,29 +257,36 @@ def _rotary_caches(
     if not nodes:
         return fail("cos/sin are constants", cos)
     total = shared.max_positions
+
+    def at(n: int) -> list[np.ndarray]:
+        return _evaluate(nodes, positions, angles, np.arange(n, dtype=np.int64)[None])
+
     try:
-        full = _evaluate(nodes, positions, angles, np.arange(total, dtype=np.int64)[None])
-        probes = [
-            _evaluate(nodes, positions, angles, np.arange(n, dtype=np.int64)[None])
-            for n in sorted({1, min(total, 4096) // 2, min(total, 4096) // 16} - {0})
-        ]
+        full = at(total)
+        if any(a.shape != (1, total, head_size // 2) for a in full):
+            return fail(
+                f"cos/sin of shape {full[0].shape}, not (1, {total}, {head_size // 2})", cos
+            )
+        if not (np.array_equal(full[0], full[2]) and np.array_equal(full[1], full[3])):
+            return fail("Q and K rotated by different angles", k)
+        switch = _switch(at, full, total)
+        short = None if not isinstance(switch, int) else at(switch - 1)
     except Exception as exc:  # (the evaluator's own errors: kept unfused, said why)
         return fail(f"cos/sin could not be evaluated: {type(exc).__name__}: {exc}", cos)
-    if any(a.shape != (1, total, head_size // 2) for a in full):
-        return fail(f"cos/sin of shape {full[0].shape}, not (1, {total}, {head_size // 2})", cos)
-    if not (np.array_equal(full[0], full[2]) and np.array_equal(full[1], full[3])):
-        return fail("Q and K rotated by different angles", k)
-    for probe in probes:
-        n = probe[0].shape[1]
-        if not all(np.array_equal(p[0], f[0, :n]) for p, f in zip(probe, full, strict=True)):
-            return fail(
-                "cos/sin depend on more than each token's position (dynamic NTK, or longrope "
-                f"switching factors within {total} positions): the rotation stays unfused",
-                cos,
-            )
+    if isinstance(switch, str):
+        return fail(switch, cos)
     dtype = q.dtype.numpy() if q.dtype is not None else np.float32
     interleaved = int(attributes.get("interleaved", 0))
-    return pq[0], pk[0], full[0][0].astype(dtype), full[1][0].astype(dtype), interleaved
+    caches = RotaryCaches(
+        pq[0], pk[0], full[0][0].astype(dtype), full[1][0].astype(dtype), interleaved
+    )
+    if short is None:
+        return caches
+    # (the short regime's rows past ``switch - 1`` are never read: the long ones fill them)
+    rows = (switch or 0) - 1
+    short_cos, short_sin = caches.cos.copy(), caches.sin.copy()
+    short_cos[:rows], short_sin[:rows] = short[0][0].astype(dtype), short[1][0].astype(dtype)
+    return dataclasses.replace(caches, switch=switch, short_cos=short_cos, short_sin=short_sin)
 
 
 _x, _cos, _sin, _pos = var("x"), var("cos"), var("sin"), var("position_ids")

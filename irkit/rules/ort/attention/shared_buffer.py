@@ -27,7 +27,7 @@ from irkit.rules.ort.attention._base import (
     _to3,
     _to4,
 )
-from irkit.rules.ort.attention.rotary import _rotary_caches
+from irkit.rules.ort.attention.rotary import RotaryCaches, _rotary_caches
 
 _SHAPE_ONLY = frozenset({"Expand", "Unsqueeze", "Reshape", "Identity", "Squeeze"})
 
@@ -133,21 +133,26 @@ def _gqa_shared(
     softcap: float,
     heads: _Heads,
     window: int | None,
-    rotary: tuple[ir.Value, ir.Value, np.ndarray, np.ndarray, int] | None,
+    rotary: RotaryCaches | None,
     attention_mask: ir.Value,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """``to4(GroupQueryAttention(to3(Q), to3(K), to3(V), past_key, past_value, seqlens_k,
     total_sequence_length, cos_cache?, sin_cache?))`` fed from the attention-mask input (see
     :class:`SharedBuffer`)."""
-    cos = sin = None
-    interleaved = 0
-    if rotary is not None:
-        q, k, cos_cache, sin_cache, interleaved = rotary
-        cos, sin = op.const(cos_cache), op.const(sin_cache)
     i32 = ir.DataType.INT32
     ones = op.ReduceSum(attention_mask, op.const(np.array([1], dtype=np.int64)), keepdims=0)
     seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
     total = op.Cast(op.Squeeze(op.Shape(attention_mask, start=1, end=2)), to=i32)
+    cos = sin = None
+    interleaved = 0
+    if rotary is not None:
+        q, k, interleaved = rotary.q, rotary.k, rotary.interleaved
+        cos, sin = op.const(rotary.cos), op.const(rotary.sin)
+        if rotary.switch is not None and rotary.short_cos is not None:
+            # longrope: the long factors once the batch's total length reaches the switch
+            long = op.GreaterOrEqual(total, op.const(np.array(rotary.switch, dtype=np.int32)))
+            cos = op.Where(long, cos, op.const(rotary.short_cos))
+            sin = op.Where(long, sin, op.const(rotary.short_sin))
     y, present_k, present_v = op.domain(MS).GroupQueryAttention(
         _to3(op, q),
         _to3(op, k),
