@@ -74,6 +74,10 @@ CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         n_embd=64, n_layer=2, n_head=4, n_positions=128, **_COMMON
     ),
+    # ALiBi, eager attention: GroupQueryAttention with attention_bias = slope_h * j
+    "mpt": lambda: transformers.MptConfig(
+        d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=128, **_COMMON
+    ),
     # local (sliding, rope base 10k) and global (rope base 1M) layers, query_pre_attn_scalar
     "gemma3": lambda: transformers.Gemma3TextConfig(
         **_ATTENTION,
@@ -189,7 +193,7 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
     model = onnx.load(out / "model.onnx", load_external_data=False)
     for node in _nodes(model, "GroupQueryAttention"):
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert attributes.get("do_rotary") == (None if arch == "gpt2" else 1), attributes
+        assert attributes.get("do_rotary") == (None if arch in ("gpt2", "mpt") else 1), attributes
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
@@ -248,13 +252,13 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
 # - deepseek_v3 (MLA): transformers 5.24 caches the compressed latent and rotated k_pe, not the
 #   attention's K and V; the Attention sees the whole decompressed K/V and has no past, so
 #   GroupQueryAttention cannot own the cache: flag false, standard Attention, exact.
-# - bloom, mpt (ALiBi): eager attention (MatMul, + ALiBi, Softmax, MatMul), no Attention op for
-#   the ort rules to start from: flag false, exact.
+# - mpt (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
+# - bloom (ALiBi through baddbmm in a (batch * heads, S, T) layout): not matched, flag false.
 ZOO_ORT = {
     "phi3_longrope": (True, True),
     "deepseek_v3": (False, False),
     "bloom": (False, False),
-    "mpt": (False, False),
+    "mpt": (True, False),
 }
 
 
