@@ -68,17 +68,19 @@ _PATTERN = (pat.MatMul(_PROBS, _VALUES), _KEYS, _VALUES)
 def _slopes(bias: ir.Value, heads: int) -> np.ndarray | MatchFailure:
     """ALiBi's per-head slopes when ``bias`` is a step-1 slice, on the last axis, of a constant
     table linear along that axis; otherwise why not."""
+    if (dims(bias) or (None,))[-1] == 1:
+        return fail("the bias is one column broadcast over the keys", bias)
     v = bias
     while (p := v.producer()) is not None and p.op_type == "Slice" and p.domain == "":
         if p.inputs[0] is None or len(p.inputs) < 4 or p.inputs[3] is None:
             return fail("a Slice without axes in the bias", v)
-        shape = dims(p.inputs[0]) or ()
-        rank = len(shape)
+        sizes = dims(p.inputs[0]) or ()
+        rank = len(sizes)
         axes = const_value(p.inputs[3])
         steps = const_value(p.inputs[4]) if len(p.inputs) > 4 and p.inputs[4] else None
         sliced = [] if axes is None else [int(a) % max(rank, 1) for a in axes.ravel()]
         # (an axis of size 1, the query's in (heads, 1, M), keeps its one row or none)
-        if axes is None or any(a != rank - 1 and shape[a] != 1 for a in sliced):
+        if axes is None or any(a != rank - 1 and sizes[a] != 1 for a in sliced):
             return fail("the bias slices another axis than the keys'", v)
         if steps is not None and any(int(x) != 1 for x in steps.ravel()):
             return fail("the bias slices with a step other than 1", v)
@@ -86,12 +88,19 @@ def _slopes(bias: ir.Value, heads: int) -> np.ndarray | MatchFailure:
     table = const_value(v)
     if table is None:
         return fail("the bias is not a slice of a constant table (ALiBi)", bias)
-    shape = table.shape
-    if len(shape) not in (3, 4) or shape[-2] != 1 or shape[-1] < 2 or shape[-3] != heads:
-        return fail(f"bias table of shape {shape}, not ({heads}, 1, M) or (1, {heads}, 1, M)", v)
-    if len(shape) == 4 and shape[0] != 1:
-        return fail(f"bias table of shape {shape}: one per batch row", v)
-    rows = table.reshape(heads, shape[-1]).astype(np.float64)
+    table_shape = table.shape
+    if (
+        len(table_shape) not in (3, 4)
+        or table_shape[-2] != 1
+        or table_shape[-1] < 2
+        or table_shape[-3] != heads
+    ):
+        return fail(
+            f"bias table of shape {table_shape}, not ({heads}, 1, M) or (1, {heads}, 1, M)", v
+        )
+    if len(table_shape) == 4 and table_shape[0] != 1:
+        return fail(f"bias table of shape {table_shape}: one per batch row", v)
+    rows = table.reshape(heads, table_shape[-1]).astype(np.float64)
     steps_ = np.diff(rows, axis=1)
     if not np.allclose(steps_, steps_[:, :1], rtol=1e-5, atol=1e-6):
         return fail("the bias table is not linear along the keys (not ALiBi)", v)
