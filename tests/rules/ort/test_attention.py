@@ -648,3 +648,106 @@ def test_longrope_caches_switch_with_the_total_length_on_the_shared_buffer():
         np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
         want1 = _attend(_rotate(q1[r], np.array([n]), _LONG), keys, values, None)
         np.testing.assert_allclose(y1[r], want1, atol=1e-4, rtol=1e-4)
+
+
+_SLOPES = [0.5, 0.25, 0.125, 0.0625]
+
+
+def _alibi_model(table: np.ndarray) -> ir.Model:
+    """mpt's eager ALiBi attention over the concatenated cache: ``Softmax(Where(drop, -1e4,
+    (Q @ Kᵀ) · scale + table[..., -T:])) @ V``, ``drop`` causal + padding from
+    ``attention_mask``."""
+    values = ", ".join(str(float(x)) for x in table.ravel())
+    return parse(f"""g (float[B,4,S,16] q, float[B,4,S,16] k, float[B,4,S,16] v,
+          float[B,4,P,16] pk, float[B,4,P,16] pv, int64[B,T] attention_mask)
+      => (float[B,4,S,16] y, float[B,4,T2,16] kc, float[B,4,T2,16] vc) {{
+        valid = Cast<to=9>(attention_mask)
+        t_len = Shape<start=1, end=2>(attention_mask)
+        t_sc = Squeeze(t_len)
+        s_len = Shape<start=2, end=3>(q)
+        s_sc = Squeeze(s_len)
+        zero = Constant<value=int64 {{0}}>()
+        one = Constant<value=int64 {{1}}>()
+        kv_idx = Range(zero, t_sc, one)
+        first = Sub(t_sc, s_sc)
+        q_idx = Range(first, t_sc, one)
+        col = Constant<value=int64[1] {{1}}>()
+        q_col = Unsqueeze(q_idx, col)
+        future = Greater(kv_idx, q_col)
+        past_or_now = Not(future)
+        axes = Constant<value=int64[2] {{1, 2}}>()
+        valid4 = Unsqueeze(valid, axes)
+        keep = And(past_or_now, valid4)
+        drop = Not(keep)
+        kc = Concat<axis=2>(pk, k)
+        vc = Concat<axis=2>(pv, v)
+        kt = Transpose<perm=[0, 1, 3, 2]>(kc)
+        scores = MatMul(q, kt)
+        scale = Constant<value=float {{0.25}}>()
+        scaled = Mul(scores, scale)
+        table = Constant<value=float[4, 1, 8] {{{values}}}>()
+        width = Constant<value=int64[1] {{8}}>()
+        keys = Shape<start=2, end=3>(kc)
+        start = Sub(width, keys)
+        last = Constant<value=int64[1] {{-1}}>()
+        bias = Slice(table, start, width, last)
+        biased = Add(scaled, bias)
+        fill = Constant<value=float {{-10000}}>()
+        masked = Where(drop, fill, biased)
+        probs = Softmax<axis=-1>(masked)
+        y = MatMul(probs, vc)
+      }}""")
+
+
+def _attend_alibi(q, keys, values) -> np.ndarray:
+    """One row's causal ALiBi attention in float64, queries at the last positions of ``keys``."""
+    s, total = q.shape[1], keys.shape[1]
+    scores = q @ keys.transpose(0, 2, 1) * 0.25
+    scores = scores + np.array(_SLOPES)[:, None, None] * np.arange(total)[None, None, :]
+    keep = np.arange(total)[None, :] <= np.arange(total - s, total)[:, None]
+    scores = np.where(keep, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ values
+
+
+def test_eager_alibi_attention_on_the_shared_buffer():
+    """The ALiBi slopes (the table's step per head) become GroupQueryAttention's
+    attention_bias: a right-padded prefill into a capacity-8 buffer, then a decode step, equal
+    numpy ALiBi attention."""
+    table = np.array(_SLOPES)[:, None, None] * (np.arange(8) - 7.0)[None, None, :]
+    model = _alibi_model(table)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
+    assert report.fired.get("GroupQueryAttentionALiBi") == 1, str(report)
+    assert "Softmax" not in ops(model)
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.inputs[10] is not None  # attention_bias
+    rng, lengths = np.random.default_rng(3), [3, 5]
+    q, k, v = (rng.standard_normal((2, 4, 5, 16)).astype(np.float32) for _ in "qkv")
+    buffer = np.zeros((2, 4, 8, 16), np.float32)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    y, ko, vo = run_ort(model, [q, k, v, buffer, buffer, mask])
+    q1, k1, v1 = (rng.standard_normal((2, 4, 1, 16)).astype(np.float32) for _ in "qkv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    y1, _, _ = run_ort(model, [q1, k1, v1, ko, vo, mask1])
+    for r, n in enumerate(lengths):
+        want = _attend_alibi(q[r, :, :n], k[r, :, :n], v[r, :, :n])
+        np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
+        keys = np.concatenate([k[r, :, :n], k1[r]], 1)
+        values = np.concatenate([v[r, :, :n], v1[r]], 1)
+        np.testing.assert_allclose(y1[r], _attend_alibi(q1[r], keys, values), atol=1e-4, rtol=1e-4)
+
+
+def test_eager_attention_with_a_table_not_linear_is_kept():
+    table = np.random.default_rng(4).standard_normal((4, 1, 8))
+    model = _alibi_model(table)
+    report = RewriteReport()
+    irkit.rewrite(
+        model,
+        ort.default_rules(gqa_shared_buffer=True),
+        report=report,
+        explain="GroupQueryAttentionALiBi",
+    )
+    assert report.rules["GroupQueryAttentionALiBi"].fired == 0
+    assert "not linear along the keys" in report.explain(limit=100)
+    assert "Softmax" in ops(model)

@@ -74,11 +74,14 @@ def _slopes(bias: ir.Value, heads: int) -> np.ndarray | MatchFailure:
     while (p := v.producer()) is not None and p.op_type == "Slice" and p.domain == "":
         if p.inputs[0] is None or len(p.inputs) < 4 or p.inputs[3] is None:
             return fail("a Slice without axes in the bias", v)
-        sizes = dims(p.inputs[0]) or ()
+        table = const_value(p.inputs[0])
+        sizes = dims(p.inputs[0]) or (() if table is None else table.shape)
         rank = len(sizes)
+        if rank == 0:
+            return fail("a Slice of unknown rank in the bias", v)
         axes = const_value(p.inputs[3])
         steps = const_value(p.inputs[4]) if len(p.inputs) > 4 and p.inputs[4] else None
-        sliced = [] if axes is None else [int(a) % max(rank, 1) for a in axes.ravel()]
+        sliced = [] if axes is None else [int(a) % rank for a in axes.ravel()]
         # (an axis of size 1, the query's in (heads, 1, M), keeps its one row or none)
         if axes is None or any(a != rank - 1 and sizes[a] != 1 for a in sliced):
             return fail("the bias slices another axis than the keys'", v)
@@ -157,7 +160,7 @@ def _check(
     attention_mask = _graph_input(node, shared.mask_input)
     if attention_mask is None:
         return fail(f"the graph has no input {shared.mask_input!r}", None, node)
-    if drop.dtype != ir.DataType.BOOL or not _reaches(drop, attention_mask):
+    if not _reaches(drop, attention_mask):  # (Where's condition: boolean by the op's type)
         return fail(f"the mask is not a condition computed from {shared.mask_input!r}", drop)
     window = _sliding_window(drop)
     if window is not None:
