@@ -110,6 +110,48 @@ def _slopes(bias: ir.Value, heads: int) -> np.ndarray | MatchFailure:
     return steps_[:, 0]
 
 
+def _layout(
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    key_axis: int,
+    value_axis: int,
+    softmax_axis: int,
+    form: int,
+    perm: list[int] | None,
+    match: Match,
+) -> tuple[int, int] | MatchFailure:
+    """``(heads, kv_heads)`` of 4-D ``Q``/``K``/``V`` concatenated on the sequence axis and
+    multiplied as ``Q @ Kᵀ`` (``form`` 0: ``FusedMatMul``, 1: ``MatMul`` of a ``Transpose``)."""
+    if q.dtype not in ORT_FLOAT_TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return fail(f"dtype {q.dtype}: GroupQueryAttention runs float16/float32", q)
+    dq, dk, dv = dims(q), dims(k), dims(v)
+    if dq is None or dk is None or dv is None or not len(dq) == len(dk) == len(dv) == 4:
+        return fail("Q, K, V must be 4-D (batch, heads, seq, head_size)", q)
+    layout = (dq[1], dk[1], dq[3], dk[3], dv[3])
+    if not all(isinstance(d, int) for d in layout) or len(set(layout[2:])) != 1:
+        return fail(f"head counts / sizes {layout} not static or not one head size", q)
+    heads, kv_heads, size = int(dq[1]), int(dk[1]), int(dq[3])  # type: ignore[arg-type]
+    if dv[1] != kv_heads or heads % kv_heads or size % 8:
+        return fail(f"{heads} query heads over {kv_heads} key/value heads, head size {size}", k)
+    if dq[2] != dk[2]:
+        return fail(f"query length {dq[2]} and new key length {dk[2]} differ", k)
+    if (key_axis % 4, value_axis % 4, softmax_axis % 4) != (2, 2, 3):
+        return fail("the cache is not concatenated on the sequence axis", k)
+    if form == 0:
+        fused = node_attributes(next(n for n in match.nodes if n.op_type == "FusedMatMul"))
+        defaults = {"alpha": 1.0, "transA": 0, "transB": 0, "transBatchA": 0, "transBatchB": 0}
+        if {**defaults, **fused} != {**defaults, "transB": 1}:
+            return fail(f"FusedMatMul {fused}: not Q @ Kᵀ", q)
+    elif (
+        perm is None
+        or list(perm)[-2:] != [len(perm) - 1, len(perm) - 2]
+        or list(perm)[:-2] != list(range(len(perm) - 2))
+    ):
+        return fail(f"Transpose perm {perm}: not Kᵀ", k)
+    return heads, kv_heads
+
+
 def _check(
     q: ir.Value,
     k: ir.Value,
@@ -129,28 +171,10 @@ def _check(
     """The preconditions (module docstring); findings: ``heads``, ``kv_heads``, ``slopes``,
     ``scale_value``, ``attention_mask``."""
     node = match.nodes[0]
-    if q.dtype not in ORT_FLOAT_TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return fail(f"dtype {q.dtype}: GroupQueryAttention runs float16/float32", q)
-    dq, dk, dv = dims(q), dims(k), dims(v)
-    if dq is None or dk is None or dv is None or not len(dq) == len(dk) == len(dv) == 4:
-        return fail("Q, K, V must be 4-D (batch, heads, seq, head_size)", q)
-    layout = (dq[1], dk[1], dq[3], dk[3], dv[3])
-    if not all(isinstance(d, int) for d in layout) or len(set(layout[2:])) != 1:
-        return fail(f"head counts / sizes {layout} not static or not one head size", q)
-    heads, kv_heads, size = int(dq[1]), int(dk[1]), int(dq[3])  # type: ignore[arg-type]
-    if dv[1] != kv_heads or heads % kv_heads or size % 8:
-        return fail(f"{heads} query heads over {kv_heads} key/value heads, head size {size}", k)
-    if dq[2] != dk[2]:
-        return fail(f"query length {dq[2]} and new key length {dk[2]} differ", k)
-    if {key_axis % 4, value_axis % 4, softmax_axis % 4} != {2, 3} or softmax_axis % 4 != 3:
-        return fail("the cache is not concatenated on the sequence axis", k)
-    if form == 0:
-        fused = node_attributes(next(n for n in match.nodes if n.op_type == "FusedMatMul"))
-        defaults = {"alpha": 1.0, "transA": 0, "transB": 0, "transBatchA": 0, "transBatchB": 0}
-        if {**defaults, **fused} != {**defaults, "transB": 1}:
-            return fail(f"FusedMatMul {fused}: not Q @ Kᵀ", q)
-    elif list(perm or ()) != [0, 1, 3, 2]:
-        return fail(f"Transpose perm {perm}: not Kᵀ", k)
+    layout = _layout(q, k, v, key_axis, value_axis, softmax_axis, form, perm, match)
+    if isinstance(layout, MatchFailure):
+        return layout
+    heads, kv_heads = layout
     scale_value = const_value(scale)
     fill_value = const_value(fill)
     if scale_value is None or scale_value.size != 1:
