@@ -421,6 +421,8 @@ def commit(
     if new_nodes or extra:
         graph.insert_before(anchor, [*new_nodes, *extra])
     inputs = [v for n in match.nodes for v in n.inputs if v is not None]
+    dead = {u.node for n in match.nodes for o in n.outputs for u in o.uses()} - set(match.nodes)
+    graph.remove(list(dead), safe=True)  # (dead readers the matcher ignored)
     graph.remove(match.nodes, safe=True)
     for value, name in renames:
         value.name = name
