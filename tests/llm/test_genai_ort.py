@@ -78,6 +78,8 @@ CONFIGS = {
     "mpt": lambda: transformers.MptConfig(
         d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=128, **_COMMON
     ),
+    # ALiBi through baddbmm in a (batch * heads, S, T) layout, the bias from attention_mask
+    "bloom": lambda: transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=4, **_COMMON),
     # local (sliding, rope base 10k) and global (rope base 1M) layers, query_pre_attn_scalar
     "gemma3": lambda: transformers.Gemma3TextConfig(
         **_ATTENTION,
@@ -193,7 +195,9 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
     model = onnx.load(out / "model.onnx", load_external_data=False)
     for node in _nodes(model, "GroupQueryAttention"):
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert attributes.get("do_rotary") == (None if arch in ("gpt2", "mpt") else 1), attributes
+        assert attributes.get("do_rotary") == (None if arch in ("gpt2", "mpt", "bloom") else 1), (
+            attributes
+        )
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
@@ -252,12 +256,11 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
 # - deepseek_v3 (MLA): transformers 5.24 caches the compressed latent and rotated k_pe, not the
 #   attention's K and V; the Attention sees the whole decompressed K/V and has no past, so
 #   GroupQueryAttention cannot own the cache: flag false, standard Attention, exact.
-# - mpt (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
-# - bloom (ALiBi through baddbmm in a (batch * heads, S, T) layout): not matched, flag false.
+# - mpt, bloom (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
 ZOO_ORT = {
     "phi3_longrope": (True, True),
     "deepseek_v3": (False, False),
-    "bloom": (False, False),
+    "bloom": (True, False),
     "mpt": (True, False),
 }
 

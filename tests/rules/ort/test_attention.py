@@ -751,3 +751,18 @@ def test_eager_attention_with_a_table_not_linear_is_kept():
     assert report.rules["GroupQueryAttentionALiBi"].fired == 0
     assert "not linear along the keys" in report.explain(limit=100)
     assert "Softmax" in ops(model)
+
+
+def test_a_dead_reader_does_not_block_the_alibi_rule():
+    """A node nothing reads (constant folding leaves one where transformers casts the
+    probabilities) is not a use of the match's intermediate values; it goes with the match."""
+    table = np.array(_SLOPES)[:, None, None] * (np.arange(8) - 7.0)[None, None, :]
+    model = _alibi_model(table)
+    (softmax,) = [n for n in model.graph if n.op_type == "Softmax"]
+    dead = ir.node("Neg", [softmax.outputs[0]])  # (no rule removes it: only the dead code pass)
+    model.graph.insert_after(softmax, dead)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
+    assert report.fired.get("GroupQueryAttentionALiBi") == 1, str(report)
+    assert dead.graph is None
+    assert "Softmax" not in ops(model) and "Neg" not in ops(model)

@@ -57,7 +57,8 @@ shared-buffer form is a ``GroupQueryAttentionKVCache`` too.
 
 Modules: :mod:`~irkit.rules.ort.attention.gqa` (``GroupQueryAttention``),
 :mod:`~irkit.rules.ort.attention.shared_buffer` (genai's shared buffer),
-:mod:`~irkit.rules.ort.attention.alibi` (eager ALiBi attention on the shared buffer:
+:mod:`~irkit.rules.ort.attention.alibi` and :mod:`~irkit.rules.ort.attention.alibi_bloom`
+(eager ALiBi attention, 4-D and bloom's batch·heads layout, on the shared buffer:
 ``attention_bias``),
 :mod:`~irkit.rules.ort.attention.mha` (``MultiHeadAttention``),
 :mod:`~irkit.rules.ort.attention.rotary` (``do_rotary`` folding, rotary caches, contrib

@@ -28,6 +28,7 @@ from irkit.rules.ort.attention._base import (
     _to4,
 )
 from irkit.rules.ort.attention.alibi import alibi_rule
+from irkit.rules.ort.attention.alibi_bloom import alibi_bloom_rule
 from irkit.rules.ort.attention.rotary import _fold_rotary, _Folded
 from irkit.rules.ort.attention.shared_buffer import shared_buffer_rule
 
@@ -184,7 +185,9 @@ def group_query_attention(
             ``GroupQueryAttentionKVCache``, :func:`shared_buffer_rule`).
     """
     if shared is not None:
-        return RuleSet("ort_gqa", [shared_buffer_rule(shared), alibi_rule(shared)])
+        return RuleSet(
+            "ort_gqa", [shared_buffer_rule(shared), alibi_rule(shared), alibi_bloom_rule(shared)]
+        )
 
     def check(
         q: ir.Value,

@@ -5,7 +5,7 @@ evaluated for the shared buffer) and ``RotaryEmbedding`` → contrib ``RotaryEmb
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -84,16 +84,21 @@ def _fold_rotary(q: ir.Value, k: ir.Value, head_size: int) -> _Folded | None:
     return pq[0], pk[0], cos, sin, pq[1], interleaved  # (pq[1] checked above)
 
 
-def _cone(outputs: list[ir.Value], source: ir.Value, limit: int = 200) -> list[ir.Node] | str:
-    """The nodes computing ``outputs`` from ``source`` and constants (topological order), or
-    why there are none."""
+def _cone(
+    outputs: list[ir.Value],
+    source: ir.Value,
+    limit: int = 200,
+    also: frozenset[ir.Value] = frozenset(),
+) -> list[ir.Node] | str:
+    """The nodes computing ``outputs`` from ``source``, the values ``also`` and constants
+    (topological order), or why there are none."""
     order: list[ir.Node] = []
     seen: set[int] = set()
 
     def visit(v: ir.Value) -> str | None:
         p = v.producer()
         if p is None:
-            if v is source or v.const_value is not None:
+            if v is source or v in also or v.const_value is not None:
                 return None
             return f"{v.name!r} is neither {source.name!r} nor a constant"
         if id(p) in seen:
@@ -116,18 +121,24 @@ def _cone(outputs: list[ir.Value], source: ir.Value, limit: int = 200) -> list[i
 
 
 def _evaluate(
-    nodes: list[ir.Node], source: ir.Value, outputs: list[ir.Value], feed: np.ndarray
+    nodes: list[ir.Node],
+    source: ir.Value,
+    outputs: list[ir.Value],
+    feed: np.ndarray,
+    also: Mapping[ir.Value, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
-    """Run ``nodes`` (``source`` fed with ``feed``) in onnx's reference evaluator."""
+    """Run ``nodes`` (``source`` fed with ``feed``, the values ``also`` with theirs) in onnx's
+    reference evaluator."""
     import onnx
     import onnx.reference
 
+    extra = dict(also or {})
     graph = nodes[0].graph
     consts = {
         id(i): i
         for n in nodes
         for i in n.inputs
-        if i is not None and i.producer() is None and i is not source
+        if i is not None and i.producer() is None and i is not source and i not in extra
     }
     initializers = []
     for v in consts.values():
@@ -141,7 +152,7 @@ def _evaluate(
         onnx.helper.make_graph(
             [ir.serde.serialize_node(n) for n in nodes],
             "rotary_caches",
-            [onnx.helper.make_tensor_value_info(source.name or "", onnx.TensorProto.INT64, None)],
+            [onnx.helper.make_tensor_value_info(v.name or "", 0, None) for v in (source, *extra)],
             [onnx.helper.make_tensor_value_info(o.name or "", 0, None) for o in outputs],
             initializers,
         ),
@@ -150,7 +161,8 @@ def _evaluate(
             for d, v in (graph.opset_imports.items() if graph is not None else [("", 23)])
         ],
     )
-    results = onnx.reference.ReferenceEvaluator(model).run(None, {source.name or "": feed})
+    feeds = {source.name or "": feed, **{v.name or "": a for v, a in extra.items()}}
+    results = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
     return [np.asarray(r) for r in results]
 
 
