@@ -421,10 +421,19 @@ def commit(
     if new_nodes or extra:
         graph.insert_before(anchor, [*new_nodes, *extra])
     inputs = [v for n in match.nodes for v in n.inputs if v is not None]
+    readers = {u.node for n in match.nodes for o in n.outputs for u in o.uses()}
+    owner = match.nodes[0].graph
+    dead = [r for r in readers - set(match.nodes) if r.graph is owner and _unread(r)]
+    graph.remove(dead, safe=True)
     graph.remove(match.nodes, safe=True)
     for value, name in renames:
         value.name = name
     _remove_dead_producers(graph, inputs)
+
+
+def _unread(node: ir.Node) -> bool:
+    """Whether nothing reads ``node``'s outputs (dead code)."""
+    return not any(o.uses() or o.is_graph_output() for o in node.outputs)
 
 
 def _remove_dead_producers(graph: GraphLike, values: list[ir.Value]) -> None:

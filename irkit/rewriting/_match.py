@@ -460,7 +460,7 @@ class Matcher:
                         "an intermediate value of the match is a graph output", out, n, st.depth
                     )
                 for use in out.uses():
-                    if use.node not in node_set:
+                    if use.node not in node_set and not _dead(use.node, n):
                         return MatchFailure(
                             "an intermediate value of the match is used outside it",
                             out,
@@ -468,6 +468,14 @@ class Matcher:
                             st.depth,
                         )
         return Match(nodes, outputs, dict(st.bindings), st.opset)
+
+
+def _dead(node: ir.Node, beside: ir.Node) -> bool:
+    """Whether nothing reads ``node``, in the graph of ``beside`` (a node left for dead-code
+    removal: not a real use)."""
+    if node.graph is None or node.graph is not beside.graph:
+        return False
+    return not any(o.uses() or o.is_graph_output() for o in node.outputs)
 
 
 def matches(

@@ -16,7 +16,11 @@ import pathlib
 import onnx
 import pytest
 
+from irkit.cli import main
 from irkit.llm import export
+from irkit.rules import ort
+from tests.llm import genai_support as gs
+from tests.llm import genai_zoo as zoo
 
 og = pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
@@ -70,6 +74,12 @@ CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         n_embd=64, n_layer=2, n_head=4, n_positions=128, **_COMMON
     ),
+    # ALiBi, eager attention: GroupQueryAttention with attention_bias = slope_h * j
+    "mpt": lambda: transformers.MptConfig(
+        d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=128, **_COMMON
+    ),
+    # ALiBi through baddbmm in a (batch * heads, S, T) layout, the bias from attention_mask
+    "bloom": lambda: transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=4, **_COMMON),
     # local (sliding, rope base 10k) and global (rope base 1M) layers, query_pre_attn_scalar
     "gemma3": lambda: transformers.Gemma3TextConfig(
         **_ATTENTION,
@@ -101,20 +111,6 @@ ROPE_CONFIGS = {
         original_max_position_embeddings=16,
     ),
     "yarn": lambda: _llama_rope(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
-    # both factor sets: the prompts + generation run past original_max_position_embeddings
-    "longrope": lambda: transformers.Phi3Config(
-        **_ATTENTION,
-        **_COMMON,
-        num_key_value_heads=4,
-        original_max_position_embeddings=16,
-        rope_parameters={
-            "rope_type": "longrope",
-            "rope_theta": 10000.0,
-            "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
-            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0],
-            "original_max_position_embeddings": 16,
-        },
-    ),
 }
 CONFIGS.update(ROPE_CONFIGS)
 
@@ -185,18 +181,8 @@ def _ops(out: pathlib.Path) -> collections.Counter[tuple[str, str]]:
     return collections.Counter((n.domain, n.op_type) for n in nodes)
 
 
-_LONGROPE_EXPORT = pytest.mark.xfail(
-    strict=True,
-    reason="torch.export of transformers 5.24's longrope rotary (its forward re-registers "
-    "inv_freq) fails: 'fake mode ... doesn't match mode' (export_causal_lm, not the rules)",
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "arch",
-    [pytest.param(a, marks=_LONGROPE_EXPORT) if a == "longrope" else a for a in sorted(CONFIGS)],
-)
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
 def test_shared_buffer_generator_matches_transformers(exported, arch):
     folder, out = exported(arch)
     config = json.loads((out / "genai_config.json").read_text())
@@ -209,7 +195,9 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
     model = onnx.load(out / "model.onnx", load_external_data=False)
     for node in _nodes(model, "GroupQueryAttention"):
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert attributes.get("do_rotary") == (None if arch == "gpt2" else 1), attributes
+        assert attributes.get("do_rotary") == (None if arch in ("gpt2", "mpt", "bloom") else 1), (
+            attributes
+        )
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
@@ -259,3 +247,89 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
         caches.add(onnx.numpy_helper.to_array(values[node.input[7]]).tobytes())
     assert found == windows
     assert len(caches) == len(windows)
+
+
+# The genai zoo's folders (tests/llm/genai_zoo.py: meta model, weights streamed) with --target ort:
+# arch → (GroupQueryAttention on the shared buffer?, rotary folded into the op?).
+# - phi3_longrope: both factor sets; the caches of the short and the long set, switched on the
+#   total length (prompt + generation run past original_max_position_embeddings).
+# - deepseek_v3 (MLA): transformers 5.24 caches the compressed latent and rotated k_pe, not the
+#   attention's K and V; the Attention sees the whole decompressed K/V and has no past, so
+#   GroupQueryAttention cannot own the cache: flag false, standard Attention, exact.
+# - mpt, bloom (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
+ZOO_ORT = {
+    "phi3_longrope": (True, True),
+    "deepseek_v3": (False, False),
+    "bloom": (True, False),
+    "mpt": (True, False),
+}
+
+
+@pytest.fixture(scope="module")
+def zoo_exported(tmp_path_factory: pytest.TempPathFactory):
+    """arch → (HF folder, folder written by ``irkit export --target ort``, the HF model)."""
+    root = tmp_path_factory.mktemp("genai-zoo-ort")
+    tokenizer = gs.tokenizer(vocab_size=zoo.VOCAB, specials=zoo.SPECIALS)
+    done: dict[str, tuple[pathlib.Path, pathlib.Path, object]] = {}
+
+    def get(name: str) -> tuple[pathlib.Path, pathlib.Path, object]:
+        if name not in done:
+            import torch
+
+            arch = zoo.ARCHS[name]
+            config = arch.config()
+            config.vocab_size = zoo.VOCAB
+            torch.manual_seed(0)
+            model = getattr(transformers, arch.model_class)(config).eval()
+            folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
+            out = root / f"{name}-ort"
+            argv = ["export", str(folder), "-o", str(out), "-q", "--target", "ort"]
+            assert main([*argv, "--max-length", str(zoo.MAX_LENGTH)]) == 0
+            done[name] = (folder, out, model)
+        return done[name]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(ZOO_ORT))
+def test_zoo_folder_target_ort(zoo_exported, arch):
+    """genai's Generator on the --target ort folder: the reference ids (batch 1 and a
+    right-padded batch of 2); GroupQueryAttention once per layer and the flag true exactly where
+    the cache is the attention's own K and V."""
+    import onnx_ir as ir
+
+    shared, rotary = ZOO_ORT[arch]
+    folder, out, model = zoo_exported(arch)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is shared
+    layers = config["model"]["decoder"]["num_hidden_layers"]
+    assert ort.attention.runs_on_shared_buffer(ir.load(out / "model.onnx"), layers) is shared
+    ops = _ops(out)
+    if shared:
+        assert ops[("", "Attention")] == ops[("", "Softmax")] == 0
+    else:
+        assert ops[("com.microsoft", "GroupQueryAttention")] == 0
+    if rotary:
+        assert ops[("", "RotaryEmbedding")] == ops[("com.microsoft", "RotaryEmbedding")] == 0
+        proto = onnx.load(out / "model.onnx", load_external_data=False)
+        for node in _nodes(proto, "GroupQueryAttention"):
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attributes.get("do_rotary") == 1, attributes
+    if arch == "phi3_longrope":
+        zoo.check_longrope(zoo_exported)  # the prompt short, the last tokens long
+        proto = onnx.load(out / "model.onnx", load_external_data=False)
+        nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+        producers = {o: n for n in nodes for o in n.output}
+        for node in _nodes(proto, "GroupQueryAttention"):  # cos, sin: the short or long caches
+            assert [producers[node.input[i]].op_type for i in (7, 8)] == ["Where"] * 2
+    lengths = []
+    for prompts in (zoo.PROMPTS[:1], zoo.PROMPTS):
+        got = [gs.until_eos(ids, zoo.EOS) for ids in gs.genai_ids(out, prompts, zoo.NEW_TOKENS)]
+        want = [
+            gs.until_eos(ids, zoo.EOS)
+            for ids in gs.reference_ids(folder, prompts, zoo.NEW_TOKENS, model)
+        ]
+        assert got == want, (arch, prompts)
+        lengths += [len(ids) for ids in want]
+    assert max(lengths) >= 8  # the comparison is not only an early eos

@@ -520,20 +520,37 @@ def test_shared_buffer_declines_a_bias_in_the_mask():
     assert "ALiBi or another bias" in report.explain(limit=100)
 
 
-def _rotary_model(dynamic: bool) -> ir.Model:
+_SHORT = [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0]
+_LONG = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]
+_ORIGINAL = 4  # longrope's original_max_position_embeddings in _rotary_model
+
+
+def _rotary_model(dynamic: bool = False, longrope: bool = False) -> ir.Model:
     """Hugging Face's rotary before the attention: angles ``position · inv_freq`` (``dynamic``:
-    also scaled by the largest position, as dynamic NTK does), ``RotaryEmbedding`` on Q and K."""
-    scale = (
-        """
+    also scaled by the largest position, as dynamic NTK does; ``longrope``: divided by the
+    short factors, or the long ones once the largest position + 1 passes :data:`_ORIGINAL`),
+    ``RotaryEmbedding`` on Q and K."""
+    scale = "\n        angles = Identity(raw)"
+    if dynamic:
+        scale = """
         top = ReduceMax<keepdims=1>(pos_f)
         hundred = Constant<value=float {100}>()
         grow = Div(top, hundred)
         one_f = Constant<value=float {1}>()
         factor = Add(grow, one_f)
         angles = Mul(raw, factor)"""
-        if dynamic
-        else "\n        angles = Identity(raw)"
-    )
+    if longrope:
+        short, long = ", ".join(map(str, _SHORT)), ", ".join(map(str, _LONG))
+        scale = f"""
+        top = ReduceMax<keepdims=1>(pos_f)
+        one_f = Constant<value=float {{1}}>()
+        length = Add(top, one_f)
+        original = Constant<value=float {{{_ORIGINAL}}}>()
+        is_long = Greater(length, original)
+        short_factor = Constant<value=float[8] {{{short}}}>()
+        long_factor = Constant<value=float[8] {{{long}}}>()
+        factor = Where(is_long, long_factor, short_factor)
+        angles = Div(raw, factor)"""
     return parse(f"""g (float[B,4,S,16] q, float[B,2,S,16] k, float[B,2,S,16] v,
           float[B,2,P,16] pk, float[B,2,P,16] pv, int64[B,T] attention_mask,
           int64[B,S] position_ids)
@@ -551,9 +568,11 @@ def _rotary_model(dynamic: bool) -> ir.Model:
       }}""")
 
 
-def _rotate(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    inv_freq = np.array([1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001])
-    angles = positions[:, None] * inv_freq.astype(np.float32).astype(np.float64)
+def _rotate(x: np.ndarray, positions: np.ndarray, factors: list[float] | None = None) -> np.ndarray:
+    inv_freq = np.array([1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001]).astype(np.float32)
+    if factors is not None:
+        inv_freq = inv_freq / np.array(factors, np.float32)
+    angles = positions[:, None] * inv_freq.astype(np.float64)
     cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
     half = x.shape[-1] // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
@@ -593,3 +612,157 @@ def test_rotary_moves_into_the_op_on_the_shared_buffer():
     (node,) = [n for n in dynamic.graph if n.op_type == "GroupQueryAttention"]
     assert "do_rotary" not in node.attributes
     assert ops(dynamic)["RotaryEmbedding"] == 2
+
+
+def test_longrope_caches_switch_with_the_total_length_on_the_shared_buffer():
+    """Angles of two regimes (longrope: short factors up to original_max_position_embeddings,
+    then long ones for every position): both caches, chosen by the total length (Where on the
+    attention mask's width); a prompt of the short regime, then a step of the long one equal the
+    rotated attention (numpy)."""
+    model = _rotary_model(longrope=True)
+    irkit.optimize(model, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.attributes["do_rotary"].value == 1
+    assert "RotaryEmbedding" not in ops(model)
+    cos_cache = node.inputs[7]
+    assert cos_cache is not None and cos_cache.producer() is not None
+    assert cos_cache.producer().op_type == "Where"  # type: ignore[union-attr]
+    rng, lengths = np.random.default_rng(2), [3, _ORIGINAL]
+    q = rng.standard_normal((2, 4, _ORIGINAL, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, _ORIGINAL, 16)).astype(np.float32) for _ in "kv")
+    buffer = np.zeros((2, 2, 8, 16), np.float32)
+    mask = np.array([[1] * n + [0] * (_ORIGINAL - n) for n in lengths], np.int64)
+    positions = np.tile(np.arange(_ORIGINAL), (2, 1))
+    feeds = {"q": q, "k": k, "v": v, "pk": buffer, "pv": buffer}
+    y, ko, vo = run_ort(model, {**feeds, "attention_mask": mask, "position_ids": positions})
+    q1 = rng.standard_normal((2, 4, 1, 16)).astype(np.float32)
+    k1, v1 = (rng.standard_normal((2, 2, 1, 16)).astype(np.float32) for _ in "kv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (_ORIGINAL - n) for n in lengths], np.int64)
+    step = {"q": q1, "k": k1, "v": v1, "pk": ko, "pv": vo, "attention_mask": mask1}
+    y1, _, _ = run_ort(model, {**step, "position_ids": np.array([[3], [_ORIGINAL]])})
+    for r, n in enumerate(lengths):
+        keys = _rotate(k[r, :, :n], np.arange(n), _SHORT)  # (cached in the short regime)
+        keys = np.concatenate([keys, _rotate(k1[r], np.array([n]), _LONG)], 1)
+        values = np.concatenate([v[r, :, :n], v1[r]], 1)
+        want = _attend(_rotate(q[r, :, :n], np.arange(n), _SHORT), keys[:, :n], values[:, :n], None)
+        np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
+        want1 = _attend(_rotate(q1[r], np.array([n]), _LONG), keys, values, None)
+        np.testing.assert_allclose(y1[r], want1, atol=1e-4, rtol=1e-4)
+
+
+_SLOPES = [0.5, 0.25, 0.125, 0.0625]
+
+
+def _alibi_model(table: np.ndarray) -> ir.Model:
+    """mpt's eager ALiBi attention over the concatenated cache: ``Softmax(Where(drop, -1e4,
+    (Q @ Kᵀ) · scale + table[..., -T:])) @ V``, ``drop`` causal + padding from
+    ``attention_mask``."""
+    values = ", ".join(str(float(x)) for x in table.ravel())
+    return parse(f"""g (float[B,4,S,16] q, float[B,4,S,16] k, float[B,4,S,16] v,
+          float[B,4,P,16] pk, float[B,4,P,16] pv, int64[B,T] attention_mask)
+      => (float[B,4,S,16] y, float[B,4,T2,16] kc, float[B,4,T2,16] vc) {{
+        valid = Cast<to=9>(attention_mask)
+        t_len = Shape<start=1, end=2>(attention_mask)
+        t_sc = Squeeze(t_len)
+        s_len = Shape<start=2, end=3>(q)
+        s_sc = Squeeze(s_len)
+        zero = Constant<value=int64 {{0}}>()
+        one = Constant<value=int64 {{1}}>()
+        kv_idx = Range(zero, t_sc, one)
+        first = Sub(t_sc, s_sc)
+        q_idx = Range(first, t_sc, one)
+        col = Constant<value=int64[1] {{1}}>()
+        q_col = Unsqueeze(q_idx, col)
+        future = Greater(kv_idx, q_col)
+        past_or_now = Not(future)
+        axes = Constant<value=int64[2] {{1, 2}}>()
+        valid4 = Unsqueeze(valid, axes)
+        keep = And(past_or_now, valid4)
+        drop = Not(keep)
+        kc = Concat<axis=2>(pk, k)
+        vc = Concat<axis=2>(pv, v)
+        kt = Transpose<perm=[0, 1, 3, 2]>(kc)
+        scores = MatMul(q, kt)
+        scale = Constant<value=float {{0.25}}>()
+        scaled = Mul(scores, scale)
+        table = Constant<value=float[4, 1, 8] {{{values}}}>()
+        width = Constant<value=int64[1] {{8}}>()
+        keys = Shape<start=2, end=3>(kc)
+        start = Sub(width, keys)
+        last = Constant<value=int64[1] {{-1}}>()
+        bias = Slice(table, start, width, last)
+        biased = Add(scaled, bias)
+        fill = Constant<value=float {{-10000}}>()
+        masked = Where(drop, fill, biased)
+        probs = Softmax<axis=-1>(masked)
+        y = MatMul(probs, vc)
+      }}""")
+
+
+def _attend_alibi(q, keys, values) -> np.ndarray:
+    """One row's causal ALiBi attention in float64, queries at the last positions of ``keys``."""
+    s, total = q.shape[1], keys.shape[1]
+    scores = q @ keys.transpose(0, 2, 1) * 0.25
+    scores = scores + np.array(_SLOPES)[:, None, None] * np.arange(total)[None, None, :]
+    keep = np.arange(total)[None, :] <= np.arange(total - s, total)[:, None]
+    scores = np.where(keep, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ values
+
+
+def test_eager_alibi_attention_on_the_shared_buffer():
+    """The ALiBi slopes (the table's step per head) become GroupQueryAttention's
+    attention_bias: a right-padded prefill into a capacity-8 buffer, then a decode step, equal
+    numpy ALiBi attention."""
+    table = np.array(_SLOPES)[:, None, None] * (np.arange(8) - 7.0)[None, None, :]
+    model = _alibi_model(table)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
+    assert report.fired.get("GroupQueryAttentionALiBi") == 1, str(report)
+    assert "Softmax" not in ops(model)
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.inputs[10] is not None  # attention_bias
+    rng, lengths = np.random.default_rng(3), [3, 5]
+    q, k, v = (rng.standard_normal((2, 4, 5, 16)).astype(np.float32) for _ in "qkv")
+    buffer = np.zeros((2, 4, 8, 16), np.float32)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    y, ko, vo = run_ort(model, [q, k, v, buffer, buffer, mask])
+    q1, k1, v1 = (rng.standard_normal((2, 4, 1, 16)).astype(np.float32) for _ in "qkv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    y1, _, _ = run_ort(model, [q1, k1, v1, ko, vo, mask1])
+    for r, n in enumerate(lengths):
+        want = _attend_alibi(q[r, :, :n], k[r, :, :n], v[r, :, :n])
+        np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
+        keys = np.concatenate([k[r, :, :n], k1[r]], 1)
+        values = np.concatenate([v[r, :, :n], v1[r]], 1)
+        np.testing.assert_allclose(y1[r], _attend_alibi(q1[r], keys, values), atol=1e-4, rtol=1e-4)
+
+
+def test_eager_attention_with_a_table_not_linear_is_kept():
+    table = np.random.default_rng(4).standard_normal((4, 1, 8))
+    model = _alibi_model(table)
+    report = RewriteReport()
+    irkit.rewrite(
+        model,
+        ort.default_rules(gqa_shared_buffer=True),
+        report=report,
+        explain="GroupQueryAttentionALiBi",
+    )
+    assert report.rules["GroupQueryAttentionALiBi"].fired == 0
+    assert "not linear along the keys" in report.explain(limit=100)
+    assert "Softmax" in ops(model)
+
+
+def test_a_dead_reader_does_not_block_the_alibi_rule():
+    """A node nothing reads (constant folding leaves one where transformers casts the
+    probabilities) is not a use of the match's intermediate values; it goes with the match."""
+    table = np.array(_SLOPES)[:, None, None] * (np.arange(8) - 7.0)[None, None, :]
+    model = _alibi_model(table)
+    (softmax,) = [n for n in model.graph if n.op_type == "Softmax"]
+    dead = ir.node("Neg", [softmax.outputs[0]])  # (no rule removes it: only the dead code pass)
+    model.graph.insert_after(softmax, dead)
+    report = RewriteReport()
+    irkit.rewrite(model, ort.default_rules(gqa_shared_buffer=True), report=report)
+    assert report.fired.get("GroupQueryAttentionALiBi") == 1, str(report)
+    assert dead.graph is None
+    assert "Softmax" not in ops(model) and "Neg" not in ops(model)
