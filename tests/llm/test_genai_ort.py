@@ -113,6 +113,26 @@ ROPE_CONFIGS = {
     "yarn": lambda: _llama_rope(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
 }
 CONFIGS.update(ROPE_CONFIGS)
+# both factor sets, long factors up to 16: the prompts + generation run past
+# original_max_position_embeddings (the genai zoo's phi3_longrope, milder, is exact)
+CONFIGS["longrope"] = lambda: transformers.Phi3Config(
+    **_ATTENTION,
+    **_COMMON,
+    num_key_value_heads=4,
+    original_max_position_embeddings=16,
+    rope_parameters={
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
+        "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0],
+        "original_max_position_embeddings": 16,
+    },
+)
+_LONGROPE_IDS = pytest.mark.xfail(
+    strict=True,
+    reason="known gap: past the switch to the long factors genai's ids differ from transformers "
+    "generate, under --target onnx and ort alike (so before the attention rules); cause not found",
+)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +202,10 @@ def _ops(out: pathlib.Path) -> collections.Counter[tuple[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(CONFIGS))
+@pytest.mark.parametrize(
+    "arch",
+    [pytest.param(a, marks=_LONGROPE_IDS) if a == "longrope" else a for a in sorted(CONFIGS)],
+)
 def test_shared_buffer_generator_matches_transformers(exported, arch):
     folder, out = exported(arch)
     config = json.loads((out / "genai_config.json").read_text())
