@@ -280,7 +280,10 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
 #   attention's K and V; the Attention sees the whole decompressed K/V and has no past, so
 #   GroupQueryAttention cannot own the cache: flag false, standard Attention, exact.
 # - mpt, bloom (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
+# - gemma2 (eager attention, softcap, sliding window on alternate layers): GroupQueryAttention
+#   with softcap and local_window_size (FusedMatMul leaves attention scores alone), flag true.
 ZOO_ORT = {
+    "gemma2": (True, True),
     "phi3_longrope": (True, True),
     "deepseek_v3": (False, False),
     "bloom": (True, False),
@@ -339,6 +342,15 @@ def test_zoo_folder_target_ort(zoo_exported, arch):
         for node in _nodes(proto, "GroupQueryAttention"):
             attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             assert attributes.get("do_rotary") == 1, attributes
+    if arch == "gemma2":  # softcapped on every layer, windowed on the sliding ones
+        proto = onnx.load(out / "model.onnx", load_external_data=False)
+        caps, windows = set(), set()
+        for node in _nodes(proto, "GroupQueryAttention"):
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            caps.add(attributes.get("softcap"))
+            windows.add(attributes.get("local_window_size"))
+        assert caps == {model.config.attn_logit_softcapping}, caps
+        assert windows == {model.config.sliding_window, None}, windows
     if arch == "phi3_longrope":
         zoo.check_longrope(zoo_exported)  # the prompt short, the last tokens long
         proto = onnx.load(out / "model.onnx", load_external_data=False)

@@ -9,7 +9,10 @@ Identities (``T`` = a ``Transpose`` that swaps the last two axes and keeps the o
 
 Preconditions: float16/float32 (FusedMatMul's CPU kernels); the transposed operand has known
 rank ≥ 2 and the ``perm`` swaps exactly its last two axes; the ``Transpose`` has no other use
-(else the transposed tensor is computed anyway).
+(else the transposed tensor is computed anyway); the product is not attention scores — a
+``Softmax`` within a few elementwise steps (scale, softcap, mask) — which are the attention rules'
+to fuse: the rewrite visits nodes in graph order, so this rule would otherwise take
+``q @ kᵀ`` of an eager attention (gemma2's) before ``Attention`` / ``GroupQueryAttention`` can.
 """
 
 from __future__ import annotations
@@ -38,10 +41,34 @@ def _swaps_last_two(perm: Sequence[int] | None, value: ir.Value) -> bool:
     return list(perm) == [*range(r - 2), r - 1, r - 2]
 
 
+_SCORE_STEPS = frozenset({"Mul", "Div", "Add", "Sub", "Tanh", "Where", "Cast", "Softcap"})
+"""Elementwise ops between attention's ``q @ kᵀ`` and its ``Softmax``: scale, softcap, mask."""
+
+
+def _feeds_softmax(value: ir.Value, steps: int = 5) -> bool:
+    """Whether ``value`` reaches a ``Softmax`` through at most ``steps`` elementwise ops."""
+    frontier = [value]
+    for _ in range(steps + 1):
+        following: list[ir.Value] = []
+        for v in frontier:
+            for user, _ in v.uses():
+                if user.domain == "" and user.op_type == "Softmax":
+                    return True
+                if user.domain == "" and user.op_type in _SCORE_STEPS:
+                    following.extend(user.outputs)
+        frontier = following
+    return False
+
+
 def _checker(trans_a: bool, trans_b: bool) -> Callable[..., Verdict]:
     """The check of the rule whose pattern transposes ``a`` and/or ``b``."""
 
-    def check(a: ir.Value, b: ir.Value, **env: Any) -> Verdict:
+    def check(a: ir.Value, b: ir.Value, product: ir.Value, **env: Any) -> Verdict:
+        if _feeds_softmax(product):
+            return fail(
+                "the product is attention scores (a Softmax follows): left to the attention rules",
+                product,
+            )
         dtype = a.dtype or b.dtype
         if dtype is not None and dtype not in ORT_FLOAT_TYPES:
             return fail(f"dtype {dtype}: FusedMatMul runs float16/float32", a)
@@ -72,11 +99,11 @@ rules = RuleSet(
         Rule(name, pattern, check=_checker(ta, tb), rewrite=_rewriter(ta, tb))
         for name, pattern, ta, tb in (
             # MatMul(T(a), T(b)) = FusedMatMul(a, b, transA=1, transB=1)
-            ("FusedMatMulTransAB", op.MatMul(_TA, _TB), True, True),
+            ("FusedMatMulTransAB", op.MatMul(_TA, _TB, _name="product"), True, True),
             # MatMul(a, T(b)) = FusedMatMul(a, b, transB=1)
-            ("FusedMatMul", op.MatMul(a, _TB), False, True),
+            ("FusedMatMul", op.MatMul(a, _TB, _name="product"), False, True),
             # MatMul(T(a), b) = FusedMatMul(a, b, transA=1)
-            ("FusedMatMulTransA", op.MatMul(_TA, b), True, False),
+            ("FusedMatMulTransA", op.MatMul(_TA, b, _name="product"), True, False),
         )
     ],
 )
