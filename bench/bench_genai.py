@@ -1,7 +1,11 @@
 """``irkit export`` vs onnxruntime-genai's model builder on the same folder (issue 23 item 6).
 
-One Llama-shaped ``save_pretrained`` folder (hidden 512, 4 layers, 8 heads, 2 KV heads, vocab
-4000, random weights, a local word-level tokenizer) is exported twice, each as a whole process:
+One Llama-shaped ``save_pretrained`` folder (random weights, a local word-level tokenizer) is
+exported twice, each as a whole process. ``--size ref`` (the default, the issue's model): hidden
+512, 4 layers, 8 heads, 2 KV heads, vocab 4000; ``--size 1b``: TinyLlama-1.1B's shape (hidden
+2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads, vocab 32000; 4.4 GB of fp32 weights,
+built in memory once, so it needs ~9 GB of RAM and ~9 GB of disk per copy), where the builder's
+whole-model load counts:
 
 - ``irkit``: ``python -m irkit.cli export DIR -o OUT --precision P --target T`` (T: ``onnx``,
   the default, or ``ort``: onnxruntime's contrib ops)
@@ -13,13 +17,17 @@ One Llama-shaped ``save_pretrained`` folder (hidden 512, 4 layers, 8 heads, 2 KV
 (``append_tokens``: the prefill), then 128 tokens decoded one ``generate_next_token`` at a time
 (greedy; ``min_length`` keeps eos away). Rounds are interleaved (irkit, builder, irkit, …); the
 table gives the median with min/max of each and the ratio irkit/builder of the medians, and the
-export time (process wall) the same way. Targets: per-token and prefill <= 1.0, export <= 0.5.
+export time (process wall) the same way, with the peak RSS of each export process
+(``ru_maxrss``, taken by a small launcher process: Linux carries a process's peak RSS across
+``exec``, so a child of this bench would report the bench's own). Targets: per-token and prefill <= 1.0, export <= 0.5.
+``--export-only`` skips the generation rounds (the 1b model decodes slowly on one thread).
 
 ``--profile`` also writes ORT's profile of one more run of each (``session_options``
 ``enable_profiling``) and prints the ten op types with the most time, to see where a ratio goes.
 
-Usage: ``python bench/bench_genai.py [--precision fp32|int4] [--target onnx|ort] [--rounds 5] [--export-rounds 5]
-[--profile] [--workdir DIR]`` (run with ``PYTHONPATH=$PWD:$PWD/tests/site``).
+Usage: ``python bench/bench_genai.py [--size ref|1b] [--precision fp32|int4] [--target onnx|ort]
+[--rounds 5] [--export-rounds 5] [--export-only] [--profile] [--workdir DIR]`` (run with
+``PYTHONPATH=$PWD:$PWD/tests/site``).
 """
 
 from __future__ import annotations
@@ -44,28 +52,48 @@ NEW_TOKENS = 128
 VOCAB = 4000
 
 
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """A Llama shape of the benchmark (``--size``)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+
+
+SIZES = {
+    "ref": Size(hidden=512, intermediate=1536, layers=4, heads=8, kv_heads=2, vocab=VOCAB),
+    # TinyLlama-1.1B's shape, random weights
+    "1b": Size(hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4, vocab=32000),
+}
+
+
 @dataclasses.dataclass
 class Figures:
     """Seconds measured for one variant, one list per quantity."""
 
     export: list[float] = dataclasses.field(default_factory=list)
+    export_rss: list[float] = dataclasses.field(default_factory=list)  # bytes
     prefill: list[float] = dataclasses.field(default_factory=list)
     per_token: list[float] = dataclasses.field(default_factory=list)
 
 
-def make_folder(folder: pathlib.Path) -> None:
+def make_folder(folder: pathlib.Path, size: Size = SIZES["ref"]) -> None:
     """The Llama-shaped random-weight folder, with a local tokenizer."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     config = transformers.LlamaConfig(
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
+        hidden_size=size.hidden,
+        intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        vocab_size=size.vocab,
         max_position_embeddings=2048,
         bos_token_id=1,
         eos_token_id=2,
@@ -75,7 +103,8 @@ def make_folder(folder: pathlib.Path) -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(folder)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    del model
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(size.vocab)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1", eos_token="t2"
@@ -116,19 +145,37 @@ def export_command(
     ]
 
 
+# A small Python between the bench and the export: Linux carries a process's peak RSS across
+# exec (``ru_maxrss`` keeps the pre-exec peak), so a child exec'd straight from this bench (which
+# may have built a 4.4 GB model) would report the bench's own peak; the launcher's is ~10 MB.
+_LAUNCHER = """\
+import os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+sys.stderr.write(f"\\nBENCH {time.perf_counter() - t0} {usage.ru_maxrss}\\n")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_export(
     kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str
-) -> float:
-    """Export into ``out`` (replaced) and return the process wall time in seconds."""
+) -> tuple[float, int]:
+    """Export into ``out`` (replaced): (the process wall time in seconds, its peak RSS in bytes)."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
-    cmd = export_command(kind, folder, out, precision, target)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
+    cmd = [sys.executable, "-c", _LAUNCHER, *export_command(kind, folder, out, precision, target)]
+    proc = subprocess.run(
+        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+    )
+    stderr = proc.stderr.decode(errors="replace")
     if proc.returncode != 0:
-        sys.exit(f"{kind} export failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall
+        sys.exit(f"{kind} export failed ({proc.returncode}):\n{stderr[-3000:]}")
+    line = next(line for line in stderr.splitlines()[::-1] if line.startswith("BENCH "))
+    _, wall, rss = line.split()
+    return float(wall), int(rss) * 1024  # ru_maxrss: kilobytes on Linux
 
 
 def set_session_options(out: pathlib.Path, profile: str | None = None) -> None:
@@ -200,21 +247,31 @@ def _stat(values: Sequence[float], scale: float, unit: str) -> str:
     )
 
 
-def report(figures: dict[str, Figures], precision: str, rounds: int) -> str:
+def report(figures: dict[str, Figures], precision: str, rounds: int, export_rounds: int) -> str:
     """The table: median [min..max] of each variant, and the ratio irkit/builder."""
     irkit, builder = figures["irkit"], figures["builder"]
     rows = [
         ("export (process wall)", "export", 1.0, "s", 0.5),
+        ("export peak RSS", "export_rss", 1e-9, "GB", None),
         (f"prefill ({PROMPT} tokens)", "prefill", 1e3, "ms", 1.0),
         ("per decoded token", "per_token", 1e3, "ms", 1.0),
     ]
     lines = [
         f"irkit export vs genai builder, {precision}, ORT CPU 1 thread, prompt {PROMPT} + "
-        f"{NEW_TOKENS} tokens, {rounds} interleaved rounds (median [min..max])",
+        f"{NEW_TOKENS} tokens; {export_rounds} export and {rounds} generation rounds, "
+        "interleaved (median [min..max])",
         f"{'':24}{'irkit':>30}{'builder':>30}{'ratio':>8}  target",
     ]
     for label, field, scale, unit, target in rows:
         a, b = getattr(irkit, field), getattr(builder, field)
+        if not a or not b:
+            continue
+        if target is None:
+            ratio = statistics.median(a) / statistics.median(b)
+            lines.append(
+                f"{label:24}{_stat(a, scale, unit):>30}{_stat(b, scale, unit):>30}{ratio:8.2f}"
+            )
+            continue
         ratio = statistics.median(a) / statistics.median(b)
         verdict = "ok" if ratio <= target else "MISSED"
         lines.append(
@@ -226,10 +283,12 @@ def report(figures: dict[str, Figures], precision: str, rounds: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="ref", help="model shape")
     parser.add_argument("--precision", choices=("fp32", "int4"), default="fp32")
     parser.add_argument("--target", choices=("onnx", "ort"), default="onnx", help="irkit's")
     parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
     parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
+    parser.add_argument("--export-only", action="store_true", help="no generation rounds")
     parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
     parser.add_argument("--workdir", type=pathlib.Path, help="keep the folders here")
     args = parser.parse_args(argv)
@@ -238,9 +297,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="bench_genai-"))
     work.mkdir(parents=True, exist_ok=True)
-    folder = work / "hf"
+    folder = work / f"hf-{args.size}"
     if not (folder / "config.json").exists():
-        make_folder(folder)
+        make_folder(folder, SIZES[args.size])
     kinds = ("irkit", "builder")
     outs = {
         "irkit": work / f"irkit-{args.precision}-{args.target}",
@@ -249,13 +308,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     figures = {kind: Figures() for kind in kinds}
     for i in range(args.export_rounds):
         for kind in kinds if i % 2 == 0 else kinds[::-1]:
-            wall = run_export(kind, folder, outs[kind], args.precision, args.target)
+            wall, rss = run_export(kind, folder, outs[kind], args.precision, args.target)
             figures[kind].export.append(wall)
-            print(f"export {i + 1}/{args.export_rounds} {kind}: {wall:.1f} s", flush=True)
+            figures[kind].export_rss.append(rss)
+            print(
+                f"export {i + 1}/{args.export_rounds} {kind}: {wall:.1f} s, "
+                f"peak RSS {rss / 1e9:.2f} GB",
+                flush=True,
+            )
+    label = f"{args.size}, {args.precision}, irkit --target {args.target}"
+    if args.export_only:
+        print(report(figures, label, 0, args.export_rounds))
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     for out in outs.values():
         set_session_options(out)
     models = {kind: og.Model(str(outs[kind])) for kind in kinds}
-    prompt = [(7 * i + 3) % (VOCAB - 10) + 10 for i in range(PROMPT)]
+    vocab = SIZES[args.size].vocab
+    prompt = [(7 * i + 3) % (vocab - 10) + 10 for i in range(PROMPT)]
     for kind in kinds:  # warm-up
         timed_generation(models[kind], prompt)
     for i in range(args.rounds):
@@ -263,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             prefill, per_token = timed_generation(models[kind], prompt)
             figures[kind].prefill.append(prefill)
             figures[kind].per_token.append(per_token)
-    print(report(figures, f"{args.precision}, irkit --target {args.target}", args.rounds))
+    print(report(figures, label, args.rounds, args.export_rounds))
     if args.profile:
         del models
         for kind in kinds:

@@ -7,6 +7,7 @@ every present key/value must match eager PyTorch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -309,3 +310,36 @@ def test_meta_model_constants_have_values_and_the_model_is_unchanged(name):
     if name == "phi3_longrope":  # torch.tensor(long_factor) in forward, with its values
         factors = torch.tensor(arch.config().rope_parameters["long_factor"])
         assert any(c.shape == factors.shape and torch.equal(c, factors) for c in constants)
+
+
+def _graph_text(program) -> list[tuple[str, ...]]:
+    """The program's nodes with names replaced by positions: op, target, args, shapes, modules."""
+    nodes = list(program.graph_module.graph.nodes)
+    index = {node: f"%{i}" for i, node in enumerate(nodes)}
+    rows = []
+    for node in nodes:
+        val = node.meta.get("val")
+        shape = (tuple(map(str, val.shape)), str(val.dtype)) if hasattr(val, "shape") else None
+        stack = [path for path, _ in node.meta.get("nn_module_stack", {}).values()]
+        args = torch.fx.node.map_arg((node.args, node.kwargs), index.__getitem__)
+        rows.append((node.op, str(node.target), str(args), str(shape), str(stack)))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_program_is_the_same_with_torchs_fake_tensor_cache(name, monkeypatch):
+    """export_causal_lm turns the fake-tensor dispatch cache off (speed): same program."""
+    import torch._dynamo.config as dynamo_config
+
+    from irkit.llm import _causal_lm
+
+    lm = BY_NAME[name].model()
+    assert dynamo_config.fake_tensor_cache_enabled
+    fast = export_causal_lm(lm).program
+    assert dynamo_config.fake_tensor_cache_enabled  # restored on exit
+    monkeypatch.setattr(_causal_lm, "_uncached_fake_dispatch", contextlib.nullcontext)
+    cached = export_causal_lm(lm).program
+    assert _graph_text(fast) == _graph_text(cached)
+    assert str(fast.graph_signature) == str(cached.graph_signature)
+    assert str(fast.range_constraints) == str(cached.range_constraints)
