@@ -104,9 +104,7 @@ def test_import_graph_has_no_cycle():
     assert not cycles, f"import cycles among {cycles}, e.g.:\n" + "\n".join(shown)
 
 
-KNOWN_ASSERTS: dict[str, int] = {
-    "irkit/cli/_files": 1,
-}
+KNOWN_ASSERTS: dict[str, int] = {}
 """``assert`` statements left in library code per module or package (its ``.py`` file, or every
 file under its folder), tolerated until replaced: only shrink it."""
 

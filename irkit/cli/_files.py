@@ -156,7 +156,6 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
 
 def _optimize(args: argparse.Namespace) -> int:
     import irkit
-    from irkit.rewriting import RuleSet
 
     source = input_file(args.model, "an ONNX file")
     destination = output_file(args.output, source)
@@ -165,7 +164,6 @@ def _optimize(args: argparse.Namespace) -> int:
         from irkit._pipeline import TARGETS
 
         rule_set = rules if rules is not None else TARGETS[args.target].rules()
-        assert isinstance(rule_set, RuleSet)
         if args.explain not in rule_set.names():
             raise CommandLineError(
                 f"--explain {args.explain!r}: no such rule in {rule_set.name!r}; rules: "

@@ -471,6 +471,10 @@ def export(
     if precision in _QUANTIZED_BITS:
         stage(f"quantizing to {precision} (irkit.quantize)")
         _quantize(model, precision, note)
+        if target == "onnx":  # the model needs contrib ops now: their decode fusions pay
+            from irkit.rules.decode import quantized_rules
+
+            irkit.optimize(model, "ort", rules=quantized_rules(max_positions=length))
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),

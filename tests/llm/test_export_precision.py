@@ -115,6 +115,11 @@ def test_int_precisions_quantize_the_matmuls(folder, tmp_path, precision, bits, 
     # q, k, v, o, gate, up, down per layer, and lm_head
     assert ops.get("MatMulNBits") == 7 * LAYERS + 1, ops
     assert "MatMul" not in ops and ops.get("Attention") == LAYERS, ops  # no float matmul left
+    # the decode fusions of irkit.rules.decode, across the layer functions: the residual add +
+    # post-attention norm of each layer, SiLU, and the causal mask as is_causal
+    assert ops.get("SkipSimplifiedLayerNormalization") == LAYERS, ops
+    assert ops.get("QuickGelu") == LAYERS and "Sigmoid" not in ops, ops
+    assert "LessOrEqual" not in ops and "Range" not in ops, ops
     proto = onnx.inliner.inline_local_functions(
         onnx.load(str(out / "model.onnx"), load_external_data=False)
     )
