@@ -22,7 +22,7 @@ from irkit import metadata
 from irkit._irutil import nested_subgraphs
 from irkit._scope_tree import common_scope
 from irkit.errors import FixedPointError, IrkitError, RewriteError, RuleDefinitionError
-from irkit.rewriting._match import MatchFailure
+from irkit.rewriting._match import MatchFailure, unread
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
 from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext, RuleSet
 
@@ -423,17 +423,12 @@ def commit(
     inputs = [v for n in match.nodes for v in n.inputs if v is not None]
     readers = {u.node for n in match.nodes for o in n.outputs for u in o.uses()}
     owner = match.nodes[0].graph
-    dead = [r for r in readers - set(match.nodes) if r.graph is owner and _unread(r)]
+    dead = [r for r in readers - set(match.nodes) if r.graph is owner and unread(r)]
     graph.remove(dead, safe=True)
     graph.remove(match.nodes, safe=True)
     for value, name in renames:
         value.name = name
     _remove_dead_producers(graph, inputs)
-
-
-def _unread(node: ir.Node) -> bool:
-    """Whether nothing reads ``node``'s outputs (dead code)."""
-    return not any(o.uses() or o.is_graph_output() for o in node.outputs)
 
 
 def _remove_dead_producers(graph: GraphLike, values: list[ir.Value]) -> None:

@@ -470,12 +470,15 @@ class Matcher:
         return Match(nodes, outputs, dict(st.bindings), st.opset)
 
 
+def unread(node: ir.Node) -> bool:
+    """Whether nothing reads ``node``'s outputs (dead code)."""
+    return not any(o.uses() or o.is_graph_output() for o in node.outputs)
+
+
 def _dead(node: ir.Node, beside: ir.Node) -> bool:
     """Whether nothing reads ``node``, in the graph of ``beside`` (a node left for dead-code
     removal: not a real use)."""
-    if node.graph is None or node.graph is not beside.graph:
-        return False
-    return not any(o.uses() or o.is_graph_output() for o in node.outputs)
+    return node.graph is not None and node.graph is beside.graph and unread(node)
 
 
 def matches(
