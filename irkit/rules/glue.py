@@ -9,7 +9,8 @@ computed per step from ``Shape`` ops. Opset 23's ``RotaryEmbedding`` and ``Atten
 - ``Reshape(x, s) = x`` when ``x``'s shape and the output's shape are both known and equal dim
   for dim (an int equal to an int, a symbolic dim equal only to the same name): the shape the
   step computes is then the one ``x`` already has (torch's symbolic shapes, kept by the
-  lowering, say so).
+  lowering, say so); likewise ``Reshape(Reshape(x, s₁), s₂) = x`` (any chain of reshapes that
+  comes back to ``x``'s shape, e.g. heads split and merged around an attention op).
 - ``Expand(x, s) = x`` likewise, when the output's known shape is ``x``'s.
 - ``Unsqueeze(Unsqueeze(x, a₁), a₂) = Unsqueeze(x, a)`` (constant axes; ``a`` the final
   positions of both sets of new dims; the inner output used only by the outer).
@@ -98,20 +99,28 @@ def _perm(node: ir.Node) -> list[int] | None:
 class _ShapeKeeping(BaseRule):
     """``op(x, s) = x`` when the output's known shape is ``x``'s (dims compared by name)."""
 
+    #: Also look through a chain of ops of this type: ``op(op(x, s₁), s₂) = x`` when the
+    #: outer output's known shape is ``x``'s (a reshape chain that comes back to where it began).
+    through: str | None = None
+
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
         x = node.inputs[0] if node.inputs else None
         y = node.outputs[0]
         if x is None:
             return fail("no input", None, node)
         dx, dy = dims(x), dims(y)
+        source: ir.Value | None = x
+        while source is not None and dy is not None:
+            ds = dims(source)
+            if ds is not None and same_dims(ds, dy):
+                if source.dtype is None or source.dtype != y.dtype:
+                    return fail("input and output dtypes unknown or different", y)
+                return Rewrite(Match([node], [y], {}, ctx.opset), [], [source])
+            inner = source.producer()
+            source = inner.inputs[0] if self.through and _is(inner, self.through) else None
         if dx is None or dy is None:
             return fail("input or output shape unknown", y)
-        if not same_dims(dx, dy):
-            return fail(f"output shape {list(dy)} differs from input shape {list(dx)}", y)
-        if x.dtype is None or x.dtype != y.dtype:
-            return fail("input and output dtypes unknown or different", y)
-        match = Match([node], [y], {}, ctx.opset)
-        return Rewrite(match, [], [x])
+        return fail(f"output shape {list(dy)} differs from input shape {list(dx)}", y)
 
 
 class ShapeKeepingReshape(_ShapeKeeping):
@@ -119,6 +128,7 @@ class ShapeKeepingReshape(_ShapeKeeping):
 
     name = "ShapeKeepingReshape"
     anchors = frozenset({("", "Reshape")})
+    through = "Reshape"
     doc = "Reshape to the shape the input already has (symbolic dims by name)"
 
 

@@ -104,6 +104,26 @@ def test_a_reshape_to_the_shape_it_has_goes():
     util.assert_same_numbers(before, m)
 
 
+def test_a_reshape_chain_back_to_its_input_goes():
+    """``Reshape(Reshape(x, [b, s, 2, 4]), [b, s, 8]) = x`` (shapes by name, the outer shape
+    computed, so no constant folding or ``ReshapeReshape`` sees it); a chain to another shape
+    stays."""
+    m = _shaped(
+        H + "g (float[b, s, 8] x) => (float[b, s, 8] z, float[b, s, 2, 4] u) {\n"
+        "  four = Constant<value=int64[4] {0, 0, 2, 4}>()  h = Reshape(x, four)\n"
+        "  n = Shape<start=0, end=2>(x)  e = Constant<value=int64[1] {8}>()\n"
+        "  back = Concat<axis=0>(n, e)  y = Reshape(h, back)  z = Relu(y)\n"
+        "  other = Reshape(y, four)  u = Relu(other)\n}"
+    )
+    before = util.clone(m)
+    report = _onnx_target(m)
+    assert report.fired["ShapeKeepingReshape"] == 2  # (y, then ``other`` = h's reshape of x)
+    assert util.ops(m) == {"Constant": 1, "Relu": 2, "Reshape": 1}
+    relu = next(n for n in m.graph if n.op_type == "Relu" and n.outputs[0].name == "z")
+    assert relu.inputs[0] is m.graph.inputs[0]
+    util.assert_same_numbers(before, m)
+
+
 def test_a_reshape_of_unknown_shapes_stays():
     m = util.model(RESHAPE_TEXT)  # (no inference: y's shape is unknown)
     report = _onnx_target(m)

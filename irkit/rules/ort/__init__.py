@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from irkit import rules as library
 from irkit.rewriting import RuleSet
+from irkit.rules import glue
 from irkit.rules.ort import attention, gelu, matmul, packed, skip_norm
 
 __all__ = ["attention", "gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
@@ -78,7 +79,10 @@ def contrib_rules(
     members = [attention.attention_rules(gqa_dynamic_past, gqa_masked, shared), packed.rules]
     if skip_norm:
         members.append(_SKIP_NORM_RULES)
-    return RuleSet("ort_contrib", [*members, gelu.rules, matmul.rules])
+    # the head reshapes the attention fusions leave around the 3-D contrib ops (``to3``/``to4``)
+    # meet the model's own: the chains that come back to their input's shape are identities
+    shapes = RuleSet("ort_shapes", [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand()])
+    return RuleSet("ort_contrib", [*members, gelu.rules, matmul.rules, shapes])
 
 
 def default_rules(

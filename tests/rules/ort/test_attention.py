@@ -14,7 +14,7 @@ import irkit
 from irkit.rewriting import RewriteReport, Rule
 from irkit.rules import ort
 from tests.helpers import run_ort
-from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, ops, parse
+from tests.rules.ort.support import ATOL, TYPES, clone, fire, no_fire, ops, parse, rewrite
 
 DTYPES = st.sampled_from(["float", "float16"])
 MAX_POS = 32
@@ -204,10 +204,74 @@ def test_attention_rules_are_patterns():
     assert names == [
         "GroupQueryAttentionKVCache",
         "GroupQueryAttention",
+        "PackedQKVAttention",
         "MultiHeadAttentionKVCache",
         "MultiHeadAttention",
         "ContribRotaryEmbedding",
     ]
+
+
+def _packed_gqa(
+    b: int, n: int, kv: int, s: int, p: int, h: int, order: str = "q, k, v"
+) -> ir.Model:
+    """``GroupQueryAttention`` of the three outputs of ``Split(x)`` (in ``order``), with a past."""
+    w, t = (n + 2 * kv) * h, p + s
+    return parse(f"""g (float[{b},{s},{w}] x, float[{b},{kv},{p},{h}] pk, float[{b},{kv},{p},{h}] pv,
+                        int32[{b}] seqlens, int32 total)
+      => (float[{b},{s},{n * h}] y, float[{b},{kv},{t},{h}] ko, float[{b},{kv},{t},{h}] vo) {{
+        sizes = Constant<value = int64[3] {{{n * h}, {kv * h}, {kv * h}}}>()
+        q, k, v = Split<axis=-1>(x, sizes)
+        y, ko, vo = com.microsoft.GroupQueryAttention<num_heads={n}, kv_num_heads={kv}>({order},
+                                                                   pk, pv, seqlens, total)
+      }}""")
+
+
+def _packed_feeds(m: ir.Model, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x, pk = m.graph.inputs[0].shape, m.graph.inputs[1].shape
+    total = int(pk[2]) + int(x[1])
+    return [
+        rng.standard_normal([int(d) for d in x]).astype(np.float32),
+        rng.standard_normal([int(d) for d in pk]).astype(np.float32),
+        rng.standard_normal([int(d) for d in pk]).astype(np.float32),
+        np.full([int(x[0])], total - 1, dtype=np.int32),
+        np.array(total, dtype=np.int32),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("b", "n", "kv", "s", "p"), [(1, 4, 2, 3, 5), (2, 8, 2, 1, 7), (1, 2, 2, 1, 0)]
+)
+def test_packed_qkv_goes_into_group_query_attention(b, n, kv, s, p):
+    """``GroupQueryAttention(Split(x))`` → ``GroupQueryAttention(x)``: the op splits the packed
+    projection itself; the Split goes, onnxruntime's numbers stay."""
+    m = _packed_gqa(b, n, kv, s, p, 16)
+    before, feeds = clone(m), _packed_feeds(m)
+    report = rewrite(m)
+    assert report.fired.get("PackedQKVAttention") == 1
+    assert ops(m) == {"GroupQueryAttention": 1}
+    node = next(iter(m.graph))
+    assert node.inputs[0] is m.graph.inputs[0] and node.inputs[1] is None and node.inputs[2] is None
+    for a, e in zip(run_ort(m, feeds), run_ort(before, feeds), strict=True):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_qkv_declines_outputs_out_of_order():
+    """K and V swapped (same width): not the packed layout, so the Split stays."""
+    m = _packed_gqa(1, 4, 2, 2, 3, 16, order="q, v, k")
+    report = rewrite(m)
+    assert report.fired.get("PackedQKVAttention", 0) == 0
+    assert ops(m) == {"Constant": 1, "GroupQueryAttention": 1, "Split": 1}
+
+
+def test_packed_qkv_declines_widths_not_of_the_heads():
+    """Q narrower than ``num_heads`` heads of K's size: no packed form to hand the op."""
+    m = _packed_gqa(1, 4, 2, 1, 3, 16)
+    next(n for n in m.graph if n.op_type == "GroupQueryAttention").attributes["num_heads"] = (
+        ir.AttrInt64("num_heads", 2)
+    )
+    report = no_fire(m, "PackedQKVAttention", "are not 2/2 heads of one size")
+    assert report.fired.get("PackedQKVAttention", 0) == 0
 
 
 def _caches(t: str, h: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -75,6 +75,7 @@ from irkit.rewriting import RuleSet
 from irkit.rules.ort.attention._base import CARRIED, MS, SharedBuffer
 from irkit.rules.ort.attention.gqa import group_query_attention
 from irkit.rules.ort.attention.mha import MULTI_HEAD_ATTENTION
+from irkit.rules.ort.attention.packed_qkv import PACKED_QKV_ATTENTION
 from irkit.rules.ort.attention.rotary import CONTRIB_ROTARY
 from irkit.rules.ort.attention.shared_buffer import shared_buffer_rule
 
@@ -100,6 +101,7 @@ def attention_rules(
         "ort_attention",
         [
             group_query_attention(gqa_dynamic_past, gqa_masked, shared),
+            PACKED_QKV_ATTENTION,
             MULTI_HEAD_ATTENTION,
             CONTRIB_ROTARY,
         ],

@@ -29,16 +29,35 @@ def _input(node: ir.Node, i: int) -> ir.Value | None:
     return node.inputs[i] if i < len(node.inputs) else None
 
 
+def _merged(t: ir.Value) -> ir.Shape | None:
+    """``(B, N, S, H)`` → the shape ``(B, S, N·H)`` where ``t``'s dims say so."""
+    d = dims(t)
+    if d is None or len(d) != 4 or not isinstance(d[1], int) or not isinstance(d[3], int):
+        return None
+    return ir.Shape([t.shape[0], t.shape[2], d[1] * d[3]]) if t.shape is not None else None
+
+
 def _to3(op: RewriteBuilder, t: ir.Value) -> ir.Value:
-    """``(B, N, S, H)`` → ``(B, S, N·H)``."""
+    """``(B, N, S, H)`` → ``(B, S, N·H)``; the result carries its shape, so that the cleanup
+    rules see a ``Reshape`` chain back to a value of that shape as the identity it is."""
     shape = op.const(np.array([0, 0, -1], dtype=np.int64))
-    return op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), shape)
+    out: ir.Value = op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), shape)
+    out.dtype, out.shape = t.dtype, _merged(t)
+    return out
 
 
-def _to4(op: RewriteBuilder, t: ir.Value, heads: int) -> ir.Value:
-    """``(B, S, N·H)`` → ``(B, N, S, H)``."""
+def _to4(op: RewriteBuilder, t: ir.Value, heads: int, like: ir.Value | None = None) -> ir.Value:
+    """``(B, S, N·H)`` → ``(B, N, S, H)``; with ``like`` (the replaced 4-D output), the
+    values carry their shapes (``t``'s from ``like``'s)."""
     shape = op.const(np.array([0, 0, heads, -1], dtype=np.int64))
-    return op.Transpose(op.Reshape(t, shape), perm=[0, 2, 1, 3])
+    four: ir.Value = op.Reshape(t, shape)
+    out: ir.Value = op.Transpose(four, perm=[0, 2, 1, 3])
+    if like is not None and like.shape is not None and len(like.shape) == 4:
+        b, n, s, h = like.shape
+        t.dtype, t.shape = like.dtype, _merged(like)
+        four.dtype, four.shape = like.dtype, ir.Shape([b, s, n, h])
+        out.dtype, out.shape = like.dtype, like.shape
+    return out
 
 
 class _Heads:

@@ -245,7 +245,7 @@ def _rewrite(
         scale=scale_value,
         _outputs=3,
     )
-    return _to4(op, y, heads), present_k, present_v
+    return _to4(op, y, heads, like=q), present_k, present_v
 
 
 def alibi_rule(shared: SharedBuffer) -> Rule:

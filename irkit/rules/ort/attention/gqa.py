@@ -141,7 +141,7 @@ def _gqa(
         rotary_interleaved=interleaved if rotary is not None else None,
         _outputs=3,
     )
-    return _to4(op, y, heads.q_heads), present_k, present_v
+    return _to4(op, y, heads.q_heads, like=q), present_k, present_v
 
 
 def _gqa_y(

@@ -173,7 +173,7 @@ def _gqa_shared(
         rotary_interleaved=None if cos is None else interleaved,
         _outputs=3,
     )
-    return _to4(op, y, heads.q_heads), present_k, present_v
+    return _to4(op, y, heads.q_heads, like=q), present_k, present_v
 
 
 def shared_buffer_rule(shared: SharedBuffer) -> Rule:

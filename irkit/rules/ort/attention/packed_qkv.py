@@ -1,0 +1,124 @@
+"""Packed QKV into ``GroupQueryAttention``: the op splits its query input itself.
+
+Identity (``PackedQKVAttention``)::
+
+    q, k, v = Split(P, axis=-1)
+    GroupQueryAttention(q, k, v, past_k, past_v, …) = GroupQueryAttention(P, , , past_k, past_v, …)
+
+``GroupQueryAttention`` reads a query of ``(num_heads + 2 · kv_num_heads) · head_size`` channels
+with no key and value as the packed ``[Q | K | V]`` projection and splits it inside the kernel,
+as in the models onnxruntime-genai's builder writes. The packed projection comes from
+:mod:`irkit.rules.ort.packed` (one ``MatMul`` for the three).
+
+Preconditions: Q, K and V are the three outputs, in order, of one ``Split`` on the last axis of
+rank-3 values of known widths ``num_heads · h``, ``kv_num_heads · h`` and ``kv_num_heads · h``
+for one ``h``; the node carries no attribute beyond those listed in :data:`_GQA` (one of a newer
+onnxruntime stops the rewrite).
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from irkit.rewriting import (
+    Match,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    const_ints,
+    dims,
+    fail,
+    optional,
+    var,
+)
+from irkit.rewriting import op as pat
+from irkit.rules.ort.attention._base import MS
+
+__all__ = ["PACKED_QKV_ATTENTION", "rules"]
+
+_ATTRIBUTES = (
+    "num_heads",
+    "kv_num_heads",
+    "scale",
+    "softcap",
+    "local_window_size",
+    "do_rotary",
+    "rotary_interleaved",
+    "smooth_softmax",
+    "qk_output",
+)
+_TAIL = (
+    "past_key",
+    "past_value",
+    "seqlens_k",
+    "total_sequence_length",
+    "cos_cache",
+    "sin_cache",
+    "position_ids",
+    "attention_bias",
+    "head_sink",
+)
+
+_packed = var("packed")
+_q, _k, _v = pat.Split(_packed, optional(var("split")), axis=attr("axis"), _outputs=3)
+_GQA = pat.domain(MS).GroupQueryAttention(
+    _q,
+    _k,
+    _v,
+    *(optional(var(name)) for name in _TAIL),
+    **{name: attr(name) for name in _ATTRIBUTES},
+    _outputs=3,
+    _exact_attributes=True,
+)
+"""``GroupQueryAttention(Split(packed, axis)[0..2], …)`` with every attribute captured."""
+
+
+def _rank(*values: ir.Value | None) -> int | None:
+    return next((len(v.shape) for v in values if v is not None and v.shape is not None), None)
+
+
+def _check(
+    packed: ir.Value,
+    split: ir.Value | None,
+    axis: int,
+    num_heads: int,
+    kv_num_heads: int,
+    match: Match,
+) -> Verdict:
+    q, k, v = next(n for n in match.nodes if n.op_type == "Split").outputs
+    rank = _rank(packed, q)
+    if rank != 3 or axis not in (-1, 2):
+        return fail(f"the Split is on axis {axis} of a rank-{rank} value, not the last of 3", q)
+    sizes = const_ints(split) if split is not None else None
+    widths = list(sizes) if sizes else [d[-1] if (d := dims(t)) else None for t in (q, k, v)]
+    h = widths[0] // num_heads if isinstance(widths[0], int) and num_heads else 0
+    if not h or widths != [num_heads * h, kv_num_heads * h, kv_num_heads * h]:
+        return fail(
+            f"Q/K/V widths {widths} are not {num_heads}/{kv_num_heads} heads of one size", q
+        )
+    return True
+
+
+def _packed_gqa(op: RewriteBuilder, packed: ir.Value, **bound: ir.Value | int | float | None):
+    """``GroupQueryAttention(packed, , , …)`` with the matched tail inputs and attributes."""
+    tail = [bound[name] for name in _TAIL]
+    while tail and tail[-1] is None:
+        tail.pop()
+    return op.domain(MS).GroupQueryAttention(
+        packed, None, None, *tail, **{name: bound[name] for name in _ATTRIBUTES}, _outputs=3
+    )
+
+
+PACKED_QKV_ATTENTION = Rule(
+    "PackedQKVAttention",
+    _GQA,
+    check=_check,
+    rewrite=_packed_gqa,
+    doc="GroupQueryAttention reads the packed [Q | K | V] projection and splits it inside",
+)
+"""``GroupQueryAttention(Split(P))`` → ``GroupQueryAttention(P)`` (see the module docstring)."""
+
+rules = RuleSet("ort_packed_qkv", [PACKED_QKV_ATTENTION])
+"""The packed-QKV rule."""
