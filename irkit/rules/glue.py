@@ -117,7 +117,8 @@ class _ShapeKeeping(BaseRule):
                     return fail("input and output dtypes unknown or different", y)
                 return Rewrite(Match([node], [y], {}, ctx.opset), [], [source])
             inner = source.producer()
-            source = inner.inputs[0] if self.through and _is(inner, self.through) else None
+            through = inner is not None and self.through is not None and _is(inner, self.through)
+            source = inner.inputs[0] if inner is not None and through else None
         if dx is None or dy is None:
             return fail("input or output shape unknown", y)
         return fail(f"output shape {list(dy)} differs from input shape {list(dx)}", y)

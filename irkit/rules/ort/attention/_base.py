@@ -42,7 +42,7 @@ def _to3(op: RewriteBuilder, t: ir.Value) -> ir.Value:
     rules see a ``Reshape`` chain back to a value of that shape as the identity it is."""
     shape = op.const(np.array([0, 0, -1], dtype=np.int64))
     out: ir.Value = op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), shape)
-    out.dtype, out.shape = t.dtype, _merged(t)
+    out.type, out.shape = t.type, _merged(t)
     return out
 
 
@@ -54,9 +54,9 @@ def _to4(op: RewriteBuilder, t: ir.Value, heads: int, like: ir.Value | None = No
     out: ir.Value = op.Transpose(four, perm=[0, 2, 1, 3])
     if like is not None and like.shape is not None and len(like.shape) == 4:
         b, n, s, h = like.shape
-        t.dtype, t.shape = like.dtype, _merged(like)
-        four.dtype, four.shape = like.dtype, ir.Shape([b, s, n, h])
-        out.dtype, out.shape = like.dtype, like.shape
+        t.type, t.shape = like.type, _merged(like)
+        four.type, four.shape = like.type, ir.Shape([b, s, n, h])
+        out.type, out.shape = like.type, like.shape
     return out
 
 

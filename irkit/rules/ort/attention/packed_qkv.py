@@ -18,6 +18,8 @@ onnxruntime stops the rewrite).
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx_ir as ir
 
 from irkit.rewriting import (
@@ -61,6 +63,7 @@ _TAIL = (
     "head_sink",
 )
 
+_CAPTURED: dict[str, Any] = {name: attr(name) for name in _ATTRIBUTES}
 _packed = var("packed")
 _q, _k, _v = pat.Split(_packed, optional(var("split")), axis=attr("axis"), _outputs=3)
 _GQA = pat.domain(MS).GroupQueryAttention(
@@ -68,9 +71,9 @@ _GQA = pat.domain(MS).GroupQueryAttention(
     _k,
     _v,
     *(optional(var(name)) for name in _TAIL),
-    **{name: attr(name) for name in _ATTRIBUTES},
     _outputs=3,
     _exact_attributes=True,
+    **_CAPTURED,
 )
 """``GroupQueryAttention(Split(packed, axis)[0..2], …)`` with every attribute captured."""
 
@@ -101,7 +104,7 @@ def _check(
     return True
 
 
-def _packed_gqa(op: RewriteBuilder, packed: ir.Value, **bound: ir.Value | int | float | None):
+def _packed_gqa(op: RewriteBuilder, packed: ir.Value, **bound: Any) -> Any:
     """``GroupQueryAttention(packed, , , …)`` with the matched tail inputs and attributes."""
     tail = [bound[name] for name in _TAIL]
     while tail and tail[-1] is None:
