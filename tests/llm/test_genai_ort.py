@@ -246,6 +246,10 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
         assert attributes.get("do_rotary") == (None if arch in ("gpt2", "mpt", "bloom") else 1), (
             attributes
         )
+        # the op reads the packed [Q | K | V] projection (PackedQKVAttention[Slices]); not
+        # where a per-head norm (gemma3's q/k norms) or the eager ALiBi form sits in between
+        packed = list(node.input[1:3]) == ["", ""]
+        assert packed == (arch not in ("gemma3", "mpt", "bloom")), list(node.input)
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         reference = _kept_cache_ids if arch == "longrope" else _reference_ids

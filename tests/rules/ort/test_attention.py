@@ -205,6 +205,7 @@ def test_attention_rules_are_patterns():
         "GroupQueryAttentionKVCache",
         "GroupQueryAttention",
         "PackedQKVAttention",
+        "PackedQKVAttentionSlices",
         "MultiHeadAttentionKVCache",
         "MultiHeadAttention",
         "ContribRotaryEmbedding",
@@ -254,6 +255,49 @@ def test_packed_qkv_goes_into_group_query_attention(b, n, kv, s, p):
     assert node.inputs[0] is m.graph.inputs[0] and node.inputs[1] is None and node.inputs[2] is None
     for a, e in zip(run_ort(m, feeds), run_ort(before, feeds), strict=True):
         np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-5)
+
+
+def _sliced_gqa(n: int, kv: int, h: int, bounds: list[int], end: int) -> ir.Model:
+    """``GroupQueryAttention(x[..., b0:b1], x[..., b1:b2], x[..., b2:end])`` (b, s = 1, 1)."""
+    w, p = (n + 2 * kv) * h, 3
+    b0, b1, b2 = bounds
+    return parse(f"""g (float[1,1,{w}] x, float[1,{kv},{p},{h}] pk, float[1,{kv},{p},{h}] pv,
+                        int32[1] seqlens, int32 total)
+      => (float[1,1,{n * h}] y, float[1,{kv},{p + 1},{h}] ko, float[1,{kv},{p + 1},{h}] vo) {{
+        s0 = Constant<value = int64[1] {{{b0}}}>()
+        s1 = Constant<value = int64[1] {{{b1}}}>()
+        s2 = Constant<value = int64[1] {{{b2}}}>()
+        e = Constant<value = int64[1] {{{end}}}>()
+        ax = Constant<value = int64[1] {{-1}}>()
+        q = Slice(x, s0, s1, ax)
+        k = Slice(x, s1, s2, ax)
+        v = Slice(x, s2, e, ax)
+        y, ko, vo = com.microsoft.GroupQueryAttention<num_heads={n}, kv_num_heads={kv}>(q, k, v,
+                                                                   pk, pv, seqlens, total)
+      }}""")
+
+
+def test_packed_qkv_slices_go_into_group_query_attention():
+    """phi3's packed ``qkv_proj`` cut by three slices that tile it (the last to INT64_MAX)."""
+    m = _sliced_gqa(4, 2, 16, [0, 64, 96], 2**63 - 1)
+    before, feeds = clone(m), _packed_feeds(m)
+    report = rewrite(m)
+    assert report.fired.get("PackedQKVAttentionSlices") == 1
+    assert ops(m) == {"GroupQueryAttention": 1}
+    for a, e in zip(run_ort(m, feeds), run_ort(before, feeds), strict=True):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "end", "reason"),
+    [
+        ([16, 80, 112], 128, "do not tile the packed projection"),  # a gap before Q
+        ([0, 64, 96], 120, "not at the packed width 128"),  # V stops short
+    ],
+)
+def test_packed_qkv_slices_decline_what_is_not_the_packed_layout(bounds, end, reason):
+    m = _sliced_gqa(4, 2, 16, bounds, end)
+    no_fire(m, "PackedQKVAttentionSlices", reason)
 
 
 def test_packed_qkv_declines_outputs_out_of_order():
