@@ -25,14 +25,18 @@ PyTorch): max |Δlogit|, cosine and top-1 agreement over a prefill of 128 and a 
 at accuracy level 0 and 4; the node count of each model (file, functions inlined, and after
 onnxruntime's own graph optimizations) and, from onnxruntime's profiler over decode@127 steps,
 the share of kernel time outside ``MatMulNBits``/``DynamicQuantizeMatMul`` and attention
-(``Attention``, ``GroupQueryAttention``, ``MultiHeadAttention``) with the top ops.
+(``Attention``, ``GroupQueryAttention``, ``MultiHeadAttention``) with the top ops. The
+profiler slows every node it times, so its kernel sums do not compare models of different node
+counts: the wall time of a decode step (decode@127, decode@511; 1 thread) is split instead into
+the int4 models' ``MatMulNBits`` alone, their feeds and fetches alone (:func:`floor_models`)
+and the rest, each timed unprofiled and interleaved, best of many rounds.
 
 Targets (issue 24): int4 decode <= 0.9x, int4 prefill <= 1.0x, int8 <= 0.9x the builder; nodes
 per decode step <= builder + 20%; non-MatMulNBits, non-attention kernels <= 10%. On a busy
 machine the figures are indicative: rerun on a quiet one.
 
 Usage: ``PYTHONPATH=$PWD:$PWD/tests/site python bench/bench_quantize.py [--sizes ref,wide]
-[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4]`` (the builder runs
+[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4] [--no-spin]`` (the builder runs
 with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per model).
 """
 
@@ -150,13 +154,12 @@ def irkit_quantized(
 
 
 def session(
-    path: pathlib.Path, threads: int, profile: str | None = None, spin: bool = False
+    path: pathlib.Path, threads: int, profile: str | None = None, spin: bool = True
 ) -> ort.InferenceSession:
-    """One CPU session. With ``threads > 1`` and ``spin`` off, the pool's workers do not spin
-    after a run: the harness keeps one pool per variant alive, and a pool spinning after its
-    run takes the cores of the next variant's run (2-core machine: 2-3× slower runs, ratios set
-    by the order of the variants). genai runs one session per process, where this cannot
-    happen."""
+    """One CPU session. ``spin=False`` (``--no-spin``, at ``threads > 1``) stops the pool's
+    workers spinning between parallel sections and runs: the harness keeps one pool per variant
+    alive, and a pool still spinning after its run competes with the next variant's run for
+    the cores. onnxruntime's default (and genai's, one session per process) is to spin."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -178,7 +181,7 @@ def timed(
     cases: dict[str, dict[str, np.ndarray]],
     threads: int,
     rounds: int,
-    spin: bool = False,
+    spin: bool = True,
 ) -> dict[tuple[str, str], list[float]]:
     """``{(variant, case): [ms per round]}``: every round runs every variant on every case."""
     sessions = {name: session(p, threads, spin=spin) for name, p in paths.items()}
@@ -378,7 +381,7 @@ def run_size(
     threads: list[int],
     decode_rules: bool,
     top: int,
-    spin: bool = False,
+    spin: bool = True,
 ) -> str:
     out = work / size
     out.mkdir(parents=True, exist_ok=True)
@@ -453,9 +456,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-decode-rules", action="store_true")
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument(
-        "--spin",
+        "--no-spin",
         action="store_true",
-        help="let the intra-op pools spin between runs (onnxruntime's default; see session())",
+        help="at > 1 thread, intra-op pools do not spin (onnxruntime spins by default)",
     )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -464,13 +467,13 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"onnxruntime {ort.__version__}, workdir {work}, "
         f"decode rules {'off' if args.no_decode_rules else 'on'}, "
-        f"spinning {'on' if args.spin else 'off'} at > 1 thread",
+        f"spinning {'off' if args.no_spin else 'on'} at > 1 thread",
         flush=True,
     )
     for size in args.sizes.split(","):
         rules = not args.no_decode_rules
         rounds = max(args.rounds, 5)
-        print(run_size(size, work, rounds, threads, rules, args.top, args.spin), flush=True)
+        print(run_size(size, work, rounds, threads, rules, args.top, not args.no_spin), flush=True)
 
 
 if __name__ == "__main__":
