@@ -36,8 +36,9 @@ per decode step <= builder + 20%; non-MatMulNBits, non-attention kernels <= 10%.
 machine the figures are indicative: rerun on a quiet one.
 
 Usage: ``PYTHONPATH=$PWD:$PWD/tests/site python bench/bench_quantize.py [--sizes ref,wide]
-[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4] [--no-spin]`` (the builder runs
-with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per model).
+[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4] [--no-spin]`` (the
+builder runs with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per
+model; ``--no-spin``: see :func:`session`).
 """
 
 from __future__ import annotations
