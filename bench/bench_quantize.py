@@ -25,15 +25,20 @@ PyTorch): max |Δlogit|, cosine and top-1 agreement over a prefill of 128 and a 
 at accuracy level 0 and 4; the node count of each model (file, functions inlined, and after
 onnxruntime's own graph optimizations) and, from onnxruntime's profiler over decode@127 steps,
 the share of kernel time outside ``MatMulNBits``/``DynamicQuantizeMatMul`` and attention
-(``Attention``, ``GroupQueryAttention``, ``MultiHeadAttention``) with the top ops.
+(``Attention``, ``GroupQueryAttention``, ``MultiHeadAttention``) with the top ops. The
+profiler slows every node it times, so its kernel sums do not compare models of different node
+counts: the wall time of a decode step (decode@127, decode@511; 1 thread) is split instead into
+the int4 models' ``MatMulNBits`` alone, their feeds and fetches alone (:func:`floor_models`)
+and the rest, each timed unprofiled and interleaved, best of many rounds.
 
 Targets (issue 24): int4 decode <= 0.9x, int4 prefill <= 1.0x, int8 <= 0.9x the builder; nodes
 per decode step <= builder + 20%; non-MatMulNBits, non-attention kernels <= 10%. On a busy
 machine the figures are indicative: rerun on a quiet one.
 
 Usage: ``PYTHONPATH=$PWD:$PWD/tests/site python bench/bench_quantize.py [--sizes ref,wide]
-[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4]`` (the builder runs
-with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per model).
+[--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4] [--no-spin]`` (the
+builder runs with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per
+model; ``--no-spin``: see :func:`session`).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ KV_HEADS = {"ref": 2, "wide": 4}
 CASES = [("decode@127", 1, 127), ("decode@511", 1, 511), ("prefill@128", 128, 0)]
 PAIRS = [("irkit int4", "builder int4"), ("irkit int8", "builder int8")]
 MATMUL_OPS = {"MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger", "MatMul"}
+MS = "com.microsoft"
 ATTENTION_OPS = {"Attention", "GroupQueryAttention", "MultiHeadAttention"}
 MAX_SEQUENCE = 1024  # the export's bound, and the rotary tables' rows
 
@@ -148,11 +154,19 @@ def irkit_quantized(
 # --- running -------------------------------------------------------------------------------------
 
 
-def session(path: pathlib.Path, threads: int, profile: str | None = None) -> ort.InferenceSession:
+def session(
+    path: pathlib.Path, threads: int, profile: str | None = None, spin: bool = True
+) -> ort.InferenceSession:
+    """One CPU session. ``spin=False`` (``--no-spin``, at ``threads > 1``) stops the pool's
+    workers spinning between parallel sections and runs: the harness keeps one pool per variant
+    alive, and a pool still spinning after its run competes with the next variant's run for
+    the cores. onnxruntime's default (and genai's, one session per process) is to spin."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    if threads > 1 and not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile
@@ -168,9 +182,10 @@ def timed(
     cases: dict[str, dict[str, np.ndarray]],
     threads: int,
     rounds: int,
+    spin: bool = True,
 ) -> dict[tuple[str, str], list[float]]:
     """``{(variant, case): [ms per round]}``: every round runs every variant on every case."""
-    sessions = {name: session(p, threads) for name, p in paths.items()}
+    sessions = {name: session(p, threads, spin=spin) for name, p in paths.items()}
     bound = {(n, c): feeds_for(s, f) for n, s in sessions.items() for c, f in cases.items()}
     for (n, _), f in bound.items():
         sessions[n].run(None, f)  # warm-up
@@ -252,11 +267,122 @@ def profile_share(
     return f"glue {sum(glue.values()) / total:5.1%} of {total / steps / 1e3:.3f} ms/step (top: {names})"
 
 
+def floor_models(path: pathlib.Path, work: pathlib.Path, name: str) -> tuple[pathlib.Path, ...]:
+    """Two models with ``path``'s inputs and outputs that bound its decode step from below:
+
+    - ``matmuls``: its ``MatMulNBits`` nodes alone, each fed by one random input of its ``K``,
+      each output a graph output (the weight bytes a step reads, at the same call count);
+    - ``io``: the step's feeds and fetches alone: logits a constant, each ``present`` its
+      ``past`` padded by one position (the copy every cache-as-input step makes).
+    """
+    model = onnx.load(str(path))
+    graph = model.graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    used = {i for n in nbits for i in n.input[1:]}
+    nodes, outputs, widths = [], [], set()
+    for j, node in enumerate(nbits):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        widths.add(attrs["K"])
+        nodes.append(
+            onnx.helper.make_node(
+                "MatMulNBits", [f"x{attrs['K']}", *node.input[1:]], [f"y{j}"], domain=MS, **attrs
+            )
+        )
+        outputs.append(onnx.helper.make_tensor_value_info(f"y{j}", onnx.TensorProto.FLOAT, None))
+    inputs = [
+        onnx.helper.make_tensor_value_info(f"x{k}", onnx.TensorProto.FLOAT, [1, 1, k])
+        for k in sorted(widths)
+    ]
+    weights = [t for t in graph.initializer if t.name in used]
+    matmuls = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "matmuls", inputs, outputs, weights),
+        opset_imports=[onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid(MS, 1)],
+    )
+    vocab = graph.output[0].type.tensor_type.shape.dim[-1].dim_value or 1
+    consts = [
+        onnx.numpy_helper.from_array(np.zeros((1, 1, vocab), np.float32), "zeros"),
+        onnx.numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 0], np.int64), "pads"),
+    ]
+    io_nodes = []
+    for out in graph.output:
+        if out.name == "logits":
+            io_nodes.append(onnx.helper.make_node("Identity", ["zeros"], ["logits"]))
+        else:  # present.N.key|value <- past_key_values.N.key|value (irkit's and genai's names)
+            past = out.name.replace("present", "past_key_values")
+            io_nodes.append(onnx.helper.make_node("Pad", [past, "pads"], [out.name]))
+    io = onnx.helper.make_model(
+        onnx.helper.make_graph(io_nodes, "io", list(graph.input), list(graph.output), consts),
+        opset_imports=[onnx.helper.make_opsetid("", 21)],
+    )
+    stem = name.replace(" ", "_")
+    paths = work / f"{stem}.floor_matmuls.onnx", work / f"{stem}.floor_io.onnx"
+    onnx.save(matmuls, str(paths[0]), save_as_external_data=True, location=paths[0].name + ".data")
+    onnx.save(io, str(paths[1]))
+    return paths
+
+
+def decomposition(
+    pair: tuple[str, str],
+    paths: dict[str, pathlib.Path],
+    feeds: dict[str, np.ndarray],
+    work: pathlib.Path,
+    rounds: int,
+) -> list[str]:
+    """Wall time of a decode step split into matmuls, feeds/fetches and the rest (1 thread).
+
+    onnxruntime's profiler slows every node it times (a profiled decode@127 step of the
+    reference model takes ~1.2 ms, an unprofiled one ~0.75 ms), so its kernel sums compare
+    badly across models of different node counts; this times, interleaved and unprofiled, each
+    model and its two :func:`floor_models`. ``bound`` is ``(matmuls + io) / builder step``: the
+    ratio irkit would reach if everything else (attention, norms, rotary, glue) cost nothing.
+    """
+    variants: dict[str, pathlib.Path] = {}
+    for name in pair:
+        matmuls, io = floor_models(paths[name], work, name)
+        variants.update({name: paths[name], f"{name} matmuls": matmuls, f"{name} io": io})
+    rng = np.random.default_rng(0)
+    sessions = {n: session(p, 1) for n, p in variants.items()}
+    bound = {}
+    for n, s in sessions.items():
+        bound[n] = {
+            i.name: feeds[i.name]
+            if i.name in feeds
+            else rng.standard_normal([int(d) for d in i.shape]).astype(np.float32)
+            for i in s.get_inputs()
+        }
+        s.run(None, bound[n])
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(rounds):
+        for n, s in sessions.items():
+            t0 = time.perf_counter()
+            for _ in range(20):
+                s.run(None, bound[n])
+            times[n].append((time.perf_counter() - t0) / 20 * 1e3)
+    best = {n: min(t) for n, t in times.items()}
+    lines = []
+    for name in pair:
+        mm, io = best[f"{name} matmuls"], best[f"{name} io"]
+        rest = best[name] - mm - io
+        lines.append(
+            f"{name:14} step {best[name]:.3f} = matmuls {mm:.3f} + io {io:.3f} + rest {rest:.3f}"
+        )
+    a, b = pair
+    floor = (best[f"{a} matmuls"] + best[f"{a} io"]) / best[b]
+    lines.append(f"{a} / {b}: {best[a] / best[b]:.2f}x; bound (rest = 0) {floor:.2f}x")
+    return lines
+
+
 # --- one model size ------------------------------------------------------------------------------
 
 
 def run_size(
-    size: str, work: pathlib.Path, rounds: int, threads: list[int], decode_rules: bool, top: int
+    size: str,
+    work: pathlib.Path,
+    rounds: int,
+    threads: list[int],
+    decode_rules: bool,
+    top: int,
+    spin: bool = True,
 ) -> str:
     out = work / size
     out.mkdir(parents=True, exist_ok=True)
@@ -291,7 +417,7 @@ def run_size(
         c: causal_lm_feeds(lm, batch=1, seq=seq, past=past, seed=past) for c, seq, past in CASES
     }
     for threads_n in threads:
-        times = timed(paths, cases, threads_n, rounds)
+        times = timed(paths, cases, threads_n, rounds, spin)
         lines.append(f"\n### {threads_n} thread(s), {rounds} interleaved rounds (ms, medians)")
         lines.append(f"{'case':12} {'pair':30} {'a':>8} {'b':>8}  ratio [min–max]")
         for a, b in pairs:
@@ -302,6 +428,11 @@ def run_size(
                 f"{c:12} {'irkit dyn8 / builder int4':30} "
                 f"{ratio_line(times, 'irkit dyn8', 'builder int4', c)}"
             )
+    lines.append("\n### decode step, wall time split (1 thread, best of 4 × rounds, ms)")
+    for c in ("decode@127", "decode@511"):
+        lines.append(f"{c}:")
+        pair = ("irkit int4", "builder int4")
+        lines += [f"  {x}" for x in decomposition(pair, paths, cases[c], out, 4 * rounds)]
     decodes = [causal_lm_feeds(lm, batch=1, seq=1, past=127, seed=100 + i) for i in range(32)]
     accuracy_cases = {"prefill@128": [cases["prefill@128"]], "32 × decode@127": decodes}
     lines.append("\n### accuracy vs irkit fp32 (logits)")
@@ -325,18 +456,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--no-decode-rules", action="store_true")
     parser.add_argument("--top", type=int, default=4)
+    parser.add_argument(
+        "--no-spin",
+        action="store_true",
+        help="at > 1 thread, intra-op pools do not spin (onnxruntime spins by default)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="bench_quantize_"))
     threads = [int(t) for t in args.threads.split(",")]
     print(
         f"onnxruntime {ort.__version__}, workdir {work}, "
-        f"decode rules {'off' if args.no_decode_rules else 'on'}",
+        f"decode rules {'off' if args.no_decode_rules else 'on'}, "
+        f"spinning {'off' if args.no_spin else 'on'} at > 1 thread",
         flush=True,
     )
     for size in args.sizes.split(","):
         rules = not args.no_decode_rules
-        print(run_size(size, work, max(args.rounds, 5), threads, rules, args.top), flush=True)
+        rounds = max(args.rounds, 5)
+        print(run_size(size, work, rounds, threads, rules, args.top, not args.no_spin), flush=True)
 
 
 if __name__ == "__main__":
