@@ -48,6 +48,7 @@ import onnx_ir as ir
 from irkit._irutil import node_attributes
 from irkit.errors import LoweringOptionsError
 from irkit.rewriting import Match, RewriteBuilder, Rule, RuleSet, Verdict, fail, rewrite
+from irkit.rules.hoist import FunctionKey, Threader
 
 __all__ = ["SHARED_BUFFER_OPSET", "rules", "share_kv_buffer"]
 
@@ -190,6 +191,9 @@ def _lengths(graph: ir.Graph, add: _Builder) -> tuple[ir.Value, ir.Value, ir.Val
     total = add(first, "Shape", mask, start=1, end=2)
     past_length = add(first, "Sub", total, add(first, "Shape", ids, start=1, end=2))
     write = add(first, "Expand", past_length, add(first, "Shape", ids, start=0, end=1))
+    int64 = ir.TensorType(ir.DataType.INT64)
+    total.type, total.shape = int64, ir.Shape([1])
+    write.type, write.shape = int64, ir.Shape([ids.shape[0] if ids.shape else "batch"])
     return total, past_length, write
 
 
@@ -291,9 +295,6 @@ def _scatter_outside(
     graph.outputs[graph.outputs.index(present)] = buffer
 
 
-_FunctionKey = tuple[str, str, str]
-
-
 def _shape_of(value: ir.Value | None, start: int, end: int | None) -> ir.Value | None:
     """The input of ``value``'s producer if it is ``Shape<start, end>``, else None."""
     node = value.producer() if value is not None else None
@@ -321,16 +322,18 @@ def _index_nodes(scatter: ir.Node) -> tuple[ir.Node, ...] | None:
         or _shape_of(expand.inputs[1], 0, 1) is not k
     ):
         return None
-    shapes = [v.producer() for v in (sub.inputs[0], sub.inputs[1], expand.inputs[1])]
+    values = (sub.inputs[0], sub.inputs[1], expand.inputs[1])
+    shapes = [v.producer() for v in values if v is not None]
     return (expand, sub, *(n for n in shapes if n is not None))
 
 
-def _drop_unused(graph: ir.Graph, values: Iterable[ir.Value]) -> None:
+def _drop_unused(graph: ir.Graph | ir.Function, values: Iterable[ir.Value]) -> None:
     """Remove the producers of ``values`` that nothing reads any more, and then theirs."""
+    owner = graph.graph if isinstance(graph, ir.Function) else graph
     stack = list(values)[::-1]
     while stack:
         node = stack.pop().producer()
-        if node is None or node.graph is not graph:
+        if node is None or node.graph is not owner:
             continue
         if any(o.uses() or o.is_graph_output() for o in node.outputs):
             continue
@@ -343,20 +346,20 @@ class _Hoist:
     """Each layer's ``T`` and write index, computed once in the main graph.
 
     :func:`_shared` derives both from the mask and the new keys inside each attention (five
-    nodes a layer); the function that holds them gets two more inputs instead (and every
-    function that calls it, up to the main graph), fed with the main graph's ``[T]`` and
-    ``[T - S] * B`` from ``attention_mask`` and ``input_ids``.
+    nodes a layer); the function that holds them reads the main graph's ``[T]`` and
+    ``[T - S] * B`` (from ``attention_mask`` and ``input_ids``) from two more inputs instead,
+    threaded through its callers (:class:`~irkit.rules.hoist.Threader`).
     """
 
     def __init__(self, model: ir.Model, total: ir.Value, write: ir.Value) -> None:
         self.model = model
         self.main = (total, write)
-        self.threaded: dict[_FunctionKey, tuple[ir.Value, ir.Value]] = {}
+        self.threader = Threader(model)
 
     def run(self) -> None:
         """Rewrite every scatter of :func:`_shared` in the main graph and the functions."""
-        owners: list[tuple[_FunctionKey | None, ir.Graph]] = [(None, self.model.graph)]
-        owners += [(key, f.graph) for key, f in self.model.functions.items()]
+        owners: list[tuple[FunctionKey | None, ir.Graph | ir.Function]] = [(None, self.model.graph)]
+        owners += list(self.model.functions.items())
         for key, graph in owners:
             for node in list(graph):
                 if node.op_type != "TensorScatter" or node.domain != "":
@@ -364,39 +367,17 @@ class _Hoist:
                 nodes = _index_nodes(node)
                 if nodes is None:
                     continue
-                total, write = self._values(key)
+                total = self.threader.formal(
+                    key, (None, self.main[0]), "kv_buffer.total", self.main[0]
+                )
+                write = self.threader.formal(
+                    key, (None, self.main[1]), "kv_buffer.write_indices", self.main[1]
+                )
                 mask_total = nodes[1].inputs[0]
                 nodes[0].outputs[0].replace_all_uses_with(write)
                 if mask_total is not None:
                     mask_total.replace_all_uses_with(total)
                 _drop_unused(graph, [n.outputs[0] for n in nodes])
-
-    def _values(self, key: _FunctionKey | None) -> tuple[ir.Value, ir.Value]:
-        """``[T]`` and the write index in the main graph (None) or function ``key``."""
-        if key is None:
-            return self.main
-        if key in self.threaded:
-            return self.threaded[key]
-        function = self.model.functions[key]
-        formal = len(function.inputs)
-        int64 = ir.TensorType(ir.DataType.INT64)
-        values = (
-            ir.Value(name="kv_buffer.total", type=int64, shape=ir.Shape([1])),
-            ir.Value(name="kv_buffer.write_indices", type=int64, shape=ir.Shape(["batch"])),
-        )
-        function.inputs.extend(values)
-        self.threaded[key] = values
-        owners: list[tuple[_FunctionKey | None, ir.Graph]] = [(None, self.model.graph)]
-        owners += [(k, f.graph) for k, f in self.model.functions.items()]
-        for owner, graph in owners:
-            for node in list(graph):
-                if (node.domain, node.op_type, node.overload) != key:
-                    continue
-                actual = self._values(owner)
-                node.resize_inputs(formal + 2)
-                node.replace_input_with(formal, actual[0])
-                node.replace_input_with(formal + 1, actual[1])
-        return values
 
 
 def share_kv_buffer(model: ir.Model) -> ir.Model:
