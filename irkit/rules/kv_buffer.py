@@ -17,7 +17,12 @@ input and the output: its length is the capacity, not the number of past tokens.
       y = Attention(q, present_k[:, :, :T], present_v[:, :, :T], mask)
 
   where ``T`` is the mask's last dimension (the total length ``attention_mask`` gives) and
-  ``write_indices = T - S`` for every row (``S``: the new tokens). The buffer's first ``T``
+  ``write_indices = T - S`` for every row (``S``: the new tokens). Both are computed once at the
+  top of the main graph (from ``attention_mask`` and ``input_ids``) and reach an attention in a
+  layer function as two more function inputs (``kv_buffer.total``, ``kv_buffer.write_indices``,
+  threaded through the callers by :class:`irkit.rules.hoist.Threader`), so a layer adds only the
+  head split around the 4-D buffer, two ``TensorScatter`` and two ``Slice`` views. The buffer's
+  first ``T``
   positions then hold exactly what the concatenation held (the right-padded prompt's pads
   included, masked by ``attention_mask`` as before), so the graph's own mask, sliding windows
   and softcaps are untouched; only the capacity beyond ``T`` is never read;
