@@ -478,6 +478,8 @@ def export(
     from irkit.rules.hoist import hoist_invariants
 
     hoist_invariants(model)  # each layer's mask, rotary slices, … once in the main graph
+    if shared and target == "ort":
+        ort.attention.pack_qkv(model)  # GroupQueryAttention splits the packed q/k/v itself
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),

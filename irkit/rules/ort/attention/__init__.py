@@ -76,7 +76,7 @@ from irkit.rules.ort.attention._base import CARRIED, MS, SharedBuffer
 from irkit.rules.ort.attention.gqa import group_query_attention
 from irkit.rules.ort.attention.mha import MULTI_HEAD_ATTENTION
 from irkit.rules.ort.attention.rotary import CONTRIB_ROTARY
-from irkit.rules.ort.attention.shared_buffer import shared_buffer_rule
+from irkit.rules.ort.attention.shared_buffer import pack_qkv, shared_buffer_rule
 
 __all__ = [
     "CARRIED",
@@ -87,6 +87,7 @@ __all__ = [
     "attention_rules",
     "group_query_attention",
     "rules",
+    "pack_qkv",
     "runs_on_shared_buffer",
     "shared_buffer_rule",
 ]

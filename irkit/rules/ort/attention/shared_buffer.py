@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
@@ -16,6 +18,7 @@ from irkit.rewriting import (
     dims,
     fail,
 )
+from irkit.rules.hoist import FunctionKey, Threader
 from irkit.rules.ort.attention._base import (
     _ATTENTION_WITH_PAST,
     MS,
@@ -189,3 +192,87 @@ def shared_buffer_rule(shared: SharedBuffer) -> Rule:
         rewrite=_gqa_shared,
         min_opset=23,
     )
+
+
+def _through_reshapes(
+    value: ir.Value | None, constant: Callable[[ir.Value | None], np.ndarray | None]
+) -> tuple[ir.Value, list[ir.Node]] | None:
+    """The value a chain of ``Reshape`` nodes starts from (and the chain), when the chain keeps
+    the first two axes (batch, sequence) and ends in ``Reshape(·, [0, 0, -1])``: then it only
+    splits and merges the last axis, and the data it ends in is its start's, in the same shape."""
+    if value is None:
+        return None
+    chain: list[ir.Node] = []
+    first = value.producer()
+    if first is None or first.op_type != "Reshape" or first.domain != "":
+        return None
+    target = constant(first.inputs[1])
+    if target is None or target.tolist() != [0, 0, -1]:
+        return None
+    while (p := value.producer()) is not None and p.op_type == "Reshape" and p.domain == "":
+        if p.inputs[0] is None:
+            return None
+        chain.append(p)
+        value = p.inputs[0]
+    outer = value.shape
+    if outer is None or len(outer) != 3:
+        return None
+    for node in chain[1:]:  # the inner reshapes: their outputs' first two axes are value's
+        inner = node.outputs[0].shape
+        if inner is None or len(inner) < 3 or list(inner)[:2] != list(outer)[:2]:
+            return None
+    return value, chain
+
+
+def pack_qkv(model: ir.Model) -> int:
+    """``GroupQueryAttention(q, k, v, …)`` whose ``q``, ``k``, ``v`` are the three outputs of one
+    ``Split`` of a packed projection along its last axis (through reshapes that only split and
+    merge heads, :func:`_through_reshapes`) → ``GroupQueryAttention(packed, , , …)``: the op
+    splits the packed QKV itself (as onnxruntime-genai's builder writes it), and the ``Split``
+    and the reshapes go. In place, in the main graph and every function.
+
+    Returns:
+        How many attention nodes now take a packed QKV.
+    """
+    packed = 0
+    threader = Threader(model)
+    graphs: list[tuple[FunctionKey | None, ir.Graph | ir.Function]] = [(None, model.graph)]
+    graphs += list(model.functions.items())
+    for key, graph in graphs:
+
+        def constant(value: ir.Value | None, key: FunctionKey | None = key) -> np.ndarray | None:
+            source = threader.source(key, value)  # a function input bound to a constant
+            return None if source is None else const_value(source[1])
+
+        for node in list(graph):
+            if node.op_type != "GroupQueryAttention" or node.domain != MS or len(node.inputs) < 3:
+                continue
+            found = [_through_reshapes(v, constant) for v in node.inputs[:3]]
+            if any(f is None for f in found):
+                continue
+            starts = [f[0] for f in found if f is not None]
+            split = starts[0].producer()
+            if (
+                split is None
+                or split.op_type != "Split"
+                or split.domain != ""
+                or len(split.outputs) != 3
+                or list(split.outputs) != starts
+                or node_attributes(split).get("axis") not in (-1, 2)
+            ):
+                continue
+            source = split.inputs[0]
+            if source is None:
+                continue
+            node.replace_input_with(0, source)
+            node.replace_input_with(1, None)
+            node.replace_input_with(2, None)
+            for f in found:
+                if f is not None:
+                    for reshape in f[1]:
+                        if not any(o.uses() for o in reshape.outputs):
+                            graph.remove(reshape, safe=True)
+            if not any(o.uses() for o in split.outputs):
+                graph.remove(split, safe=True)
+            packed += 1
+    return packed
