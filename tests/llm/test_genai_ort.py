@@ -246,6 +246,17 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
         assert attributes.get("do_rotary") == (None if arch in ("gpt2", "mpt", "bloom") else 1), (
             attributes
         )
+    if arch == "llama":  # packed q/k/v straight into the op (pack_qkv): no Split, no reshapes
+        (attention,) = [f for f in model.functions if f.name == "LlamaAttention"]
+        histogram = collections.Counter(n.op_type for n in attention.node)
+        assert histogram == {
+            "MatMul": 1,  # the packed q/k/v projection
+            "GroupQueryAttention": 1,
+            "Reshape": 3,  # GroupQueryAttention's 3-D output to the heads and back
+            "Transpose": 2,
+            "Linear": 1,  # o_proj
+        }, histogram
+        assert all(n.input[1] == n.input[2] == "" for n in _nodes(model, "GroupQueryAttention"))
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         reference = _kept_cache_ids if arch == "longrope" else _reference_ids
