@@ -252,6 +252,9 @@ def hoist_invariants(model: ir.Model) -> int:
                 inputs.append(copy.outputs[0])
             clone = _clone(node, inputs, prefix)
             graph.append(clone)
+            imports = model.opset_imports if owner is None else graph.opset_imports
+            if node.domain not in imports:  # e.g. com.microsoft, used only in the layers so far
+                imports[node.domain] = function.opset_imports.get(node.domain, 1)
             there.update((id(o), c) for o, c in zip(node.outputs, clone.outputs, strict=True))
         for node, owner in found:
             for out in node.outputs:

@@ -97,3 +97,22 @@ def test_a_function_run_once_keeps_its_nodes():
     model = ir.from_onnx_text(TEXT.replace("y = local.Layer(h, negated, table, w1)", "y = Relu(h)"))
     assert hoist_invariants(model) == 0
     assert _ops(model.functions[("local", "Layer", "")])["Where"] == 1
+
+
+def test_a_hoisted_contrib_op_brings_its_domain():
+    text = (
+        TEXT.replace("part = Slice(table, start, end, axis)", "part = com.microsoft.Gelu(table)")
+        .replace("float[2,8] table", "float[2,4] table")
+        .replace(
+            '<domain: "local", opset_import: ["" : 23]>',
+            '<domain: "local", opset_import: ["" : 23, "com.microsoft" : 1]>',
+        )
+    )
+    model = ir.from_onnx_text(text)
+    before = _run(model, _feeds() | {"table": _feeds()["table"][:, :4].copy()})
+    assert "com.microsoft" not in model.opset_imports
+    assert hoist_invariants(model) == 2
+    assert model.opset_imports["com.microsoft"] == 1  # Gelu now runs in the main graph
+    assert [n.op_type for n in model.graph if n.domain == "com.microsoft"] == ["Gelu"]
+    after = _run(model, _feeds() | {"table": _feeds()["table"][:, :4].copy()})
+    np.testing.assert_array_equal(after, before)
