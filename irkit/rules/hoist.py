@@ -208,8 +208,9 @@ def _invariant(
             continue
         ins = [v for v in node.inputs if v is not None]
         owners = {known[id(v)] for v in ins if id(v) in known}
-        if len(owners) == 1 and all(id(v) in known or id(v) in constant for v in ins):
-            (owner,) = owners
+        deeper = owners - {None}  # the main graph's values reach every function
+        if owners and len(deeper) <= 1 and all(id(v) in known or id(v) in constant for v in ins):
+            owner = next(iter(deeper), None)
             known.update((id(o), owner) for o in node.outputs)
             yield node, owner
 
@@ -233,23 +234,28 @@ def hoist_invariants(model: ir.Model) -> int:
         if not found:
             continue
         prefix = f"hoist/{count}/{function.name}/"
-        there: dict[int, ir.Value] = {
-            i: source[1] for i, source in threader.bound.get(key, {}).items()
-        }
+        bound = threader.bound.get(key, {})
+        there: dict[int, ir.Value] = {}  # id(value in the function) → its clone
+        constants: dict[tuple[_Owner, int], ir.Value] = {}
         target = {id(node): owner for node, owner in found}
         for node, owner in found:
             graph = model.graph if owner is None else model.functions[owner]
             touched[owner] = graph
             inputs: list[ir.Value | None] = []
             for v in node.inputs:
-                producer = v.producer() if v is not None else None
-                if v is None or id(v) in there or producer is None:
-                    inputs.append(None if v is None else there.get(id(v)))
-                    continue
-                copy = _clone(producer, [], prefix)  # a constant, once
-                graph.append(copy)
-                there[id(v)] = copy.outputs[0]
-                inputs.append(copy.outputs[0])
+                if v is None or id(v) in there:
+                    inputs.append(None if v is None else there[id(v)])
+                elif id(v) in bound:  # an input of the function: its value in ``owner``
+                    inputs.append(threader.formal(owner, bound[id(v)], f"hoisted.{v.name}", v))
+                elif (owner, id(v)) in constants:
+                    inputs.append(constants[(owner, id(v))])
+                elif (producer := v.producer()) is not None:  # a constant of the function
+                    copy = _clone(producer, [], f"{prefix}{owner is None}/")
+                    graph.append(copy)
+                    constants[(owner, id(v))] = copy.outputs[0]
+                    inputs.append(copy.outputs[0])
+                else:
+                    inputs.append(None)  # unreachable: _invariant checked every input
             clone = _clone(node, inputs, prefix)
             graph.append(clone)
             imports = model.opset_imports if owner is None else graph.opset_imports
