@@ -243,8 +243,11 @@ def hoist_invariants(model: ir.Model) -> int:
             touched[owner] = graph
             inputs: list[ir.Value | None] = []
             for v in node.inputs:
-                if v is None or id(v) in there:
-                    inputs.append(None if v is None else there[id(v)])
+                if v is None:
+                    inputs.append(None)
+                elif id(v) in there:  # a clone's output, in ``owner`` or the main graph
+                    source = (target[id(v.producer())], there[id(v)])
+                    inputs.append(threader.formal(owner, source, f"hoisted.{v.name}", v))
                 elif id(v) in bound:  # an input of the function: its value in ``owner``
                     inputs.append(threader.formal(owner, bound[id(v)], f"hoisted.{v.name}", v))
                 elif (owner, id(v)) in constants:
