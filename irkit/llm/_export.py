@@ -475,6 +475,9 @@ def export(
             from irkit.rules.decode import quantized_rules
 
             irkit.optimize(model, "ort", rules=quantized_rules(max_positions=length))
+    from irkit.rules.hoist import hoist_invariants
+
+    hoist_invariants(model)  # each layer's mask, rotary slices, … once in the main graph
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),

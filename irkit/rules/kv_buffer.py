@@ -17,7 +17,12 @@ input and the output: its length is the capacity, not the number of past tokens.
       y = Attention(q, present_k[:, :, :T], present_v[:, :, :T], mask)
 
   where ``T`` is the mask's last dimension (the total length ``attention_mask`` gives) and
-  ``write_indices = T - S`` for every row (``S``: the new tokens). The buffer's first ``T``
+  ``write_indices = T - S`` for every row (``S``: the new tokens). Both are computed once at the
+  top of the main graph (from ``attention_mask`` and ``input_ids``) and reach an attention in a
+  layer function as two more function inputs (``kv_buffer.total``, ``kv_buffer.write_indices``,
+  threaded through the callers by :class:`irkit.rules.hoist.Threader`), so a layer adds only the
+  head split around the 4-D buffer, two ``TensorScatter`` and two ``Slice`` views. The buffer's
+  first ``T``
   positions then hold exactly what the concatenation held (the right-padded prompt's pads
   included, masked by ``attention_mask`` as before), so the graph's own mask, sliding windows
   and softcaps are untouched; only the capacity beyond ``T`` is never read;
@@ -48,6 +53,7 @@ import onnx_ir as ir
 from irkit._irutil import node_attributes
 from irkit.errors import LoweringOptionsError
 from irkit.rewriting import Match, RewriteBuilder, Rule, RuleSet, Verdict, fail, rewrite
+from irkit.rules.hoist import FunctionKey, Threader
 
 __all__ = ["SHARED_BUFFER_OPSET", "rules", "share_kv_buffer"]
 
@@ -182,12 +188,18 @@ class _Builder:
         return self(before, "Constant", value_ints=values)
 
 
-def _past_length(graph: ir.Graph, add: _Builder) -> ir.Value:
-    """``[T - S]``: ``attention_mask``'s length minus ``input_ids``' (int64, shape [1])."""
+def _lengths(graph: ir.Graph, add: _Builder) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``[T]``, ``[T - S]`` and the write index ``[T - S] * B`` from ``attention_mask`` and
+    ``input_ids`` (int64, shapes [1], [1] and [B]), computed once at the top of the main graph."""
     mask, ids = _input(graph, "attention_mask"), _input(graph, "input_ids")
     first = graph.node(0)
     total = add(first, "Shape", mask, start=1, end=2)
-    return add(first, "Sub", total, add(first, "Shape", ids, start=1, end=2))
+    past_length = add(first, "Sub", total, add(first, "Shape", ids, start=1, end=2))
+    write = add(first, "Expand", past_length, add(first, "Shape", ids, start=0, end=1))
+    int64 = ir.TensorType(ir.DataType.INT64)
+    total.type, total.shape = int64, ir.Shape([1])
+    write.type, write.shape = int64, ir.Shape([ids.shape[0] if ids.shape else "batch"])
+    return total, past_length, write
 
 
 def _past_length_shapes(
@@ -256,7 +268,9 @@ def _present_name(past: ir.Value) -> str:
     return "present." + str(past.name)[len(_PAST_PREFIX) :]
 
 
-def _scatter_outside(model: ir.Model, past: ir.Value, past_length: ir.Value, add: _Builder) -> None:
+def _scatter_outside(
+    model: ir.Model, past: ir.Value, past_length: ir.Value, write: ir.Value, add: _Builder
+) -> None:
     """An unfused cache (``Concat(past, new)`` in a decomposed attention): the callee gets the
     buffer's first ``T - S`` positions, and the new positions of what it returns as the present
     are scattered into the buffer, which becomes the present output."""
@@ -280,12 +294,95 @@ def _scatter_outside(model: ir.Model, past: ir.Value, past_length: ir.Value, add
     present.name = f"kv_buffer/{name}/joined"
     big = add.ints(anchor, [2**62])
     new = add(anchor, "Slice", present, past_length, big, axis)
-    batch = add(anchor, "Shape", new, start=0, end=1)
-    write = add(anchor, "Expand", past_length, batch)
     buffer = add(anchor, "TensorScatter", past, new, write, axis=_SEQUENCE_AXIS)
     buffer.name = name
     buffer.shape, buffer.type = past.shape, past.type
     graph.outputs[graph.outputs.index(present)] = buffer
+
+
+def _shape_of(value: ir.Value | None, start: int, end: int | None) -> ir.Value | None:
+    """The input of ``value``'s producer if it is ``Shape<start, end>``, else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Shape" or node.domain != "":
+        return None
+    attrs = node_attributes(node)
+    if int(attrs.get("start", 0)) != start or attrs.get("end") != end:
+        return None
+    return node.inputs[0]
+
+
+def _index_nodes(scatter: ir.Node) -> tuple[ir.Node, ...] | None:
+    """The nodes of :func:`_shared`'s per-layer write index ``Expand(T - S, B)`` feeding
+    ``scatter`` (``Expand``, ``Sub``, ``Shape(mask)``, ``Shape(k)`` ×2), or None."""
+    expand = scatter.inputs[2].producer() if scatter.inputs[2] is not None else None
+    if expand is None or expand.op_type != "Expand" or expand.domain != "":
+        return None
+    sub = expand.inputs[0].producer() if expand.inputs[0] is not None else None
+    if sub is None or sub.op_type != "Sub" or sub.domain != "":
+        return None
+    k = scatter.inputs[1]
+    if (
+        _shape_of(sub.inputs[0], -1, None) is None
+        or _shape_of(sub.inputs[1], _SEQUENCE_AXIS, _SEQUENCE_AXIS + 1) is not k
+        or _shape_of(expand.inputs[1], 0, 1) is not k
+    ):
+        return None
+    values = (sub.inputs[0], sub.inputs[1], expand.inputs[1])
+    shapes = [v.producer() for v in values if v is not None]
+    return (expand, sub, *(n for n in shapes if n is not None))
+
+
+def _drop_unused(graph: ir.Graph | ir.Function, values: Iterable[ir.Value]) -> None:
+    """Remove the producers of ``values`` that nothing reads any more, and then theirs."""
+    owner = graph.graph if isinstance(graph, ir.Function) else graph
+    stack = list(values)[::-1]
+    while stack:
+        node = stack.pop().producer()
+        if node is None or node.graph is not owner:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        inputs = [v for v in node.inputs if v is not None]
+        graph.remove(node, safe=True)
+        stack.extend(inputs)
+
+
+class _Hoist:
+    """Each layer's ``T`` and write index, computed once in the main graph.
+
+    :func:`_shared` derives both from the mask and the new keys inside each attention (five
+    nodes a layer); the function that holds them reads the main graph's ``[T]`` and
+    ``[T - S] * B`` (from ``attention_mask`` and ``input_ids``) from two more inputs instead,
+    threaded through its callers (:class:`~irkit.rules.hoist.Threader`).
+    """
+
+    def __init__(self, model: ir.Model, total: ir.Value, write: ir.Value) -> None:
+        self.model = model
+        self.main = (total, write)
+        self.threader = Threader(model)
+
+    def run(self) -> None:
+        """Rewrite every scatter of :func:`_shared` in the main graph and the functions."""
+        owners: list[tuple[FunctionKey | None, ir.Graph | ir.Function]] = [(None, self.model.graph)]
+        owners += list(self.model.functions.items())
+        for key, graph in owners:
+            for node in list(graph):
+                if node.op_type != "TensorScatter" or node.domain != "":
+                    continue
+                nodes = _index_nodes(node)
+                if nodes is None:
+                    continue
+                total = self.threader.formal(
+                    key, (None, self.main[0]), "kv_buffer.total", self.main[0]
+                )
+                write = self.threader.formal(
+                    key, (None, self.main[1]), "kv_buffer.write_indices", self.main[1]
+                )
+                mask_total = nodes[1].inputs[0]
+                nodes[0].outputs[0].replace_all_uses_with(write)
+                if mask_total is not None:
+                    mask_total.replace_all_uses_with(total)
+                _drop_unused(graph, [n.outputs[0] for n in nodes])
 
 
 def share_kv_buffer(model: ir.Model) -> ir.Model:
@@ -310,8 +407,9 @@ def share_kv_buffer(model: ir.Model) -> ir.Model:
     _bump_opset(model)
     rewrite(model, rules)
     add = _Builder(model.graph)
-    past_length = _past_length(model.graph, add)
+    total, past_length, write = _lengths(model.graph, add)
     _past_length_shapes(model, pasts, past_length, add)
+    _Hoist(model, total, write).run()
     for past in pasts:
         ends, other = _ends(model, past)
         if "TensorScatter" in ends and other:
@@ -321,7 +419,8 @@ def share_kv_buffer(model: ir.Model) -> ir.Model:
                 "export without share_buffer"
             )
         if other:
-            _scatter_outside(model, past, past_length, add)
+            _scatter_outside(model, past, past_length, write, add)
+    _drop_unused(model.graph, (write, past_length, total))
     for present in model.graph.outputs:  # the buffer: the past's shape, whatever its capacity
         source = next((p for p in pasts if _present_name(p) == present.name), None)
         if source is not None:

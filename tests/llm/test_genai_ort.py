@@ -250,6 +250,15 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
         # where a per-head norm (gemma3's q/k norms) or the eager ALiBi form sits in between
         packed = list(node.input[1:3]) == ["", ""]
         assert packed == (arch not in ("gemma3", "mpt", "bloom")), list(node.input)
+    if arch == "llama":  # packed q/k/v straight into the op: no Split, no reshapes around it
+        (attention,) = [f for f in model.functions if f.name == "LlamaAttention"]
+        histogram = collections.Counter(n.op_type for n in attention.node)
+        assert histogram == {
+            "MatMul": 1,  # the packed q/k/v projection
+            "GroupQueryAttention": 1,
+            "Linear": 1,  # o_proj
+        }, histogram
+        assert all(n.input[1] == n.input[2] == "" for n in _nodes(model, "GroupQueryAttention"))
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         reference = _kept_cache_ids if arch == "longrope" else _reference_ids
@@ -386,6 +395,9 @@ def test_zoo_folder_target_ort(zoo_exported, arch):
         proto = onnx.load(out / "model.onnx", load_external_data=False)
         nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
         producers = {o: n for n in nodes for o in n.output}
+        for name, node in list(producers.items()):  # computed once (irkit.rules.hoist)
+            if name.startswith("hoist/"):
+                producers["hoisted." + name.split("/", 3)[3]] = node
         for node in _nodes(proto, "GroupQueryAttention"):  # cos, sin: the short or long caches
             assert [producers[node.input[i]].op_type for i in (7, 8)] == ["Where"] * 2
     lengths = []
