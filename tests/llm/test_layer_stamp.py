@@ -1,0 +1,124 @@
+"""The proof that decoder layers are interchangeable (irkit.llm._stamp.layer_period) and the
+layer cut for the trace (cut_layers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from irkit.llm._stamp import cut_layers, layer_period
+from tests.llm_zoo import ZOO
+
+pytestmark = pytest.mark.slow  # builds transformers models
+
+_ARCHS = {arch.name: arch for arch in ZOO}
+
+
+def _model(name: str, layers: int = 4, **overrides: object):
+    import torch
+    import transformers
+
+    config = _ARCHS[name].config()
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = (list(config.layer_types) * layers)[:layers]
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    return getattr(transformers, _ARCHS[name].model_class)(config).eval()
+
+
+@pytest.mark.parametrize(
+    ("name", "period"),
+    [("llama", 1), ("mistral", 1), ("qwen3_moe", 1), ("gpt_neox", 1), ("gemma2", 2)],
+)
+def test_period(name: str, period: int) -> None:
+    found = layer_period(_model(name))
+    assert (found.period, found.layers, found.reason) == (period, 4, "")
+    assert found.path.endswith("layers")
+    assert found.index_attributes and all(a.endswith("layer_idx") for a in found.index_attributes)
+
+
+def test_gpt2_reads_layer_index_refused() -> None:
+    # GPT2Attention scales by 1/(layer_idx+1) under a flag: the layer index is read
+    found = layer_period(_model("gpt2"))
+    assert found.period is None
+    assert "GPT2Attention.forward reads the layer index" in found.reason
+
+
+def test_custom_forward_reading_layer_index_refused() -> None:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    class Scaled(LlamaAttention):
+        def forward(self, hidden_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super().forward(hidden_states / (self.layer_idx + 1), *args, **kwargs)
+
+    model = _model("llama")
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = Scaled
+    found = layer_period(model)
+    assert found.period is None
+    assert "Scaled.forward reads the layer index" in found.reason
+    assert "self.layer_idx" in found.reason
+
+
+def test_non_periodic_config_list_refused() -> None:
+    # qwen2: sliding window from layer max_window_layers on: full, sliding, sliding, sliding
+    model = _model("qwen2", layer_types=["full_attention", *["sliding_attention"] * 3])
+    found = layer_period(model)
+    assert found.period is None
+    assert "config.layer_types is not 1-periodic" in found.reason
+    assert "config.layer_types is not 2-periodic" in found.reason
+
+
+def test_different_attribute_refused() -> None:
+    model = _model("llama")
+    model.model.layers[3].self_attn.scaling = 0.5
+    found = layer_period(model)
+    assert found.period is None
+    assert "self_attn.scaling differs between layer 3 and layer 0" in found.reason
+
+
+def test_too_few_layers() -> None:
+    found = layer_period(_model("gemma2", layers=3))
+    assert found.period is None and "P=1" in found.reason  # P=2 needs 4 layers
+
+
+def test_meta_buffers_need_values() -> None:
+    import torch
+
+    model = _model("llama")
+    for layer in model.model.layers:
+        layer.register_buffer("table", torch.ones(2, device="meta"))
+    found = layer_period(model)
+    assert found.period is None and "no value to compare" in found.reason
+    values = {f"model.layers.{i}.table": torch.ones(2) for i in range(4)}
+    assert layer_period(model, buffers=values).period == 1
+    values["model.layers.2.table"] = torch.zeros(2)
+    assert "buffers model.layers.2.table and model.layers.0.table differ" in (
+        layer_period(model, buffers=values).reason
+    )
+
+
+def test_cut_layers_restores() -> None:
+    model = _model("gemma2")
+    found = layer_period(model)
+    layers, types = model.model.layers, list(model.config.layer_types)
+    with cut_layers(model, found) as cut:
+        assert len(cut.model.layers) == 2 and cut.config.num_hidden_layers == 2
+        assert cut.config.layer_types == types[:2]
+    assert model.model.layers is layers and model.config.num_hidden_layers == 4
+    assert model.config.layer_types == types
+    with pytest.raises(RuntimeError), cut_layers(model, found):
+        raise RuntimeError("trace failed")
+    assert model.model.layers is layers and model.config.layer_types == types
+
+
+def test_cut_layers_trace() -> None:
+    from irkit.llm import export_causal_lm
+
+    model = _model("llama")
+    with cut_layers(model, layer_period(model)):
+        exported = export_causal_lm(model)
+    assert exported.num_layers == 1
+    assert exported.input_names[-2:] == ["past_key_values.0.key", "past_key_values.0.value"]
+    assert len(model.model.layers) == 4
