@@ -30,10 +30,17 @@ import dataclasses
 import functools
 import inspect
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["MAX_PERIOD", "LayerPeriod", "cut_layers", "decoder_layers", "layer_period"]
+__all__ = [
+    "MAX_PERIOD",
+    "LayerPeriod",
+    "cut_layers",
+    "decoder_layers",
+    "layer_period",
+    "stamp_layers",
+]
 
 #: The largest period tried (a larger one saves little trace time).
 MAX_PERIOD = 4
@@ -346,3 +353,272 @@ def cut_layers(model: Any, found: LayerPeriod) -> Iterator[Any]:
         parent._modules[attr] = full
         for key, value in saved.items():
             setattr(config, key, value)
+
+
+_PAST = "past_key_values"
+_PRESENT = "present"
+_KINDS = ("key", "value")
+
+
+def _identity_source(value: Any) -> Any:
+    """The graph input an ``Identity`` chain copies ``value`` from (else ``value`` itself)."""
+    while value.producer() is not None and value.producer().op_type == "Identity":
+        value = value.producer().inputs[0]
+    return value
+
+
+def _layer_of(name: str, prefix: str, period: int) -> int | None:
+    for r in range(period):
+        if name.startswith(f"{prefix}.{r}."):
+            return r
+    return None
+
+
+def _renamed(name: str, prefix: str, r: int, i: int) -> str:
+    return f"{prefix}.{i}." + name[len(f"{prefix}.{r}.") :]
+
+
+def _formal_name(name: str, part: str, r: int, i: int) -> str:
+    """``layers.{r}.x`` → ``layers.{i}.x`` in a function's input name, else ``name.{i}``."""
+    old = f"{part}.{r}."
+    at = name.find(old)
+    if at == 0 or (at > 0 and name[at - 1] == "."):
+        return name[:at] + f"{part}.{i}." + name[at + len(old) :]
+    return f"{name}.{i}"
+
+
+def stamp_layers(
+    model: Any,
+    found: LayerPeriod,
+    weight: Callable[[str], Any] | None = None,
+) -> Any:
+    """Stamp the traced first ``P`` decoder layers of a lowered model out to all ``N`` (in place).
+
+    ``model`` is :func:`irkit.lower`'s model of a program :func:`export_causal_lm` traced
+    under :func:`cut_layers`: its main graph calls one function (the layer list's parent, e.g.
+    ``LlamaModel``) whose body calls the layer functions ``{path}.0`` … ``{path}.{P-1}``. For
+    each layer ``i`` from ``P`` on, the call of layer ``r = i mod P`` is cloned (the same
+    function) with its own weights (``{path}.{r}.*`` → ``{path}.{i}.*`` initializers, same
+    shapes and dtypes), its own ``past_key_values.{i}.*`` inputs and ``present.{i}.*`` outputs,
+    chained on the hidden state; the layer-invariant values (mask, rotary cos/sin, sizes) are
+    shared.
+
+    Args:
+        model: The lowered ``onnx_ir.Model`` (before optimize).
+        found: The model's :class:`LayerPeriod`.
+        weight: Gives the tensor of an initializer by name (``None``: initializers without
+            values, for weights streamed by name at save).
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ExportError: The graph is not of the expected form (the caller traces every layer).
+    """
+    import onnx_ir as ir
+
+    from irkit.errors import ExportError
+
+    def refuse(why: str) -> ExportError:
+        return ExportError(f"stamp_layers: {why}; trace every layer (layer_reuse=False)")
+
+    period, count = found.period, found.layers
+    if period is None:
+        raise refuse(f"no layer period ({found.reason})")
+    graph = model.graph
+    # the function that calls the layers, and its one call in the main graph
+    names = [f"{found.path}.{r}" for r in range(period)]
+    owner = None
+    for key, function in model.functions.items():
+        calls = {node.name: node for node in function if node.name in names}
+        if calls:
+            owner = key, function, calls
+            break
+    if owner is None or len(owner[2]) != period:
+        raise refuse(f"no function calls the layers {names}")
+    key, function, calls = owner
+    layer_calls = [calls[n] for n in names]
+    callers = [n for n in graph if (n.domain, n.op_type, n.overload) == key]
+    if len(callers) != 1:
+        raise refuse(f"{key[1]} is called {len(callers)} times in the main graph")
+    (caller,) = callers
+    last_part = found.path.rsplit(".", 1)[-1]
+    # which function inputs are per-layer: weights of {path}.{r}. or copies of past_key_values.r
+    per_input: dict[int, tuple[int, Any, str]] = {}  # position -> (r, main value, kind)
+    for position, actual in enumerate(caller.inputs):
+        if actual is None:
+            continue
+        r = _layer_of(actual.name or "", found.path, period)
+        if r is not None and actual.is_initializer():
+            per_input[position] = (r, actual, "weight")
+            continue
+        source = _identity_source(actual)
+        for r in range(period):
+            for kind in _KINDS:
+                if source.name == f"{_PAST}.{r}.{kind}" and source is not actual:
+                    per_input[position] = (r, actual, kind)
+    per_output: dict[int, tuple[int, str]] = {}
+    for position, actual in enumerate(caller.outputs):
+        for r in range(period):
+            for kind in _KINDS:
+                if actual.name == f"{_PRESENT}.{r}.{kind}" and actual in graph.outputs:
+                    per_output[position] = (r, kind)
+    formal_in = {id(function.inputs[p]): p for p in per_input}
+    formal_out = {id(function.outputs[p]): p for p in per_output}
+    # the hidden state: the one output of each layer call that is not a present
+    hidden_out = []
+    for call in layer_calls:
+        rest = [o for o in call.outputs if id(o) not in formal_out]
+        if len(rest) != 1:
+            raise refuse(f"{call.name} has {len(rest)} outputs besides its cache")
+        hidden_out.append(rest[0])
+    hidden_in = []
+    for r, call in enumerate(layer_calls):
+        out = hidden_out[r]
+        match = [
+            p
+            for p, v in enumerate(call.inputs)
+            if v is not None
+            and id(v) not in formal_in
+            and v.dtype == out.dtype
+            and v.shape == out.shape
+            and (r == 0 or v is hidden_out[r - 1])
+        ]
+        if len(match) != 1:
+            raise refuse(f"cannot tell the hidden-state input of {call.name}")
+        hidden_in.append(match[0])
+    for r, call in enumerate(layer_calls):
+        for v in call.inputs:
+            if v is not None and id(v) in formal_in and per_input[formal_in[id(v)]][0] != r:
+                raise refuse(f"{call.name} reads another layer's weights or cache")
+    # uses of the last traced layer's hidden state (outside the layers) move to the last stamp
+    last = hidden_out[-1]
+    tail_uses = [(n, idx) for n, idx in last.uses() if n is not layer_calls[0]]
+    if any(n in layer_calls for n, _ in tail_uses):
+        raise refuse("a traced layer reads the last traced layer's output")
+
+    new_formal_in: list[Any] = []
+    new_actual_in: list[Any] = []
+    new_formal_out: list[Any] = []
+    new_actual_out: list[Any] = []
+    new_inputs: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
+    new_outputs: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
+    main_nodes: list[Any] = []
+    body: list[Any] = []
+    previous = last
+    for i in range(period, count):
+        r = i % period
+        rep = layer_calls[r]
+        mapping: dict[int, Any] = {}
+        for v in rep.inputs:
+            if v is None or id(v) not in formal_in:
+                continue
+            position = formal_in[id(v)]
+            _, actual, kind = per_input[position]
+            formal = ir.Value(
+                name=_formal_name(v.name or "", last_part, r, i),
+                shape=v.shape,
+                type=v.type,
+            )
+            if kind == "weight":
+                name = _renamed(actual.name, found.path, r, i)
+                if name in graph.initializers:
+                    raise refuse(f"initializer {name!r} exists already")
+                value = ir.Value(name=name, shape=actual.shape, type=actual.type)
+                value.const_value = weight(name) if weight is not None else None
+                graph.register_initializer(value)
+            else:
+                past = ir.Value(
+                    name=f"{_PAST}.{i}.{kind}",
+                    shape=_identity_source(actual).shape,
+                    type=_identity_source(actual).type,
+                )
+                new_inputs[kind].append(past)
+                copy = ir.node("Identity", [past], name=f"{actual.name}.{i}")
+                copy.outputs[0].name = f"{actual.name}.{i}"
+                copy.outputs[0].shape, copy.outputs[0].type = actual.shape, actual.type
+                main_nodes.append(copy)
+                value = copy.outputs[0]
+            mapping[id(v)] = formal
+            new_formal_in.append(formal)
+            new_actual_in.append(value)
+        inputs = [mapping.get(id(v), v) if v is not None else None for v in rep.inputs]
+        inputs[hidden_in[r]] = previous
+        clone = ir.Node(
+            rep.domain,
+            rep.op_type,
+            inputs,
+            attributes=list(rep.attributes.values()),
+            overload=rep.overload,
+            num_outputs=len(rep.outputs),
+            name=f"{found.path}.{i}",
+            metadata_props={
+                k: v.replace(f'"{found.path}.{r}"', f'"{found.path}.{i}"')
+                for k, v in rep.metadata_props.items()
+            },
+        )
+        for out, rep_out in zip(clone.outputs, rep.outputs, strict=True):
+            out.shape, out.type = rep_out.shape, rep_out.type
+            if id(rep_out) in formal_out:
+                _, kind = per_output[formal_out[id(rep_out)]]
+                out.name = f"{_PRESENT}.{i}.{kind}"
+                actual = ir.Value(name=f"{_PRESENT}.{i}.{kind}", shape=out.shape, type=out.type)
+                new_formal_out.append(out)
+                new_actual_out.append(actual)
+                new_outputs[kind].append(actual)
+            else:
+                out.name = f"{rep_out.name}.{i}"
+                previous = out
+        body.append(clone)
+    for node, idx in tail_uses:
+        node.replace_input_with(idx, previous)
+    function.insert_after(layer_calls[-1], body)
+    # the function's signature and its call: the new layers' inputs and outputs after the last
+    # traced layer's (the order a full trace gives)
+    in_at = max(formal_in.values(), default=-1) + 1
+    out_at = max(formal_out.values(), default=-1) + 1
+    function.inputs[in_at:in_at] = new_formal_in
+    function.outputs[out_at:out_at] = new_formal_out
+    call_inputs = list(caller.inputs)
+    call_inputs[in_at:in_at] = new_actual_in
+    new_call = ir.Node(
+        caller.domain,
+        caller.op_type,
+        call_inputs,
+        attributes=list(caller.attributes.values()),
+        overload=caller.overload,
+        num_outputs=len(caller.outputs) + len(new_actual_out),
+        name=caller.name,
+        metadata_props=dict(caller.metadata_props),
+    )
+    old_outputs = list(caller.outputs)
+    outputs = old_outputs[:out_at] + new_actual_out + old_outputs[out_at:]
+    for new, old in zip(new_call.outputs, outputs, strict=True):
+        new.name, new.shape, new.type = old.name, old.shape, old.type
+    graph.insert_after(caller, [*main_nodes, new_call])
+    by_id = {id(old): new for old, new in zip(outputs, new_call.outputs, strict=True)}
+    for old in old_outputs:
+        old.replace_all_uses_with(by_id[id(old)], replace_graph_outputs=True)
+    graph.remove(caller, safe=True)
+    # graph inputs and outputs: all keys, then all values
+    for kind in _KINDS:
+        at = (
+            max(
+                p
+                for p, v in enumerate(graph.inputs)
+                if v.name.startswith(f"{_PAST}.") and v.name.endswith(f".{kind}")
+            )
+            + 1
+        )
+        graph.inputs[at:at] = new_inputs[kind]
+        at = (
+            max(
+                p
+                for p, v in enumerate(graph.outputs)
+                if v.name.startswith(f"{_PRESENT}.") and v.name.endswith(kind)
+            )
+            + 1
+        )
+        graph.outputs[at:at] = [by_id.get(id(v), v) for v in new_outputs[kind]]
+    graph.sort()
+    return model
