@@ -186,3 +186,68 @@ def test_stamped_equals_full_trace(name: str) -> None:
         feeds = causal_lm_feeds(model, batch=batch, seq=seq, past=past, layout=exported.cache)
         for a, b in zip(_run(full, feeds), _run(stamped, feeds), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(("name", "target"), [("llama", "onnx"), ("gemma2", "ort")])
+def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> None:
+    import json
+
+    import numpy as np
+    import onnx
+
+    from irkit.cli import main
+    from irkit.llm import export
+
+    model = _model(name)
+    model.save_pretrained(tmp_path / "src")
+    lines: list[str] = []
+    export(tmp_path / "src", tmp_path / "stamped", target=target, log=lines.append)
+    assert any(f"traced {layer_period(model).period} of 4 decoder layers" in x for x in lines)
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "src"),
+                "-o",
+                str(tmp_path / "full"),
+                "--target",
+                target,
+                "--no-layer-reuse",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    protos = [onnx.load(tmp_path / d / "model.onnx") for d in ("full", "stamped")]
+    for kind in ("input", "output"):
+        names = [[v.name for v in getattr(p.graph, kind)] for p in protos]
+        assert names[0] == names[1]
+    counts = [
+        collections.Counter(n.op_type for graph in (p.graph, *p.functions) for n in graph.node)
+        for p in protos
+    ]
+    assert counts[0] == counts[1]
+    configs = [
+        json.loads((tmp_path / d / "genai_config.json").read_text()) for d in ("full", "stamped")
+    ]
+    assert configs[0] == configs[1]
+    feeds = {
+        "input_ids": np.array([[5, 6, 7], [8, 9, 10]]),
+        "attention_mask": np.ones((2, 3), np.int64),
+    }
+    results = []
+    for d in ("full", "stamped"):
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(
+            str(tmp_path / d / "model.onnx"), providers=["CPUExecutionProvider"]
+        )
+        run = dict(feeds)
+        for arg in session.get_inputs():
+            if arg.name == "position_ids":
+                run[arg.name] = np.tile(np.arange(3), (2, 1))
+            elif arg.name.startswith("past_key_values."):
+                run[arg.name] = np.zeros((2, arg.shape[1], 16, arg.shape[3]), np.float32)
+        results.append(session.run(None, run))
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
