@@ -516,12 +516,13 @@ def _trace_and_lower(
             with cut_layers(source.model, found):
                 cut = export_causal_lm(source.model)
             model = lower(cut)
-            from irkit.lowering._types import torch_tensor_to_ir
+            state = source.model.state_dict()
 
-            state = source.model.state_dict(keep_vars=True)
+            def weight(name: str) -> Any:  # a loaded model's own weights
+                import onnx_ir as ir
 
-            def weight(name: str) -> Any:  # a meta tensor: weightless, streamed at save
-                return torch_tensor_to_ir(state[name], name)
+                tensor = state[name].detach().cpu()
+                return ir.tensor(tensor.numpy(), name=name)
 
             try:
                 stamp_layers(model, found, weight)

@@ -387,6 +387,16 @@ def _formal_name(name: str, part: str, r: int, i: int) -> str:
     return f"{name}.{i}"
 
 
+def _stamped_weight(rep: Any, name: str, weight: Callable[[str], Any] | None) -> Any:
+    """The tensor of stamped initializer ``name``: weightless like its representative's (the
+    weights stream by name at save), else ``weight(name)``."""
+    from irkit.weights import WeightlessTensor
+
+    if isinstance(rep, WeightlessTensor):
+        return WeightlessTensor(rep.dtype, [int(d) for d in rep.shape.numpy()], name=name)
+    return weight(name) if weight is not None else None
+
+
 def stamp_layers(
     model: Any,
     found: LayerPeriod,
@@ -406,8 +416,9 @@ def stamp_layers(
     Args:
         model: The lowered ``onnx_ir.Model`` (before optimize).
         found: The model's :class:`LayerPeriod`.
-        weight: Gives the tensor of an initializer by name (``None``: initializers without
-            values, for weights streamed by name at save).
+        weight: Gives the tensor of a stamped initializer by name, where the representative's
+            has data (a loaded model's weights); a weightless representative (meta) gives
+            weightless stamps, streamed by name at save.
 
     Returns:
         ``model``.
@@ -525,7 +536,9 @@ def stamp_layers(
                 if name in graph.initializers:
                     raise refuse(f"initializer {name!r} exists already")
                 value = ir.Value(name=name, shape=actual.shape, type=actual.type)
-                value.const_value = weight(name) if weight is not None else None
+                value.const_value = _stamped_weight(actual.const_value, name, weight)
+                if value.const_value is None:
+                    raise refuse(f"no tensor for {name!r}")
                 graph.register_initializer(value)
             else:
                 past = ir.Value(
