@@ -71,6 +71,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a model defined by Python code in MODEL_DIR (runs that code)",
     )
+    p.add_argument(
+        "--no-layer-reuse",
+        dest="layer_reuse",
+        action="store_false",
+        help="trace every decoder layer (default: trace one period of provably identical "
+        "layers and stamp it out to all; the same model, exported faster)",
+    )
 
 
 def _check_extra() -> None:
@@ -97,6 +104,7 @@ def _export(args: argparse.Namespace) -> int:
         share_buffer=args.kv_buffer == "shared",
         overwrite=args.overwrite,
         trust_remote_code=args.trust_remote_code,
+        layer_reuse=args.layer_reuse,
         progress=progress,
     )
     if not args.quiet:

@@ -367,6 +367,7 @@ def export(
     share_buffer: bool | None = None,
     overwrite: bool = False,
     trust_remote_code: bool = False,
+    layer_reuse: bool = True,
     log: Callable[[str], None] | None = None,
     progress: Progress | None = None,
 ) -> ExportedFolder:
@@ -398,6 +399,10 @@ def export(
             concatenated (opset 23), ``past_present_share_buffer: false``.
         overwrite: Replace a non-empty ``out_dir``.
         trust_remote_code: Allow a folder whose model is defined by its own code.
+        layer_reuse: Trace only the first ``P`` decoder layers when every layer ``i`` is
+            provably layer ``i mod P`` on other weights (:func:`irkit.llm._stamp.layer_period`)
+            and stamp their calls out to all layers (the same model, traced faster); where
+            there is no such proof, every layer is traced and the reason is noted.
         log: Called with one line per stage and each note (default: nothing); with
             ``progress``, the stages go there and the notes too.
         progress: A :class:`~irkit.llm._progress.Progress` (the command line's: stages,
@@ -428,7 +433,7 @@ def export(
     _check_output(out, overwrite)
 
     import irkit
-    from irkit.llm._causal_lm import export_causal_lm, pad_value_cache
+    from irkit.llm._causal_lm import pad_value_cache
     from irkit.llm._meta import stacked_weights
 
     source = (
@@ -441,16 +446,13 @@ def export(
 
         check_half_range(source.model, weights=source.weights)
     stage("torch.export with the KV cache")
-    exported = export_causal_lm(source.model)
+    model, exported = _trace_and_lower(source, layer_reuse, stage, note)
     text_config = source.config.get_text_config()
     decoder = _decoder(exported, text_config)
     length = _max_length(decoder, max_length)
-    stage(f"lowering and optimizing (target {target})")
-    model = irkit.lower(
-        exported.program, input_names=exported.input_names, output_names=exported.output_names
-    )
     from irkit.rules import ort
 
+    stage(f"lowering and optimizing (target {target})")
     pad_value_cache(model, exported.cache)
     if source.shapes:  # experts stored one tensor each: stacked while streaming
         stacked_weights(model, source.model, source.shapes)
@@ -491,6 +493,71 @@ def export(
     kv = decoder.kv_bytes(length)
     note(f"search.max_length {length}: KV cache {kv / 2**20:.1f} MiB per sequence")
     return ExportedFolder(path=out, files=files, genai_config=content, kv_cache_bytes=kv)
+
+
+def _trace_and_lower(
+    source: _Source,
+    layer_reuse: bool,
+    stage: Callable[[str], None],
+    note: Callable[[str], None],
+) -> tuple[Any, Any]:
+    """Trace and lower the model: its first ``P`` layers stamped out to all (``layer_reuse``,
+    where proven), else every layer. Returns the ``onnx_ir`` model and the export's names and
+    cache layout for all layers."""
+    import irkit
+    from irkit.errors import ExportError
+    from irkit.llm._causal_lm import export_causal_lm
+
+    def lower(exported: Any) -> Any:
+        return irkit.lower(exported.program, **exported.lower_kwargs())
+
+    if layer_reuse:
+        from irkit.llm._stamp import cut_layers, layer_period, stamp_layers
+
+        found = layer_period(source.model, source.buffers)
+        if found.period is not None:
+            with cut_layers(source.model, found):
+                cut = export_causal_lm(source.model)
+            model = lower(cut)
+            state = source.model.state_dict()
+
+            def weight(name: str) -> Any:  # a loaded model's own weights
+                import onnx_ir as ir
+
+                tensor = state[name].detach().cpu()
+                return ir.tensor(tensor.numpy(), name=name)
+
+            try:
+                stamp_layers(model, found, weight)
+            except ExportError as exc:
+                note(f"layer reuse off ({exc}); tracing every layer")
+            else:
+                note(
+                    f"layer reuse: traced {found.period} of {found.layers} decoder layers, "
+                    f"stamped the others (layer i = layer i mod {found.period})"
+                )
+                return model, _all_layers(cut, found.layers)
+        else:
+            note(f"layer reuse off: {found.reason}; tracing every layer")
+    exported = export_causal_lm(source.model)
+    return lower(exported), exported
+
+
+def _all_layers(cut: Any, count: int) -> Any:
+    """``cut``'s export with the names and cache layout of all ``count`` layers (layer ``i``
+    is layer ``i mod P``)."""
+    from irkit.llm._causal_lm import CacheLayout
+
+    period = cut.cache.num_layers
+    layout = CacheLayout(
+        keys=tuple(cut.cache.keys[i % period] for i in range(count)),
+        values=tuple(cut.cache.values[i % period] for i in range(count)),
+        dtype=cut.cache.dtype,
+    )
+    past = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(count)]
+    inputs = [n for n in cut.input_names if not n.startswith("past_key_values.")] + past
+    outputs = ["logits"] + [n.replace("past_key_values", "present") for n in past]
+    return dataclasses.replace(cut, input_names=inputs, output_names=outputs, cache=layout)
 
 
 def _write_folder(

@@ -1,0 +1,637 @@
+"""Which decoder layers are interchangeable: the proof behind "trace one layer, stamp it N times".
+
+torch.export's cost grows with the decoder-layer count (~0.5-0.7 s per layer of symbolic-shape
+work). When layer ``i`` and layer ``i mod P`` are provably the same computation on different
+weights and cache slots, tracing the first ``P`` layers suffices; the others are copies
+("stamps") of a representative's call. :func:`layer_period` gives the smallest such ``P``, or
+the reason there is none; :func:`cut_layers` is the context manager that presents a model with
+its first ``P`` layers to the trace and restores it after.
+
+The proof is generic (no model names): for the real ``N``-layer model, layers ``i`` and
+``i mod P`` must have
+
+- the same module class tree and the same parameter and buffer names, shapes and dtypes;
+- equal buffer values (a ``meta`` buffer's values are taken from ``buffers`` when given, else
+  the layers must hold no buffers: values that cannot be compared refuse);
+- equal non-tensor attributes in the whole subtree, except the layer index (an ``int``
+  attribute whose value is ``i`` in layer ``i`` for every layer, e.g. ``layer_idx``);
+
+every list-valued config attribute of length ``N`` (``layer_types``, …) must be ``P``-periodic;
+and no ``forward`` in the layer subtree may read the layer index other than to pass it on to a
+method of one of its own arguments (``past_key_values.update(k, v, self.layer_idx)``): a
+``forward`` whose source cannot be read refuses. ``P <= 4`` and ``2 * P <= N``.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "MAX_PERIOD",
+    "LayerPeriod",
+    "cut_layers",
+    "decoder_layers",
+    "layer_period",
+    "stamp_layers",
+]
+
+#: The largest period tried (a larger one saves little trace time).
+MAX_PERIOD = 4
+_INTERNAL = frozenset({"_parameters", "_buffers", "_modules", "training"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPeriod:
+    """What :func:`layer_period` found.
+
+    Attributes:
+        period: The smallest ``P`` with layer ``i`` ≡ layer ``i mod P``, or ``None`` (full trace).
+        layers: ``N``, the number of decoder layers (0 where no layer list was found).
+        path: Module path of the decoder-layer list (e.g. ``model.layers``).
+        index_attributes: Relative attribute paths holding the layer index (``self_attn.layer_idx``).
+        reason: Why there is no period (empty when there is one).
+    """
+
+    period: int | None
+    layers: int
+    path: str
+    index_attributes: tuple[str, ...]
+    reason: str = ""
+
+
+def _text_config(model: Any) -> Any:
+    config = model.config
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def decoder_layers(model: Any) -> tuple[str, Any] | None:
+    """The module path and ``ModuleList`` of ``model``'s decoder layers, or ``None``.
+
+    The list is the one ``torch.nn.ModuleList`` whose length is the text config's
+    ``num_hidden_layers`` (none or several: ``None``).
+    """
+    import torch
+
+    config = _text_config(model)
+    count = getattr(config, "num_hidden_layers", None)
+    if not isinstance(count, int) or count < 1:
+        return None
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _attributes(module: Any) -> dict[str, Any]:
+    """The non-tensor, non-module attributes of every module of a layer, by relative path."""
+    out: dict[str, Any] = {}
+    for prefix, sub in module.named_modules():
+        for key, value in vars(sub).items():
+            if key in _INTERNAL or (key.startswith("_") and "hook" in key):
+                continue
+            out[f"{prefix}.{key}" if prefix else key] = value
+    return out
+
+
+def _tensors(module: Any) -> dict[str, tuple[str, Any]]:
+    out: dict[str, tuple[str, Any]] = {}
+    for name, tensor in module.named_parameters(remove_duplicate=False):
+        out[name] = ("parameter", tensor)
+    for name, tensor in module.named_buffers(remove_duplicate=False):
+        out[name] = ("buffer", tensor)
+    return out
+
+
+def _classes(module: Any) -> list[tuple[str, type]]:
+    return [(name, type(sub)) for name, sub in module.named_modules()]
+
+
+def _equal(a: Any, b: Any) -> bool | None:
+    """``a == b`` as a bool, ``None`` where it cannot be decided (tensors, odd ``__eq__``)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return None
+    if a is b:
+        return True
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        same = [
+            _equal(x, y) for x, y in ((a.func, b.func), (a.args, b.args), (a.keywords, b.keywords))
+        ]
+        return None if None in same else all(same)
+    try:
+        result = a == b
+    except Exception:
+        return None
+    return result if isinstance(result, bool) else None
+
+
+def _index_attributes(attributes: list[dict[str, Any]]) -> set[str]:
+    keys = set(attributes[0])
+    return {
+        key
+        for key in keys
+        if all(
+            type(attrs.get(key)) is int and attrs.get(key) == i
+            for i, attrs in enumerate(attributes)
+        )
+    }
+
+
+def _buffer_value(name: str, tensor: Any, buffers: Mapping[str, Any]) -> Any:
+    if getattr(tensor, "is_meta", False):
+        return buffers.get(name)
+    return tensor
+
+
+def _same_layer(
+    i: int,
+    r: int,
+    layers: Any,
+    prefix: str,
+    attributes: list[dict[str, Any]],
+    index: set[str],
+    buffers: Mapping[str, Any],
+) -> str:
+    """Why layer ``i`` is not layer ``r`` (empty if it is)."""
+    import torch
+
+    if _classes(layers[i]) != _classes(layers[r]):
+        return f"layer {i} and layer {r} have different module classes"
+    ti, tr = _tensors(layers[i]), _tensors(layers[r])
+    if list(ti) != list(tr):
+        return f"layer {i} and layer {r} have different parameter/buffer names"
+    for name, (kind, a) in ti.items():
+        kind_r, b = tr[name]
+        if kind != kind_r or a.shape != b.shape or a.dtype != b.dtype:
+            return f"{prefix}.{i}.{name} and {prefix}.{r}.{name} differ in kind, shape or dtype"
+        if kind == "buffer":
+            va = _buffer_value(f"{prefix}.{i}.{name}", a, buffers)
+            vb = _buffer_value(f"{prefix}.{r}.{name}", b, buffers)
+            if va is None or vb is None:
+                return f"buffer {prefix}.{i}.{name} has no value to compare (meta)"
+            if not torch.equal(va.detach().cpu(), vb.detach().cpu()):
+                return f"buffers {prefix}.{i}.{name} and {prefix}.{r}.{name} differ"
+    ai, ar = attributes[i], attributes[r]
+    if set(ai) != set(ar):
+        return f"layer {i} and layer {r} have different attributes"
+    for key, value in ai.items():
+        if key in index:
+            continue
+        same = _equal(value, ar[key])
+        if same is None:
+            return f"attribute {key} of layer {i} cannot be compared ({type(value).__name__})"
+        if not same:
+            return f"attribute {key} differs between layer {i} and layer {r}"
+    return ""
+
+
+def _config_lists(config: Any, count: int) -> dict[str, list[Any]]:
+    return {
+        key: list(value)
+        for key, value in vars(config).items()
+        if isinstance(value, list | tuple) and len(value) == count
+    }
+
+
+def _periodic(values: list[Any], period: int) -> bool:
+    return all(_equal(v, values[i % period]) for i, v in enumerate(values))
+
+
+class _IndexReads(ast.NodeVisitor):
+    """Finds reads of ``….<index attribute>`` other than arguments of a call on a parameter."""
+
+    def __init__(self, names: set[str], params: set[str]) -> None:
+        self.names = names
+        self.params = params
+        self.passed: set[int] = set()
+        self.bad: list[str] = []
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in self.params
+        ):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if self._is_index(arg):
+                    self.passed.add(id(arg))
+        self.generic_visit(node)
+
+    def _is_index(self, node: ast.AST) -> bool:
+        # any ``<expr>.layer_idx`` (``self.self_attn.layer_idx`` too): refusing more is safe
+        return isinstance(node, ast.Attribute) and node.attr in self.names
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if self._is_index(node) and id(node) not in self.passed:
+            self.bad.append(f"self.{node.attr} (line {node.lineno})")
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and node.value in self.names:
+            self.bad.append(f"{node.value!r} (line {node.lineno})")
+
+
+def _forward_reads(cls: type, names: set[str]) -> str:
+    """Why ``cls.forward`` may read the layer index (empty if it only passes it to a cache)."""
+    forward = getattr(cls, "forward", None)
+    try:
+        source = textwrap.dedent(inspect.getsource(forward))  # type: ignore[arg-type]
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return f"the source of {cls.__qualname__}.forward cannot be read"
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return f"{cls.__qualname__}.forward is not a plain function"
+    args = function.args
+    params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]} - {"self"}
+    visitor = _IndexReads(names, params)
+    visitor.visit(tree)
+    if visitor.bad:
+        return (
+            f"{cls.__qualname__}.forward reads the layer index other than to pass it to a "
+            f"cache call: {', '.join(visitor.bad)}"
+        )
+    return ""
+
+
+def layer_period(model: Any, buffers: Mapping[str, Any] | None = None) -> LayerPeriod:
+    """The smallest ``P`` such that decoder layer ``i`` is layer ``i mod P`` on other weights.
+
+    Args:
+        model: A transformers causal LM (on ``meta`` or not); it is only read.
+        buffers: Real values of ``meta`` buffers by full name (``irkit.llm._meta``'s buffers).
+
+    Returns:
+        A :class:`LayerPeriod`; ``period`` is ``None`` with a ``reason`` where the layers are
+        not provably periodic (the caller traces every layer).
+    """
+    found = decoder_layers(model)
+    if found is None:
+        return LayerPeriod(None, 0, "", (), "no single ModuleList of num_hidden_layers layers")
+    path, layers = found
+    count = len(layers)
+    buffers = buffers or {}
+    attributes = [_attributes(layer) for layer in layers]
+    index = _index_attributes(attributes) if count > 1 else set()
+    names = {key.rsplit(".", 1)[-1] for key in index}
+    classes = {cls for layer in layers for _, cls in _classes(layer)}
+    for cls in sorted(classes, key=lambda c: c.__qualname__):
+        why = _forward_reads(cls, names)
+        if why:
+            return LayerPeriod(None, count, path, tuple(sorted(index)), why)
+    lists = _config_lists(_text_config(model), count)
+    reasons = []
+    for period in range(1, MAX_PERIOD + 1):
+        if 2 * period > count:
+            break
+        why = next(
+            (
+                f"config.{k} is not {period}-periodic"
+                for k, v in lists.items()
+                if not _periodic(v, period)
+            ),
+            "",
+        )
+        if not why:
+            for i in range(period, count):
+                why = _same_layer(i, i % period, layers, path, attributes, index, buffers)
+                if why:
+                    break
+        if not why:
+            return LayerPeriod(period, count, path, tuple(sorted(index)))
+        reasons.append(f"P={period}: {why}")
+    if not reasons:
+        reasons.append(f"{count} layer(s): too few to trace fewer")
+    return LayerPeriod(None, count, path, tuple(sorted(index)), "; ".join(reasons))
+
+
+@contextlib.contextmanager
+def cut_layers(model: Any, found: LayerPeriod) -> Iterator[Any]:
+    """Present ``model`` with its first ``found.period`` decoder layers; restore it on exit.
+
+    The layer list, ``num_hidden_layers`` and the per-layer config lists (length ``N``) of the
+    text config are cut for the ``with`` block and put back after, whatever happens in it.
+
+    Args:
+        model: The model :func:`layer_period` proved periodic.
+        found: Its :class:`LayerPeriod` (``period`` not ``None``).
+
+    Yields:
+        ``model``, cut.
+    """
+    import torch
+
+    from irkit.errors import LoweringOptionsError
+
+    if found.period is None:
+        raise LoweringOptionsError(f"cut_layers: no layer period ({found.reason})")
+    parent_path, _, attr = found.path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    full = getattr(parent, attr)
+    config = _text_config(model)
+    lists = _config_lists(config, found.layers)
+    saved = {"num_hidden_layers": config.num_hidden_layers, **lists}
+    try:
+        parent._modules[attr] = torch.nn.ModuleList(list(full)[: found.period])
+        config.num_hidden_layers = found.period
+        for key, values in lists.items():
+            setattr(config, key, type(values)(values[: found.period]))
+        yield model
+    finally:
+        parent._modules[attr] = full
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+_PAST = "past_key_values"
+_PRESENT = "present"
+_KINDS = ("key", "value")
+
+
+def _identity_source(value: Any) -> Any:
+    """The graph input an ``Identity`` chain copies ``value`` from (else ``value`` itself)."""
+    while value.producer() is not None and value.producer().op_type == "Identity":
+        value = value.producer().inputs[0]
+    return value
+
+
+def _layer_of(name: str, prefix: str, period: int) -> int | None:
+    for r in range(period):
+        if name.startswith(f"{prefix}.{r}."):
+            return r
+    return None
+
+
+def _renamed(name: str, prefix: str, r: int, i: int) -> str:
+    return f"{prefix}.{i}." + name[len(f"{prefix}.{r}.") :]
+
+
+def _formal_name(name: str, part: str, r: int, i: int) -> str:
+    """``layers.{r}.x`` → ``layers.{i}.x`` in a function's input name, else ``name.{i}``."""
+    old = f"{part}.{r}."
+    at = name.find(old)
+    if at == 0 or (at > 0 and name[at - 1] == "."):
+        return name[:at] + f"{part}.{i}." + name[at + len(old) :]
+    return f"{name}.{i}"
+
+
+def _stamped_weight(rep: Any, name: str, weight: Callable[[str], Any] | None) -> Any:
+    """The tensor of stamped initializer ``name``: weightless like its representative's (the
+    weights stream by name at save), else ``weight(name)``."""
+    from irkit.weights import WeightlessTensor
+
+    if isinstance(rep, WeightlessTensor):
+        return WeightlessTensor(rep.dtype, [int(d) for d in rep.shape.numpy()], name=name)
+    return weight(name) if weight is not None else None
+
+
+def stamp_layers(
+    model: Any,
+    found: LayerPeriod,
+    weight: Callable[[str], Any] | None = None,
+) -> Any:
+    """Stamp the traced first ``P`` decoder layers of a lowered model out to all ``N`` (in place).
+
+    ``model`` is :func:`irkit.lower`'s model of a program :func:`export_causal_lm` traced
+    under :func:`cut_layers`: its main graph calls one function (the layer list's parent, e.g.
+    ``LlamaModel``) whose body calls the layer functions ``{path}.0`` … ``{path}.{P-1}``. For
+    each layer ``i`` from ``P`` on, the call of layer ``r = i mod P`` is cloned (the same
+    function) with its own weights (``{path}.{r}.*`` → ``{path}.{i}.*`` initializers, same
+    shapes and dtypes), its own ``past_key_values.{i}.*`` inputs and ``present.{i}.*`` outputs,
+    chained on the hidden state; the layer-invariant values (mask, rotary cos/sin, sizes) are
+    shared.
+
+    Args:
+        model: The lowered ``onnx_ir.Model`` (before optimize).
+        found: The model's :class:`LayerPeriod`.
+        weight: Gives the tensor of a stamped initializer by name, where the representative's
+            has data (a loaded model's weights); a weightless representative (meta) gives
+            weightless stamps, streamed by name at save.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ExportError: The graph is not of the expected form (the caller traces every layer).
+    """
+    import onnx_ir as ir
+
+    from irkit.errors import ExportError
+
+    def refuse(why: str) -> ExportError:
+        return ExportError(f"stamp_layers: {why}; trace every layer (layer_reuse=False)")
+
+    period, count = found.period, found.layers
+    if period is None:
+        raise refuse(f"no layer period ({found.reason})")
+    graph = model.graph
+    # the function that calls the layers, and its one call in the main graph
+    names = [f"{found.path}.{r}" for r in range(period)]
+    owner = None
+    for key, function in model.functions.items():
+        calls = {node.name: node for node in function if node.name in names}
+        if calls:
+            owner = key, function, calls
+            break
+    if owner is None or len(owner[2]) != period:
+        raise refuse(f"no function calls the layers {names}")
+    key, function, calls = owner
+    layer_calls = [calls[n] for n in names]
+    callers = [n for n in graph if (n.domain, n.op_type, n.overload) == key]
+    if len(callers) != 1:
+        raise refuse(f"{key[1]} is called {len(callers)} times in the main graph")
+    (caller,) = callers
+    last_part = found.path.rsplit(".", 1)[-1]
+    # which function inputs are per-layer: weights of {path}.{r}. or copies of past_key_values.r
+    per_input: dict[int, tuple[int, Any, str]] = {}  # position -> (r, main value, kind)
+    for position, actual in enumerate(caller.inputs):
+        if actual is None:
+            continue
+        r = _layer_of(actual.name or "", found.path, period)
+        if r is not None and actual.is_initializer():
+            per_input[position] = (r, actual, "weight")
+            continue
+        source = _identity_source(actual)
+        for r in range(period):
+            for kind in _KINDS:
+                if source.name == f"{_PAST}.{r}.{kind}" and source is not actual:
+                    per_input[position] = (r, actual, kind)
+    per_output: dict[int, tuple[int, str]] = {}
+    for position, actual in enumerate(caller.outputs):
+        for r in range(period):
+            for kind in _KINDS:
+                if actual.name == f"{_PRESENT}.{r}.{kind}" and actual in graph.outputs:
+                    per_output[position] = (r, kind)
+    formal_in = {id(function.inputs[p]): p for p in per_input}
+    formal_out = {id(function.outputs[p]): p for p in per_output}
+    # the hidden state: the one output of each layer call that is not a present
+    hidden_out = []
+    for call in layer_calls:
+        rest = [o for o in call.outputs if id(o) not in formal_out]
+        if len(rest) != 1:
+            raise refuse(f"{call.name} has {len(rest)} outputs besides its cache")
+        hidden_out.append(rest[0])
+    hidden_in = []
+    for r, call in enumerate(layer_calls):
+        out = hidden_out[r]
+        match = [
+            p
+            for p, v in enumerate(call.inputs)
+            if v is not None
+            and id(v) not in formal_in
+            and v.dtype == out.dtype
+            and v.shape == out.shape
+            and (r == 0 or v is hidden_out[r - 1])
+        ]
+        if len(match) != 1:
+            raise refuse(f"cannot tell the hidden-state input of {call.name}")
+        hidden_in.append(match[0])
+    for r, call in enumerate(layer_calls):
+        for v in call.inputs:
+            if v is not None and id(v) in formal_in and per_input[formal_in[id(v)]][0] != r:
+                raise refuse(f"{call.name} reads another layer's weights or cache")
+    # uses of the last traced layer's hidden state (outside the layers) move to the last stamp
+    last = hidden_out[-1]
+    tail_uses = [(n, idx) for n, idx in last.uses() if n is not layer_calls[0]]
+    if any(n in layer_calls for n, _ in tail_uses):
+        raise refuse("a traced layer reads the last traced layer's output")
+
+    new_formal_in: list[Any] = []
+    new_actual_in: list[Any] = []
+    new_formal_out: list[Any] = []
+    new_actual_out: list[Any] = []
+    new_inputs: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
+    new_outputs: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
+    main_nodes: list[Any] = []
+    body: list[Any] = []
+    previous = last
+    for i in range(period, count):
+        r = i % period
+        rep = layer_calls[r]
+        mapping: dict[int, Any] = {}
+        for v in rep.inputs:
+            if v is None or id(v) not in formal_in:
+                continue
+            position = formal_in[id(v)]
+            _, actual, kind = per_input[position]
+            formal = ir.Value(
+                name=_formal_name(v.name or "", last_part, r, i),
+                shape=v.shape,
+                type=v.type,
+            )
+            if kind == "weight":
+                name = _renamed(actual.name, found.path, r, i)
+                if name in graph.initializers:
+                    raise refuse(f"initializer {name!r} exists already")
+                value = ir.Value(name=name, shape=actual.shape, type=actual.type)
+                value.const_value = _stamped_weight(actual.const_value, name, weight)
+                if value.const_value is None:
+                    raise refuse(f"no tensor for {name!r}")
+                graph.register_initializer(value)
+            else:
+                past = ir.Value(
+                    name=f"{_PAST}.{i}.{kind}",
+                    shape=_identity_source(actual).shape,
+                    type=_identity_source(actual).type,
+                )
+                new_inputs[kind].append(past)
+                copy = ir.node("Identity", [past], name=f"{actual.name}.{i}")
+                copy.outputs[0].name = f"{actual.name}.{i}"
+                copy.outputs[0].shape, copy.outputs[0].type = actual.shape, actual.type
+                main_nodes.append(copy)
+                value = copy.outputs[0]
+            mapping[id(v)] = formal
+            new_formal_in.append(formal)
+            new_actual_in.append(value)
+        inputs = [mapping.get(id(v), v) if v is not None else None for v in rep.inputs]
+        inputs[hidden_in[r]] = previous
+        clone = ir.Node(
+            rep.domain,
+            rep.op_type,
+            inputs,
+            attributes=list(rep.attributes.values()),
+            overload=rep.overload,
+            num_outputs=len(rep.outputs),
+            name=f"{found.path}.{i}",
+            metadata_props={
+                k: v.replace(f'"{found.path}.{r}"', f'"{found.path}.{i}"')
+                for k, v in rep.metadata_props.items()
+            },
+        )
+        for out, rep_out in zip(clone.outputs, rep.outputs, strict=True):
+            out.shape, out.type = rep_out.shape, rep_out.type
+            if id(rep_out) in formal_out:
+                _, kind = per_output[formal_out[id(rep_out)]]
+                out.name = f"{_PRESENT}.{i}.{kind}"
+                actual = ir.Value(name=f"{_PRESENT}.{i}.{kind}", shape=out.shape, type=out.type)
+                new_formal_out.append(out)
+                new_actual_out.append(actual)
+                new_outputs[kind].append(actual)
+            else:
+                out.name = f"{rep_out.name}.{i}"
+                previous = out
+        body.append(clone)
+    for node, idx in tail_uses:
+        node.replace_input_with(idx, previous)
+    function.insert_after(layer_calls[-1], body)
+    # the function's signature and its call: the new layers' inputs and outputs after the last
+    # traced layer's (the order a full trace gives)
+    in_at = max(formal_in.values(), default=-1) + 1
+    out_at = max(formal_out.values(), default=-1) + 1
+    function.inputs[in_at:in_at] = new_formal_in
+    function.outputs[out_at:out_at] = new_formal_out
+    call_inputs = list(caller.inputs)
+    call_inputs[in_at:in_at] = new_actual_in
+    new_call = ir.Node(
+        caller.domain,
+        caller.op_type,
+        call_inputs,
+        attributes=list(caller.attributes.values()),
+        overload=caller.overload,
+        num_outputs=len(caller.outputs) + len(new_actual_out),
+        name=caller.name,
+        metadata_props=dict(caller.metadata_props),
+    )
+    old_outputs = list(caller.outputs)
+    outputs = old_outputs[:out_at] + new_actual_out + old_outputs[out_at:]
+    for new, old in zip(new_call.outputs, outputs, strict=True):
+        new.name, new.shape, new.type = old.name, old.shape, old.type
+    graph.insert_after(caller, [*main_nodes, new_call])
+    by_id = {id(old): new for old, new in zip(outputs, new_call.outputs, strict=True)}
+    for old in old_outputs:
+        old.replace_all_uses_with(by_id[id(old)], replace_graph_outputs=True)
+    graph.remove(caller, safe=True)
+    # graph inputs and outputs: all keys, then all values
+    for kind in _KINDS:
+        at = (
+            max(
+                p
+                for p, v in enumerate(graph.inputs)
+                if v.name.startswith(f"{_PAST}.") and v.name.endswith(f".{kind}")
+            )
+            + 1
+        )
+        graph.inputs[at:at] = new_inputs[kind]
+        at = (
+            max(
+                p
+                for p, v in enumerate(graph.outputs)
+                if v.name.startswith(f"{_PRESENT}.") and v.name.endswith(kind)
+            )
+            + 1
+        )
+        graph.outputs[at:at] = [by_id.get(id(v), v) for v in new_outputs[kind]]
+    graph.sort()
+    return model

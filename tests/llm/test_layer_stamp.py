@@ -1,0 +1,253 @@
+"""The proof that decoder layers are interchangeable (irkit.llm._stamp.layer_period) and the
+layer cut for the trace (cut_layers)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from irkit.llm._stamp import cut_layers, layer_period
+from tests.llm_zoo import ZOO
+
+pytestmark = pytest.mark.slow  # builds transformers models
+
+_ARCHS = {arch.name: arch for arch in ZOO}
+
+
+def _model(name: str, layers: int = 4, **overrides: object):
+    import torch
+    import transformers
+
+    config = _ARCHS[name].config()
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = (list(config.layer_types) * layers)[:layers]
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    return getattr(transformers, _ARCHS[name].model_class)(config).eval()
+
+
+@pytest.mark.parametrize(
+    ("name", "period"),
+    [("llama", 1), ("mistral", 1), ("qwen3_moe", 1), ("gpt_neox", 1), ("gemma2", 2)],
+)
+def test_period(name: str, period: int) -> None:
+    found = layer_period(_model(name))
+    assert (found.period, found.layers, found.reason) == (period, 4, "")
+    assert found.path.endswith("layers")
+    assert found.index_attributes and all(a.endswith("layer_idx") for a in found.index_attributes)
+
+
+def test_gpt2_reads_layer_index_refused() -> None:
+    # GPT2Attention scales by 1/(layer_idx+1) under a flag: the layer index is read
+    found = layer_period(_model("gpt2"))
+    assert found.period is None
+    assert "GPT2Attention.forward reads the layer index" in found.reason
+
+
+def test_custom_forward_reading_layer_index_refused() -> None:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    class Scaled(LlamaAttention):
+        def forward(self, hidden_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super().forward(hidden_states / (self.layer_idx + 1), *args, **kwargs)
+
+    model = _model("llama")
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = Scaled
+    found = layer_period(model)
+    assert found.period is None
+    assert "Scaled.forward reads the layer index" in found.reason
+    assert "self.layer_idx" in found.reason
+
+
+def test_non_periodic_config_list_refused() -> None:
+    # qwen2: sliding window from layer max_window_layers on: full, sliding, sliding, sliding
+    model = _model("qwen2", layer_types=["full_attention", *["sliding_attention"] * 3])
+    found = layer_period(model)
+    assert found.period is None
+    assert "config.layer_types is not 1-periodic" in found.reason
+    assert "config.layer_types is not 2-periodic" in found.reason
+
+
+def test_different_attribute_refused() -> None:
+    model = _model("llama")
+    model.model.layers[3].self_attn.scaling = 0.5
+    found = layer_period(model)
+    assert found.period is None
+    assert "self_attn.scaling differs between layer 3 and layer 0" in found.reason
+
+
+def test_too_few_layers() -> None:
+    found = layer_period(_model("gemma2", layers=3))
+    assert found.period is None and "P=1" in found.reason  # P=2 needs 4 layers
+
+
+def test_meta_buffers_need_values() -> None:
+    import torch
+
+    model = _model("llama")
+    for layer in model.model.layers:
+        layer.register_buffer("table", torch.ones(2, device="meta"))
+    found = layer_period(model)
+    assert found.period is None and "no value to compare" in found.reason
+    values = {f"model.layers.{i}.table": torch.ones(2) for i in range(4)}
+    assert layer_period(model, buffers=values).period == 1
+    values["model.layers.2.table"] = torch.zeros(2)
+    assert "buffers model.layers.2.table and model.layers.0.table differ" in (
+        layer_period(model, buffers=values).reason
+    )
+
+
+def test_cut_layers_restores() -> None:
+    model = _model("gemma2")
+    found = layer_period(model)
+    layers, types = model.model.layers, list(model.config.layer_types)
+    with cut_layers(model, found) as cut:
+        assert len(cut.model.layers) == 2 and cut.config.num_hidden_layers == 2
+        assert cut.config.layer_types == types[:2]
+    assert model.model.layers is layers and model.config.num_hidden_layers == 4
+    assert model.config.layer_types == types
+    with pytest.raises(RuntimeError), cut_layers(model, found):
+        raise RuntimeError("trace failed")
+    assert model.model.layers is layers and model.config.layer_types == types
+
+
+def test_cut_layers_trace() -> None:
+    from irkit.llm import export_causal_lm
+
+    model = _model("llama")
+    with cut_layers(model, layer_period(model)):
+        exported = export_causal_lm(model)
+    assert exported.num_layers == 1
+    assert exported.input_names[-2:] == ["past_key_values.0.key", "past_key_values.0.value"]
+    assert len(model.model.layers) == 4
+
+
+def _histogram(model) -> collections.Counter:
+    counts = collections.Counter((n.domain, n.op_type) for n in model.graph)
+    for function in model.functions.values():
+        counts.update((n.domain, n.op_type) for n in function)
+    return counts
+
+
+def _stamped_and_full(name: str):
+    import onnx_ir as ir
+
+    import irkit
+    from irkit.llm import export_causal_lm
+    from irkit.llm._stamp import stamp_layers
+
+    model = _model(name)
+    found = layer_period(model)
+    exported = export_causal_lm(model)
+    full = irkit.lower(exported.program, **exported.lower_kwargs())
+    with cut_layers(model, found):
+        cut = export_causal_lm(model)
+    stamped = irkit.lower(cut.program, **cut.lower_kwargs())
+    state = model.state_dict()
+    stamp_layers(stamped, found, lambda n: ir.tensor(state[n].detach().numpy(), name=n))
+    return model, exported, full, stamped
+
+
+def _run(model, feeds) -> list:
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    proto = ir.to_proto(model).SerializeToString()
+    session = ort.InferenceSession(proto, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_neox", "qwen3_moe"])
+def test_stamped_equals_full_trace(name: str) -> None:
+    import numpy as np
+
+    from irkit.llm import causal_lm_feeds
+
+    model, exported, full, stamped = _stamped_and_full(name)
+    for kind in ("inputs", "outputs"):
+        expected = [v.name for v in getattr(full.graph, kind)]
+        assert [v.name for v in getattr(stamped.graph, kind)] == expected
+    assert sorted(stamped.graph.initializers) == sorted(full.graph.initializers)
+    for key, value in full.graph.initializers.items():
+        assert stamped.graph.initializers[key].shape == value.shape
+    if name != "qwen3_moe":
+        # (the full trace of the MoE model gives its first layer a second copy of the layer
+        # functions, Qwen3MoeDecoderLayer_1 …: same computation, one function fewer stamped)
+        assert _histogram(stamped) == _histogram(full)
+        assert set(stamped.functions) == set(full.functions)
+        for key, function in full.functions.items():
+            assert len(stamped.functions[key].inputs) == len(function.inputs)
+            assert len(stamped.functions[key].outputs) == len(function.outputs)
+    for batch, seq, past in ((2, 3, 5), (1, 1, 7), (1, 6, 0)):
+        feeds = causal_lm_feeds(model, batch=batch, seq=seq, past=past, layout=exported.cache)
+        for a, b in zip(_run(full, feeds), _run(stamped, feeds), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(("name", "target"), [("llama", "onnx"), ("gemma2", "ort")])
+def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> None:
+    import json
+
+    import numpy as np
+    import onnx
+
+    from irkit.cli import main
+    from irkit.llm import export
+
+    model = _model(name)
+    model.save_pretrained(tmp_path / "src")
+    lines: list[str] = []
+    export(tmp_path / "src", tmp_path / "stamped", target=target, log=lines.append)
+    assert any(f"traced {layer_period(model).period} of 4 decoder layers" in x for x in lines)
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "src"),
+                "-o",
+                str(tmp_path / "full"),
+                "--target",
+                target,
+                "--no-layer-reuse",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    protos = [onnx.load(tmp_path / d / "model.onnx") for d in ("full", "stamped")]
+    for kind in ("input", "output"):
+        names = [[v.name for v in getattr(p.graph, kind)] for p in protos]
+        assert names[0] == names[1]
+    counts = [
+        collections.Counter(n.op_type for graph in (p.graph, *p.functions) for n in graph.node)
+        for p in protos
+    ]
+    assert counts[0] == counts[1]
+    configs = [
+        json.loads((tmp_path / d / "genai_config.json").read_text()) for d in ("full", "stamped")
+    ]
+    assert configs[0] == configs[1]
+    feeds = {
+        "input_ids": np.array([[5, 6, 7], [8, 9, 10]]),
+        "attention_mask": np.ones((2, 3), np.int64),
+    }
+    results = []
+    for d in ("full", "stamped"):
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(
+            str(tmp_path / d / "model.onnx"), providers=["CPUExecutionProvider"]
+        )
+        run = dict(feeds)
+        for arg in session.get_inputs():
+            if arg.name == "position_ids":
+                run[arg.name] = np.tile(np.arange(3), (2, 1))
+            elif arg.name.startswith("past_key_values."):
+                run[arg.name] = np.zeros((2, arg.shape[1], 16, arg.shape[3]), np.float32)
+        results.append(session.run(None, run))
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
