@@ -524,8 +524,15 @@ def _trace_and_lower(
             def weight(name: str) -> Any:  # a loaded model's own weights
                 import onnx_ir as ir
 
-                tensor = state[name].detach().cpu()
-                return ir.tensor(tensor.numpy(), name=name)
+                tensor = state.get(name)
+                if tensor is not None and tensor.is_meta:  # a meta model's buffer: its value
+                    tensor = source.buffers.get(name)
+                if tensor is None:
+                    return None  # (a constant the trace lifted: stamping refuses it)
+                try:
+                    return ir.tensor(tensor.detach().cpu().numpy(), name=name)
+                except TypeError:  # (bfloat16: numpy has none; stamping refuses it)
+                    return None
 
             try:
                 stamp_layers(model, found, weight)
