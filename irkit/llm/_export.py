@@ -204,10 +204,46 @@ def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, precision
         ) from exc
 
 
-def _decoder(exported: Any, text_config: Any) -> Decoder:
+def _genai_layer_types(model_type: str, layout: Any, text_config: Any) -> tuple[str, ...]:
+    """genai's ``layer_types`` for a cache with state kinds: per layer, from the kinds it holds.
+
+    Raises:
+        LoweringOptionsError: A layer holds keys/values and a state (one hybrid layer), or a
+            recurrent state without a convolution state: onnxruntime-genai 0.18 has no such
+            layer type.
+    """
+    configured = list(getattr(text_config, "layer_types", None) or [])
+    kinds: dict[int, set[str]] = {}
+    for spec in layout.states:
+        kinds.setdefault(spec.layer, set()).add(spec.kind.name)
+    types = []
+    for layer in range(layout.num_layers):
+        held = kinds.get(layer, set())
+        if held == {"key", "value"}:
+            sliding = layer < len(configured) and configured[layer] == "sliding_attention"
+            types.append("sliding_attention" if sliding else "full_attention")
+        elif held == {"conv"}:
+            types.append("conv")
+        elif held == {"conv", "recurrent"}:
+            types.append("linear_attention")
+        else:
+            raise LoweringOptionsError(
+                f"export: layer {layer} of the {model_type!r} model caches "
+                f"{', '.join(sorted(held)) or 'nothing'}; onnxruntime-genai 0.18 carries keys "
+                "and values, a convolution state, or a convolution and a recurrent state per "
+                "layer, not this combination. Export the ONNX model alone with "
+                "irkit.llm.export_causal_lm and run it with irkit.llm.generate_greedy "
+                "(docs/llm.md, 'State-space and linear-attention models')"
+            )
+    return tuple(types)
+
+
+def _decoder(exported: Any, text_config: Any, model_type: str = "") -> Decoder:
     from irkit.llm._causal_lm import one_cache_shape
 
     layout = exported.cache
+    if layout.states:
+        return _state_decoder(exported, text_config, model_type)
     heads, head_size = one_cache_shape(layout)  # values narrower than keys are padded (MLA)
     return Decoder(
         filename=_ONNX_FILE,
@@ -220,6 +256,47 @@ def _decoder(exported: Any, text_config: Any) -> Decoder:
         context_length=context_length(text_config.to_dict()),
         position_ids=exported.position_ids,
         cache_itemsize=int(layout.numpy_dtype().itemsize),
+    )
+
+
+def _state_decoder(exported: Any, text_config: Any, model_type: str) -> Decoder:
+    """The :class:`Decoder` of a cache with state kinds (conv, recurrent, keys on some layers)."""
+    import dataclasses
+
+    from irkit.llm._causal_lm import CacheLayout, one_cache_shape
+
+    layout = exported.cache
+    layer_types = _genai_layer_types(model_type, layout, text_config)
+    attention = len(layout.keys)
+    if attention:
+        heads, head_size = one_cache_shape(dataclasses.replace(layout, states=()))
+    else:  # no attention layer: genai still reads the sizes
+        heads = int(getattr(text_config, "num_key_value_heads", 0) or 1)
+        head_size = 1
+    names = tuple(
+        dict.fromkeys(
+            (s.kind.genai_input, s.kind.past_format, s.kind.genai_output, s.kind.present_format)
+            for s in layout.states
+            if s.kind.sequence_axis is None
+        )
+    )
+    convs = {s.shape[-1] for s in layout.states if s.kind.name == "conv"}
+    itemsize = CacheLayout((), (), layout.dtype).numpy_dtype().itemsize
+    return Decoder(
+        filename=_ONNX_FILE,
+        num_layers=layout.num_layers,
+        num_attention_heads=int(getattr(text_config, "num_attention_heads", 0) or heads),
+        num_kv_heads=heads,
+        head_size=head_size,
+        hidden_size=int(text_config.hidden_size),
+        vocab_size=int(text_config.vocab_size),
+        context_length=context_length(text_config.to_dict()),
+        position_ids=exported.position_ids,
+        cache_itemsize=int(itemsize),
+        attention_layers=attention,
+        layer_types=layer_types,
+        state_names=names,
+        conv_cache_size=max(convs) if convs else 0,
     )
 
 
@@ -448,7 +525,7 @@ def export(
     stage("torch.export with the KV cache")
     model, exported = _trace_and_lower(source, layer_reuse, stage, note)
     text_config = source.config.get_text_config()
-    decoder = _decoder(exported, text_config)
+    decoder = _decoder(exported, text_config, str(source.config.model_type))
     length = _max_length(decoder, max_length)
     from irkit.rules import ort
 
@@ -463,7 +540,9 @@ def export(
         else None
     )
     irkit.optimize(model, target=target, rules=rules)
-    shared = target == "ort" and ort.attention.runs_on_shared_buffer(model, decoder.num_layers)
+    shared = target == "ort" and ort.attention.runs_on_shared_buffer(
+        model, len(exported.cache.keys)
+    )
     if shares and target == "onnx":
         from irkit.rules.kv_buffer import share_kv_buffer
 
@@ -511,6 +590,13 @@ def _trace_and_lower(
     def lower(exported: Any) -> Any:
         return irkit.lower(exported.program, **exported.lower_kwargs())
 
+    from irkit.llm._states import has_state_layers
+
+    if layer_reuse and has_state_layers(source.model.config):
+        note(
+            "layer reuse off: the cache holds state kinds beyond keys and values; tracing every layer"
+        )
+        layer_reuse = False
     if layer_reuse:
         from irkit.llm._stamp import cut_layers, layer_period, stamp_layers
 

@@ -87,6 +87,13 @@ class Decoder:
         context_length: ``max_position_embeddings``.
         position_ids: Whether the model takes ``position_ids``.
         cache_itemsize: Bytes of one cache element (4 for float32).
+        attention_layers: Layers with keys and values (default: all ``num_layers``).
+        layer_types: genai's per-layer types (``full_attention``, ``sliding_attention``,
+            ``conv``, ``linear_attention``) where the cache holds more than keys and values,
+            else empty.
+        state_names: ``(genai input key, input format, genai output key, output format)`` of
+            each state kind beyond keys and values (``past_conv_names``, ``past.%d.conv``, …).
+        conv_cache_size: Width of the convolution states (``K - 1``), or 0.
     """
 
     filename: str
@@ -99,10 +106,15 @@ class Decoder:
     context_length: int
     position_ids: bool
     cache_itemsize: int = 4
+    attention_layers: int | None = None
+    layer_types: tuple[str, ...] = ()
+    state_names: tuple[tuple[str, str, str, str], ...] = ()
+    conv_cache_size: int = 0
 
     def kv_bytes(self, tokens: int, batch: int = 1) -> int:
         """Bytes of the keys and values of ``tokens`` cached tokens for ``batch`` sequences."""
-        per_token = 2 * self.num_layers * self.num_kv_heads * self.head_size * self.cache_itemsize
+        layers = self.num_layers if self.attention_layers is None else self.attention_layers
+        per_token = 2 * layers * self.num_kv_heads * self.head_size * self.cache_itemsize
         return batch * tokens * per_token
 
 
@@ -234,8 +246,15 @@ def genai_config(
     inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
     if decoder.position_ids and "position_ids" in input_names:
         inputs["position_ids"] = "position_ids"
-    inputs["past_key_names"] = "past_key_values.%d.key"
-    inputs["past_value_names"] = "past_key_values.%d.value"
+    outputs = {"logits": "logits"}
+    if decoder.attention_layers != 0:
+        inputs["past_key_names"] = "past_key_values.%d.key"
+        inputs["past_value_names"] = "past_key_values.%d.value"
+        outputs["present_key_names"] = "present.%d.key"
+        outputs["present_value_names"] = "present.%d.value"
+    for past_key, past_format, present_key, present_format in decoder.state_names:
+        inputs[past_key] = past_format
+        outputs[present_key] = present_format
     model: dict[str, Any] = {
         "type": genai_model_type(model_type),
         "context_length": decoder.context_length or max_length,
@@ -251,13 +270,13 @@ def genai_config(
             "num_key_value_heads": decoder.num_kv_heads,
             "num_hidden_layers": decoder.num_layers,
             "inputs": inputs,
-            "outputs": {
-                "logits": "logits",
-                "present_key_names": "present.%d.key",
-                "present_value_names": "present.%d.value",
-            },
+            "outputs": outputs,
         },
     }
+    if decoder.layer_types:
+        model["decoder"]["layer_types"] = list(decoder.layer_types)
+    if decoder.conv_cache_size:
+        model["decoder"]["conv_cache_size"] = decoder.conv_cache_size
     if tokens.bos is not None:
         model["bos_token_id"] = tokens.bos
     return {"model": model, "search": _search(generation, max_length, share_buffer)}

@@ -281,6 +281,31 @@ def past_to_present() -> dict[str, str]:
     return {kind.present_format: kind.past_format for kind in KINDS}
 
 
+def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
+    """Make the layer keep, as its convolution state, the inputs up to each row's last real token.
+
+    transformers keeps the last ``K`` columns of ``cat(state, new inputs)``; where a row ends in
+    pads (onnxruntime-genai right-pads a batch's shorter prompts) those are pads, and the next
+    token's convolution would read zeros instead of the prompt's last inputs. The state is
+    gathered at the row's last real token instead (the same columns without right pads).
+    """
+    import torch
+
+    update = layer.update_conv_state
+
+    def held(conv_states: Any, state_idx: int = 0, **kwargs: Any) -> Any:
+        full = update(conv_states, state_idx, **kwargs)
+        width, new = layer.conv_kernel_size[state_idx], conv_states.shape[-1]
+        steps = torch.arange(1, new + 1, device=mask.device)
+        end = full.shape[-1] - new + (mask.to(steps.dtype) * steps).amax(-1)  # (batch,)
+        index = end[:, None] - width + torch.arange(width, device=mask.device)
+        index = index[:, None, :].expand(full.shape[0], full.shape[1], width)
+        layer.conv_states[state_idx] = torch.gather(full, -1, index)
+        return full
+
+    layer.update_conv_state = held
+
+
 def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_cache: bool) -> Any:
     """The model with a forward over flat tensors: ``(input_ids, attention_mask, position_ids,
     states) → (logits, *present states)``, for ``torch.export``.
@@ -302,6 +327,8 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
     """
     import copy
 
+    from irkit.llm.kernels import padding_mask
+
     base = type(model)
 
     def forward(
@@ -312,6 +339,11 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         states: Sequence[Any] = (),
     ) -> tuple[Any, ...]:
         cache = fill_cache(self.config, specs, states)
+        mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :]
+        if mask is not None:
+            for layer in cache.layers:
+                if getattr(layer, "conv_states", None) is not None:
+                    _hold_conv_state_at_pads(layer, mask)
         kwargs: dict[str, Any] = {"input_ids": input_ids, cache_argument: cache}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
@@ -319,7 +351,8 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
             kwargs["position_ids"] = position_ids
         if use_cache:
             kwargs["use_cache"] = True
-        output = base.forward(self, **kwargs)
+        with padding_mask(mask):
+            output = base.forward(self, **kwargs)
         returned = next(
             (v for v in output.values() if v is not None and hasattr(v, "layers")), None
         )

@@ -8,7 +8,9 @@ attention's API, which transformers' fallbacks follow): per head, with the state
     S = S + k_t ⊗ (β_t · (v_t − Sᵀ k_t))
     o_t = Sᵀ (q_t / √k_head_dim)
 
-with ``q``, ``k`` L2-normalized first when ``use_qk_l2norm_in_kernel``. The chunked fallback
+with ``q``, ``k`` L2-normalized first when ``use_qk_l2norm_in_kernel``. Where the step's padding
+mask (:func:`irkit.llm.kernels.step_mask`) is 0 the state is held, so a right-padded row's state
+is the one after its last real token. The chunked fallback
 computes the same sums in another order (chunks of ``chunk_size`` tokens); results agree to
 float32 rounding.
 """
@@ -85,14 +87,21 @@ def gated_delta_rule(
     else:
         state = initial_state.to(torch.float32)
 
-    def step(s: Any, x: Any) -> tuple[Any, Any]:
-        q_t, k_t, v_t, d_t, b_t = x
-        s = s * d_t.exp()[..., None, None]
-        delta = (v_t - (s * k_t[..., None]).sum(-2)) * b_t[..., None]
-        s = s + k_t[..., None] * delta[..., None, :]
-        return s.clone(), (s * q_t[..., None]).sum(-2)
+    from irkit.llm.kernels import step_mask
 
-    final, out = scan(step, state, (q, k, v, decay, b), dim=1)
+    mask = step_mask()
+    if mask is None:
+        mask = q.new_ones(q.shape[:2])
+    keep = mask.to(torch.bool)
+
+    def step(s: Any, x: Any) -> tuple[Any, Any]:
+        q_t, k_t, v_t, d_t, b_t, m_t = x
+        new = s * d_t.exp()[..., None, None]
+        delta = (v_t - (new * k_t[..., None]).sum(-2)) * b_t[..., None]
+        new = new + k_t[..., None] * delta[..., None, :]
+        return torch.where(m_t[:, None, None, None], new, s), (new * q_t[..., None]).sum(-2)
+
+    final, out = scan(step, state, (q, k, v, decay, b, keep), dim=1)
     return out.to(dtype), (final if output_final_state else None)
 
 
