@@ -238,6 +238,16 @@ def _genai_layer_types(model_type: str, layout: Any, text_config: Any) -> tuple[
     return tuple(types)
 
 
+def _check_state_kinds(source: _Source) -> None:
+    """Before the trace: a cache with state kinds genai cannot carry is refused at once."""
+    from irkit.llm._causal_lm import cache_layout
+    from irkit.llm._states import has_state_layers
+
+    if has_state_layers(source.model.config):
+        layout = cache_layout(source.model)
+        _genai_layer_types(str(source.config.model_type), layout, source.config.get_text_config())
+
+
 def _decoder(exported: Any, text_config: Any, model_type: str = "") -> Decoder:
     from irkit.llm._causal_lm import one_cache_shape
 
@@ -518,6 +528,7 @@ def export(
         if is_folder
         else _model_source(model_or_dir, precision)
     )
+    _check_state_kinds(source)
     if precision == "fp16":
         from irkit.llm._precision import check_half_range
 

@@ -1,0 +1,118 @@
+"""State-space / linear-attention / hybrid causal LMs: exported with their conv and recurrent
+states, run in onnxruntime against eager PyTorch and in onnxruntime-genai's Generator against
+transformers ``generate`` (one tiny model per cache kind and mixer: Qwen3.5 — gated delta rule,
+conv and recurrent states, keys/values on its attention layer; LFM2 — conv state only)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from tests.llm import genai_support as gs
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime_genai")
+
+pytestmark = pytest.mark.slow
+
+import irkit  # noqa: E402
+from irkit.cli import main  # noqa: E402
+from irkit.llm import causal_lm_feeds, export_causal_lm, generate_greedy, run_eager  # noqa: E402
+
+VOCAB = 300
+EOS = 1
+# initializer_range 0.3: tiny random models then produce varied ids (not one token repeated)
+_COMMON = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=EOS,
+    pad_token_id=2, initializer_range=0.3,
+)  # fmt: skip
+
+
+def _qwen35() -> object:
+    return transformers.Qwen3_5TextConfig(
+        **_COMMON, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention"],
+    )  # fmt: skip
+
+
+def _lfm2() -> object:
+    return transformers.Lfm2Config(
+        **_COMMON, layer_types=["conv", "full_attention"], block_ff_dim=128,
+        block_auto_adjust_ff_dim=False,
+    )  # fmt: skip
+
+
+def _model(config: object) -> object:
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen35_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, object]:
+    root = tmp_path_factory.mktemp("qwen35")
+    model = _model(_qwen35())
+    folder = gs.save_folder(root / "hf", model, gs.tokenizer(vocab_size=VOCAB))
+    assert main(["export", str(folder), "-o", str(root / "out"), "-q"]) == 0
+    return root, model
+
+
+def _check_against_eager(path: pathlib.Path, model: object, layout: object) -> None:
+    session = ort.InferenceSession(str(path))
+    # decode, prefill, decode on a batch, and a prefill longer than the chunked fallback's chunk
+    for batch, seq, past in [(1, 1, 4), (2, 7, 0), (2, 1, 9), (1, 70, 3)]:
+        feeds = causal_lm_feeds(model, batch=batch, seq=seq, past=past, layout=layout)
+        for want, got in zip(run_eager(model, feeds), session.run(None, feeds), strict=True):
+            np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
+
+
+def test_qwen35_names_and_genai_config(qwen35_folder) -> None:
+    root, _ = qwen35_folder
+    session = ort.InferenceSession(str(root / "out" / "model.onnx"))
+    names = {arg.name: arg.shape for arg in session.get_inputs()}
+    # layer 0 (gated delta net): conv state (batch, 2·16·2 + 4·16, K - 1), recurrent state
+    assert names["past.0.conv"][1:] == [128, 3]
+    assert names["past.0.recurrent"][1:] == [4, 16, 16]
+    assert "past_key_values.1.key" in names and "past_key_values.0.key" not in names
+    decoder = json.loads((root / "out" / "genai_config.json").read_text())["model"]["decoder"]
+    assert decoder["layer_types"] == ["linear_attention", "full_attention"]
+    assert decoder["conv_cache_size"] == 3
+    assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
+    assert decoder["outputs"]["present_recurrent_names"] == "present.%d.recurrent"
+
+
+def test_qwen35_genai_generator_equals_generate(qwen35_folder) -> None:
+    root, model = qwen35_folder
+    prompts = ["hello world the quick", "the lazy dog jumps over the brown fox and hello world"]
+    for batch in (prompts[:1], prompts):  # genai right-pads the shorter prompt of the batch
+        got = [gs.until_eos(ids, EOS) for ids in gs.genai_ids(root / "out", batch, 24)]
+        want = [gs.until_eos(ids, EOS) for ids in gs.reference_ids(root / "hf", batch, 24, model)]
+        assert got == want
+        assert max(len(set(ids)) for ids in want) >= 8  # varied ids, not one token repeated
+
+
+def test_lfm2_conv_state_in_onnxruntime(tmp_path: pathlib.Path) -> None:
+    model = _model(_lfm2())
+    exported = export_causal_lm(model)
+    assert exported.input_names[3:] == [
+        "past_key_values.1.key", "past_key_values.1.value", "past.0.conv",
+    ]  # fmt: skip
+    lowered = irkit.lower(exported.program, **exported.lower_kwargs())
+    irkit.optimize(lowered, target="onnx")
+    irkit.save(lowered, tmp_path / "lfm2.onnx")
+    _check_against_eager(tmp_path / "lfm2.onnx", model, exported.cache)
+    session = ort.InferenceSession(str(tmp_path / "lfm2.onnx"))
+    ids = torch.tensor([[2, 2, 5, 17, 42, 9, 11], [3, 8, 1, 77, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])  # left-padded, as generate pads
+    want = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+        eos_token_id=None, pad_token_id=2,
+    )  # fmt: skip
+    got = generate_greedy(session, ids.numpy(), mask.numpy(), max_new_tokens=12)
+    np.testing.assert_array_equal(got, want.numpy())
