@@ -9,8 +9,9 @@ attention's API, which transformers' fallbacks follow): per head, with the state
     o_t = Sᵀ (q_t / √k_head_dim)
 
 with ``q``, ``k`` L2-normalized first when ``use_qk_l2norm_in_kernel``. Where the step's padding
-mask (:func:`irkit.llm.kernels.step_mask`) is 0 the state is held, so a right-padded row's state
-is the one after its last real token. The chunked fallback
+mask (:func:`irkit.llm.kernels.step_mask`) is 0 the step neither decays (``g = 0``) nor writes
+(``β = 0``), so the state is held exactly and a right-padded row's state is the one after its
+last real token (the same inputs express it for onnxruntime's ``LinearAttention``). The chunked fallback
 computes the same sums in another order (chunks of ``chunk_size`` tokens); results agree to
 float32 rounding.
 """
@@ -90,18 +91,18 @@ def gated_delta_rule(
     from irkit.llm.kernels import step_mask
 
     mask = step_mask()
-    if mask is None:
-        mask = q.new_ones(q.shape[:2])
-    keep = mask.to(torch.bool)
+    if mask is not None:  # a pad step: no decay (exp 0 = 1), no write (β = 0): the state is held
+        keep = mask.to(torch.float32)[:, :, None]
+        decay, b = decay * keep, b * keep
 
     def step(s: Any, x: Any) -> tuple[Any, Any]:
-        q_t, k_t, v_t, d_t, b_t, m_t = x
-        new = s * d_t.exp()[..., None, None]
-        delta = (v_t - (new * k_t[..., None]).sum(-2)) * b_t[..., None]
-        new = new + k_t[..., None] * delta[..., None, :]
-        return torch.where(m_t[:, None, None, None], new, s), (new * q_t[..., None]).sum(-2)
+        q_t, k_t, v_t, d_t, b_t = x
+        s = s * d_t.exp()[..., None, None]
+        delta = (v_t - (s * k_t[..., None]).sum(-2)) * b_t[..., None]
+        s = s + k_t[..., None] * delta[..., None, :]
+        return s.clone(), (s * q_t[..., None]).sum(-2)
 
-    final, out = scan(step, state, (q, k, v, decay, b, keep), dim=1)
+    final, out = scan(step, state, (q, k, v, decay, b), dim=1)
     return out.to(dtype), (final if output_final_state else None)
 
 
