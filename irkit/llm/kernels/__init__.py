@@ -20,13 +20,13 @@ linear-attention models").
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
 from irkit.llm.kernels import gated_delta
+from irkit.llm.kernels._mask import padding_mask, step_mask
 
 __all__ = [
     "KERNELS",
@@ -36,10 +36,6 @@ __all__ = [
     "padding_mask",
     "step_mask",
 ]
-
-# The (batch, new tokens) mask of the step being traced: set by irkit.llm's flat forward for the
-# duration of one trace only (a context variable, never process state).
-_STEP_MASK: contextvars.ContextVar[Any] = contextvars.ContextVar("irkit_step_mask", default=None)
 
 _FAMILIES: tuple[ModuleType, ...] = (gated_delta,)
 
@@ -127,29 +123,3 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
     finally:
         for module, attribute, original in reversed(swapped):
             setattr(module, attribute, original)
-
-
-@contextlib.contextmanager
-def padding_mask(mask: Any) -> Iterator[None]:
-    """Inside the ``with``, :func:`step_mask` is ``mask`` (the new tokens' 0/1 mask).
-
-    Export kernels hold their state where the mask is 0, so a state is the one after each
-    row's last real token whether the batch is left-padded (transformers' ``generate``) or
-    right-padded (onnxruntime-genai: a shorter prompt's pads come after it).
-
-    Args:
-        mask: ``(batch, new tokens)`` tensor.
-
-    Yields:
-        Nothing.
-    """
-    token = _STEP_MASK.set(mask)
-    try:
-        yield
-    finally:
-        _STEP_MASK.reset(token)
-
-
-def step_mask() -> Any:
-    """The ``(batch, new tokens)`` 0/1 mask of the step being traced, or ``None``."""
-    return _STEP_MASK.get()

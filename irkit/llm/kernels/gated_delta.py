@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from irkit.errors import ExportError
+from irkit.llm.kernels._mask import step_mask
 
 __all__ = ["KERNELS", "gated_delta_rule"]
 
@@ -87,8 +88,6 @@ def gated_delta_rule(
         state = q.new_zeros(batch, v_heads, k_dim, v_dim)
     else:
         state = initial_state.to(torch.float32)
-
-    from irkit.llm.kernels import step_mask
 
     mask = step_mask()
     if mask is not None:  # a pad step: no decay (exp 0 = 1), no write (β = 0): the state is held
