@@ -39,6 +39,16 @@ import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
 from irkit.llm._meta import fake_weights, probe_mode
+from irkit.llm._states import (
+    StateSpec,
+    empty_cache,
+    fill_cache,
+    flat_model,
+    has_state_layers,
+    past_to_present,
+    probe_states,
+    read_states,
+)
 
 __all__ = [
     "TESTED_TRANSFORMERS",
@@ -64,20 +74,33 @@ class CacheLayout:
     """The KV cache of a causal LM as the model itself returns it.
 
     Attributes:
-        keys: Per layer, ``(heads, head_dim)`` of the key tensors
+        keys: Per attention layer, ``(heads, head_dim)`` of the key tensors
             ``(batch, heads, sequence, head_dim)``.
-        values: Per layer, ``(heads, head_dim)`` of the value tensors.
+        values: Per attention layer, ``(heads, head_dim)`` of the value tensors.
         dtype: The cache's ``torch.dtype`` (the model's compute dtype).
+        states: Every cache tensor by kind and layer (:class:`irkit.llm._states.StateSpec`)
+            when the cache holds more than keys and values (state-space, linear-attention and
+            hybrid models); empty for a KV cache on every layer.
     """
 
     keys: tuple[tuple[int, int], ...]
     values: tuple[tuple[int, int], ...]
     dtype: Any
+    states: tuple[StateSpec, ...] = ()
 
     @property
     def num_layers(self) -> int:
-        """Number of cached layers."""
+        """Number of decoder layers with a cache (all of them where :attr:`states` is set)."""
+        if self.states:
+            return 1 + max(spec.layer for spec in self.states)
         return len(self.keys)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The cache's tensor kinds (``"key"``, ``"value"``, ``"conv"``, ``"recurrent"``)."""
+        if not self.states:
+            return ("key", "value")
+        return tuple(dict.fromkeys(spec.kind.name for spec in self.states))
 
     def numpy_dtype(self) -> Any:
         """The numpy dtype of the cache tensors (float32 where numpy has none, e.g. bfloat16)."""
@@ -236,7 +259,9 @@ def cache_layout(model: Any) -> CacheLayout:
     with torch.no_grad(), probe_mode(model):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 2), dtype=torch.long, device=device)
-        passed = _cache([])  # an empty DynamicCache, as export_causal_lm passes one
+        states = has_state_layers(model.config)
+        # an empty DynamicCache, as export_causal_lm passes one (typed by the config for states)
+        passed = empty_cache(model.config) if states else _cache([])
         kwargs: dict[str, Any] = {"input_ids": ids, binding.cache: passed}
         if binding.attention_mask:
             kwargs["attention_mask"] = torch.ones_like(ids)
@@ -254,7 +279,21 @@ def cache_layout(model: Any) -> CacheLayout:
                 f"export_causal_lm: {type(model).__name__} returned no transformers Cache for "
                 f"use_cache=True ({_versions()}); only models with a KV cache can be exported"
             )
+        if states:
+            return _state_layout(model, cache)
         return _layer_shapes(model, cache)
+
+
+def _state_layout(model: Any, cache: Any) -> CacheLayout:
+    specs = tuple(probe_states(cache))
+    if not specs:
+        raise ExportError(
+            f"export_causal_lm: {type(model).__name__} returned a cache with no tensors of a "
+            f"known kind ({_versions()})"
+        )
+    keys = tuple((s.shape[0], s.shape[2]) for s in specs if s.kind.name == "key")
+    values = tuple((s.shape[0], s.shape[2]) for s in specs if s.kind.name == "value")
+    return CacheLayout(keys=keys, values=values, dtype=specs[0].dtype, states=specs)
 
 
 def causal_lm_feeds(
@@ -287,6 +326,7 @@ def causal_lm_feeds(
     layout = layout or cache_layout(model)
     if position_ids is None:
         position_ids = _bind(model).position_ids
+    asked = dtype
     dtype = np.dtype(dtype) if dtype is not None else layout.numpy_dtype()
     rng = np.random.default_rng(seed)
     vocab = int(model.config.get_text_config().vocab_size)
@@ -296,6 +336,15 @@ def causal_lm_feeds(
     }
     if position_ids:
         feeds["position_ids"] = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
+    if layout.states:
+        for spec in layout.states:
+            dims = list(spec.kind.empty_shape(batch, spec.shape))
+            if spec.kind.sequence_axis is not None:
+                dims[spec.kind.sequence_axis] = past
+            own = CacheLayout((), (), spec.dtype).numpy_dtype()
+            state = rng.standard_normal(dims).astype(own if asked is None else dtype)
+            feeds[spec.past_name] = state * np.asarray(0.5, dtype=state.dtype)
+        return feeds
     for kind, shapes in (("key", layout.keys), ("value", layout.values)):
         for i, (heads, dim) in enumerate(shapes):
             shape = (batch, heads, past, dim)
@@ -323,6 +372,13 @@ def _torch_inputs(
     inputs: dict[str, Any] = {
         k: convert(feeds[k]) for k in ("input_ids", "attention_mask", "position_ids") if k in feeds
     }
+    if has_state_layers(model.config):
+        specs = cache_layout(model).states
+        tensors = [convert(feeds[spec.past_name]) for spec in specs]
+        inputs[binding.cache] = fill_cache(model.config, specs, tensors)
+        if binding.use_cache:
+            inputs["use_cache"] = True
+        return inputs
     pairs = [
         (convert(feeds[f"past_key_values.{i}.key"]), convert(feeds[f"past_key_values.{i}.value"]))
         for i in range(_num_layers(feeds))
@@ -367,6 +423,9 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
+    if has_state_layers(model.config):
+        states = read_states(cache, cache_layout(model).states)
+        return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     keys = [layer.keys.float().numpy() for layer in cache.layers]
     values = [layer.values.float().numpy() for layer in cache.layers]
     return [out.logits.float().numpy(), *keys, *values]
@@ -523,6 +582,8 @@ def export_causal_lm(
     if position_ids is None:
         position_ids = binding.position_ids
     layout = cache_layout(model)
+    if layout.states:
+        return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
     _register_cache_pytree()
 
     limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
@@ -567,6 +628,90 @@ def export_causal_lm(
         program=program,
         input_names=input_names + past_names,
         output_names=output_names,
+        cache=layout,
+        position_ids=bool(position_ids),
+        dynamic_shapes=dynamic,
+    )
+
+
+def _dims(model: Any, max_sequence: int | None) -> tuple[Any, Any, Any, Any]:
+    import torch
+
+    limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+    return (
+        torch.export.Dim("batch", max=4096),
+        torch.export.Dim("sequence", max=limit),
+        torch.export.Dim("past_sequence", max=limit),
+        torch.export.Dim("total_sequence", min=4, max=2 * limit),  # a guard of the mask code
+    )
+
+
+def _export_states(
+    model: Any,
+    binding: _Binding,
+    layout: CacheLayout,
+    batch: int,
+    seq: int,
+    past: int,
+    position_ids: bool,
+    max_sequence: int | None,
+) -> CausalLMExport:
+    """:func:`export_causal_lm` for a cache of several kinds (``layout.states``).
+
+    The model is exported through :func:`irkit.llm._states.flat_model` (flat tensors in and out,
+    the model's own weights and module paths) with its hub-kernel recurrences swapped for
+    irkit's export kernels (:func:`irkit.llm.kernels.export_kernels`), so one program serves a
+    prefill of any length and a one-token decode. Every state is fed, zeros before the first
+    token: a zero convolution state is the convolution's own zero padding, a zero recurrent
+    state the recurrence's start.
+    """
+    import torch
+
+    from irkit.llm.kernels import export_kernels
+
+    d_batch, d_seq, d_past, d_total = _dims(model, max_sequence)
+    feeds = causal_lm_feeds(
+        model, batch=batch, seq=seq, past=past, position_ids=position_ids, layout=layout
+    )
+    state_dims = tuple(
+        {0: d_batch, spec.kind.sequence_axis: d_past}
+        if spec.kind.sequence_axis is not None
+        else {0: d_batch}
+        for spec in layout.states
+    )
+    dynamic: dict[str, Any] = {
+        "input_ids": {0: d_batch, 1: d_seq},
+        "attention_mask": {0: d_batch, 1: d_total},
+        "states": state_dims,
+    }
+    if position_ids:
+        dynamic["position_ids"] = {0: d_batch, 1: d_seq}
+    flat = flat_model(model, layout.states, binding.cache, binding.use_cache)
+    try:
+        with (
+            _uncached_fake_dispatch(),
+            fake_weights(model),
+            _windows_by_position(),
+            export_kernels(model),
+        ):
+            device = next(iter(model.parameters())).device
+            kwargs: dict[str, Any] = {
+                name: torch.from_numpy(feeds[name]).to(device) for name in dynamic if name in feeds
+            }
+            kwargs["states"] = tuple(
+                torch.from_numpy(feeds[spec.past_name]).to(spec.dtype).to(device)
+                for spec in layout.states
+            )
+            program = torch.export.export(flat, (), kwargs, dynamic_shapes=dynamic)
+    except Exception as exc:
+        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+    input_names = ["input_ids", "attention_mask"]
+    if position_ids:
+        input_names.append("position_ids")
+    return CausalLMExport(
+        program=program,
+        input_names=input_names + [spec.past_name for spec in layout.states],
+        output_names=["logits"] + [spec.present_name for spec in layout.states],
         cache=layout,
         position_ids=bool(position_ids),
         dynamic_shapes=dynamic,
@@ -690,6 +835,16 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
     feeds = {}
     for arg in session.get_inputs():
+        if arg.name.startswith("past."):  # a fixed-size state (conv, recurrent): zeros
+            dims = arg.shape[1:]
+            if not all(isinstance(d, int) for d in dims) or arg.type not in _ORT_FLOATS:
+                raise LoweringOptionsError(
+                    f"generate_greedy: input {arg.name!r} has shape {arg.shape} and type "
+                    f"{arg.type}; expected (batch, …) with static dims after batch and a float "
+                    "type, as irkit.llm.export_causal_lm writes"
+                )
+            feeds[arg.name] = np.zeros((batch, *dims), dtype=_ORT_FLOATS[arg.type])
+            continue
         if not arg.name.startswith("past_key_values."):
             continue
         heads, dim = arg.shape[1], arg.shape[3]
@@ -701,6 +856,15 @@ def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
             )
         feeds[arg.name] = np.zeros((batch, heads, 0, dim), dtype=_ORT_FLOATS[arg.type])
     return feeds
+
+
+def _past_name(present: str) -> str:
+    """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``)."""
+    _, layer, kind = present.split(".", 2)
+    for present_format, past_format in past_to_present().items():
+        if present_format == f"present.%d.{kind}":
+            return past_format % int(layer)
+    return present.replace("present.", "past_key_values.", 1)
 
 
 def generate_greedy(
@@ -761,6 +925,7 @@ def generate_greedy(
         )
     pad = eos_token_id if pad_token_id is None else pad_token_id
     step_ids, past = ids, _empty_past(session, ids.shape[0])
+    fed_back = {name for name in outputs if name.startswith("present.")}
     finished = np.zeros(ids.shape[0], dtype=bool)
     new: list[np.ndarray] = []
     for _ in range(max_new_tokens):
@@ -777,9 +942,5 @@ def generate_greedy(
             break
         step_ids = token[:, None]
         mask = np.concatenate([mask, np.ones_like(step_ids)], axis=1)
-        past = {
-            name.replace("present.", "past_key_values.", 1): value
-            for name, value in result.items()
-            if name.startswith("present.")
-        }
+        past = {_past_name(name): value for name, value in result.items() if name in fed_back}
     return np.concatenate([ids, np.stack(new, axis=1)], axis=1) if new else ids

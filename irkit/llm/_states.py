@@ -1,0 +1,335 @@
+"""Cache kinds: the tensors a causal LM carries between steps, by kind, as ONNX inputs/outputs.
+
+transformers 5.x keeps every layer's state in one ``DynamicCache`` whose layers are typed by the
+config (``get_layer_types_and_kwargs``): attention layers hold keys and values that grow by the
+new tokens; linear-attention / state-space layers (``LinearAttentionLayer``) hold a convolution
+state and a recurrent state of fixed size; hybrid layers hold both. Each tensor kind is one
+:class:`StateKind` here: how it is read from and written into a transformers cache layer, its
+ONNX names (the ones onnxruntime-genai's ``genai_config.json`` maps), which axis grows with the
+sequence, and the genai keys. A new kind is one more subclass in :data:`KINDS`.
+
+Names, as onnxruntime-genai's model builder writes them (``N`` is the decoder layer's index):
+
+=============  ===========================  ========================  ======================
+kind           input                        output                    shape
+=============  ===========================  ========================  ======================
+key            ``past_key_values.N.key``    ``present.N.key``         (batch, heads, past, d)
+value          ``past_key_values.N.value``  ``present.N.value``       (batch, heads, past, d)
+conv           ``past.N.conv``              ``present.N.conv``        (batch, channels, K - 1)
+recurrent      ``past.N.recurrent``         ``present.N.recurrent``   (batch, …) fixed
+=============  ===========================  ========================  ======================
+
+The convolution state is the last ``K - 1`` inputs of a width-``K`` causal convolution (what
+genai allocates, ``conv_cache_size``); transformers keeps ``K`` columns, whose oldest no output
+reads, so it is padded by one zero column on the way in and dropped on the way out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+__all__ = [
+    "KINDS",
+    "StateKind",
+    "StateSpec",
+    "has_state_layers",
+    "probe_states",
+    "fill_cache",
+    "read_states",
+    "past_to_present",
+]
+
+
+class StateKind:
+    """One kind of cache tensor (see the module docstring)."""
+
+    name: ClassVar[str]
+    past_format: ClassVar[str]
+    present_format: ClassVar[str]
+    genai_input: ClassVar[str]
+    genai_output: ClassVar[str]
+    #: The axis that grows by the new tokens (KV), or ``None`` for a fixed-size state.
+    sequence_axis: ClassVar[int | None] = None
+
+    def read(self, layer: Any) -> Any:
+        """The tensor of this kind in a transformers cache layer, as ONNX carries it, or None."""
+        raise NotImplementedError
+
+    def write(self, layer: Any, tensor: Any) -> None:
+        """Put ``tensor`` (ONNX layout) into a transformers cache layer, as a past state."""
+        raise NotImplementedError
+
+    def empty_shape(self, batch: int, shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape of the state before the first token (``shape``: the dims after batch)."""
+        dims = [batch, *shape]
+        if self.sequence_axis is not None:
+            dims[self.sequence_axis] = 0
+        return tuple(dims)
+
+
+class _Key(StateKind):
+    name = "key"
+    past_format = "past_key_values.%d.key"
+    present_format = "present.%d.key"
+    genai_input = "past_key_names"
+    genai_output = "present_key_names"
+    sequence_axis = 2
+    attribute = "keys"
+
+    def read(self, layer: Any) -> Any:
+        tensor = getattr(layer, self.attribute, None)
+        return tensor if getattr(tensor, "ndim", 0) == 4 else None
+
+    def write(self, layer: Any, tensor: Any) -> None:
+        if not layer.is_initialized:
+            layer.lazy_initialization(tensor, tensor)
+        setattr(layer, self.attribute, tensor)
+
+
+class _Value(_Key):
+    name = "value"
+    past_format = "past_key_values.%d.value"
+    present_format = "present.%d.value"
+    genai_input = "past_value_names"
+    genai_output = "present_value_names"
+    attribute = "values"
+
+
+class _Conv(StateKind):
+    name = "conv"
+    past_format = "past.%d.conv"
+    present_format = "present.%d.conv"
+    genai_input = "past_conv_names"
+    genai_output = "present_conv_names"
+
+    def read(self, layer: Any) -> Any:
+        states = getattr(layer, "conv_states", None)
+        tensor = states.get(0) if states else None
+        return None if tensor is None else tensor[..., 1:]
+
+    def write(self, layer: Any, tensor: Any) -> None:
+        import torch
+
+        full = torch.nn.functional.pad(tensor, (1, 0))  # the column no output reads
+        layer.conv_states[0] = full
+        layer.conv_kernel_size[0] = int(full.shape[-1])
+        layer.is_conv_states_initialized[0] = True
+        layer.has_previous_state[0] = True
+        layer.dtype, layer.device = full.dtype, full.device
+
+
+class _Recurrent(StateKind):
+    name = "recurrent"
+    past_format = "past.%d.recurrent"
+    present_format = "present.%d.recurrent"
+    genai_input = "past_recurrent_names"
+    genai_output = "present_recurrent_names"
+
+    def read(self, layer: Any) -> Any:
+        states = getattr(layer, "recurrent_states", None)
+        return states.get(0) if states else None
+
+    def write(self, layer: Any, tensor: Any) -> None:
+        layer.recurrent_states[0] = tensor.clone()  # updated in place by the model
+        layer.is_recurrent_states_initialized[0] = True
+        layer.has_previous_state[0] = True
+        if layer.dtype is None:
+            layer.dtype, layer.device = tensor.dtype, tensor.device
+
+
+#: Every kind, in the order of the ONNX inputs/outputs (all of one kind, then the next).
+KINDS: tuple[StateKind, ...] = (_Key(), _Value(), _Conv(), _Recurrent())
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """One cache tensor of the model: its kind, decoder layer, dims after batch and dtype.
+
+    Attributes:
+        kind: The :class:`StateKind`.
+        layer: The decoder layer's index (``N`` in the names).
+        shape: The dims after batch (the sequence axis's example size for keys/values).
+        dtype: The ``torch.dtype``.
+    """
+
+    kind: StateKind
+    layer: int
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def past_name(self) -> str:
+        """The ONNX input name."""
+        return self.kind.past_format % self.layer
+
+    @property
+    def present_name(self) -> str:
+        """The ONNX output name."""
+        return self.kind.present_format % self.layer
+
+
+def has_state_layers(config: Any) -> bool:
+    """Whether transformers types any of the config's cache layers as a linear-attention state.
+
+    Args:
+        config: A transformers config.
+
+    Returns:
+        True when ``DynamicCache(config=config)`` has a layer holding conv/recurrent states.
+    """
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # older transformers: no such layers
+        return False
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in _typed_layers(config))
+
+
+def _typed_layers(config: Any) -> list[Any]:
+    """The cache layers transformers makes for ``config``, sliding windows kept unbounded.
+
+    A sliding-window layer's transformers cache keeps only the window; an exported model's
+    present holds every token (the window is the mask's), as for the other layers.
+    """
+    from transformers.cache_utils import (
+        DYNAMIC_LAYER_TYPE_MAPPING,
+        DynamicLayer,
+        get_layer_types_and_kwargs,
+    )
+
+    try:
+        types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except Exception:  # a config transformers cannot type: plain attention layers
+        return []
+    unbounded = {"sliding_attention": "full_attention", "chunked_attention": "full_attention"}
+    unbounded["hybrid_sliding"] = "hybrid"
+    layers = []
+    for kind, options in zip(types, kwargs, strict=True):
+        cls = DYNAMIC_LAYER_TYPE_MAPPING.get(unbounded.get(kind, kind), DynamicLayer)
+        layers.append(cls(**options) if kind not in unbounded else cls())
+    return layers
+
+
+def empty_cache(config: Any) -> Any:
+    """A ``DynamicCache`` with the config's layer types (sliding layers unbounded), empty.
+
+    Args:
+        config: The model's config.
+
+    Returns:
+        The cache.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layers = _typed_layers(config)
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+def probe_states(cache: Any) -> list[StateSpec]:
+    """The cache tensors of every layer of a cache the model returned, kind by kind.
+
+    Args:
+        cache: The ``DynamicCache`` after a forward.
+
+    Returns:
+        The specs, in the ONNX order (every layer's keys, then values, conv, recurrent).
+    """
+    specs = []
+    for kind in KINDS:
+        for index, layer in enumerate(cache.layers):
+            tensor = kind.read(layer)
+            if tensor is not None:
+                specs.append(StateSpec(kind, index, tuple(tensor.shape[1:]), tensor.dtype))
+    return specs
+
+
+def fill_cache(config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any]) -> Any:
+    """A cache of the config's layer types holding ``tensors`` as the past states.
+
+    Args:
+        config: The model's config.
+        specs: What each tensor is.
+        tensors: The tensors, in the order of ``specs``.
+
+    Returns:
+        The ``DynamicCache``.
+    """
+    cache = empty_cache(config)
+    for spec, tensor in zip(specs, tensors, strict=True):
+        spec.kind.write(cache.layers[spec.layer], tensor)
+    return cache
+
+
+def read_states(cache: Any, specs: Sequence[StateSpec]) -> list[Any]:
+    """The present tensors of ``specs`` from the cache the model returned.
+
+    Args:
+        cache: The ``DynamicCache`` after the forward.
+        specs: The specs.
+
+    Returns:
+        The tensors, in the order of ``specs``.
+    """
+    return [spec.kind.read(cache.layers[spec.layer]) for spec in specs]
+
+
+def past_to_present() -> dict[str, str]:
+    """``{"present.%d.key": "past_key_values.%d.key", …}``: each kind's output → input format."""
+    return {kind.present_format: kind.past_format for kind in KINDS}
+
+
+def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_cache: bool) -> Any:
+    """The model with a forward over flat tensors: ``(input_ids, attention_mask, position_ids,
+    states) → (logits, *present states)``, for ``torch.export``.
+
+    A shallow copy of ``model`` (same parameters, buffers and submodules, so weight names and
+    module paths are the model's own) whose class is a subclass of the model's, of the same
+    name, overriding ``forward``: it fills a cache of the config's layer types with ``states``
+    (:func:`fill_cache`), runs the model's own ``forward`` and returns the logits and the
+    cache's tensors of ``specs``. ``model`` itself is not changed.
+
+    Args:
+        model: The transformers causal LM.
+        specs: The cache tensors, in the order of ``states``.
+        cache_argument: The name of ``forward``'s cache argument.
+        use_cache: Whether ``forward`` takes ``use_cache``.
+
+    Returns:
+        The flat model.
+    """
+    import copy
+
+    base = type(model)
+
+    def forward(
+        self: Any,
+        input_ids: Any,
+        attention_mask: Any = None,
+        position_ids: Any = None,
+        states: Sequence[Any] = (),
+    ) -> tuple[Any, ...]:
+        cache = fill_cache(self.config, specs, states)
+        kwargs: dict[str, Any] = {"input_ids": input_ids, cache_argument: cache}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if use_cache:
+            kwargs["use_cache"] = True
+        output = base.forward(self, **kwargs)
+        returned = next(
+            (v for v in output.values() if v is not None and hasattr(v, "layers")), None
+        )
+        return (output.logits, *read_states(returned or cache, specs))
+
+    namespace = {
+        "forward": forward,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+    }
+    flat = copy.copy(model)
+    flat.__class__ = type(base.__name__, (base,), namespace)
+    return flat

@@ -1,0 +1,117 @@
+"""Export kernels: transformers' hub-kernel contracts re-implemented so ``torch.export`` keeps them.
+
+transformers 5.x calls the recurrences of state-space and linear-attention mixers through
+*hub-kernel contract functions*: module-level functions of each ``modeling_*.py`` decorated
+``@use_kernel_func_from_hub_with_fallback("<contract>", "<package>")``, one contract shared by
+every architecture that uses the kernel (``"chunk_gated_delta_rule"`` serves Qwen3-Next,
+Qwen3.5, OLMo-hybrid, …). Their PyTorch fallbacks loop in Python over tokens or chunks, which
+``torch.export`` unrolls for the example length, so no one program could serve a prefill of any
+length and a one-token decode.
+
+:func:`export_kernels` swaps, while a model is exported, every contract function of the
+model's modeling modules that irkit has an export kernel for: a function with the contract's
+signature and semantics whose recurrence over the sequence is a ``torch`` ``scan`` (one step per
+token, the state as the carry), which ``torch.export`` keeps as a higher-order op and
+``irkit.lower`` writes as an ONNX ``Scan``. One kernel serves every model of the contract; a new
+family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space and
+linear-attention models").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
+from typing import Any
+
+from irkit.llm.kernels import gated_delta
+
+__all__ = ["KERNELS", "contract_name", "contract_functions", "export_kernels"]
+
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta,)
+
+#: Export kernel by hub-kernel contract name, over every family module.
+KERNELS: Mapping[str, Callable[..., Any]] = {
+    name: kernel for family in _FAMILIES for name, kernel in family.KERNELS.items()
+}
+
+
+def contract_name(function: Any) -> str | None:
+    """The hub-kernel contract a transformers function is decorated with, else ``None``.
+
+    ``use_kernel_func_from_hub_with_fallback(func_name, package)`` wraps the PyTorch fallback
+    (``functools.wraps``: ``__wrapped__`` is the fallback) in a closure over ``func_name``, the
+    contract; that closure variable is read here.
+
+    Args:
+        function: Any object (a module global of a modeling module).
+
+    Returns:
+        The contract name, or ``None`` for anything that is not such a wrapper.
+    """
+    if not callable(function) or not hasattr(function, "__wrapped__"):
+        return None
+    code = getattr(function, "__code__", None)
+    closure = getattr(function, "__closure__", None)
+    if code is None or not closure or "func_name" not in code.co_freevars:
+        return None
+    value = closure[code.co_freevars.index("func_name")].cell_contents
+    return value if isinstance(value, str) else None
+
+
+def _modeling_modules(model: Any) -> list[ModuleType]:
+    seen: dict[str, ModuleType] = {}
+    for module in model.modules():
+        name = type(module).__module__
+        found = sys.modules.get(name)
+        if found is not None and name.startswith("transformers.models."):
+            seen.setdefault(name, found)
+    return list(seen.values())
+
+
+def contract_functions(model: Any) -> list[tuple[ModuleType, str, str]]:
+    """The contract functions the model's modeling modules define.
+
+    Args:
+        model: A transformers model (an ``nn.Module``).
+
+    Returns:
+        ``(module, global name, contract name)`` for each decorated function found.
+    """
+    found = []
+    for module in _modeling_modules(model):
+        for attribute, value in vars(module).items():
+            contract = contract_name(value)
+            if contract is not None:
+                found.append((module, attribute, contract))
+    return found
+
+
+@contextlib.contextmanager
+def export_kernels(model: Any) -> Iterator[list[str]]:
+    """Inside the ``with``, the model's contract functions are irkit's export kernels.
+
+    Only the modeling modules of ``model``'s own module classes are touched, and every global is
+    put back on exit (also on error). Contracts without an export kernel are left as they are.
+
+    Args:
+        model: A transformers model.
+
+    Yields:
+        The sorted contract names that were swapped.
+    """
+    swapped: list[tuple[ModuleType, str, Any]] = []
+    names = set()
+    try:
+        for module, attribute, contract in contract_functions(model):
+            kernel = KERNELS.get(contract)
+            if kernel is None:
+                continue
+            swapped.append((module, attribute, getattr(module, attribute)))
+            setattr(module, attribute, kernel)
+            names.add(contract)
+        yield sorted(names)
+    finally:
+        for module, attribute, original in reversed(swapped):
+            setattr(module, attribute, original)

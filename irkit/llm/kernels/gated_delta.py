@@ -1,0 +1,103 @@
+"""The gated delta rule (Qwen3-Next, Qwen3.5, OLMo-hybrid, …) as a scan over tokens.
+
+Contracts ``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` (flash-linear-
+attention's API, which transformers' fallbacks follow): per head, with the state ``S`` a
+``(k_head_dim, v_head_dim)`` matrix and per token ``t``::
+
+    S = exp(g_t) · S
+    S = S + k_t ⊗ (β_t · (v_t − Sᵀ k_t))
+    o_t = Sᵀ (q_t / √k_head_dim)
+
+with ``q``, ``k`` L2-normalized first when ``use_qk_l2norm_in_kernel``. The chunked fallback
+computes the same sums in another order (chunks of ``chunk_size`` tokens); results agree to
+float32 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from irkit.errors import ExportError
+
+__all__ = ["KERNELS", "gated_delta_rule"]
+
+
+def _l2norm(x: Any, eps: float = 1e-6) -> Any:
+    import torch
+
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_rule(
+    query: Any,
+    key: Any,
+    value: Any,
+    g: Any,
+    beta: Any,
+    chunk_size: int = 64,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """The gated delta rule over a sequence, one ``scan`` step per token.
+
+    Args:
+        query: ``(batch, seq, k_heads, k_head_dim)``.
+        key: ``(batch, seq, k_heads, k_head_dim)``.
+        value: ``(batch, seq, v_heads, v_head_dim)``; ``v_heads`` a multiple of ``k_heads``
+            (each query/key head serves that many consecutive value heads).
+        g: ``(batch, seq, v_heads)`` decay in log space (≤ 0).
+        beta: ``(batch, seq, v_heads)`` write strength.
+        chunk_size: Ignored (the chunked contract's tiling; the sum is the same).
+        initial_state: ``(batch, v_heads, k_head_dim, v_head_dim)`` or ``None`` (zeros).
+        output_final_state: Return the final state (else ``None``).
+        use_qk_l2norm_in_kernel: L2-normalize queries and keys first.
+        **kwargs: ``cu_seqlens`` (packed sequences) must be ``None``; others are ignored.
+
+    Returns:
+        ``(output (batch, seq, v_heads, v_head_dim) in query's dtype, final state float32 or
+        None)``.
+
+    Raises:
+        ExportError: Packed sequences (``cu_seqlens``) were asked for.
+    """
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    if kwargs.get("cu_seqlens") is not None:
+        raise ExportError(
+            "gated_delta_rule: packed sequences (cu_seqlens) cannot be exported; export the "
+            "model for generation (one sequence per batch row), as irkit.llm does"
+        )
+    dtype = query.dtype
+    batch, _, k_heads, k_dim = key.shape
+    v_heads, v_dim = value.shape[-2:]
+    if k_heads != v_heads:
+        query = query.repeat_interleave(v_heads // k_heads, dim=2)
+        key = key.repeat_interleave(v_heads // k_heads, dim=2)
+    q, k, v, b, decay = (x.to(torch.float32) for x in (query, key, value, beta, g))
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    q = q * k_dim**-0.5
+    if initial_state is None:
+        state = q.new_zeros(batch, v_heads, k_dim, v_dim)
+    else:
+        state = initial_state.to(torch.float32)
+
+    def step(s: Any, x: Any) -> tuple[Any, Any]:
+        q_t, k_t, v_t, d_t, b_t = x
+        s = s * d_t.exp()[..., None, None]
+        delta = (v_t - (s * k_t[..., None]).sum(-2)) * b_t[..., None]
+        s = s + k_t[..., None] * delta[..., None, :]
+        return s.clone(), (s * q_t[..., None]).sum(-2)
+
+    final, out = scan(step, state, (q, k, v, decay, b), dim=1)
+    return out.to(dtype), (final if output_final_state else None)
+
+
+#: Export kernels by hub-kernel contract name.
+KERNELS = {
+    "chunk_gated_delta_rule": gated_delta_rule,
+    "fused_recurrent_gated_delta_rule": gated_delta_rule,
+}
