@@ -12,12 +12,12 @@ stays dynamic: the chunked and the recurrent contract are the same identity.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
-from torch._higher_order_ops.scan import scan
+from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["KERNELS", "chunk_kda", "fused_recurrent_kda"]
 
@@ -38,7 +38,7 @@ def _refuse(contract: str, kwargs: dict[str, Any]) -> None:
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # fla's (and the reference's) l2norm: + eps under the root, not max(norm, eps)
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+    return x / ((x * x).sum(dim=-1, keepdim=True) + eps).sqrt()
 
 
 def _kda(
@@ -51,6 +51,9 @@ def _kda(
     output_final_state: bool,
     use_qk_l2norm_in_kernel: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    import torch
+    from torch._higher_order_ops.scan import scan
+
     initial_dtype = query.dtype
     query, key, value, g, beta = (t.to(torch.float32) for t in (query, key, value, g, beta))
     if use_qk_l2norm_in_kernel:

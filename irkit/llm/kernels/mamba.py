@@ -15,13 +15,12 @@ the token recurrence written as one ``torch._higher_order_ops.scan.scan`` (lower
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch._higher_order_ops.scan import scan
+from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["KERNELS", "mamba_inner_fn", "selective_scan_fn"]
 
@@ -89,6 +88,10 @@ def selective_scan_fn(
         ExportError: Packed sequences, or ``B`` / ``C`` not of rank 3 (input-independent or
             grouped ``B`` / ``C`` of ``mamba_ssm`` are not used by transformers' models).
     """
+    import torch
+    import torch.nn.functional as F
+    from torch._higher_order_ops.scan import scan
+
     _refuse("selective_scan_fn", kwargs)
     if B.dim() != 3 or C.dim() != 3:
         raise ExportError(

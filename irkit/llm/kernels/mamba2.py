@@ -15,13 +15,12 @@ Mamba2 layout (state ``(batch, heads, head_dim, N)``) and the Mamba1 layout (sta
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch._higher_order_ops.scan import scan
+from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "KERNELS",
@@ -59,6 +58,9 @@ def _update_mamba1(
     dt_softplus: bool,
     z: torch.Tensor | None,
 ) -> torch.Tensor:
+    import torch
+    import torch.nn.functional as F
+
     input_dtype = hidden_states.dtype
     if dt_bias is not None:
         dt = dt + dt_bias.to(dt.dtype)
@@ -89,6 +91,9 @@ def _update_mamba2(
     dt_softplus: bool,
     z: torch.Tensor | None,
 ) -> torch.Tensor:
+    import torch
+    import torch.nn.functional as F
+
     batch, heads, head_dim = hidden_states.shape
     groups, state_size = B.shape[1], B.shape[-1]
     if dt_bias is not None:
@@ -231,6 +236,10 @@ def mamba_chunk_scan_combined(
             "gate the output after the call instead",
         },
     )
+    import torch
+    import torch.nn.functional as F
+    from torch._higher_order_ops.scan import scan
+
     heads, groups = hidden_states.shape[2], B.shape[2]
     if dt_bias is not None:
         dt = dt + dt_bias.to(dt.dtype)
