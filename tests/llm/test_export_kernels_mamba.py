@@ -115,6 +115,22 @@ def test_selective_scan_fn_equals_the_reference(last_state):
     _close(mamba.selective_scan_fn(*args), modeling_mamba.mamba_selective_scan(*args))
 
 
+def test_selective_scan_fn_continues_from_an_initial_state():
+    # irkit's extension (no initial state in the contract): a sequence scanned in two parts,
+    # the second from the first's last state, equals the sequence scanned at once
+    torch.manual_seed(0)
+    args, kwargs = _mamba1_inputs(7)
+    kwargs["return_last_state"] = True
+    whole = mamba.selective_scan_fn(*args, **kwargs)
+    head = [a[..., :4] if a.dim() == 3 else a for a in args]
+    tail = [a[..., 4:] if a.dim() == 3 else a for a in args]
+    first = mamba.selective_scan_fn(*head, **(kwargs | {"z": kwargs["z"][..., :4]}))
+    second = mamba.selective_scan_fn(
+        *tail, initial_state=first[1], **(kwargs | {"z": kwargs["z"][..., 4:]})
+    )
+    _close((torch.cat([first[0], second[0]], dim=-1), second[1]), whole)
+
+
 @pytest.mark.parametrize("initial", [False, True])
 def test_mamba_chunk_scan_combined_equals_the_reference(initial):
     torch.manual_seed(0)

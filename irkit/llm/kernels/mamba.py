@@ -53,13 +53,15 @@ def selective_scan_fn(
     return_last_state: bool = False,
     use_mambapy: bool = False,
     use_associative_scan: bool = False,
+    *,
+    initial_state: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Mamba1's selective scan over a whole sequence, from a zero state, as one ``scan``.
+    """Mamba1's selective scan over a whole sequence, as one ``scan``.
 
     With ``dt ← softplus(dt + delta_bias)`` (each step optional), per channel ``d`` and token
     ``t``: ``h_t = exp(dt_t · A) ⊙ h_{t-1} + dt_t · B_t · u_t`` (state ``h`` of size ``N``,
-    ``h_0 = 0``, float32), ``y_t = h_t · C_t + D · u_t``, then ``y ← y · silu(z)``. The same
+    ``h_0 = 0`` or ``initial_state``, float32), ``y_t = h_t · C_t + D · u_t``, then ``y ← y · silu(z)``. The same
     identity (and the same float32 state math) as the ``selective_scan_fn`` torch fallback of
     transformers' Mamba1 models; ``use_mambapy`` and ``use_associative_scan`` pick other
     algorithms for the same result there and are ignored here.
@@ -77,6 +79,11 @@ def selective_scan_fn(
         return_last_state: Also return the last state.
         use_mambapy: Ignored (the reference's choice of algorithm).
         use_associative_scan: Ignored (the reference's choice of algorithm).
+        initial_state: ``(batch, channels, N)``, the state before the first token, or None
+            for zeros. An irkit extension: neither ``mamba_ssm``'s contract nor transformers'
+            mixers have it (their multi-token path always starts from zeros), so a caller that
+            continues from a cached state (one exported program for prefill and decode)
+            passes it.
         **kwargs: Ignored, except ``seq_idx`` / ``cu_seqlens``, refused when not None.
 
     Returns:
@@ -111,7 +118,12 @@ def selective_scan_fn(
     delta_b_u = discrete_B * hidden_states[:, :, :, None].float()
     state_dtype = torch.promote_types(discrete_A.dtype, delta_b_u.dtype)
     batch, channels = hidden_states.shape[0], hidden_states.shape[1]
-    init = torch.zeros(batch, channels, A.shape[-1], dtype=state_dtype, device=hidden_states.device)
+    if initial_state is None:
+        init = torch.zeros(
+            batch, channels, A.shape[-1], dtype=state_dtype, device=hidden_states.device
+        )
+    else:
+        init = initial_state.to(dtype=state_dtype, device=hidden_states.device)
 
     def step(
         state: torch.Tensor, x: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
