@@ -376,6 +376,9 @@ def _torch_inputs(
         specs = cache_layout(model).states
         tensors = [convert(feeds[spec.past_name]) for spec in specs]
         inputs[binding.cache] = fill_cache(model.config, specs, tensors)
+        attends = any(spec.kind.sequence_axis is not None for spec in specs)
+        if not attends and "attention_mask" in inputs:  # (as the exported model reads it)
+            inputs["attention_mask"] = inputs["attention_mask"][:, -feeds["input_ids"].shape[1] :]
         if binding.use_cache:
             inputs["use_cache"] = True
         return inputs

@@ -306,6 +306,25 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     layer.update_conv_state = held
 
 
+def _state_hooks(model: Any, cache: Any) -> list[Any]:
+    """Hooks that make each layer's past recurrent state :func:`~irkit.llm.kernels.layer_state`
+    while a module of that layer (``layer_idx``) runs, for kernels called without one."""
+    from irkit.llm.kernels._mask import enter_state, leave_state
+
+    hooks = []
+    for module in model.modules():
+        index = getattr(module, "layer_idx", None)
+        if not isinstance(index, int) or not 0 <= index < len(cache.layers):
+            continue
+        states = getattr(cache.layers[index], "recurrent_states", None)
+        state = states.get(0) if states else None
+        if state is None:
+            continue
+        hooks.append(module.register_forward_pre_hook(enter_state(state)))
+        hooks.append(module.register_forward_hook(leave_state))
+    return hooks
+
+
 def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_cache: bool) -> Any:
     """The model with a forward over flat tensors: ``(input_ids, attention_mask, position_ids,
     states) → (logits, *present states)``, for ``torch.export``.
@@ -330,6 +349,7 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
     from irkit.llm.kernels import padding_mask
 
     base = type(model)
+    attends = any(spec.kind.sequence_axis is not None for spec in specs)
 
     def forward(
         self: Any,
@@ -345,14 +365,19 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
                 if getattr(layer, "conv_states", None) is not None:
                     _hold_conv_state_at_pads(layer, mask)
         kwargs: dict[str, Any] = {"input_ids": input_ids, cache_argument: cache}
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
+        if attention_mask is not None:  # no attention layer: the mask of the new tokens only
+            kwargs["attention_mask"] = attention_mask if attends else mask
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
         if use_cache:
             kwargs["use_cache"] = True
-        with padding_mask(mask):
-            output = base.forward(self, **kwargs)
+        hooks = _state_hooks(self, cache)
+        try:
+            with padding_mask(mask):
+                output = base.forward(self, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
         returned = next(
             (v for v in output.values() if v is not None and hasattr(v, "layers")), None
         )

@@ -25,19 +25,20 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta
-from irkit.llm.kernels._mask import padding_mask, step_mask
+from irkit.llm.kernels import gated_delta, kda, mamba, mamba2
+from irkit.llm.kernels._mask import layer_state, padding_mask, step_mask
 
 __all__ = [
     "KERNELS",
     "contract_name",
     "contract_functions",
     "export_kernels",
+    "layer_state",
     "padding_mask",
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta,)
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda)
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from irkit.errors import ExportError
-from irkit.llm.kernels._mask import step_mask
+from irkit.llm.kernels._mask import held
 
 __all__ = ["KERNELS", "gated_delta_rule"]
 
@@ -89,10 +89,7 @@ def gated_delta_rule(
     else:
         state = initial_state.to(torch.float32)
 
-    mask = step_mask()
-    if mask is not None:  # a pad step: no decay (exp 0 = 1), no write (β = 0): the state is held
-        keep = mask.to(torch.float32)[:, :, None]
-        decay, b = decay * keep, b * keep
+    decay, b = held(decay, 1), held(b, 1)  # a pad step: no decay (exp 0 = 1), no write (β = 0)
 
     def step(s: Any, x: Any) -> tuple[Any, Any]:
         q_t, k_t, v_t, d_t, b_t = x

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+from irkit.llm.kernels._mask import held
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,7 @@ def _kda(
 
     initial_dtype = query.dtype
     query, key, value, g, beta = (t.to(torch.float32) for t in (query, key, value, g, beta))
+    g, beta = held(g, 1), held(beta, 1)  # pad steps: no decay, no write: the state is held
     if use_qk_l2norm_in_kernel:
         query, key = _l2norm(query), _l2norm(key)
     query = query * (1 / (query.shape[-1] ** 0.5))

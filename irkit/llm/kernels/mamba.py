@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+from irkit.llm.kernels._mask import current_state, held
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +112,7 @@ def selective_scan_fn(
         dt = dt + delta_bias.to(dt.dtype)[..., None]
     if delta_softplus:
         dt = F.softplus(dt)
+    dt = held(dt, 2)  # pad steps: dt = 0, the state is held
 
     # Discretize for the whole sequence, as the reference does: (batch, channels, seq, N)
     discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
@@ -119,6 +121,12 @@ def selective_scan_fn(
     state_dtype = torch.promote_types(discrete_A.dtype, delta_b_u.dtype)
     batch, channels = hidden_states.shape[0], hidden_states.shape[1]
     if initial_state is None:
+        initial_state = current_state()  # the layer's cached state (a multi-token decode step)
+    if initial_state is None or tuple(initial_state.shape) != (
+        hidden_states.shape[0],
+        hidden_states.shape[1],
+        A.shape[-1],
+    ):
         init = torch.zeros(
             batch, channels, A.shape[-1], dtype=state_dtype, device=hidden_states.device
         )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+from irkit.llm.kernels._mask import held
 
 if TYPE_CHECKING:
     import torch
@@ -245,7 +246,7 @@ def mamba_chunk_scan_combined(
         dt = dt + dt_bias.to(dt.dtype)
     if dt_softplus:
         dt = F.softplus(dt)
-    dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1])
+    dt = held(torch.clamp(dt, min=dt_limit[0], max=dt_limit[1]), 1)  # pads: dt = 0, held
 
     x = hidden_states.float()
     B = B.float().repeat_interleave(heads // groups, dim=2, output_size=heads)
