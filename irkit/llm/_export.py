@@ -554,7 +554,7 @@ def export(
     shared = target == "ort" and ort.attention.runs_on_shared_buffer(
         model, len(exported.cache.keys)
     )
-    if shares and target == "onnx":
+    if shares and target == "onnx" and exported.cache.keys:  # (a pure state cache: no KV)
         from irkit.rules.kv_buffer import share_kv_buffer
 
         stage("sharing the KV buffer (opset 24: TensorScatter)")

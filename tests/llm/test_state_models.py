@@ -169,3 +169,22 @@ def test_state_space_mixers_in_onnxruntime(
     got = generate_greedy(session, ids.numpy(), mask.numpy(), max_new_tokens=12)
     np.testing.assert_array_equal(got, want.numpy())
     assert len(set(want[1, 7:].tolist())) >= 4
+
+
+def test_mamba_folder_without_attention_in_genai(tmp_path: pathlib.Path) -> None:
+    """A cache of states only (no key/value input at all): no KV buffer to share, every layer
+    ``linear_attention`` in genai_config.json, genai's ids equal ``generate``'s."""
+    common = {k: v for k, v in _COMMON.items() if k != "vocab_size"}
+    model = _model(transformers.MambaConfig(**common, vocab_size=VOCAB, state_size=16, expand=2))
+    folder = gs.save_folder(tmp_path / "hf", model, gs.tokenizer(vocab_size=VOCAB))
+    assert main(["export", str(folder), "-o", str(tmp_path / "out"), "-q"]) == 0
+    config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
+    decoder = config["model"]["decoder"]
+    assert decoder["layer_types"] == ["linear_attention"] * 2
+    assert "past_key_names" not in decoder["inputs"]
+    assert config["search"]["past_present_share_buffer"] is False
+    prompts = ["hello world the quick", "the lazy dog jumps over the brown fox and hello world"]
+    for batch in (prompts[:1], prompts):
+        got = [gs.until_eos(ids, EOS) for ids in gs.genai_ids(tmp_path / "out", batch, 24)]
+        want = [gs.until_eos(ids, EOS) for ids in gs.reference_ids(folder, batch, 24, model)]
+        assert got == want
