@@ -453,3 +453,18 @@ def test_streamed_save_of_packed_tensors_stays_within_a_fixed_budget(tmp_path):
     assert measured["rss_growth"] < RSS_BUDGET, measured
     saved = irkit.load(out).graph.initializers[f"p{PACKED - 1}"].const_value.numpy()
     np.testing.assert_array_equal(saved, last)
+
+
+def test_narrow_recipe_evaluates_round_trips_and_refuses_out_of_range() -> None:
+    data = np.arange(24, dtype=np.float32).reshape(6, 4)
+    leaf = weights.DerivedTensor(weights.Leaf("w", ir.DataType.FLOAT, (6, 4)))
+    part = weights.narrow(leaf, 0, 2, 3)
+    assert tuple(part.shape) == (3, 4)
+    recipe = weights.as_recipe(part)
+    again = weights.recipe_from_json(part.metadata_props[metadata.DERIVED_KEY], "test")
+    assert again == recipe
+    np.testing.assert_array_equal(weights.evaluate(again, lambda _leaf: data), data[2:5])
+    real = weights.narrow(ir.tensor(data), 1, 1, 2)  # data in, data out
+    np.testing.assert_array_equal(real.numpy(), data[:, 1:3])
+    with pytest.raises(irkit.WeightsError, match="does not fit"):
+        weights.narrow(leaf, 0, 4, 3)

@@ -293,7 +293,7 @@ def stacked_weights(model: Any, hf_model: Any, shapes: Mapping[str, tuple[int, .
             index = converter.source_patterns.index(pattern)
             original = converter._original_source_patterns[index]
             expert = re.search(re.escape(original).replace(r"\*", r"(\d+)"), renamed)
-            if expert is None:
+            if expert is None or expert.lastindex is None:  # (a pattern without an expert index)
                 break
             parts = groups.setdefault(target, (converter, {}))[1]
             parts.setdefault(index, {})[int(expert.group(1))] = key
@@ -321,4 +321,44 @@ def stacked_weights(model: Any, hf_model: Any, shapes: Mapping[str, tuple[int, .
             continue
         value.const_value = DerivedTensor(tensor.recipe, name=target)  # type: ignore[attr-defined]
         done += 1
+    return done + _split_weights(model, converters, renamings, shapes)
+
+
+def _split_weights(
+    model: Any, converters: list[Any], renamings: list[Any], shapes: Mapping[str, tuple[int, ...]]
+) -> int:
+    """Weights transformers splits on load (a fused ``query_key_value`` → ``q_proj``, ``k_proj``,
+    ``v_proj``: a converter of one ``Split``), as slices of the checkpoint's tensor; each part is
+    as wide as the model's parameter, as ``Split`` itself sizes them."""
+    from transformers.core_model_loading import apply_renamings
+
+    from irkit.weights import DerivedTensor, Leaf, is_weightless, narrow
+
+    initializers = model.graph.initializers
+    done = 0
+    for converter in converters:
+        operations = list(converter.operations)
+        if [type(op).__name__ for op in operations] != ["Split"]:
+            continue
+        if len(converter.source_patterns) != 1 or not isinstance(operations[0].dim, int):
+            continue
+        source, axis = converter.source_patterns[0], operations[0].dim
+        for key, shape in shapes.items():
+            renamed = apply_renamings(key, renamings)
+            if re.search(source, renamed) is None:
+                continue
+            targets = [re.sub(source, target, renamed) for target in converter.target_patterns]
+            values = [initializers.get(target) for target in targets]
+            if any(v is None or not is_weightless(v.const_value) for v in values):
+                continue
+            sizes = [int(v.const_value.shape[axis]) for v in values]
+            if sum(sizes) != shape[axis]:
+                continue
+            leaf = DerivedTensor(Leaf(key, values[0].const_value.dtype, tuple(shape)))
+            start = 0
+            for value, target, size in zip(values, targets, sizes, strict=True):
+                part = narrow(leaf, axis, start, size)
+                value.const_value = DerivedTensor(part.recipe, name=target)  # type: ignore[attr-defined]
+                start += size
+                done += 1
     return done

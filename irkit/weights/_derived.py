@@ -49,6 +49,7 @@ __all__ = [
     "Constant",
     "Transpose",
     "Concat",
+    "Narrow",
     "Cast",
     "Reshape",
     "Mul",
@@ -59,6 +60,7 @@ __all__ = [
     "DerivedTensor",
     "transpose",
     "concat",
+    "narrow",
     "cast",
     "reshape",
     "multiply",
@@ -212,6 +214,43 @@ class Concat(Recipe):
 
     def to_json(self) -> dict[str, Any]:
         return {"op": "concat", "axis": self.axis, "sources": [p.to_json() for p in self.parts]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Narrow(Recipe):
+    """``source[..., start:start + length, ...]`` on ``axis`` (ONNX ``Slice``)."""
+
+    source: Recipe
+    axis: int
+    start: int
+    length: int
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.source.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = list(self.source.shape)
+        shape[self.axis] = self.length
+        return tuple(shape)
+
+    def sources(self) -> tuple[Recipe, ...]:
+        return (self.source,)
+
+    def compute(self, args: list[Array]) -> Array:
+        index = [slice(None)] * args[0].ndim
+        index[self.axis] = slice(self.start, self.start + self.length)
+        return args[0][tuple(index)]  # a view: the consumer copies once
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": "narrow",
+            "axis": self.axis,
+            "start": self.start,
+            "length": self.length,
+            "source": self.source.to_json(),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -535,6 +574,20 @@ def concat(tensors: Sequence[TensorLike], axis: int) -> ir.TensorProtocol:
     return _make(Concat(parts, axis), tensors)
 
 
+def narrow(tensor: TensorLike, axis: int, start: int, length: int) -> ir.TensorProtocol:
+    """``length`` entries of ``tensor`` from ``start`` along ``axis``: real or derived."""
+    source = as_recipe(tensor)
+    rank = len(source.shape)
+    if not -rank <= axis < rank:
+        raise WeightsError(f"narrow: axis {axis} is outside the rank {rank}.")
+    axis %= rank
+    if start < 0 or length < 0 or start + length > source.shape[axis]:
+        raise WeightsError(
+            f"narrow: [{start}, {start + length}) does not fit axis {axis} of {source.shape}."
+        )
+    return _make(Narrow(source, axis, int(start), int(length)), [tensor])
+
+
 def cast(tensor: TensorLike, dtype: ir.DataType) -> ir.TensorProtocol:
     """``tensor`` converted to ``dtype`` (ONNX ``Cast``): real if it has data, else derived."""
     return _make(Cast(as_recipe(tensor), dtype), [tensor])
@@ -636,6 +689,10 @@ def _parse(node: dict[str, Any]) -> Recipe:
         return Transpose(_parse(node["source"]), tuple(int(p) for p in node["perm"]))
     if kind == "concat":
         return Concat(tuple(_parse(s) for s in node["sources"]), int(node["axis"]))
+    if kind == "narrow":
+        return Narrow(
+            _parse(node["source"]), int(node["axis"]), int(node["start"]), int(node["length"])
+        )
     if kind == "cast":
         return Cast(_parse(node["source"]), _dtype(node["dtype"]))
     if kind == "reshape":
