@@ -238,6 +238,32 @@ def _genai_layer_types(model_type: str, layout: Any, text_config: Any) -> tuple[
     return tuple(types)
 
 
+def _tokens(source: _Source, note: Callable[[str], None]) -> Any:
+    """bos/eos/pad ids from the configs; an eos that neither config names is the tokenizer's."""
+    config = source.config.get_text_config().to_dict()
+    generation = source.generation or {}
+    if config.get("eos_token_id") is None and generation.get("eos_token_id") is None:
+        eos = _tokenizer_eos(source.folder)
+        if eos is not None:
+            note(f"eos_token_id {eos}: the tokenizer's (config.json names none)")
+            config["eos_token_id"] = eos
+    return token_ids(config, source.generation)
+
+
+def _tokenizer_eos(folder: pathlib.Path | None) -> int | None:
+    """The eos id of the tokenizer saved in ``folder`` (local files only), else None."""
+    if folder is None or not tokenizer_files(folder):
+        return None
+    try:
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception:  # no loadable tokenizer: the configs' answer stands
+        return None
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return eos if isinstance(eos, int) else None
+
+
 def _check_state_kinds(source: _Source) -> None:
     """Before the trace: a cache with state kinds genai cannot carry is refused at once."""
     from irkit.llm._causal_lm import cache_layout
@@ -529,6 +555,7 @@ def export(
         else _model_source(model_or_dir, precision)
     )
     _check_state_kinds(source)
+    tokens = _tokens(source, note)  # (before the trace: a model genai cannot stop is refused now)
     if precision == "fp16":
         from irkit.llm._precision import check_half_range
 
@@ -573,7 +600,7 @@ def export(
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),
-        tokens=token_ids(text_config.to_dict(), source.generation),
+        tokens=tokens,
         generation=source.generation,
         max_length=length,
         input_names=exported.input_names,

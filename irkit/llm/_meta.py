@@ -328,8 +328,9 @@ def _split_weights(
     model: Any, converters: list[Any], renamings: list[Any], shapes: Mapping[str, tuple[int, ...]]
 ) -> int:
     """Weights transformers splits on load (a fused ``query_key_value`` → ``q_proj``, ``k_proj``,
-    ``v_proj``: a converter of one ``Split``), as slices of the checkpoint's tensor; each part is
-    as wide as the model's parameter, as ``Split`` itself sizes them."""
+    ``v_proj``: a converter of one ``Split``, or of one ``Chunk`` into equal parts), as slices of
+    the checkpoint's tensor; each part is as wide as the model's parameter, as ``Split`` itself
+    sizes them."""
     from transformers.core_model_loading import apply_renamings
 
     from irkit.weights import DerivedTensor, Leaf, is_weightless, narrow
@@ -338,10 +339,13 @@ def _split_weights(
     done = 0
     for converter in converters:
         operations = list(converter.operations)
-        if [type(op).__name__ for op in operations] != ["Split"]:
+        kind = [type(op).__name__ for op in operations]
+        if kind not in (["Split"], ["Chunk"]) or len(converter.source_patterns) != 1:
             continue
-        if len(converter.source_patterns) != 1 or not isinstance(operations[0].dim, int):
+        if not isinstance(operations[0].dim, int):
             continue
+        if getattr(operations[0], "num_shards_attribute", None) is not None:
+            continue  # (chunks counted from the config: not a fixed list of targets)
         source, axis = converter.source_patterns[0], operations[0].dim
         for key, shape in shapes.items():
             renamed = apply_renamings(key, renamings)
@@ -352,7 +356,7 @@ def _split_weights(
             if any(v is None or not is_weightless(v.const_value) for v in values):
                 continue
             sizes = [int(v.const_value.shape[axis]) for v in values]
-            if sum(sizes) != shape[axis]:
+            if sum(sizes) != shape[axis] or (kind == ["Chunk"] and len(set(sizes)) != 1):
                 continue
             leaf = DerivedTensor(Leaf(key, values[0].const_value.dtype, tuple(shape)))
             start = 0
