@@ -151,7 +151,8 @@ class CausalLMExport:
 
 @dataclasses.dataclass(frozen=True)
 class _Binding:
-    """Which of the inputs the model's ``forward`` takes, and the name of its cache argument."""
+    """Which of the inputs the model's ``forward`` takes, and the name of its cache argument
+    (``""``: a model without a cache, e.g. GPT-1, which re-reads the whole sequence)."""
 
     cache: str
     attention_mask: bool
@@ -190,12 +191,11 @@ def _bind(model: Any) -> _Binding:
             "pass a transformers causal LM (e.g. LlamaForCausalLM)"
         )
     params = inspect.signature(model.forward).parameters
-    cache = next((name for name in _CACHE_ARGS if name in params), None)
-    if cache is None or "input_ids" not in params:
+    cache = next((name for name in _CACHE_ARGS if name in params), "")  # "": no cache at all
+    if "input_ids" not in params:
         raise ExportError(
-            f"export_causal_lm: {type(model).__name__}.forward takes no "
-            f"{' or '.join(_CACHE_ARGS)} and input_ids argument ({_versions()}); "
-            "pass a decoder-only transformers *ForCausalLM"
+            f"export_causal_lm: {type(model).__name__}.forward takes no input_ids argument "
+            f"({_versions()}); pass a decoder-only transformers *ForCausalLM"
         )
     return _Binding(
         cache=cache,
@@ -255,6 +255,8 @@ def cache_layout(model: Any) -> CacheLayout:
     import torch
 
     binding = _bind(model)
+    if not binding.cache:  # no cache: nothing carried between steps
+        return CacheLayout(keys=(), values=(), dtype=next(iter(model.parameters())).dtype)
     # a meta-device model runs on fake CPU tensors, and is left as it was
     with torch.no_grad(), probe_mode(model):
         device = next(iter(model.parameters())).device
@@ -372,6 +374,8 @@ def _torch_inputs(
     inputs: dict[str, Any] = {
         k: convert(feeds[k]) for k in ("input_ids", "attention_mask", "position_ids") if k in feeds
     }
+    if not binding.cache:
+        return inputs
     if has_state_layers(model.config):
         specs = cache_layout(model).states
         tensors = [convert(feeds[spec.past_name]) for spec in specs]
@@ -423,6 +427,8 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     inputs = torch_inputs(model, feeds)
     with torch.no_grad():
         out = model(**inputs)
+    if not _bind(model).cache:
+        return [out.logits.float().numpy()]
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
@@ -585,6 +591,8 @@ def export_causal_lm(
     if position_ids is None:
         position_ids = binding.position_ids
     layout = cache_layout(model)
+    if not binding.cache:
+        return _export_uncached(model, binding, layout, batch, seq, position_ids, max_sequence)
     if layout.states:
         return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
     _register_cache_pytree()
@@ -646,6 +654,47 @@ def _dims(model: Any, max_sequence: int | None) -> tuple[Any, Any, Any, Any]:
         torch.export.Dim("sequence", max=limit),
         torch.export.Dim("past_sequence", max=limit),
         torch.export.Dim("total_sequence", min=4, max=2 * limit),  # a guard of the mask code
+    )
+
+
+def _export_uncached(
+    model: Any,
+    binding: _Binding,
+    layout: CacheLayout,
+    batch: int,
+    seq: int,
+    position_ids: bool,
+    max_sequence: int | None,
+) -> CausalLMExport:
+    """:func:`export_causal_lm` for a model without a cache: ids (and mask) in, logits out;
+    each step reads the whole sequence (:func:`generate_greedy` feeds it so)."""
+    import torch
+
+    limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+    # (below the table's length: learned position tables guard sequence != their length)
+    d_batch, d_seq, _, _ = _dims(model, limit - 1)
+    feeds = causal_lm_feeds(
+        model, batch=batch, seq=seq, past=0, position_ids=position_ids, layout=layout
+    )
+    dynamic: dict[str, Any] = {"input_ids": {0: d_batch, 1: d_seq}}
+    if binding.attention_mask:
+        dynamic["attention_mask"] = {0: d_batch, 1: d_seq}
+    if position_ids:
+        dynamic["position_ids"] = {0: d_batch, 1: d_seq}
+    try:
+        with _uncached_fake_dispatch(), fake_weights(model):
+            device = next(iter(model.parameters())).device
+            kwargs = {name: torch.from_numpy(feeds[name]).to(device) for name in dynamic}
+            program = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
+    except Exception as exc:
+        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+    return CausalLMExport(
+        program=program,
+        input_names=list(dynamic),
+        output_names=["logits"],
+        cache=layout,
+        position_ids=bool(position_ids),
+        dynamic_shapes=dynamic,
     )
 
 
@@ -920,7 +969,7 @@ def generate_greedy(
         )
     inputs = {arg.name for arg in session.get_inputs()}
     outputs = [arg.name for arg in session.get_outputs()]
-    if not {"input_ids", "attention_mask"} <= inputs or "logits" not in outputs:
+    if "input_ids" not in inputs or "logits" not in outputs:
         raise LoweringOptionsError(
             f"generate_greedy: the session takes {sorted(inputs)} and returns {outputs}; expected "
             "input_ids, attention_mask, past_key_values.* and logits, present.* (the names "
@@ -932,7 +981,9 @@ def generate_greedy(
     finished = np.zeros(ids.shape[0], dtype=bool)
     new: list[np.ndarray] = []
     for _ in range(max_new_tokens):
-        feeds = {"input_ids": step_ids, "attention_mask": mask, **past}
+        feeds = {"input_ids": step_ids, **past}
+        if "attention_mask" in inputs:
+            feeds["attention_mask"] = mask
         if "position_ids" in inputs:
             feeds["position_ids"] = _positions(mask)[:, -step_ids.shape[1] :]
         result = dict(zip(outputs, session.run(None, feeds), strict=True))
@@ -945,5 +996,7 @@ def generate_greedy(
             break
         step_ids = token[:, None]
         mask = np.concatenate([mask, np.ones_like(step_ids)], axis=1)
+        if not fed_back:  # a model without a cache re-reads the whole sequence
+            step_ids = np.concatenate([ids, *(t[:, None] for t in new)], axis=1)
         past = {_past_name(name): value for name, value in result.items() if name in fed_back}
     return np.concatenate([ids, np.stack(new, axis=1)], axis=1) if new else ids

@@ -265,10 +265,17 @@ def _tokenizer_eos(folder: pathlib.Path | None) -> int | None:
 
 
 def _check_state_kinds(source: _Source) -> None:
-    """Before the trace: a cache with state kinds genai cannot carry is refused at once."""
-    from irkit.llm._causal_lm import cache_layout
+    """Before the trace: no cache, or state kinds genai cannot carry, are refused at once."""
+    from irkit.llm._causal_lm import _bind, cache_layout
     from irkit.llm._states import has_state_layers
 
+    if not _bind(source.model).cache:
+        raise LoweringOptionsError(
+            f"export: {type(source.model).__name__} ({source.config.model_type!r}) has no cache "
+            "(its forward takes no past_key_values): onnxruntime-genai carries a cache between "
+            "steps. Export the ONNX model alone with irkit.llm.export_causal_lm (ids in, logits "
+            "out) and run it with irkit.llm.generate_greedy, which re-reads the sequence"
+        )
     if has_state_layers(source.model.config):
         layout = cache_layout(source.model)
         _genai_layer_types(str(source.config.model_type), layout, source.config.get_text_config())
