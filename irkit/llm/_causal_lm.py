@@ -771,11 +771,13 @@ def _export_states(
 
 
 def one_cache_shape(layout: CacheLayout) -> tuple[int, int]:
-    """The one ``(heads, head size)`` of every cache tensor, values padded to the keys' width.
+    """The one ``(heads, head size)`` every key and value tensor is stored with: the widest.
 
     onnxruntime-genai has one head count and one head size for all keys and values. A model
-    whose values are narrower than its keys (MLA: DeepSeek-V3's keys carry the rotary part) is
-    stored with its values zero-padded to the keys' head size (:func:`pad_value_cache`).
+    whose values are narrower than its keys (MLA: DeepSeek-V3's keys carry the rotary part),
+    whose keys are narrower than its values (MiniCPM3), or whose layers differ (Gemma 4's
+    global layers) is stored with every tensor zero-padded to the widest heads and head size
+    (:func:`pad_value_cache`); the model slices each back before use.
 
     Args:
         layout: The model's cache layout.
@@ -784,34 +786,36 @@ def one_cache_shape(layout: CacheLayout) -> tuple[int, int]:
         ``(heads, head_size)``.
 
     Raises:
-        LoweringOptionsError: Layers differ, keys and values have different head counts, or
-            values are wider than keys.
+        LoweringOptionsError: The layout has no keys and values.
     """
-    keys, values = set(layout.keys), set(layout.values)
-    if len(keys) != 1 or len({heads for heads, _ in values}) != 1 or len(values) != 1:
-        raise LoweringOptionsError(
-            f"export: the KV cache has keys {sorted(keys)} and values {sorted(values)} "
-            "(heads, head size) across layers; onnxruntime-genai has one head count and one "
-            "head size for every cache (per-layer sizes are not supported)"
-        )
-    ((heads, key_dim),) = keys
-    ((value_heads, value_dim),) = values
-    if value_heads != heads or value_dim > key_dim:
-        raise LoweringOptionsError(
-            f"export: keys of {heads} heads of {key_dim} and values of {value_heads} heads of "
-            f"{value_dim}: onnxruntime-genai has one cache shape, and only values narrower than "
-            "the keys (MLA) can be padded to it"
-        )
-    return heads, key_dim
+    shapes = [*layout.keys, *layout.values]
+    if not shapes:
+        raise LoweringOptionsError("export: the cache holds no keys and values")
+    return max(h for h, _ in shapes), max(d for _, d in shapes)
+
+
+def _kv_entries(layout: CacheLayout) -> list[tuple[str, str, int, int]]:
+    """``(past name, present name, heads, head size)`` of every key and value tensor."""
+    if layout.states:
+        return [
+            (spec.past_name, spec.present_name, spec.shape[0], spec.shape[2])
+            for spec in layout.states
+            if spec.kind.sequence_axis is not None
+        ]
+    return [
+        (f"past_key_values.{i}.{kind}", f"present.{i}.{kind}", heads, dim)
+        for kind, shapes in (("key", layout.keys), ("value", layout.values))
+        for i, (heads, dim) in enumerate(shapes)
+    ]
 
 
 def pad_value_cache(model: Any, layout: CacheLayout) -> Any:
-    """Store values narrower than keys zero-padded to the keys' head size (in place).
+    """Store every key and value tensor zero-padded to :func:`one_cache_shape` (in place).
 
-    Each ``past_key_values.{i}.value`` input becomes ``(batch, heads, past, key_dim)`` and is
-    sliced back to the value width before its first use; each ``present.{i}.value`` output is
-    the model's value cache padded with zeros on the last axis. The model computes exactly what
-    it did; only the cache tensors are wider (what :func:`one_cache_shape` reports).
+    Each narrower ``past_key_values.*`` input becomes ``(batch, heads, past, head_size)`` of the
+    widest heads and head size and is sliced back (axes 1 and 3) before its first use; each
+    ``present.*`` output is the model's tensor padded with zeros on those axes. The model
+    computes exactly what it did; only the cache tensors are wider.
 
     Args:
         model: The ``onnx_ir.Model`` lowered from :func:`export_causal_lm`'s program.
@@ -822,44 +826,51 @@ def pad_value_cache(model: Any, layout: CacheLayout) -> Any:
     """
     import onnx_ir as ir
 
+    entries = _kv_entries(layout)
+    if not entries:
+        return model
+    heads, width = one_cache_shape(layout)
     graph = model.graph
     inputs = {value.name: value for value in graph.inputs}
     outputs = {value.name: i for i, value in enumerate(graph.outputs)}
-    added = []
-    for i, ((_, key_dim), (_, value_dim)) in enumerate(
-        zip(layout.keys, layout.values, strict=True)
-    ):
-        if value_dim >= key_dim:
+
+    def constant(values: list[int]) -> ir.Node:
+        return ir.node("Constant", [], attributes={"value": ir.tensor(np.array(values))})
+
+    added: list[ir.Node] = []
+    for past_name, present_name, own_heads, own_dim in entries:
+        if (own_heads, own_dim) == (heads, width):
             continue
-        past = inputs[f"past_key_values.{i}.value"]
+        past = inputs[past_name]
         uses = list(past.uses())
-        width = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([value_dim]))})
-        axis = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([3]))})
-        start = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([0]))})
+        narrower = [
+            (axis, n) for axis, n, m in ((1, own_heads, heads), (3, own_dim, width)) if n < m
+        ]
+        starts = constant([0] * len(narrower))
+        ends = constant([n for _, n in narrower])
+        axes = constant([axis for axis, _ in narrower])
         sliced = ir.node(
-            "Slice", [past, start.outputs[0], width.outputs[0], axis.outputs[0]], num_outputs=1
+            "Slice",
+            [past, starts.outputs[0], ends.outputs[0], axes.outputs[0]],
+            num_outputs=1,
         )
-        sliced.outputs[0].name = f"{past.name}.unpadded"
+        sliced.outputs[0].name = f"{past_name}.unpadded"
         sliced.outputs[0].dtype = past.dtype
         for user, index in uses:
             user.replace_input_with(index, sliced.outputs[0])
         dims = list(past.shape.dims) if past.shape is not None else [None] * 4
-        past.shape = ir.Shape([*dims[:3], key_dim])
-        added += [width, axis, start, sliced]
-        name = f"present.{i}.value"
-        present = graph.outputs[outputs[name]]
-        present.name = f"{name}.unpadded"
-        pads = ir.node(
-            "Constant",
-            [],
-            attributes={"value": ir.tensor(np.array([0] * 7 + [key_dim - value_dim]))},
-        )
+        past.shape = ir.Shape([dims[0], heads, dims[2], width])
+        added += [starts, ends, axes, sliced]
+        present = graph.outputs[outputs[present_name]]
+        present.name = f"{present_name}.unpadded"
+        pads = constant([0, 0, 0, 0, 0, heads - own_heads, 0, width - own_dim])
         padded = ir.node("Pad", [present, pads.outputs[0]], num_outputs=1)
-        padded.outputs[0].name = name
+        padded.outputs[0].name = present_name
         padded.outputs[0].dtype = present.dtype
         if present.shape is not None:
-            padded.outputs[0].shape = ir.Shape([*list(present.shape.dims)[:3], key_dim])
-        graph.outputs[outputs[name]] = padded.outputs[0]
+            out = list(present.shape.dims)
+            padded.outputs[0].shape = ir.Shape([out[0], heads, out[2], width])
+        graph.outputs[outputs[present_name]] = padded.outputs[0]
         added += [pads, padded]
     if added:
         first = next(iter(graph), None)
