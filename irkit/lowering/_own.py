@@ -34,11 +34,11 @@ __all__ = ["OwnLowering", "own_lowerings"]
 aten = torch.ops.aten
 
 
-@own(aten._assert_tensor_metadata.default)
-@own(aten._assert_scalar.default)
-@own(aten._assert_async.default)
-@own(aten._assert_async.msg)
-@own(aten.sym_constrain_range_for_size.default)
+@own(aten._assert_tensor_metadata.default, complex=True)
+@own(aten._assert_scalar.default, complex=True)
+@own(aten._assert_async.default, complex=True)
+@own(aten._assert_async.msg, complex=True)
+@own(aten.sym_constrain_range_for_size.default, complex=True)
 def _no_output(*args: Any, **kwargs: Any) -> None:
     """``_assert_tensor_metadata`` and friends check at trace time and compute nothing."""
     return None
@@ -173,14 +173,14 @@ def _dropout_applies(node: torch.fx.Node) -> bool:
     return train is False
 
 
-@own(aten.dropout.default, applies=_dropout_applies, identity=True)
+@own(aten.dropout.default, applies=_dropout_applies, identity=True, complex=True)
 def _dropout_eval(input, p=0.5, train=False):
     return input  # inference: dropout is the identity (torchlib emits a Dropout node)
 
 
 # transformers' DynamicCache detaches empty placeholder constants in place: no
 # functionalization (a re-trace of the whole program) for that.
-@own(aten.detach_.default, identity=True)
+@own(aten.detach_.default, identity=True, complex=True)
 def _detach_(input):
     return input  # detach_ changes autograd metadata only: the same values, nothing to mutate
 

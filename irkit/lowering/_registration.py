@@ -87,6 +87,9 @@ class OwnLowering:
             op's counterpart it mutates nothing, so aliasing never forces functionalization.
         torchlib_gap: When true for a node, torchlib's lowering of ``target`` does not cover
             it (wrong numbers, or a file no runtime loads): torch's decompositions instead.
+        complex: The lowering is also right for complex inputs (torchlib's representation: a
+            trailing dim of 2). Without it a node with a complex input takes the next way
+            (``irkit/lowering/_complex.py``, torchlib's complex overload, decompositions).
     """
 
     target: Any
@@ -94,13 +97,21 @@ class OwnLowering:
     applies: Applies | None = None
     identity: bool = False
     torchlib_gap: Applies | None = None
+    complex: bool = False
 
 
-def own(target: Any, *, applies: Applies | None = None, identity: bool = False) -> Callable[[F], F]:
+def own(
+    target: Any,
+    *,
+    applies: Applies | None = None,
+    identity: bool = False,
+    complex: bool = False,
+) -> Callable[[F], F]:
     """Register the decorated function as irkit's lowering of ``target`` (see the module doc)."""
 
     def register(fn: F) -> F:
-        records = (*getattr(fn, _RECORDS, ()), OwnLowering(target, fn, applies, identity))
+        record = OwnLowering(target, fn, applies, identity, complex=complex)
+        records = (*getattr(fn, _RECORDS, ()), record)
         setattr(fn, _RECORDS, records)
         return fn
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from onnxscript.function_libs.torch_lib import registration
 
+from irkit.lowering._complex import complex_choice, has_complex_input
 from irkit.lowering._control_flow import is_control_flow
 from irkit.lowering._own import own_lowerings
 from irkit.lowering._plan_types import Choice, Via
@@ -59,14 +60,6 @@ def _torchlib_entries() -> Mapping[Any, _TorchlibEntry]:
 def torchlib_table() -> Mapping[Any, Callable[..., Any]]:
     """Target → torchlib's real-valued lowering (what irkit's own lowerings delegate to)."""
     return {t: e.real for t, e in _torchlib_entries().items() if e.real is not None}
-
-
-def _has_complex_input(node: torch.fx.Node) -> bool:
-    for arg in node.all_input_nodes:
-        val = arg.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.dtype.is_complex:
-            return True
-    return False
 
 
 def _functional_counterpart(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
@@ -161,12 +154,22 @@ class LoweringTable:
         if is_control_flow(target):
             return Choice(Via.CONTROL_FLOW)
         own = self._own.get(target)
-        if own is not None and own.fn is not None and (own.applies is None or own.applies(node)):
-            return Choice(Via.IRKIT, own.fn, identity=own.identity)
         entry = self._torchlib.get(target)
+        complex_input = has_complex_input(node)
+        if complex_input:  # torchlib's real representation: an own lowering must say it knows it
+            parts = complex_choice(node, target, entry is not None and entry.complex is not None)
+            if parts is not None:
+                return parts
+        if (
+            own is not None
+            and own.fn is not None
+            and (own.complex or not complex_input)
+            and (own.applies is None or own.applies(node))
+        ):
+            return Choice(Via.IRKIT, own.fn, identity=own.identity)
         gap = own.torchlib_gap if own is not None else None
         if entry is not None and (gap is None or not gap(node)):
-            fn = entry.complex if _has_complex_input(node) else entry.real
+            fn = entry.complex if complex_input else entry.real
             if fn is not None:
                 return Choice(Via.TORCHLIB, fn)
         if isinstance(target, torch._ops.OpOverload):

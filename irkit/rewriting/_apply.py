@@ -22,6 +22,7 @@ from irkit import metadata
 from irkit._irutil import nested_subgraphs
 from irkit._scope_tree import common_scope
 from irkit.errors import FixedPointError, IrkitError, RewriteError, RuleDefinitionError
+from irkit.rewriting._acyclic import cycle_guard
 from irkit.rewriting._match import MatchFailure, unread
 from irkit.rewriting._report import NearMiss, RewriteReport, RuleStats
 from irkit.rewriting._rule import BaseRule, Rewrite, RewriteContext, RuleSet
@@ -236,7 +237,9 @@ class _Worklist:
                 result = self._find(rule, node)
                 s.tried += 1
                 if not isinstance(result, MatchFailure):
-                    refused = graph_io_guard(result)
+                    refused = graph_io_guard(result)  # (a MatchFailure is falsy: no `or`)
+                    if refused is None:
+                        refused = cycle_guard(result, self.owner)
                     if refused is None and self.guards:
                         refused = self._refused(result)
                     result = result if refused is None else refused

@@ -13,6 +13,7 @@ from irkit import metadata
 from irkit import rules as library
 from irkit.errors import FixedPointError, RewriteError
 from irkit.rewriting import Rule, op, var
+from irkit.rewriting._acyclic import CYCLE
 from tests.rewriting import util
 
 x = var("x")
@@ -288,3 +289,62 @@ def test_a_bug_in_a_rewrite_inside_a_function_names_the_function():
     ) as info:
         irkit.rewrite(m, buggy)
     assert isinstance(info.value.__cause__, AttributeError)
+
+
+# --- the acyclicity invariant ----------------------------------------------------------------------
+
+_ADD_NEG = (op.Add(x, var("m")), op.Neg(x))  # two roots: one fused node computes both
+
+
+def _add_neg(op, x, m):
+    """(x + m, -x) as one custom node with two outputs."""
+    return tuple(op.AddNeg(x, m, _domain="test", _outputs=2))
+
+
+def _sorted(graph: ir.Graph) -> bool:
+    seen = set(graph.inputs) | set(graph.initializers.values())
+    for node in graph:
+        if any(v is not None and v.producer() is not None and v not in seen for v in node.inputs):
+            return False
+        seen.update(node.outputs)
+    return True
+
+
+def test_multi_root_replacement_reading_its_own_output_is_refused():
+    """m is computed from -x: one node giving (x + m, -x) would read its own output."""
+    fuse = Rule("AddNeg", _ADD_NEG, rewrite=_add_neg)
+    m = util.model(
+        '<ir_version: 10, opset_import: ["" : 18]>\n'
+        "g (float[2] x) => (float[2] y, float[2] n) { n = Neg(x)  m = Exp(n)  y = Add(x, m) }"
+    )
+    report = util.rewrite(m, fuse, explain="AddNeg")
+    assert report.fired == {}
+    assert report.rules["AddNeg"].failures == {CYCLE: 1}
+    assert [n.reason for n in report.near_misses] == [f"{CYCLE} [value 'm', node '' (Neg)]"]
+    assert util.ops(m) == {"Add": 1, "Exp": 1, "Neg": 1} and _sorted(m.graph)
+    util.assert_valid(m)
+
+
+def test_multi_root_replacement_without_a_path_back_fires():
+    """The same rule where m does not depend on -x: the fused node is fine."""
+    fuse = Rule("AddNeg", _ADD_NEG, rewrite=_add_neg)
+    m = util.model(
+        '<ir_version: 10, opset_import: ["" : 18, "test" : 1]>\n'
+        "g (float[2] x) => (float[2] y, float[2] n) { n = Neg(x)  m = Exp(x)  y = Add(x, m) }"
+    )
+    assert util.rewrite(m, fuse).fired == {"AddNeg": 1}
+    assert util.ops(m) == {"AddNeg": 1, "Exp": 1} and _sorted(m.graph)
+
+
+def test_replacement_reading_the_output_it_replaces_is_refused():
+    """A rewrite that reads the matched output itself (here through ``match``) never fires."""
+    reads_itself = Rule(
+        "ReadsItself", op.Relu(x), rewrite=lambda op, x, match: op.Abs(match.outputs[0])
+    )
+    m = util.model(
+        '<ir_version: 10, opset_import: ["" : 18]>\n'
+        "g (float[2] x) => (float[2] y) { t = Relu(x)  y = Neg(t) }"
+    )
+    report = util.rewrite(m, reads_itself)
+    assert report.rules["ReadsItself"].failures == {CYCLE: 1}
+    assert util.ops(m) == {"Neg": 1, "Relu": 1} and _sorted(m.graph)

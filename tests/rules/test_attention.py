@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from irkit import rules as library
+from irkit.rewriting._acyclic import CYCLE
 from tests.rewriting import util
 
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True)
@@ -286,6 +287,43 @@ def test_joint_attention_concat_is_no_cache(dropped):
         f"the concatenated {name} is not an output of the graph or function (no present to "
         "return): a concatenation, not a cache update"
     ) in failures
+
+
+def _mask_from_present_value(form: str) -> str:
+    """doge's dynamic mask: computed from the concatenated (present) value, not a graph input."""
+    text = attention_text(form=form)  # b=2, s=3, p+s=8
+    text = re.sub(r", float\[[^\]]*\] m\)", ")", text)  # the mask input (the last one)
+    return text.replace(
+        "vc = Concat<axis=-2>(pv, v)",
+        "vc = Concat<axis=-2>(pv, v)  ax = Constant<value=int64[2] {1, 3}>()"
+        "  ms = ReduceMean<keepdims=1>(vc, ax)  mt = Transpose<perm=[0,1,3,2]>(ms)"
+        "  ws = Constant<value=int64[4] {2, 1, 3, 8}>()  m = Expand(mt, ws)",
+    )
+
+
+def _topologically_sorted(graph: ir.Graph) -> bool:
+    seen = {v for v in graph.inputs} | set(graph.initializers.values())
+    for node in graph:
+        if any(v is not None and v.producer() is not None and v not in seen for v in node.inputs):
+            return False
+        seen.update(node.outputs)
+    return True
+
+
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
+def test_mask_computed_from_the_present_is_no_kv_cache(form):
+    # One Attention with present outputs would read its own present_value through the mask: the
+    # engine refuses a replacement that makes the graph cyclic, and says why.
+    text = _mask_from_present_value(form)
+    m = build(text)
+    report = run(m)  # valid, and the same numbers in onnxruntime
+    assert fired(report) == {"Attention": 1, "AttentionGQA": 1}
+    assert util.ops(m)["Concat"] == 2 and util.ops(m)["Attention"] == 1
+    assert _topologically_sorted(m.graph)
+    report = util.rewrite(build(text), library.default_rules(), explain="AttentionKVCache")
+    (miss,) = [n for n in report.near_misses if n.reason.startswith("would create a cycle")]
+    assert miss.reason.endswith("[value 'm', node '' (Concat)]")  # read; produced from
+    assert report.rules["AttentionKVCache"].failures == {CYCLE: 1}
 
 
 @pytest.mark.parametrize("present", [True, False], ids=["presents", "no-presents"])
