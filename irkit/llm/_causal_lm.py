@@ -256,7 +256,10 @@ def cache_layout(model: Any) -> CacheLayout:
 
     binding = _bind(model)
     if not binding.cache:  # no cache: nothing carried between steps
-        return CacheLayout(keys=(), values=(), dtype=next(iter(model.parameters())).dtype)
+        import torch
+
+        first = next(iter(model.parameters()), None)
+        return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
     # a meta-device model runs on fake CPU tensors, and is left as it was
     with torch.no_grad(), probe_mode(model):
         device = next(iter(model.parameters())).device
@@ -683,7 +686,8 @@ def _export_uncached(
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
     try:
         with _uncached_fake_dispatch(), fake_weights(model):
-            device = next(iter(model.parameters())).device
+            first = next(iter(model.parameters()), None)
+            device = first.device if first is not None else torch.device("cpu")
             kwargs = {name: torch.from_numpy(feeds[name]).to(device) for name in dynamic}
             program = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
     except Exception as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import types
 
 import numpy as np
 import pytest
@@ -168,15 +169,30 @@ def test_export_failure_is_an_irkit_error_naming_versions(monkeypatch):
     assert info.value.__cause__ is boom
 
 
-def test_a_model_without_a_cache_argument():
-    class NoCache(torch.nn.Module):
+def test_a_model_without_input_ids_or_failing_without_a_cache():
+    class NoIds(torch.nn.Module):
         config = object()
+
+        def forward(self, inputs_embeds):
+            raise NotImplementedError
+
+    with pytest.raises(ExportError, match="takes no input_ids"):
+        export_causal_lm(NoIds())
+
+    config = types.SimpleNamespace(vocab_size=16, max_position_embeddings=32)
+    config.get_text_config = lambda: config
+
+    class NoCache(torch.nn.Module):  # exported without a cache (GPT-1's way): its failure named
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = config
 
         def forward(self, input_ids):
             raise NotImplementedError
 
-    with pytest.raises(ExportError, match="takes no cache or past_key_values"):
+    with pytest.raises(ExportError, match="torch.export.export of NoCache failed") as info:
         export_causal_lm(NoCache())
+    assert isinstance(info.value.__cause__, NotImplementedError)
 
 
 @pytest.mark.slow
