@@ -537,6 +537,37 @@ def _windows_by_position() -> Iterator[None]:
         masking_utils.sliding_window_overlay = overlay
 
 
+def _has_int_where_dim(before: Any, after: Any) -> bool:
+    """Whether ``after`` (refined dynamic shapes) made a dim of ``before`` a fixed size."""
+    if isinstance(before, Mapping):
+        return any(_has_int_where_dim(v, after.get(k)) for k, v in before.items())
+    if isinstance(before, (list, tuple)):
+        return any(_has_int_where_dim(b, a) for b, a in zip(before, after, strict=False))
+    return before is not None and isinstance(after, int)
+
+
+def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
+    """``torch.export.export``; where torch proves a dim's range narrower than asked (GPT-Neo:
+    ``past + new ≤ max positions`` makes each ≤ max - 2) and suggests the narrower ranges, they
+    are taken and the export is run again. A suggestion that fixes a dim to one size is not
+    taken (the error stands): the program must serve every length."""
+    import torch
+
+    try:
+        return torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
+    except torch._dynamo.exc.UserError as exc:
+        if "Suggested fixes" not in str(exc):
+            raise
+        from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+        fixes = str(exc).split("Suggested fixes:", 1)[1].strip().split("\n\n", 1)[0]
+        message = "Suggested fixes:\n" + fixes  # (torch's parser reads only the fix lines)
+        refined = refine_dynamic_shapes_from_suggested_fixes(message, dynamic)
+        if _has_int_where_dim(dynamic, refined):
+            raise
+        return torch.export.export(model, (), kwargs, dynamic_shapes=refined)
+
+
 def export_causal_lm(
     model: Any,
     *,
@@ -630,7 +661,7 @@ def export_causal_lm(
         with _uncached_fake_dispatch(), fake_weights(model), _windows_by_position():
             device = next(iter(model.parameters())).device
             inputs = _torch_inputs(model, feeds, lambda a: convert(a).to(device))
-            program = torch.export.export(model, (), inputs, dynamic_shapes=dynamic)
+            program = _export_narrowing(model, inputs, dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
@@ -689,7 +720,7 @@ def _export_uncached(
             first = next(iter(model.parameters()), None)
             device = first.device if first is not None else torch.device("cpu")
             kwargs = {name: torch.from_numpy(feeds[name]).to(device) for name in dynamic}
-            program = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
+            program = _export_narrowing(model, kwargs, dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
     return CausalLMExport(
@@ -758,7 +789,7 @@ def _export_states(
                 torch.from_numpy(feeds[spec.past_name]).to(spec.dtype).to(device)
                 for spec in layout.states
             )
-            program = torch.export.export(flat, (), kwargs, dynamic_shapes=dynamic)
+            program = _export_narrowing(flat, kwargs, dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
     input_names = ["input_ids", "attention_mask"]

@@ -359,3 +359,20 @@ def test_program_is_the_same_with_torchs_fake_tensor_cache(name, monkeypatch):
     assert _graph_text(fast) == _graph_text(cached)
     assert str(fast.graph_signature) == str(cached.graph_signature)
     assert str(fast.range_constraints) == str(cached.range_constraints)
+
+
+@pytest.mark.slow
+def test_narrower_ranges_torch_proves_are_taken():
+    """GPT-Neo's position table makes past + new ≤ max positions, so torch narrows both dims
+    (suggested fixes: max - 2 each); the export takes them and stays dynamic."""
+    config = transformers.GPTNeoConfig(
+        vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, window_size=8,
+        attention_types=[[["global", "local"], 1]], max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    lm = transformers.GPTNeoForCausalLM(config).eval()
+    exported = export_causal_lm(lm)
+    session = ort_session(irkit.lower(exported.program, **exported.lower_kwargs()))
+    for seq, past in ((7, 0), (1, 11)):
+        feeds = causal_lm_feeds(lm, batch=2, seq=seq, past=past, layout=exported.cache)
+        assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=1e-4)
