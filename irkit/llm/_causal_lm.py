@@ -664,6 +664,14 @@ def export_causal_lm(
             program = _export_narrowing(model, inputs, dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+    returned = len(program.graph_signature.user_outputs)
+    if returned != 1 + 2 * layers:
+        raise ExportError(
+            f"export_causal_lm: {type(model).__name__} returns {returned} tensor(s) for "
+            f"use_cache=True, not the logits and {2 * layers} cache tensors: its forward does "
+            "not return the cache it updates (a BERT-style model used as a decoder needs "
+            "is_decoder=True in its config; else it is no causal LM with a cache)"
+        )
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
     input_names = ["input_ids", "attention_mask"]
     if position_ids:

@@ -376,3 +376,22 @@ def test_narrower_ranges_torch_proves_are_taken():
     for seq, past in ((7, 0), (1, 11)):
         feeds = causal_lm_feeds(lm, batch=2, seq=seq, past=past, layout=exported.cache)
         assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_decoder_that_does_not_return_its_cache_is_named():
+    """RoCBert without ``is_decoder`` updates the passed cache but returns only logits (and is
+    not causal): a clear ExportError, not a count mismatch in lowering; as a decoder it exports."""
+    config = transformers.RoCBertConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, pronunciation_vocab_size=32, shape_vocab_size=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with pytest.raises(ExportError, match="is_decoder=True"):
+        export_causal_lm(transformers.RoCBertForCausalLM(config).eval())
+    config.is_decoder = True
+    lm = transformers.RoCBertForCausalLM(config).eval()
+    exported = export_causal_lm(lm)
+    session = ort_session(irkit.lower(exported.program, **exported.lower_kwargs()))
+    feeds = causal_lm_feeds(lm, batch=2, seq=1, past=5, layout=exported.cache)
+    assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=1e-4)
