@@ -537,6 +537,41 @@ def _windows_by_position() -> Iterator[None]:
         masking_utils.sliding_window_overlay = overlay
 
 
+def _output_names(model: Any, program: Any, presents: list[str]) -> list[str]:
+    """The ONNX names of the program's outputs, read from its output spec: each field of the
+    model's output by its name (``logits``, Moshi's ``last_hidden_state``, …), the cache's
+    tensors as ``presents``.
+
+    Raises:
+        ExportError: The outputs hold no cache (RoCBert without ``is_decoder`` updates the
+            passed cache and returns logits only).
+    """
+    from transformers.cache_utils import Cache
+
+    spec = program.call_spec.out_spec
+    fields = spec.context if isinstance(spec.context, list) else None
+    if fields is None or len(fields) != len(spec.children_specs):
+        return ["logits", *presents]  # (a plain tuple: logits then the cache, as before)
+    names: list[str] = []
+    cached = False
+    for field, child in zip(fields, spec.children_specs, strict=True):
+        if isinstance(child.type, type) and issubclass(child.type, Cache):
+            cached = child.num_leaves == len(presents)
+            names += presents if cached else [f"{field}.{i}" for i in range(child.num_leaves)]
+        elif child.num_leaves == 1:
+            names.append(str(field))
+        else:
+            names += [f"{field}.{i}" for i in range(child.num_leaves)]
+    if not cached:
+        raise ExportError(
+            f"export_causal_lm: {type(model).__name__} returns {', '.join(map(str, fields))} "
+            f"for use_cache=True and no cache of {len(presents)} tensors: its forward does not "
+            "return the cache it updates (a BERT-style model used as a decoder needs "
+            "is_decoder=True in its config; else it is no causal LM with a cache)"
+        )
+    return names
+
+
 def _has_int_where_dim(before: Any, after: Any) -> bool:
     """Whether ``after`` (refined dynamic shapes) made a dim of ``before`` a fixed size."""
     if isinstance(before, Mapping):
@@ -664,19 +699,12 @@ def export_causal_lm(
             program = _export_narrowing(model, inputs, dynamic)
     except Exception as exc:
         raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
-    returned = len(program.graph_signature.user_outputs)
-    if returned != 1 + 2 * layers:
-        raise ExportError(
-            f"export_causal_lm: {type(model).__name__} returns {returned} tensor(s) for "
-            f"use_cache=True, not the logits and {2 * layers} cache tensors: its forward does "
-            "not return the cache it updates (a BERT-style model used as a decoder needs "
-            "is_decoder=True in its config; else it is no causal LM with a cache)"
-        )
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
     input_names = ["input_ids", "attention_mask"]
     if position_ids:
         input_names.append("position_ids")
-    output_names = ["logits"] + [n.replace("past_key_values", "present") for n in past_names]
+    presents = [n.replace("past_key_values", "present") for n in past_names]
+    output_names = _output_names(model, program, presents)
     return CausalLMExport(
         program=program,
         input_names=input_names + past_names,

@@ -694,7 +694,14 @@ def _all_layers(cut: Any, count: int) -> Any:
     )
     past = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(count)]
     inputs = [n for n in cut.input_names if not n.startswith("past_key_values.")] + past
-    outputs = ["logits"] + [n.replace("past_key_values", "present") for n in past]
+    presents = [n.replace("past_key_values", "present") for n in past]
+    outputs: list[str] = []  # the cut's outputs, its presents replaced by all layers' in place
+    for name in cut.output_names:
+        if not name.startswith("present."):
+            outputs.append(name)
+        elif presents:
+            outputs += presents
+            presents = []
     return dataclasses.replace(cut, input_names=inputs, output_names=outputs, cache=layout)
 
 
