@@ -22,6 +22,10 @@ export time (process wall) the same way, with the peak RSS of each export proces
 ``exec``, so a child of this bench would report the bench's own). Targets: per-token and prefill <= 1.0, export <= 0.5.
 ``--export-only`` skips the generation rounds (the 1b model decodes slowly on one thread).
 
+``bench/bench_genai_states.py`` runs the same comparison on LFM2- and Qwen3.5-shaped models with
+this module's functions (:func:`save_folder`, :func:`export_rounds`, :func:`generation_rounds`,
+:func:`report`, …).
+
 ``--profile`` also writes ORT's profile of one more run of each (``session_options``
 ``enable_profiling``) and prints the ten op types with the most time, to see where a ratio goes.
 
@@ -44,7 +48,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROMPT = 128
@@ -83,9 +88,7 @@ class Figures:
 
 def make_folder(folder: pathlib.Path, size: Size = SIZES["ref"]) -> None:
     """The Llama-shaped random-weight folder, with a local tokenizer."""
-    import torch
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     config = transformers.LlamaConfig(
         hidden_size=size.hidden,
@@ -100,16 +103,37 @@ def make_folder(folder: pathlib.Path, size: Size = SIZES["ref"]) -> None:
         pad_token_id=0,
         tie_word_embeddings=False,
     )
+    save_folder(folder, config)
+
+
+def save_folder(folder: pathlib.Path, config: object) -> None:
+    """``save_pretrained`` of a random-weight model of ``config`` (seed 0) and a local tokenizer.
+
+    Args:
+        folder: The folder written.
+        config: A transformers config (its ``vocab_size`` sizes the word-level tokenizer:
+            ``t0`` … ``t{vocab - 1}``; ``t0`` unk/pad, ``t1`` bos, ``t2`` eos).
+    """
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(folder)
     del model
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(size.vocab)}, unk_token="t0"))
+    vocab = config.vocab_size  # type: ignore[attr-defined]
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1", eos_token="t2"
     )
     fast.save_pretrained(folder)
+
+
+def make_prompt(vocab: int, length: int = PROMPT) -> list[int]:
+    """The benchmark's prompt: ``length`` ids spread over the vocabulary (no special ids)."""
+    return [(7 * i + 3) % (vocab - 10) + 10 for i in range(length)]
 
 
 def _env() -> dict[str, str]:
@@ -160,10 +184,29 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+class ExportFailed(RuntimeError):
+    """An export process exited non-zero; the message ends with its stderr's tail."""
+
+    def __init__(self, kind: str, returncode: int, stderr: str) -> None:
+        super().__init__(f"{kind} export failed ({returncode}):\n{stderr[-3000:]}")
+        self.kind, self.returncode, self.stderr = kind, returncode, stderr
+
+    def reason(self) -> str:
+        """The last line of the process's stderr that names an error (or its last line)."""
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        lines = [line for line in lines if not line.startswith("BENCH ")]
+        errors = [line for line in lines if "Error" in line or "Exception" in line]
+        return (errors or lines or [f"exit status {self.returncode}"])[-1].rstrip(".")
+
+
 def run_export(
     kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str
 ) -> tuple[float, int]:
-    """Export into ``out`` (replaced): (the process wall time in seconds, its peak RSS in bytes)."""
+    """Export into ``out`` (replaced): (the process wall time in seconds, its peak RSS in bytes).
+
+    Raises:
+        ExportFailed: The export process exited non-zero.
+    """
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
     cmd = [sys.executable, "-c", _LAUNCHER, *export_command(kind, folder, out, precision, target)]
@@ -172,7 +215,7 @@ def run_export(
     )
     stderr = proc.stderr.decode(errors="replace")
     if proc.returncode != 0:
-        sys.exit(f"{kind} export failed ({proc.returncode}):\n{stderr[-3000:]}")
+        raise ExportFailed(kind, proc.returncode, stderr)
     line = next(line for line in stderr.splitlines()[::-1] if line.startswith("BENCH "))
     _, wall, rss = line.split()
     return float(wall), int(rss) * 1024  # ru_maxrss: kilobytes on Linux
@@ -191,8 +234,16 @@ def set_session_options(out: pathlib.Path, profile: str | None = None) -> None:
     path.write_text(json.dumps(config, indent=2))
 
 
-def timed_generation(model: object, prompt: Sequence[int]) -> tuple[float, float]:
-    """(prefill seconds, seconds per decoded token) of one greedy generation."""
+class Generation(NamedTuple):
+    """One timed greedy generation."""
+
+    prefill: float  # seconds
+    per_token: float  # seconds per decoded token
+    ids: list[int]  # the decoded ids (after the prompt)
+
+
+def timed_generation(model: object, prompt: Sequence[int]) -> Generation:
+    """The prefill seconds, seconds per decoded token and decoded ids of one greedy generation."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
@@ -205,9 +256,79 @@ def timed_generation(model: object, prompt: Sequence[int]) -> tuple[float, float
     for _ in range(NEW_TOKENS):
         generator.generate_next_token()
     t2 = time.perf_counter()
-    if len(generator.get_sequence(0)) != total:
-        sys.exit(f"generated {len(generator.get_sequence(0))} tokens, wanted {total}")
-    return t1 - t0, (t2 - t1) / NEW_TOKENS
+    sequence = [int(i) for i in generator.get_sequence(0)]
+    if len(sequence) != total:
+        sys.exit(f"generated {len(sequence)} tokens, wanted {total}")
+    return Generation(t1 - t0, (t2 - t1) / NEW_TOKENS, sequence[len(prompt) :])
+
+
+def export_rounds(
+    sources: Mapping[str, pathlib.Path],
+    outs: Mapping[str, pathlib.Path],
+    precision: str,
+    target: str,
+    rounds: int,
+    figures: Mapping[str, Figures],
+) -> dict[str, ExportFailed]:
+    """``rounds`` interleaved whole-process exports of each kind (``irkit``, ``builder``).
+
+    Args:
+        sources: The Hugging Face folder each kind exports.
+        outs: The output folder of each kind (replaced every round).
+        precision: ``fp32`` or ``int4``.
+        target: irkit's ``--target``.
+        rounds: Export rounds (the kinds alternate which goes first).
+        figures: Where each kind's wall time and peak RSS are appended.
+
+    Returns:
+        The kinds whose first export failed (they are not tried again), with the failure.
+    """
+    failed: dict[str, ExportFailed] = {}
+    kinds = list(sources)
+    for i in range(rounds):
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            if kind in failed:
+                continue
+            try:
+                wall, rss = run_export(kind, sources[kind], outs[kind], precision, target)
+            except ExportFailed as error:
+                failed[kind] = error
+                print(f"export {i + 1}/{rounds} {kind}: FAILED: {error.reason()}", flush=True)
+                continue
+            figures[kind].export.append(wall)
+            figures[kind].export_rss.append(rss)
+            print(
+                f"export {i + 1}/{rounds} {kind}: {wall:.1f} s, peak RSS {rss / 1e9:.2f} GB",
+                flush=True,
+            )
+    return failed
+
+
+def generation_rounds(
+    models: Mapping[str, object],
+    prompt: Sequence[int],
+    rounds: int,
+    figures: Mapping[str, Figures],
+) -> dict[str, list[int]]:
+    """A warm-up, then ``rounds`` interleaved timed generations of each model.
+
+    Args:
+        models: The ``og.Model`` of each kind.
+        prompt: The prompt ids.
+        rounds: Generation rounds (the kinds alternate which goes first).
+        figures: Where each kind's prefill and per-token seconds are appended.
+
+    Returns:
+        Each kind's greedy ids of the warm-up generation (the tokens after the prompt).
+    """
+    kinds = list(models)
+    ids = {kind: timed_generation(models[kind], prompt).ids for kind in kinds}  # warm-up
+    for i in range(rounds):
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            run = timed_generation(models[kind], prompt)
+            figures[kind].prefill.append(run.prefill)
+            figures[kind].per_token.append(run.per_token)
+    return ids
 
 
 def profile_summary(folder: pathlib.Path, prompt: Sequence[int], top: int = 10) -> str:
@@ -247,8 +368,23 @@ def _stat(values: Sequence[float], scale: float, unit: str) -> str:
     )
 
 
-def report(figures: dict[str, Figures], precision: str, rounds: int, export_rounds: int) -> str:
-    """The table: median [min..max] of each variant, and the ratio irkit/builder."""
+def report(
+    figures: dict[str, Figures],
+    precision: str,
+    rounds: int,
+    export_rounds: int,
+    refused: str | None = None,
+) -> str:
+    """The table: median [min..max] of each variant, and the ratio irkit/builder.
+
+    Args:
+        figures: The ``irkit`` and ``builder`` figures.
+        precision: The label of the run (the table's first line).
+        rounds: Generation rounds, for the first line.
+        export_rounds: Export rounds, for the first line.
+        refused: Why the builder gave no folder: its rows then give irkit's figures alone, no
+            ratio, and a last line says why.
+    """
     irkit, builder = figures["irkit"], figures["builder"]
     rows = [
         ("export (process wall)", "export", 1.0, "s", 0.5),
@@ -264,6 +400,9 @@ def report(figures: dict[str, Figures], precision: str, rounds: int, export_roun
     ]
     for label, field, scale, unit, target in rows:
         a, b = getattr(irkit, field), getattr(builder, field)
+        if a and not b and refused is not None:
+            lines.append(f"{label:24}{_stat(a, scale, unit):>30}{'refused':>30}{'-':>8}")
+            continue
         if not a or not b:
             continue
         if target is None:
@@ -278,6 +417,8 @@ def report(figures: dict[str, Figures], precision: str, rounds: int, export_roun
             f"{label:24}{_stat(a, scale, unit):>30}{_stat(b, scale, unit):>30}"
             f"{ratio:8.2f}  <= {target} {verdict}"
         )
+    if refused is not None:
+        lines.append(f"builder refused: {refused}")
     return "\n".join(lines)
 
 
@@ -306,16 +447,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "builder": work / f"builder-{args.precision}",
     }
     figures = {kind: Figures() for kind in kinds}
-    for i in range(args.export_rounds):
-        for kind in kinds if i % 2 == 0 else kinds[::-1]:
-            wall, rss = run_export(kind, folder, outs[kind], args.precision, args.target)
-            figures[kind].export.append(wall)
-            figures[kind].export_rss.append(rss)
-            print(
-                f"export {i + 1}/{args.export_rounds} {kind}: {wall:.1f} s, "
-                f"peak RSS {rss / 1e9:.2f} GB",
-                flush=True,
-            )
+    failed = export_rounds(
+        dict.fromkeys(kinds, folder), outs, args.precision, args.target, args.export_rounds, figures
+    )
+    if failed:
+        sys.exit(str(next(iter(failed.values()))))
     label = f"{args.size}, {args.precision}, irkit --target {args.target}"
     if args.export_only:
         print(report(figures, label, 0, args.export_rounds))
@@ -325,15 +461,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for out in outs.values():
         set_session_options(out)
     models = {kind: og.Model(str(outs[kind])) for kind in kinds}
-    vocab = SIZES[args.size].vocab
-    prompt = [(7 * i + 3) % (vocab - 10) + 10 for i in range(PROMPT)]
-    for kind in kinds:  # warm-up
-        timed_generation(models[kind], prompt)
-    for i in range(args.rounds):
-        for kind in kinds if i % 2 == 0 else kinds[::-1]:
-            prefill, per_token = timed_generation(models[kind], prompt)
-            figures[kind].prefill.append(prefill)
-            figures[kind].per_token.append(per_token)
+    prompt = make_prompt(SIZES[args.size].vocab)
+    generation_rounds(models, prompt, args.rounds, figures)
     print(report(figures, label, args.rounds, args.export_rounds))
     if args.profile:
         del models

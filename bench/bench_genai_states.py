@@ -1,0 +1,279 @@
+"""``irkit export`` vs onnxruntime-genai's model builder on state-space / hybrid models.
+
+The issue item "as fast as the builder on the same model" for the models with conv and
+recurrent caches: an LFM2-shaped folder (conv state on its ``conv`` layers, keys/values on its
+``full_attention`` layers) and a Qwen3.5-shaped one (gated delta net — conv and recurrent
+state — on its ``linear_attention`` layers, keys/values on its ``full_attention`` layer). Both:
+hidden 512, intermediate 1536, 4 layers with both kinds (LFM2 ``conv, full_attention, conv,
+full_attention``; Qwen3.5 three ``linear_attention`` then ``full_attention``), 8 heads, 2 KV
+heads, vocab 4000; Qwen3.5's head dim 64 (rotary 16: partial factor 0.25, interleaved M-RoPE
+sections ``[3, 3, 2]`` as its checkpoints carry; with text positions it is plain RoPE) and
+linear attention 4 key / 8 value heads of 64. Random weights, the local word-level tokenizer.
+
+Everything else is ``bench/bench_genai.py``'s (imported): whole-process exports with their peak
+RSS, ``intra_op_num_threads: 1``, a prompt of 128 tokens then 128 tokens decoded one at a time in
+``og.Generator`` on ORT CPU, interleaved rounds, median [min..max], ratio irkit/builder (targets:
+prefill and per token <= 1.0, export <= 0.5). Per model and precision it also prints whether the
+two folders decode the same greedy ids (and, in fp32, irkit's against transformers ``generate``
+on the same prompt: the correctness anchor), then a Markdown table of all the runs.
+
+The builder refuses ``Qwen3_5ForCausalLM`` (its architecture list has only the
+``Qwen3_5ForConditionalGeneration`` checkpoints, whose text decoder it builds): the bench tries
+the folder as is once, prints the refusal, then gives the builder the same folder with only
+``architectures`` changed (a sibling folder of links). A builder that still refuses gets its
+reason printed as its figure, with irkit's absolute figures and no ratio.
+
+``--profile`` prints ORT's kernel time by op type of one more generation of each folder (nodes
+inside a ``Scan`` body are counted on their own and inside the ``Scan``: read the ``Scan`` row
+as the whole recurrence).
+
+Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--precision fp32 int4]
+[--target onnx|ort] [--rounds 5] [--export-rounds 5] [--profile] [--workdir DIR]`` (run with
+``PYTHONPATH=$PWD:$PWD/tests/site``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import bench_genai as bg
+
+ARCHS = ("lfm2", "qwen35")
+#: The architecture the builder builds Qwen3.5's text decoder from.
+QWEN35_BUILDER_ARCH = "Qwen3_5ForConditionalGeneration"
+
+
+def make_config(arch: str) -> object:
+    """The transformers config of ``arch`` (``lfm2`` or ``qwen35``)."""
+    import transformers
+
+    common = dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=bg.VOCAB,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    if arch == "lfm2":
+        return transformers.Lfm2Config(
+            **common,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            block_ff_dim=1536,
+            block_auto_adjust_ff_dim=False,
+        )
+    return transformers.Qwen3_5TextConfig(
+        **common,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        head_dim=64,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+    )
+
+
+def builder_view(folder: pathlib.Path, architecture: str) -> pathlib.Path:
+    """A sibling of ``folder`` with ``config.json``'s ``architectures`` set to ``architecture``.
+
+    Every other file is a symbolic link to ``folder``'s: the same weights and tokenizer.
+    """
+    view = folder.parent / f"{folder.name}-{architecture}"
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir()
+    for path in folder.iterdir():
+        if path.name != "config.json":
+            (view / path.name).symlink_to(path.resolve())
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = [architecture]
+    (view / "config.json").write_text(json.dumps(config, indent=2))
+    return view
+
+
+def builder_source(
+    folder: pathlib.Path, arch: str, out: pathlib.Path, precision: str
+) -> tuple[pathlib.Path, str | None]:
+    """The folder the builder exports, and a note on what it refused on the way.
+
+    Qwen3.5: the folder as is first (one export, not timed); if the builder refuses it, the
+    :func:`builder_view` naming :data:`QWEN35_BUILDER_ARCH`.
+    """
+    if arch != "qwen35":
+        return folder, None
+    try:
+        bg.run_export("builder", folder, out, precision, "onnx")
+    except bg.ExportFailed as error:
+        view = builder_view(folder, QWEN35_BUILDER_ARCH)
+        architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+        return view, (
+            f"{architecture} as is: {error.reason()}; given the same weights as "
+            f"{QWEN35_BUILDER_ARCH}"
+        )
+    return folder, None
+
+
+def reference_ids(folder: pathlib.Path, prompt: Sequence[int]) -> list[int]:
+    """transformers ``generate``'s greedy ids after ``prompt`` (eos held off as genai does)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        ids = model.generate(
+            torch.tensor([list(prompt)]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=bg.NEW_TOKENS,
+            min_new_tokens=bg.NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return [int(i) for i in ids[0, len(prompt) :]]
+
+
+def compare_ids(a: Sequence[int], b: Sequence[int]) -> str:
+    """``same (n of n)``, or where the first difference is."""
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return f"differ from decoded token {i + 1} of {len(a)} ({x} vs {y})"
+    return f"same ({len(a)} of {len(a)})"
+
+
+@dataclasses.dataclass
+class Case:
+    """The outcome of one model and precision."""
+
+    arch: str
+    precision: str
+    figures: dict[str, bg.Figures]
+    refused: str | None  # why the builder gave no folder
+    note: str | None  # what the builder refused before it got a folder it exports
+    ids: str  # irkit vs builder greedy ids
+    reference: str | None  # irkit vs transformers (fp32)
+
+
+def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Namespace) -> Case:
+    """Export, time and check one model at one precision; prints its table."""
+    import onnxruntime_genai as og
+
+    folder = work / f"hf-{arch}"
+    if not (folder / "config.json").exists():
+        bg.save_folder(folder, make_config(arch))
+    outs = {
+        "irkit": work / f"irkit-{arch}-{precision}-{args.target}",
+        "builder": work / f"builder-{arch}-{precision}",
+    }
+    source, note = builder_source(folder, arch, outs["builder"], precision)
+    if note is not None:
+        print(f"builder refused {note}", flush=True)
+    figures = {kind: bg.Figures() for kind in outs}
+    failed = bg.export_rounds(
+        {"irkit": folder, "builder": source},
+        outs,
+        precision,
+        args.target,
+        args.export_rounds,
+        figures,
+    )
+    if "irkit" in failed:
+        sys.exit(str(failed["irkit"]))
+    refused = failed["builder"].reason() if "builder" in failed else None
+    kinds = [kind for kind in outs if kind not in failed]
+    for kind in kinds:
+        bg.set_session_options(outs[kind])
+    models = {kind: og.Model(str(outs[kind])) for kind in kinds}
+    prompt = bg.make_prompt(bg.VOCAB)
+    ids = bg.generation_rounds(models, prompt, args.rounds, figures)
+    label = f"{arch}, {precision}, irkit --target {args.target}"
+    print(bg.report(figures, label, args.rounds, args.export_rounds, refused=refused))
+    same = compare_ids(ids["irkit"], ids["builder"]) if "builder" in ids else "no builder folder"
+    print(f"greedy ids, irkit vs builder: {same}")
+    reference = None
+    if precision == "fp32":
+        reference = compare_ids(ids["irkit"], reference_ids(folder, prompt))
+        print(f"greedy ids, irkit vs transformers generate: {reference}")
+    if args.profile:
+        del models
+        for kind in kinds:
+            print(f"ORT profile, {arch} {precision} {kind} (kernel time by op type):")
+            print(bg.profile_summary(outs[kind], prompt), flush=True)
+    return Case(arch, precision, figures, refused, note, same, reference)
+
+
+def _cell(figures: dict[str, bg.Figures], field: str, scale: float, unit: str) -> str:
+    a, b = getattr(figures["irkit"], field), getattr(figures["builder"], field)
+    if not b:
+        return f"{statistics.median(a) * scale:.2f} {unit} vs refused"
+    ratio = statistics.median(a) / statistics.median(b)
+    return (
+        f"{ratio:.2f} [{statistics.median(a) * scale:.2f} vs "
+        f"{statistics.median(b) * scale:.2f} {unit}]"
+    )
+
+
+def summary(cases: Sequence[Case]) -> str:
+    """A Markdown table of every case: ratio irkit/builder [median vs median]."""
+    lines = [
+        "| ratio irkit/builder | prefill | per token | export (process wall) | export peak RSS "
+        "| greedy ids irkit vs builder |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        f = case.figures
+        ids = case.ids + (f"; vs transformers: {case.reference}" if case.reference else "")
+        lines.append(
+            f"| {case.arch} {case.precision} | {_cell(f, 'prefill', 1e3, 'ms')} "
+            f"| {_cell(f, 'per_token', 1e3, 'ms')} | {_cell(f, 'export', 1.0, 's')} "
+            f"| {_cell(f, 'export_rss', 1e-9, 'GB')} | {ids} |"
+        )
+    notes = {note for case in cases for note in (case.note, case.refused) if note}
+    lines += [f"\nbuilder refused {note}" for note in sorted(notes)]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
+    parser.add_argument(
+        "--precision", nargs="+", choices=("fp32", "int4"), default=["fp32", "int4"]
+    )
+    parser.add_argument("--target", choices=("onnx", "ort"), default="onnx", help="irkit's")
+    parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
+    parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
+    parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
+    parser.add_argument("--workdir", type=pathlib.Path, help="keep the folders here")
+    args = parser.parse_args(argv)
+
+    work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="bench_genai_states-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cases = [
+        run_case(work, arch, precision, args) for arch in args.arch for precision in args.precision
+    ]
+    print(summary(cases))
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
