@@ -664,13 +664,23 @@ def _values(config: Any) -> dict[str, Any]:
 
 
 def _derived(config: Any) -> set[str]:
-    """Fields whose declared default is ``None``: the config computes them (``head_dim``, …)."""
+    """Fields the config computes itself (``head_dim``, ``num_key_value_heads``, …).
+
+    Those whose declared default is ``None`` and whose value is the one the class computes from
+    its defaults (a value given explicitly, ``LlamaConfig(num_key_value_heads=1)``, is not).
+    """
     if not dataclasses.is_dataclass(config):
         return set()
+    try:
+        defaults = type(config)()
+    except Exception:  # a class without defaults for everything: every such field is derived
+        defaults = config
     return {
         f.name
         for f in dataclasses.fields(config)
-        if f.default is None and _get(config, f.name) is not None
+        if f.default is None
+        and _get(config, f.name) is not None
+        and repr(_get(config, f.name)) == repr(_get(defaults, f.name))
     }
 
 
