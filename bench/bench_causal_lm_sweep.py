@@ -69,7 +69,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _VERSIONS = re.compile(r"\s*with transformers [^()]*\([^)]*\)|\s*\(tested:[^)]*\)")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
-_CAMEL = re.compile(r"\b[A-Z][A-Za-z0-9]*[a-z0-9][A-Z][A-Za-z0-9]*\b")
+_CAMEL = re.compile(r"\b[A-Za-z][A-Za-z0-9]*[a-z0-9][A-Z][A-Za-z0-9]*\b")
 _KEEP_CAMEL = re.compile(r"(Error|Exception|Warning|Interrupt)$")
 _NUMBER = re.compile(r"\d+(\.\d+)*")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -118,7 +118,10 @@ def _special_ids(config: Any, seen: set[int] | None = None) -> set[int]:
                 elif isinstance(item, (list, tuple)):
                     stack.extend(item)
     for key in list(vars(config)):
-        value = getattr(config, key, None)
+        try:
+            value = getattr(config, key, None)
+        except Exception:  # a heterogeneous config refuses some global reads
+            continue
         if isinstance(value, PretrainedConfig):
             ids |= _special_ids(value, seen)
     return ids
@@ -130,8 +133,8 @@ def prompts(config: Any) -> tuple[list[Any], int]:
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = int(text.vocab_size)
-    pad = text.pad_token_id if isinstance(text.pad_token_id, int) else None
-    if pad is None or not 0 <= pad < vocab:
+    pad = getattr(text, "pad_token_id", None)
+    if not isinstance(pad, int) or not 0 <= pad < vocab:
         pad = 0
     allowed = np.array(sorted(set(range(vocab)) - _special_ids(config) - {pad}), dtype=np.int64)
     rng = np.random.default_rng(SEED)

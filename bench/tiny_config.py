@@ -448,11 +448,14 @@ def _shrink_widths(values: dict[str, Any], out: dict[str, Any], hiddens: frozens
             new = _width(name, value, hidden, heads, hiddens)
             if new is not None:
                 out[name] = new
-        elif isinstance(value, list) and value and all(_int(v) and v > 0 for v in value):
+        elif isinstance(value, (list, tuple)) and value and all(_int(v) and v > 0 for v in value):
             # a per-layer list of widths (Gemma 3n's intermediate_size): each element
             news = [_width(name, v, hidden, heads, hiddens) for v in value]
             if all(n is not None for n in news):
-                out[name] = news
+                out[name] = type(value)(news)
+            elif hidden and len(value) > 1 and sum(value) == hidden:
+                # parts of the hidden size (Reformer's axial_pos_embds_dim): rescaled
+                out[name] = type(value)(_rescale_sections(list(value), min(hidden, HIDDEN)))
     # value heads of linear attention: the ratio to their key heads
     for name, value in values.items():
         if _VALUE_HEADS.search(name) and _int(value) and value > 0:
