@@ -8,45 +8,58 @@ Only the config's own constructor fields are set; the fields it derives itself (
 ``hidden_size``, ``layer_types`` from a pattern, …) are left to its ``__post_init__`` unless a rule
 needs them.
 
-The rules (sizes are upper bounds: a smaller default is kept, 0 and ``None`` stay):
+The rules (sizes are upper bounds: a smaller default is kept; 0 and ``None`` stay):
 
 - **Layers**: every layer count (``num_hidden_layers``, ``n_layer``, ``decoder_layers``, …) becomes
-  ``layers`` or the smallest count that keeps every distinct per-layer kind. Per-layer lists (any
-  list-valued field as long as a layer count: ``layer_types``, ``layers_block_type``,
-  ``mlp_layer_types``, ``no_rope_layers``, …), layer-index lists (``full_attn_idxs``,
-  ``moe_layers``, ``hybrid_layer_ids``: as per-layer membership) and ``per_layer_config`` are
-  read together: layer 0, then greedily the layers that add a kind not yet kept, then the next
-  layers up to ``layers``; every such field is cut to those layers (indices renumbered). A
-  shorter list of kinds (``block_types``: a cycle) raises the count until each kind occurs; a
-  ``[[kinds, repeat]]`` list (``attention_types``) gets repeats that cover the count. Periods
-  (``*_period``, ``*_interval``, ``*_pattern``, ``*_step``, ``*every_n_layers``) are clamped to the
-  count, offsets below the period, layer thresholds (``first_k_dense_replace``,
-  ``max_window_layers``, ``num_kv_shared_layers``, ``*_start_index``, …) to one layer, so both
-  kinds of a period or threshold occur.
-- **Widths**: hidden sizes 64 (a field that was a multiple or fraction of the hidden size keeps
-  the ratio), attention heads 4, key/value heads 1 where the default is one (MQA), 4 where it
-  equals the heads (MHA), else 2 (value heads of linear attention: the ratio to its key heads);
-  every head dim 16 (``qk_head_dim`` stays the sum of its nope and rope parts), ``rotary_dim`` 8;
-  intermediate sizes 128; low ranks (``*_rank``: ``kv_lora_rank``, …) 32.
-- **Experts**: counts 4, top-k 2, expert groups 2 (selected groups 1), shared experts 1.
+  ``layers`` or the smallest count that keeps every distinct kind of layer. What tells layers
+  apart is read generically, one column per field: a list as long as the layer count
+  (``layer_types``, ``layers_block_type``, ``mlp_layer_types``, ``no_rope_layers``, a per-layer
+  ``intermediate_size``, …), a list of layer indices (``full_attn_idxs``, ``moe_layers``,
+  ``hybrid_layer_ids``: membership), ``per_layer_config``, a threshold (``first_k_dense_replace``,
+  ``max_window_layers``, ``*_start_index``, ``*_end_index``: below or not), a count shared from
+  the end (``num_kv_shared_layers``) and consecutive parts adding up to the count
+  (``n_input_layers`` + ``n_recurrent_layers`` + ``n_output_layers``). The first layer of each
+  distinct combination is kept, then the next layers up to ``layers``; every such field is cut
+  to the kept layers (indices renumbered, thresholds and parts recounted). A shorter list of
+  kinds (``block_types``: a cycle) raises the count until each kind occurs; a ``[[kinds,
+  repeat]]`` list (``attention_types``) gets repeats that cover the count. Periods
+  (``*_period``, ``*_interval``, ``*window_pattern``, ``*_step``, ``*every_n_layers``) are clamped
+  to the count, offsets below their period, block sizes (``n_layers_per_*``) to 1.
+- **Widths**: hidden sizes 64; a width that was a multiple or a fraction of the hidden size keeps
+  the ratio, one equal to an enclosing config's hidden size (``adapter_in_dim``) becomes 64, a
+  list adding up to it is rescaled (``axial_pos_embds_dim``). Attention heads 4; key/value heads 1
+  where the default is one (MQA), 4 where it equals the heads (MHA), else 2; value heads of
+  linear attention keep their ratio to its key heads. Every head dim 16 (a head dim that was the
+  sum of ``qk_nope_head_dim`` and ``qk_rope_head_dim`` stays their sum), ``rotary_dim`` 8;
+  intermediate sizes 128 (per-layer lists element-wise); low ranks (``*_rank``: ``kv_lora_rank``,
+  …) 32; rounding multiples (``*multiple_of``) 16.
+- **Experts**: counts 4, top-k 2 (also where the defaults leave it unset), expert groups 2
+  (selected groups 1), shared experts 1.
 - **Vocabulary** 512 (every ``*vocab_size*``; a field equal to the vocabulary size follows it);
   every special token id (``*_token_id``, ``*_token_index``, lists of them) is kept below it:
-  ids past it are renumbered, distinct ids to distinct ids from the top of the vocabulary.
+  ids past it are renumbered, distinct ids to distinct ids from the top of the vocabulary. A
+  config without a vocabulary (a multimodal wrapper) uses its text config's.
 - **State space**: state sizes (``state_size``, ``d_state``, ``ssm_state_size``,
-  ``mamba_d_state``) 16, ``time_step_rank``/``dt_rank`` 4, conv kernels 4; SSM heads (``mamba_n_heads``,
-  ``n_mamba_heads``, a Mamba-2 ``num_heads``) are the inner width (``mamba_d_ssm`` or
-  ``expand × hidden``) over the SSM head dim; groups 2 at most.
-- **Positions and windows**: ``max_position_embeddings``-like fields 512 at most (256 kept
-  as a floor where the default is larger); an ``original_max_position_embeddings`` keeps its
-  ratio; sliding windows 8; chunk sizes 16 (a prompt plus 12 new tokens crosses both).
-- **RoPE parameters**: lists of the rotary half width are cut, sections summing to it rescaled.
+  ``mamba_d_state``) 16, ``time_step_rank``/``dt_rank`` 4, conv kernels (``conv_kernel``,
+  ``d_conv``, ``conv_L_cache``, …) 4; SSM heads (``mamba_n_heads``, ``n_mamba_heads``, a Mamba-2
+  ``num_heads``) are the inner width (``mamba_d_ssm``, else ``expand × hidden``) over the SSM head
+  dim (16); SSM groups 2, or 1 where 2 does not divide the heads.
+- **Positions and windows**: ``max_position_embeddings``-like fields between 256 and 512; an
+  ``original_max_position_embeddings`` keeps its ratio to it; sliding windows 8; chunk sizes
+  (``chunk_size``, ``attention_chunk_size``, ``mamba_chunk_size``) 16: a 6-token prompt plus 12
+  new tokens crosses both.
+- **RoPE parameters** (also one dict per layer type): lists of the rotary half width are cut,
+  integer sections adding up to it rescaled, position fields follow the positions rule.
 - **Nested configs** (``text_config``, ``vision_config``, …): shrunk recursively by the same rules.
+- **Derived fields**: a field declared with a ``None`` default whose value is the one the class
+  computes (``head_dim`` from ``hidden_size``, ``num_key_value_heads``, Zamba 2's widths) is not
+  passed, so the config computes it from the tiny values; per-layer lists are always passed.
 - :data:`OVERRIDES`: the few values no rule derives, each with its reason.
 
 Usage::
 
     from bench.tiny_config import tiny_config, tiny_model
-    cfg = tiny_config("qwen3_next")                  # a PretrainedConfig, 4 layers (both kinds)
+    cfg = tiny_config("qwen3_next")                  # a PretrainedConfig: linear and full layers
     lm = tiny_model("qwen3_next")                    # AutoModelForCausalLM, eval, seeded
 """
 
@@ -104,6 +117,7 @@ _THRESHOLD = re.compile(
 _FROM_END = re.compile(r"_shared_layers$")
 _PART = re.compile(r"^(n|num)_[a-z]+_layers$")
 _BLOCK = re.compile(r"^n_layers_per_")
+_PARTS = " parts"  # the column of consecutive parts (no field has this name)
 _INDEX_LIST = re.compile(r"(layer|idx|indices|indexes|_ids$)")
 _KV_HEADS = re.compile(
     r"^(.*num_key_value_heads|num_kv_heads|kv_n_heads|multi_query_group_num|num_query_groups"
@@ -181,11 +195,6 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _cap(value: Any, limit: int) -> Any:
-    """``min(value, limit)`` for positive ints; anything else unchanged."""
-    return min(value, limit) if _int(value) and value > 0 else value
-
-
 # --- the config's own fields ---------------------------------------------------------------------
 
 
@@ -250,7 +259,7 @@ def _columns(values: dict[str, Any], count: int) -> dict[str, list[Any]]:
     parts = _parts(values, count)
     if parts:
         bounds = list(itertools.accumulate(values[name] for name in parts))
-        columns[" parts"] = [bisect.bisect_right(bounds, i) for i in range(count)]
+        columns[_PARTS] = [bisect.bisect_right(bounds, i) for i in range(count)]
     return columns
 
 
@@ -341,15 +350,12 @@ def _shrink_layers(values: dict[str, Any], layers: int, out: dict[str, Any]) -> 
         keep = _keep(columns, count, target)
         new_count[count] = len(keep)
         for name in columns:
-            if name == " parts":
-                for part in _parts(values, count):
-                    first = sum(
-                        values[p]
-                        for p in _parts(values, count)[: _parts(values, count).index(part)]
-                    )
-                    out[part] = sum(first <= i < first + values[part] for i in keep)
-            else:
+            if name != _PARTS:
                 out[name] = _cut(name, values[name], keep, count, columns)
+        first = 0
+        for part in _parts(values, count):  # each part keeps its kept layers
+            out[part] = sum(first <= i < first + values[part] for i in keep)
+            first += values[part]
     for name, value in values.items():
         if _LAYER_COUNT.match(name) and _int(value) and new_count.get(value, value) != value:
             out[name] = new_count[value]
@@ -551,10 +557,12 @@ def _shrink_positions(values: dict[str, Any], out: dict[str, Any]) -> None:
     for name, value in values.items():
         if name in out or not _int(value) or value <= 0:
             continue
-        if _POSITIONS.match(name) and value > MAX_POSITIONS:
-            out[name] = MAX_POSITIONS
-            if name == "max_position_embeddings":
-                main_new = MAX_POSITIONS
+        if _POSITIONS.match(name):
+            new = min(max(value, MIN_POSITIONS), MAX_POSITIONS)
+            if new != value:
+                out[name] = new
+                if name == "max_position_embeddings":
+                    main_new = new
         elif _WINDOW.match(name) and value > WINDOW:
             out[name] = WINDOW
         elif _CHUNK.match(name) and value > CHUNK:
