@@ -21,7 +21,8 @@ Each result is classified by the first stage that fails:
 - ``export``, ``lower``, ``optimize``, ``ort-load`` (session creation, including the save),
   ``ort-run`` (``generate_greedy``);
 - ``ids``: onnxruntime's ids differ from the reference (the detail gives the first differing
-  new token);
+  new token, and the largest logits difference between onnxruntime and eager PyTorch on random
+  inputs, which tells a real difference from a near-tie of the arg-max);
 - ``exact``: equal ids for both prompts.
 
 A worker over its ``--timeout`` is reported in the stage it was in (``Timeout``), a crashed one
@@ -218,7 +219,7 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
 
     import irkit
     from bench.tiny_config import tiny_config, tiny_model
-    from irkit.llm import export_causal_lm, generate_greedy
+    from irkit.llm import causal_lm_feeds, export_causal_lm, generate_greedy, run_eager
 
     # config: the tiny model builds
     start = time.perf_counter()
@@ -277,8 +278,23 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
         return
     progress.time("lower", start)
 
+    def diagnose(session: Any) -> str:
+        """Logits of onnxruntime against eager PyTorch on random inputs (past 5, 3 new tokens):
+        tells a real difference from a near-tie the greedy arg-max fell on."""
+        try:
+            feeds = causal_lm_feeds(lm, batch=2, seq=3, past=5, layout=exported.cache)
+            names = {arg.name for arg in session.get_inputs()}
+            got = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+            want = run_eager(lm, feeds)[0]
+            diff = float(np.abs(got - want).max())
+            return f"logits max |diff| {diff:.2g} (max |logit| {float(np.abs(want).max()):.2g})"
+        except Exception as error:
+            return f"logits not compared: {type(error).__name__}"
+
     for target in targets:
-        _run_target(target, lowered, cases, expected, pad, progress, generate_greedy, irkit, np)
+        _run_target(
+            target, lowered, cases, expected, pad, progress, generate_greedy, irkit, np, diagnose
+        )
 
 
 def _run_target(
@@ -291,6 +307,7 @@ def _run_target(
     generate_greedy: Any,
     irkit: Any,
     np: Any,
+    diagnose: Any,
 ) -> None:
     progress.stage("optimize", [target])
     start = time.perf_counter()
@@ -324,11 +341,12 @@ def _run_target(
             return
         progress.time(f"ort-run-{target}", start)
 
-    for g, e, (ids, _) in zip(got, expected, cases, strict=True):
-        if g.shape != e.shape or not np.array_equal(g, e):
-            progress.results[target]["detail"] = f"batch {len(ids)}: {_first_difference(g, e)}"
-            progress.stage("ids", [target])
-            return
+        for g, e, (ids, _) in zip(got, expected, cases, strict=True):
+            if g.shape != e.shape or not np.array_equal(g, e):
+                detail = f"batch {len(ids)}: {_first_difference(g, e)}; {diagnose(session)}"
+                progress.results[target]["detail"] = detail
+                progress.stage("ids", [target])
+                return
     progress.stage("exact", [target])
 
 
