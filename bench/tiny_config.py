@@ -378,11 +378,11 @@ def _shrink_layer_scalars(values: dict[str, Any], main: int, out: dict[str, Any]
         elif _PERIOD.search(name) and value > main:
             out[name] = main
     for name, value in values.items():
-        if _OFFSET.search(name) and _int(value) and value > 0:
-            period_name = name[: -len("_offset")] + "_period"
-            period = out.get(period_name, values.get(period_name, main))
+        period_name = name[: -len("_offset")] + "_period"
+        if _OFFSET.search(name) and _int(value) and value > 0 and period_name in values:
+            period = out.get(period_name, values[period_name])
             if _int(period) and value > period - 1:
-                out[name] = period - 1
+                out[name] = period - 1  # (an offset without its period, vocab_offset, stays)
 
 
 # --- widths ---------------------------------------------------------------------------------------

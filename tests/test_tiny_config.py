@@ -60,6 +60,11 @@ def test_periods_and_offsets_clamped():
     assert set(attention) == set(experts) == {True, False}
 
 
+def test_an_offset_without_its_period_is_no_layer_offset():
+    cfg = tc.tiny_config("gemma3n")  # ids from vocab_offset on are vision tokens
+    assert cfg.vision_config.vocab_offset >= cfg.text_config.vocab_size
+
+
 def test_short_cycle_raises_the_layer_count():
     cfg = tc.tiny_config("recurrent_gemma")  # block_types: recurrent, recurrent, attention
     assert cfg.num_hidden_layers == 3
