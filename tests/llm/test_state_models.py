@@ -126,8 +126,7 @@ _MAMBA2_LAYOUT = dict(
 @pytest.mark.parametrize(
     ("config_class", "options"),
     [
-        # Mamba1 (selective_scan_fn): conv + recurrent state, no attention layer
-        ("MambaConfig", dict(state_size=16, expand=2)),
+        # (Mamba1, selective_scan_fn, runs end to end in genai below)
         # Mamba2 (mamba_chunk_scan_combined) beside an attention layer, MoE MLPs
         (
             "GraniteMoeHybridConfig",
