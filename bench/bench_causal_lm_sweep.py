@@ -70,7 +70,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _VERSIONS = re.compile(r"\s*with transformers [^()]*\([^)]*\)|\s*\(tested:[^)]*\)")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
-_CAMEL = re.compile(r"\b[A-Za-z][A-Za-z0-9]*[a-z0-9][A-Z][A-Za-z0-9]*\b")
+_CAMEL = re.compile(r"\b[A-Za-z][A-Za-z0-9_]*[a-z0-9][A-Z]\w*\b")
 _KEEP_CAMEL = re.compile(r"(Error|Exception|Warning|Interrupt)$")
 _NUMBER = re.compile(r"\d+(\.\d+)*")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

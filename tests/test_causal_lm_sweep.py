@@ -17,6 +17,11 @@ def test_normalize_strips_what_differs_between_models():
     assert sweep.normalize(lfm2) == sweep.normalize(mamba)
     assert sweep.normalize(lfm2).startswith("ExportError: export_causal_lm: layer N of …")
     assert "\n" not in sweep.normalize(lfm2)
+    qwen = "ExportError: running Qwen3_5ForCausalLM on a 2-token prompt failed: IndexError: x"
+    assert (
+        sweep.normalize(qwen) == "ExportError: running … on a N-token prompt failed: IndexError: x"
+    )
+    assert sweep.normalize("ExportError: running xLSTMForCausalLM on").endswith("running … on")
 
 
 def test_normalize_drops_versions_and_quoted_names():
