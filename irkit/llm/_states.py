@@ -309,7 +309,7 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
 def _state_hooks(model: Any, cache: Any) -> list[Any]:
     """Hooks that make each layer's past recurrent state :func:`~irkit.llm.kernels.layer_state`
     while a module of that layer (``layer_idx``) runs, for kernels called without one."""
-    from irkit.llm.kernels._mask import enter_state, leave_state
+    from irkit.llm.kernels import enter_state, leave_state
 
     hooks = []
     for module in model.modules():

@@ -26,14 +26,16 @@ from types import ModuleType
 from typing import Any
 
 from irkit.llm.kernels import gated_delta, kda, mamba, mamba2
-from irkit.llm.kernels._mask import layer_state, padding_mask, step_mask
+from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
     "KERNELS",
     "contract_name",
     "contract_functions",
     "export_kernels",
+    "enter_state",
     "layer_state",
+    "leave_state",
     "padding_mask",
     "step_mask",
 ]
