@@ -20,16 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from irkit.errors import ExportError
+from irkit.llm.kernels._common import l2norm, refuse
 from irkit.llm.kernels._mask import held
 
 __all__ = ["KERNELS", "gated_delta_rule"]
-
-
-def _l2norm(x: Any, eps: float = 1e-6) -> Any:
-    import torch
-
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 def gated_delta_rule(
@@ -69,11 +63,7 @@ def gated_delta_rule(
     import torch
     from torch._higher_order_ops.scan import scan
 
-    if kwargs.get("cu_seqlens") is not None:
-        raise ExportError(
-            "gated_delta_rule: packed sequences (cu_seqlens) cannot be exported; export the "
-            "model for generation (one sequence per batch row), as irkit.llm does"
-        )
+    refuse("chunk_gated_delta_rule", kwargs)
     dtype = query.dtype
     batch, _, k_heads, k_dim = key.shape
     v_heads, v_dim = value.shape[-2:]
@@ -82,7 +72,7 @@ def gated_delta_rule(
         key = key.repeat_interleave(v_heads // k_heads, dim=2)
     q, k, v, b, decay = (x.to(torch.float32) for x in (query, key, value, beta, g))
     if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = l2norm(q), l2norm(k)
     q = q * k_dim**-0.5
     if initial_state is None:
         state = q.new_zeros(batch, v_heads, k_dim, v_dim)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from irkit.errors import ExportError
+from irkit.llm.kernels._common import l2norm, refuse
 from irkit.llm.kernels._mask import held
 
 if TYPE_CHECKING:
@@ -22,24 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["KERNELS", "chunk_kda", "fused_recurrent_kda"]
 
-# keyword → why the export kernel cannot honour it (a value other than None is refused)
-_REFUSED = {
-    "cu_seqlens": "packed sequences (cu_seqlens) are not supported",
-    "seq_idx": "packed sequences (seq_idx) are not supported",
+_SCALE = {
     "scale": "a query scale other than 1/sqrt(head_dim) is ignored by transformers' reference "
     "and applied by fla; scale the query before the call instead",
 }
-
-
-def _refuse(contract: str, kwargs: dict[str, Any]) -> None:
-    for name, why in _REFUSED.items():
-        if kwargs.get(name) is not None:
-            raise ExportError(f"irkit export kernel {contract!r}: {why}; pass {name}=None")
-
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    # fla's (and the reference's) l2norm: + eps under the root, not max(norm, eps)
-    return x / ((x * x).sum(dim=-1, keepdim=True) + eps).sqrt()
 
 
 def _kda(
@@ -59,7 +45,7 @@ def _kda(
     query, key, value, g, beta = (t.to(torch.float32) for t in (query, key, value, g, beta))
     g, beta = held(g, 1), held(beta, 1)  # pad steps: no decay, no write: the state is held
     if use_qk_l2norm_in_kernel:
-        query, key = _l2norm(query), _l2norm(key)
+        query, key = l2norm(query), l2norm(key)
     query = query * (1 / (query.shape[-1] ** 0.5))
     if initial_state is None:
         batch, _, heads, k_dim = key.shape
@@ -121,7 +107,7 @@ def fused_recurrent_kda(
     Raises:
         ExportError: For a refused keyword.
     """
-    _refuse("fused_recurrent_kda", kwargs)
+    refuse("fused_recurrent_kda", kwargs, _SCALE)
     return _kda(
         query,
         key,
@@ -172,7 +158,7 @@ def chunk_kda(
     Raises:
         ExportError: For a refused keyword.
     """
-    _refuse("chunk_kda", kwargs)
+    refuse("chunk_kda", kwargs, _SCALE)
     return _kda(
         query,
         key,

@@ -18,27 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+from irkit.llm.kernels._common import refuse
 from irkit.llm.kernels._mask import current_state, held
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["KERNELS", "mamba_inner_fn", "selective_scan_fn"]
-
-# keyword → why the export kernel cannot honour it (a value other than None is refused)
-_REFUSED = {
-    "seq_idx": "packed sequences (seq_idx) are not supported",
-    "cu_seqlens": "packed sequences (cu_seqlens) are not supported",
-}
-
-
-def _refuse(contract: str, kwargs: dict[str, Any]) -> None:
-    for name, why in _REFUSED.items():
-        if kwargs.get(name) is not None:
-            raise ExportError(
-                f"irkit export kernel {contract!r}: {why}; export one unpadded sequence per batch "
-                f"row and pass {name}=None (irkit.llm exports batch × sequence inputs)"
-            )
 
 
 def selective_scan_fn(
@@ -100,7 +86,7 @@ def selective_scan_fn(
     import torch.nn.functional as F
     from torch._higher_order_ops.scan import scan
 
-    _refuse("selective_scan_fn", kwargs)
+    refuse("selective_scan_fn", kwargs)
     if B.dim() != 3 or C.dim() != 3:
         raise ExportError(
             "irkit export kernel 'selective_scan_fn': B and C must be input-dependent, "
@@ -203,7 +189,7 @@ def mamba_inner_fn(
     Returns:
         None (the caller takes its unfused path).
     """
-    _refuse("mamba_inner_fn", kwargs)
+    refuse("mamba_inner_fn", kwargs)
     return None
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from irkit.errors import ExportError
+from irkit.llm.kernels._common import refuse
 from irkit.llm.kernels._mask import held
 
 if TYPE_CHECKING:
@@ -29,22 +30,6 @@ __all__ = [
     "mamba_split_conv1d_scan_combined",
     "selective_state_update",
 ]
-
-# keyword → why the export kernel cannot honour it (a value other than None is refused)
-_REFUSED = {
-    "seq_idx": "packed sequences (seq_idx) are not supported",
-    "cu_seqlens": "packed sequences (cu_seqlens) are not supported",
-}
-
-
-def _refuse(contract: str, kwargs: dict[str, Any], extra: dict[str, str] | None = None) -> None:
-    for name, why in {**_REFUSED, **(extra or {})}.items():
-        value = kwargs.get(name)
-        if value is not None and value is not False:
-            raise ExportError(
-                f"irkit export kernel {contract!r}: {why}; pass {name}=None (export one unpadded "
-                "sequence per batch row, as irkit.llm does)"
-            )
 
 
 def _update_mamba1(
@@ -169,7 +154,7 @@ def selective_state_update(
     Raises:
         ExportError: ``state`` of rank other than 3 or 4, or packed sequences.
     """
-    _refuse("selective_state_update", kwargs)
+    refuse("selective_state_update", kwargs)
     if state.dim() == 3:
         return _update_mamba1(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, z)
     if state.dim() == 4:
@@ -228,7 +213,7 @@ def mamba_chunk_scan_combined(
     Raises:
         ExportError: For a refused keyword.
     """
-    _refuse(
+    refuse(
         "mamba_chunk_scan_combined",
         kwargs,
         {
@@ -328,7 +313,7 @@ def mamba_split_conv1d_scan_combined(
     Returns:
         None (the caller takes its unfused path).
     """
-    _refuse("mamba_split_conv1d_scan_combined", kwargs)
+    refuse("mamba_split_conv1d_scan_combined", kwargs)
     return None
 
 
