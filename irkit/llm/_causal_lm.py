@@ -666,7 +666,7 @@ def export_causal_lm(
         return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
     _register_cache_pytree()
 
-    limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+    limit = max_sequence or _positions_limit(model)
     d_batch = torch.export.Dim("batch", max=4096)
     d_seq = torch.export.Dim("sequence", max=limit)
     d_past = torch.export.Dim("past_sequence", max=limit)
@@ -715,10 +715,16 @@ def export_causal_lm(
     )
 
 
+def _positions_limit(model: Any) -> int:
+    """``max_position_embeddings`` where the config has a usable one (XLNet's is -1), else 4096."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit >= 4 else 4096
+
+
 def _dims(model: Any, max_sequence: int | None) -> tuple[Any, Any, Any, Any]:
     import torch
 
-    limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+    limit = max_sequence or _positions_limit(model)
     return (
         torch.export.Dim("batch", max=4096),
         torch.export.Dim("sequence", max=limit),
@@ -740,7 +746,7 @@ def _export_uncached(
     each step reads the whole sequence (:func:`generate_greedy` feeds it so)."""
     import torch
 
-    limit = max_sequence or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+    limit = max_sequence or _positions_limit(model)
     # (below the table's length: learned position tables guard sequence != their length)
     d_batch, d_seq, _, _ = _dims(model, limit - 1)
     feeds = causal_lm_feeds(
