@@ -46,6 +46,7 @@ _NODE_KEYS: dict[str, Callable[[str], object] | None] = {
 _FUNCTION_KEYS: dict[str, Callable[[str], object] | None] = {
     md.OUTLINE_ORIGIN: md.decode_scope,
     md.INVOKE_SUBGRAPH: None,
+    md.CUSTOM_OP: None,
 }
 _MODEL_KEYS: dict[str, Callable[[str], object] | None] = {
     md.CALL_SIGNATURES: md.decode_call_signatures

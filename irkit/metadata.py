@@ -91,11 +91,16 @@ OUTLINE_ORIGIN = "irkit.outline.origin"
 from, ending with that call's own frame. Body nodes' scopes start with it; :func:`irkit.inline`
 uses it to re-root them at each call site."""
 
-# --- Written by irkit.lower on local functions of torch's invoke_subgraph ------------------------
+# --- Written by irkit.lower on the local functions it makes (invoke_subgraph, custom ops) -----
 INVOKE_SUBGRAPH = "irkit.invoke_subgraph"
 """On a local function: the ``invoke_subgraph`` identifier it was lowered from (the user marked
 the block as repeated, e.g. with ``torch.compiler.nested_compile_region``); outlining and
 optimization keep such functions and their calls."""
+
+CUSTOM_OP = "irkit.custom_op"
+"""On a local function: the ``torch.library.custom_op`` (``namespace::name``) whose Python
+implementation is its body (lowered with ``decompose_custom_ops``); outlining and optimization
+keep such functions and their calls, and a rule may replace a call by a runtime's own kernel."""
 
 # --- Written by irkit.rewrite -----------------------------------------------------------------
 REWRITE_RULE = "irkit.rewrite.rule"

@@ -144,9 +144,15 @@ class CausalLMExport:
         """Last dim of the first layer's key tensors (see :attr:`cache`)."""
         return self.cache.keys[0][1]
 
-    def lower_kwargs(self) -> dict[str, list[str]]:
-        """``{"input_names": ..., "output_names": ...}`` for ``irkit.lower(program, **kw)``."""
-        return {"input_names": list(self.input_names), "output_names": list(self.output_names)}
+    def lower_kwargs(self) -> dict[str, Any]:
+        """``irkit.lower(program, **kw)``'s keywords: the input and output names, and
+        ``decompose_custom_ops`` (each mixer's recurrence is a custom op of
+        :mod:`irkit.llm.kernels._ops`: a local function, its Python implementation the body)."""
+        return {
+            "input_names": list(self.input_names),
+            "output_names": list(self.output_names),
+            "decompose_custom_ops": True,
+        }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,11 @@ ONNX shapes of the bodies (ONNX lets a subgraph read any value of an enclosing g
   function per identifier, named like :func:`irkit.outline` names module functions (the Python
   package of the module class as domain, the class name as name) and marked with
   :data:`irkit.metadata.INVOKE_SUBGRAPH` so that outlining and optimization keep it.
+* A ``torch.library.custom_op`` lowered through its Python implementation
+  (``decompose_custom_ops``) → a call of an ONNX local function named after the op (its
+  namespace as domain, its name as name), one function per distinct traced body, marked with
+  :data:`irkit.metadata.CUSTOM_OP`: the op stays one recognizable unit that a rule can replace
+  by a runtime's own kernel (see :func:`lower_custom_op`).
 
 ``torch.export`` records no module stack inside control-flow bodies (measured with torch 2.13),
 so body nodes take the scope of the higher-order op's node.
@@ -49,6 +54,8 @@ __all__ = [
     "is_control_flow",
     "plan_bodies",
     "lower_control_flow",
+    "lower_custom_op",
+    "is_custom_op",
     "SUBGRAPH_DOMAIN",
 ]
 
@@ -499,11 +506,7 @@ def _build_function(ctx: _Context, key: str) -> ir.Function:
     graph.outputs.extend(ctx.outputs(graph, results, "subgraph"))
     for i, out in enumerate(graph.outputs):
         out.name = f"output_{i}"
-    opsets = {"": ctx.emitter.graph.opset_imports.get("", 18)}
-    for body_node in graph:
-        if body_node.domain not in opsets:
-            opsets[body_node.domain] = 1
-    graph.opset_imports.update(opsets)
+    _import_opsets(ctx.emitter, graph)
     function = ir.Function(domain, name, graph=graph, attributes=[])
     function.doc_string = f"torch invoke_subgraph {key!r}"
     function.metadata_props[metadata.INVOKE_SUBGRAPH] = key
@@ -521,17 +524,85 @@ _LOWERINGS: dict[str, Callable[[_Context], Any]] = {
 }
 
 
+def is_custom_op(target: object) -> bool:
+    """Whether ``target`` is an overload of a ``torch.library.custom_op``."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    return isinstance(target, torch._ops.OpOverload) and _maybe_get_opdef(target) is not None
+
+
+def lower_custom_op(
+    emitter: BodyEmitter, frame: Frame, node: torch.fx.Node, body: Decomposition
+) -> Any:
+    """A call of the local function whose body is ``body``, the traced Python implementation of
+    ``node``'s custom op; returns its outputs (recorded, not yet appended).
+
+    Calls whose traced bodies are the same code share one function (a model calls its mixer
+    kernel once per layer). The function's inputs are the node's tensor arguments in order; its
+    Python arguments (flags, scales) are baked into the body.
+    """
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    ctx = _Context(emitter, frame, node, {"body": body})
+    opdef = _maybe_get_opdef(node.target)
+    qualname = opdef._qualname if opdef is not None else str(node.target)
+    key = f"{qualname}\n{body.graph_module.code}"
+    state = emitter.control_flow
+    function = state.functions.get(key)
+    if function is None:
+        domain, _, base = qualname.partition("::")
+        name, k = base, 0
+        while (domain, name) in state.names:
+            k += 1
+            name = f"{base}_{k}"
+        state.names.add((domain, name))
+        inputs = [ctx.new_input(p, p.name) for p in _placeholders(ctx, "body")]
+        graph = ir.Graph(inputs, [], nodes=[], name=name)
+        results = ctx.emit("body", inputs, graph, prefix="")
+        graph.outputs.extend(ctx.outputs(graph, results, "body"))
+        for i, out in enumerate(graph.outputs):
+            out.name = f"output_{i}"
+        _import_opsets(emitter, graph)
+        function = state.functions[key] = ir.Function(domain, name, graph=graph, attributes=[])
+        function.doc_string = f"torch custom op {qualname} (its Python implementation)"
+        function.metadata_props[metadata.CUSTOM_OP] = qualname
+        emitter.graph.opset_imports.setdefault(domain, 1)
+        emitter.recorder.functions[function.identifier()] = function
+    import torch.utils._pytree as pytree
+
+    flat, _ = pytree.tree_flatten((node.args, node.kwargs))
+    args = [ctx.as_value(a) for a in flat if isinstance(a, torch.fx.Node)]
+    outputs = ctx.record(
+        ir.Node(
+            function.domain, function.name, args, outputs=ctx.node_outputs(len(function.outputs))
+        )
+    )
+    return outputs if isinstance(node.meta.get("val"), (list, tuple)) else outputs[0]
+
+
+def _import_opsets(emitter: BodyEmitter, graph: ir.Graph) -> None:
+    """Give a function body the main graph's default opset and every domain its nodes use."""
+    opsets = {"": emitter.graph.opset_imports.get("", 18)}
+    for body_node in graph:
+        if body_node.domain not in opsets:
+            opsets[body_node.domain] = 1
+    graph.opset_imports.update(opsets)
+
+
 def convert_keeping_functions(model: ir.Model, convert: Callable[[ir.Model], None]) -> None:
-    """Run an opset conversion on ``model`` without inlining its ``invoke_subgraph`` functions.
+    """Run an opset conversion on ``model`` without inlining its ``invoke_subgraph`` and custom
+    op functions.
 
     onnxscript's version converter inlines every local function first; the functions the user
-    marked as repeated are taken out, the main graph converted, and each function body converted
-    on its own (a body's calls of other functions are left alone by the converter).
+    marked as repeated (and those of custom ops) are taken out, the main graph converted, and each
+    function body converted on its own (a body's calls of other functions are left alone by the
+    converter).
     """
     kept = {
         key: function
         for key, function in model.functions.items()
         if metadata.INVOKE_SUBGRAPH in function.metadata_props
+        or metadata.CUSTOM_OP in function.metadata_props
     }
     for key in kept:
         del model.functions[key]

@@ -12,7 +12,12 @@ from onnxscript import evaluator as os_evaluator
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from irkit.errors import IrkitError, LoweringError, LoweringOptionsError, OpCallError
-from irkit.lowering._control_flow import ControlFlowState, lower_control_flow
+from irkit.lowering._control_flow import (
+    ControlFlowState,
+    is_custom_op,
+    lower_control_flow,
+    lower_custom_op,
+)
 from irkit.lowering._plan_types import Choice, Decomposition, Env, Frame, Plan, Via
 from irkit.lowering._promotion import input_casts, output_cast
 from irkit.lowering._rank0 import is_rank0_dim_op, lift_rank0, lower_to_rank0
@@ -262,7 +267,11 @@ class Emitter:
                 return
         stamp_node = frame.stamp_from or node
         try:
-            if choice.via is Via.DECOMPOSE:
+            if choice.via is Via.DECOMPOSE and is_custom_op(node.target):
+                body = frame.plan.decompositions[node]
+                outputs = lower_custom_op(self, frame, node, body)
+                self._finish(frame, node, outputs, self.stamper.props(stamp_node))
+            elif choice.via is Via.DECOMPOSE:
                 outputs = self._decomposed(frame, node)
             elif choice.via is Via.REGION:
                 outputs = self._region(frame, node)

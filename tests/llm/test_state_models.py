@@ -5,6 +5,7 @@ conv and recurrent states, keys/values on its attention layer; LFM2 — conv sta
 
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 
@@ -54,13 +55,26 @@ def _model(config: object) -> object:
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.fixture(scope="module")
-def qwen35_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, object]:
-    root = tmp_path_factory.mktemp("qwen35")
+@pytest.fixture(scope="module", params=["onnx", "ort"])
+def qwen35_folder(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[pathlib.Path, object]:
+    """A Qwen3.5 folder exported for each target: standard ops (the gated delta rule a ``Scan``
+    in the kernel's function) and ``ort`` (onnxruntime's ``LinearAttention``)."""
+    root = tmp_path_factory.mktemp(f"qwen35_{request.param}")
     model = _model(_qwen35())
     folder = gs.save_folder(root / "hf", model, gs.tokenizer(vocab_size=VOCAB))
-    assert main(["export", str(folder), "-o", str(root / "out"), "-q"]) == 0
+    out = str(root / "out")
+    assert main(["export", str(folder), "-o", out, "-q", "--target", request.param]) == 0
     return root, model
+
+
+def _op_counts(path: pathlib.Path) -> collections.Counter:
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    graphs = [proto.graph, *proto.functions]
+    return collections.Counter(f"{n.domain}::{n.op_type}" for g in graphs for n in g.node)
 
 
 def _check_against_eager(path: pathlib.Path, model: object, layout: object) -> None:
@@ -74,6 +88,13 @@ def _check_against_eager(path: pathlib.Path, model: object, layout: object) -> N
 
 def test_qwen35_names_and_genai_config(qwen35_folder) -> None:
     root, _ = qwen35_folder
+    counts = _op_counts(root / "out" / "model.onnx")
+    if "qwen35_ort" in root.name:  # the recurrence is onnxruntime's kernel, no Scan is left
+        assert counts["com.microsoft::LinearAttention"] == 1
+        assert counts["::Scan"] == 0
+    else:  # standard ops: one call of the kernel's function, a Scan in its body
+        assert counts["irkit_kernels::gated_delta"] == 1
+        assert counts["::Scan"] == 1 and counts["com.microsoft::LinearAttention"] == 0
     session = ort.InferenceSession(str(root / "out" / "model.onnx"))
     names = {arg.name: arg.shape for arg in session.get_inputs()}
     # layer 0 (gated delta net): conv state (batch, 2·16·2 + 4·16, K - 1), recurrent state

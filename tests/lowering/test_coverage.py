@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import irkit
+from irkit import metadata
 from tests import helpers
 
 F = nn.functional
@@ -543,6 +544,39 @@ def test_custom_op_python_implementation_is_traced_only_when_asked():
     with pytest.raises(irkit.UnsupportedOpError):
         irkit.lower(ep)
     model = irkit.lower(ep, decompose_custom_ops=True)
+    expected = helpers.flatten_outputs(module(x))
+    helpers.assert_close(helpers.run_ort(model, [x]), expected, 1e-5)
+
+
+class TwoGroupedCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 4, 4))
+
+    def forward(self, x):
+        y = torch.ops.irkit_test_cov.grouped_mm(x, self.w, [2, 3]).relu()
+        z = torch.ops.irkit_test_cov.grouped_mm(y, self.w * 2, [2, 3])
+        return z + torch.ops.irkit_test_cov.grouped_mm(x, self.w, [1, 4])
+
+
+def test_a_traced_custom_op_is_a_local_function_named_after_it():
+    # one function per distinct traced body (sizes [2, 3] twice, [1, 4] once), each marked
+    # with the op it implements; optimize keeps them (a rule may replace the calls)
+    x = torch.randn(5, 4)
+    module = TwoGroupedCalls()
+    ep = torch.export.export(module, (x,))
+    model = irkit.lower(ep, decompose_custom_ops=True, functions=False)
+    calls = [n.op_type for n in model.graph if n.domain == "irkit_test_cov"]
+    assert calls == ["grouped_mm", "grouped_mm", "grouped_mm_1"]
+    assert sorted(model.functions) == [
+        ("irkit_test_cov", "grouped_mm", ""),
+        ("irkit_test_cov", "grouped_mm_1", ""),
+    ]
+    for function in model.functions.values():
+        assert function.metadata_props[metadata.CUSTOM_OP] == "irkit_test_cov::grouped_mm"
+    irkit.optimize(model)
+    irkit.check(model)
+    assert len(model.functions) == 2
     expected = helpers.flatten_outputs(module(x))
     helpers.assert_close(helpers.run_ort(model, [x]), expected, 1e-5)
 

@@ -61,7 +61,8 @@ def gated_delta_rule(
         ExportError: Packed sequences (``cu_seqlens``) were asked for.
     """
     import torch
-    from torch._higher_order_ops.scan import scan
+
+    from irkit.llm.kernels._ops import gated_delta
 
     refuse("chunk_gated_delta_rule", kwargs)
     dtype = query.dtype
@@ -78,17 +79,8 @@ def gated_delta_rule(
         state = q.new_zeros(batch, v_heads, k_dim, v_dim)
     else:
         state = initial_state.to(torch.float32)
-
     decay, b = held(decay, 1), held(b, 1)  # a pad step: no decay (exp 0 = 1), no write (β = 0)
-
-    def step(s: Any, x: Any) -> tuple[Any, Any]:
-        q_t, k_t, v_t, d_t, b_t = x
-        s = s * d_t.exp()[..., None, None]
-        delta = (v_t - (s * k_t[..., None]).sum(-2)) * b_t[..., None]
-        s = s + k_t[..., None] * delta[..., None, :]
-        return s.clone(), (s * q_t[..., None]).sum(-2)
-
-    final, out = scan(step, state, (q, k, v, decay, b), dim=1)
+    out, final = gated_delta(q, k, v, decay, b, state)
     return out.to(dtype), (final if output_final_state else None)
 
 

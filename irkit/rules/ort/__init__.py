@@ -2,20 +2,22 @@
 
 Each module exports ``rules`` (its docstring states the identity and the preconditions):
 
-================================  ===========================================================
-module                            identity
-================================  ===========================================================
-:mod:`irkit.rules.ort.attention`  opset-23 ``Attention`` / ``RotaryEmbedding`` →
-                                  ``GroupQueryAttention`` (``do_rotary``),
-                                  ``MultiHeadAttention``, contrib ``RotaryEmbedding``
-:mod:`irkit.rules.ort.packed`     ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split``
-                                  (Q/K/V, gate/up)
-:mod:`irkit.rules.ort.skip_norm`  residual add + RMS / layer norm →
-                                  ``SkipSimplifiedLayerNormalization`` /
-                                  ``SkipLayerNormalization`` (the sum is an output too)
-:mod:`irkit.rules.ort.matmul`     ``MatMul`` with transposed operands → ``FusedMatMul``
-:mod:`irkit.rules.ort.gelu`       ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
-================================  ===========================================================
+=========================================  =========================================================
+module                                     identity
+=========================================  =========================================================
+:mod:`irkit.rules.ort.attention`           opset-23 ``Attention`` / ``RotaryEmbedding`` →
+                                           ``GroupQueryAttention`` (``do_rotary``),
+                                           ``MultiHeadAttention``, contrib ``RotaryEmbedding``
+:mod:`irkit.rules.ort.packed`              ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split``
+                                           (Q/K/V, gate/up)
+:mod:`irkit.rules.ort.skip_norm`           residual add + RMS / layer norm →
+                                           ``SkipSimplifiedLayerNormalization`` /
+                                           ``SkipLayerNormalization`` (the sum is an output too)
+:mod:`irkit.rules.ort.matmul`              ``MatMul`` with transposed operands → ``FusedMatMul``
+:mod:`irkit.rules.ort.gelu`                ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
+:mod:`irkit.rules.ort.linear_attention`    irkit's state-mixer kernel functions
+                                           (``irkit_kernels::gated_delta``) → ``LinearAttention``
+=========================================  =========================================================
 
 :func:`default_rules` is what ``irkit.optimize(model, target="ort")`` applies: the ``"onnx"``
 fusions first (``RMSNormalization``, ``LayerNormalization``, ``Gelu`` … that these rules start
@@ -41,9 +43,18 @@ from __future__ import annotations
 from irkit import rules as library
 from irkit.rewriting import RuleSet
 from irkit.rules import glue
-from irkit.rules.ort import attention, gelu, matmul, packed, skip_norm
+from irkit.rules.ort import attention, gelu, linear_attention, matmul, packed, skip_norm
 
-__all__ = ["attention", "gelu", "matmul", "packed", "skip_norm", "contrib_rules", "default_rules"]
+__all__ = [
+    "attention",
+    "gelu",
+    "linear_attention",
+    "matmul",
+    "packed",
+    "skip_norm",
+    "contrib_rules",
+    "default_rules",
+]
 
 _SKIP_NORM_RULES = skip_norm.rules  # (the functions' ``skip_norm`` flag shadows the module)
 
@@ -82,7 +93,9 @@ def contrib_rules(
     # the head reshapes the attention fusions leave around the 3-D contrib ops (``to3``/``to4``)
     # meet the model's own: the chains that come back to their input's shape are identities
     shapes = RuleSet("ort_shapes", [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand()])
-    return RuleSet("ort_contrib", [*members, gelu.rules, matmul.rules, shapes])
+    return RuleSet(
+        "ort_contrib", [*members, linear_attention.rules, gelu.rules, matmul.rules, shapes]
+    )
 
 
 def default_rules(
