@@ -55,7 +55,6 @@ __all__ = [
     "plan_bodies",
     "lower_control_flow",
     "lower_custom_op",
-    "is_custom_op",
     "SUBGRAPH_DOMAIN",
 ]
 
@@ -522,13 +521,6 @@ _LOWERINGS: dict[str, Callable[[_Context], Any]] = {
     "map": _map_impl,
     "invoke_subgraph": _invoke_subgraph,
 }
-
-
-def is_custom_op(target: object) -> bool:
-    """Whether ``target`` is an overload of a ``torch.library.custom_op``."""
-    from torch._library.custom_ops import _maybe_get_opdef
-
-    return isinstance(target, torch._ops.OpOverload) and _maybe_get_opdef(target) is not None
 
 
 def lower_custom_op(

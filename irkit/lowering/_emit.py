@@ -14,7 +14,6 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 from irkit.errors import IrkitError, LoweringError, LoweringOptionsError, OpCallError
 from irkit.lowering._control_flow import (
     ControlFlowState,
-    is_custom_op,
     lower_control_flow,
     lower_custom_op,
 )
@@ -267,7 +266,7 @@ class Emitter:
                 return
         stamp_node = frame.stamp_from or node
         try:
-            if choice.via is Via.DECOMPOSE and is_custom_op(node.target):
+            if choice.via is Via.DECOMPOSE and frame.plan.decompositions[node].custom_op:
                 body = frame.plan.decompositions[node]
                 outputs = lower_custom_op(self, frame, node, body)
                 self._finish(frame, node, outputs, self.stamper.props(stamp_node))

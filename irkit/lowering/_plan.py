@@ -18,7 +18,7 @@ from irkit.errors import LoweringError, UnsupportedOpError
 from irkit.lowering._control_flow import plan_bodies
 from irkit.lowering._plan_types import Choice, Decomposition, Plan, Via
 from irkit.lowering._regions import region_body, region_op
-from irkit.lowering._registry import LoweringTable
+from irkit.lowering._registry import LoweringTable, custom_op_implementation
 from irkit.lowering._source import node_location
 from irkit.lowering._source import op_name as _op_name
 from irkit.lowering._trace import ASSUMPTIONS, trace_decomposition
@@ -149,7 +149,10 @@ def _plan_decomposition(
         sub_missing = _Missing()
         sub_plan = _plan_graph(gm.graph, table, sub_missing, depth + 1, decomposing)
         if not sub_missing:
-            return Decomposition(gm, sub_plan)
+            own = isinstance(node.target, torch._ops.OpOverload) and (
+                fn in custom_op_implementation(node.target)
+            )
+            return Decomposition(gm, sub_plan, custom_op=own)
         inner = ", ".join(
             f"{name} ({sub_missing.reasons[name]})" if name in sub_missing.reasons else name
             for name in sub_missing.nodes

@@ -59,6 +59,9 @@ class Decomposition:
 
     graph_module: torch.fx.GraphModule
     plan: Plan
+    custom_op: bool = False
+    """Traced from a ``torch.library.custom_op``'s own Python implementation
+    (``decompose_custom_ops``): emitted as a local function named after the op."""
 
 
 @dataclasses.dataclass

@@ -178,13 +178,13 @@ class LoweringTable:
                 return Choice(Via.INPLACE, functional=functional)
             candidates = decompositions(target)
             if self._decompose_custom_ops:
-                candidates += _custom_op_implementation(target)
+                candidates += custom_op_implementation(target)
             if candidates:
                 return Choice(Via.DECOMPOSE, candidates[0], candidates=candidates)
         return None
 
 
-def _custom_op_implementation(target: torch._ops.OpOverload) -> tuple[Callable[..., Any], ...]:
+def custom_op_implementation(target: torch._ops.OpOverload) -> tuple[Callable[..., Any], ...]:
     """The Python implementation of a ``torch.library.custom_op``, to trace like a decomposition."""
     from torch._library.custom_ops import _maybe_get_opdef
 

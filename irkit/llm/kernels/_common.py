@@ -38,8 +38,14 @@ def refuse(
             )
 
 
-def l2norm(x: Any, eps: float = 1e-6) -> Any:
-    """``x / sqrt(Σ x² + eps)`` over the last axis (flash-linear-attention's form)."""
+def l2norm(x: Any, eps: float = 1e-6, scale: float = 1.0) -> Any:
+    """``scale · x / sqrt(Σ x² + eps)`` over the last axis (flash-linear-attention's form).
+
+    Written as the RMS norm it equals, ``x · rsqrt(mean(x²) + eps/d) · w`` with ``w`` the
+    ``d``-vector ``scale/√d``: ``irkit.optimize`` fuses it into one ``RMSNormalization``.
+    """
     import torch
 
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+    d = x.shape[-1]
+    weight = torch.full((d,), scale * d**-0.5, dtype=x.dtype, device=x.device)
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps / d) * weight

@@ -13,7 +13,9 @@ Ops (all tensors float32; ``(batch, tokens, heads, dim)`` layout, one state per 
 
 - ``irkit_kernels::gated_delta(q, k, v, decay, beta, state) -> (out, final)``: per token ``t``
   ``S = exp(decay_t)·S``, ``S = S + k_t ⊗ (β_t·(v_t − Sᵀk_t))``, ``o_t = Sᵀ q_t`` — onnxruntime's
-  ``LinearAttention(update_rule="gated_delta", scale=1)`` with the query already scaled.
+  ``LinearAttention(update_rule="gated_delta", scale=1)`` with the query already scaled. ``q``
+  and ``k`` may have fewer heads than ``v``: each query/key head serves that many consecutive
+  value heads (the contrib op's grouping, ``q_num_heads`` < ``kv_num_heads``).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ def _gated_delta(
     """The gated delta rule over the tokens (see the module docstring).
 
     Args:
-        query: ``(batch, tokens, heads, k_dim)``, scaled already.
-        key: ``(batch, tokens, heads, k_dim)``.
-        value: ``(batch, tokens, heads, v_dim)``.
+        query: ``(batch, tokens, k_heads, k_dim)``, scaled already.
+        key: ``(batch, tokens, k_heads, k_dim)``.
+        value: ``(batch, tokens, heads, v_dim)``; ``heads`` a multiple of ``k_heads``.
         decay: ``(batch, tokens, heads)``, log space (≤ 0).
         beta: ``(batch, tokens, heads)``, write strength.
         state: ``(batch, heads, k_dim, v_dim)``, the state before the first token.
@@ -62,6 +64,9 @@ def _gated_delta(
         s = s + k_t[..., None] * delta[..., None, :]
         return [s.clone(), (s * q_t[..., None]).sum(-2)]
 
+    if query.shape[2] != value.shape[2]:
+        query = query.repeat_interleave(value.shape[2] // query.shape[2], dim=2)
+        key = key.repeat_interleave(value.shape[2] // key.shape[2], dim=2)
     out, final = _scan_tokens(step, state, query, key, value, decay, beta)
     return out, final
 

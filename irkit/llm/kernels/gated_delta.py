@@ -66,15 +66,13 @@ def gated_delta_rule(
 
     refuse("chunk_gated_delta_rule", kwargs)
     dtype = query.dtype
-    batch, _, k_heads, k_dim = key.shape
+    batch, _, _, k_dim = key.shape
     v_heads, v_dim = value.shape[-2:]
-    if k_heads != v_heads:
-        query = query.repeat_interleave(v_heads // k_heads, dim=2)
-        key = key.repeat_interleave(v_heads // k_heads, dim=2)
     q, k, v, b, decay = (x.to(torch.float32) for x in (query, key, value, beta, g))
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
-    q = q * k_dim**-0.5
+    if use_qk_l2norm_in_kernel:  # (the query's scale inside its norm: one RMSNormalization)
+        q, k = l2norm(q, scale=k_dim**-0.5), l2norm(k)
+    else:
+        q = q * k_dim**-0.5
     if initial_state is None:
         state = q.new_zeros(batch, v_heads, k_dim, v_dim)
     else:

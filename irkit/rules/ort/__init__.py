@@ -17,6 +17,8 @@ module                                     identity
 :mod:`irkit.rules.ort.gelu`                ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
 :mod:`irkit.rules.ort.linear_attention`    irkit's state-mixer kernel functions
                                            (``irkit_kernels::gated_delta``) → ``LinearAttention``
+:mod:`irkit.rules.ort.gated_norm`          RMS norm · SiLU(gate) → ``GatedRMSNorm``
+:mod:`irkit.rules.ort.softplus`            torch's thresholded softplus → ``Softplus``
 =========================================  =========================================================
 
 :func:`default_rules` is what ``irkit.optimize(model, target="ort")`` applies: the ``"onnx"``
@@ -43,15 +45,26 @@ from __future__ import annotations
 from irkit import rules as library
 from irkit.rewriting import RuleSet
 from irkit.rules import glue
-from irkit.rules.ort import attention, gelu, linear_attention, matmul, packed, skip_norm
+from irkit.rules.ort import (
+    attention,
+    gated_norm,
+    gelu,
+    linear_attention,
+    matmul,
+    packed,
+    skip_norm,
+    softplus,
+)
 
 __all__ = [
     "attention",
+    "gated_norm",
     "gelu",
     "linear_attention",
     "matmul",
     "packed",
     "skip_norm",
+    "softplus",
     "contrib_rules",
     "default_rules",
 ]
@@ -94,7 +107,16 @@ def contrib_rules(
     # meet the model's own: the chains that come back to their input's shape are identities
     shapes = RuleSet("ort_shapes", [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand()])
     return RuleSet(
-        "ort_contrib", [*members, linear_attention.rules, gelu.rules, matmul.rules, shapes]
+        "ort_contrib",
+        [
+            *members,
+            linear_attention.rules,
+            gated_norm.rules,
+            softplus.rules,
+            gelu.rules,
+            matmul.rules,
+            shapes,
+        ],
     )
 
 

@@ -1,6 +1,7 @@
 """irkit's gated delta kernel (``irkit_kernels::gated_delta``, a local function of standard ops)
 → onnxruntime's ``LinearAttention``: fires with the same numbers as the kernel's own body, at
-prefill and decode, and declines what the contrib op would compute otherwise (``explain``)."""
+prefill and decode, with two value heads per query/key head (the op's grouping), and declines
+what the contrib op would compute otherwise (``explain``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.helpers import run_ort
 torch = pytest.importorskip("torch")
 from irkit.llm.kernels._ops import gated_delta  # noqa: E402
 
-HEADS, K_DIM, V_DIM = 3, 8, 5
+K_HEADS, HEADS, K_DIM, V_DIM = 2, 4, 8, 5
 
 
 class Mixer(torch.nn.Module):
@@ -33,10 +34,10 @@ def _inputs(batch: int, tokens: int, dtype=None, seed: int = 0) -> tuple:
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(dtype)
 
-    k = torch.nn.functional.normalize(rand(batch, tokens, HEADS, K_DIM).float(), dim=-1).to(dtype)
+    k = torch.nn.functional.normalize(rand(batch, tokens, K_HEADS, K_DIM).float(), dim=-1)
     return (
-        rand(batch, tokens, HEADS, K_DIM),
-        k,
+        rand(batch, tokens, K_HEADS, K_DIM),
+        k.to(dtype),
         rand(batch, tokens, HEADS, V_DIM),
         -torch.rand(batch, tokens, HEADS, generator=gen).to(dtype),
         torch.rand(batch, tokens, HEADS, generator=gen).to(dtype),
