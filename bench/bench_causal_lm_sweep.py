@@ -34,12 +34,11 @@ types whose tiny model builds.
 
 Usage::
 
-    PYTHONPATH=$PWD:$PWD/tests/site nice -n 15 python bench/bench_causal_lm_sweep.py \\
+    PYTHONPATH=$PWD nice -n 15 python bench/bench_causal_lm_sweep.py \\
         [--only llama,gpt2] [--skip gemma3n] [--jobs 1] [--timeout 600] \\
         [--target onnx|ort|both] [--json sweep.json]
 
-``PYTHONPATH`` must hold the repository (``bench.tiny_config``) and ``tests/site`` (the
-torchvision stand-in many ``transformers.models.*`` imports need); the workers inherit it.
+``PYTHONPATH`` must hold the repository (``bench.tiny_config``); the workers inherit it.
 """
 
 from __future__ import annotations
@@ -357,7 +356,7 @@ def _run_one(model_type: str, targets: list[str], timeout: float) -> list[dict[s
     with tempfile.TemporaryDirectory(prefix="irkit-sweep-worker-") as folder:
         result_path = pathlib.Path(folder) / "result.json"
         env = dict(os.environ)
-        paths = [str(ROOT), str(ROOT / "tests" / "site"), env.get("PYTHONPATH", "")]
+        paths = [str(ROOT), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", model_type]
         target = "both" if len(targets) > 1 else targets[0]

@@ -18,7 +18,7 @@ the largest tensor, the embedding or ``lm_head``)::
 free space, pass ``--layers`` and read the projection.
 
 Usage: ``python bench/bench_export_7b.py [--layers 32] [--vocab 32000] [--workdir DIR] [--keep]
-[--json]`` (run with ``PYTHONPATH=$PWD:$PWD/tests/site``).
+[--json]`` (run with ``PYTHONPATH=$PWD``).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _tokenizer(folder: pathlib.Path, vocab: int) -> None:
 def run_export(folder: pathlib.Path, out: pathlib.Path) -> tuple[int, float, str]:
     """``irkit export`` in a child process: (its peak RSS in bytes, wall seconds, stderr)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests" / "site")])
+    env["PYTHONPATH"] = str(REPO)
     cmd = [sys.executable, "-c", _CHILD, "export", str(folder), "-o", str(out), "--overwrite"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

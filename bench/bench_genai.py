@@ -11,7 +11,7 @@ whole-model load counts:
   the default, or ``ort``: onnxruntime's contrib ops)
 - ``builder``: ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu``
 
-(both with ``PYTHONPATH=<repo>:<repo>/tests/site``: the torchvision stand-in). Both folders get
+(both with ``PYTHONPATH=<repo>``). Both folders get
 ``session_options`` ``intra_op_num_threads: 1`` / ``inter_op_num_threads: 1`` in their
 ``genai_config.json`` and run in ``og.Generator`` on ORT CPU: a prompt of 128 tokens
 (``append_tokens``: the prefill), then 128 tokens decoded one ``generate_next_token`` at a time
@@ -31,7 +31,7 @@ this module's functions (:func:`save_folder`, :func:`export_rounds`, :func:`gene
 
 Usage: ``python bench/bench_genai.py [--size ref|1b] [--precision fp32|int4] [--target onnx|ort]
 [--rounds 5] [--export-rounds 5] [--export-only] [--profile] [--workdir DIR]`` (run with
-``PYTHONPATH=$PWD:$PWD/tests/site``).
+``PYTHONPATH=$PWD``).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def make_prompt(vocab: int, length: int = PROMPT) -> list[int]:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests" / "site")])
+    env["PYTHONPATH"] = str(REPO)
     return env
 
 

@@ -29,7 +29,7 @@ as the whole recurrence).
 
 Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--precision fp32 int4]
 [--target onnx|ort] [--rounds 5] [--export-rounds 5] [--profile] [--workdir DIR]`` (run with
-``PYTHONPATH=$PWD:$PWD/tests/site``).
+``PYTHONPATH=$PWD``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ Targets (issue 24): int4 decode <= 0.9x, int4 prefill <= 1.0x, int8 <= 0.9x the 
 per decode step <= builder + 20%; non-MatMulNBits, non-attention kernels <= 10%. On a busy
 machine the figures are indicative: rerun on a quiet one.
 
-Usage: ``PYTHONPATH=$PWD:$PWD/tests/site python bench/bench_quantize.py [--sizes ref,wide]
+Usage: ``PYTHONPATH=$PWD python bench/bench_quantize.py [--sizes ref,wide]
 [--rounds 7] [--threads 1,2] [--workdir DIR] [--no-decode-rules] [--top 4] [--no-spin]`` (the
 builder runs with the same ``PYTHONPATH``; ``--top`` is the number of glue ops listed per
 model; ``--no-spin``: see :func:`session`).

@@ -234,7 +234,7 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
     if path.is_dir():
         raise ModelLoadError(f"{str(path)!r}: is a directory, not an ONNX file")
     try:
-        model = _with_weightless(ir.load(path), path, load_external_data)
+        model = _with_weightless(_read(path), path, load_external_data)
     except ModelLoadError:
         raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises various
@@ -251,6 +251,28 @@ def load(path: str | os.PathLike[str], *, load_external_data: bool = True) -> ir
         )
     if load_external_data:
         check_external_data(model, path)
+    return model
+
+
+def _read(path: pathlib.Path) -> ir.Model:
+    """``onnx_ir.load`` of ``path``, with the types and shapes of function inputs kept.
+
+    onnx-ir (1.1) deserializes a function's inputs from their names alone, dropping the
+    ``value_info`` entries it wrote for them: each is applied here to the input it names, where
+    the input has no type and no shape (the library's own, where a version reads them, wins).
+    """
+    proto = onnx.load(path, load_external_data=False)  # weights are memory-mapped on use
+    model = ir.serde.deserialize_model(proto)
+    ir.external_data.set_base_dir(model.graph, path.parent)
+    for function_proto in proto.functions:
+        function = model.functions[
+            (function_proto.domain, function_proto.name, function_proto.overload)
+        ]
+        infos = {info.name: info for info in function_proto.value_info}
+        for value in function.inputs:
+            info = infos.get(value.name or "")
+            if info is not None and value.type is None and value.shape is None:
+                ir.serde.deserialize_value_info_proto(info, value)
     return model
 
 

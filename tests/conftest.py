@@ -14,16 +14,6 @@ import os
 import pytest
 from hypothesis import settings
 
-from tests import torchvision_ops
-
-# torchvision's CUDA wheel cannot load its C++ ops beside the CPU torch, and transformers, timm
-# and diffusers import torchvision: stand in for the ops (only if they fail to load).
-torchvision_ops.install()
-# ... and so do the Python subprocesses the tests start (the demo, the command line, tools):
-# tests/site/sitecustomize.py applies the same stand-in when they import torchvision.
-_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
-
 # Under pytest-xdist the workers share the cores: torch's intra-op pool sized for every core in
 # each worker would oversubscribe them (workers × cores threads), so each gets its share.
 if os.environ.get("PYTEST_XDIST_WORKER"):

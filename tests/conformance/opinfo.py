@@ -37,7 +37,7 @@ import re
 import traceback
 import types
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -131,6 +131,36 @@ def find_op(name: str, variant: str = "") -> Any:
     except KeyError:
         close = sorted(f"{n}.{v}" if v else n for n, v in _ops_by_key() if n.startswith(name[:4]))
         raise KeyError(f"no OpInfo {name!r} variant {variant!r}; similar: {close[:10]}") from None
+
+
+class OpDbCaseGone(UserWarning):
+    """A case of irkit's tables that the installed torch's op_db no longer has."""
+
+
+def missing_from_op_db(
+    cases: Iterable[tuple[str, str, str]],
+    known: Collection[tuple[str, str, str]],
+    *,
+    installed_torch: str,
+    table_torch: str,
+    what: str,
+) -> list[str]:
+    """The ids of ``cases`` not in ``known`` (the installed op_db's cases), reported.
+
+    Under the torch the tables were made from (``table_torch``) a missing case is a mistake in
+    the table: ``AssertionError``. Under another torch, whose op_db may drop cases (torch 2.15's
+    has no float32 ``cholesky`` or ``qr``), each is named in one :class:`OpDbCaseGone` warning
+    (pytest's warnings summary), and the suite runs the cases that remain.
+    """
+    missing = [case_id(*c) for c in cases if c not in known]
+    if missing:
+        message = (
+            f"{len(missing)} {what} not in torch {installed_torch}'s op_db (the tables were "
+            f"made from torch {table_torch}'s): {', '.join(missing)}"
+        )
+        assert installed_torch != table_torch, message
+        warnings.warn(OpDbCaseGone(message), stacklevel=2)
+    return missing
 
 
 def all_cases(dtypes: Sequence[str] = tuple(DTYPES)) -> list[tuple[str, str, str]]:

@@ -30,7 +30,7 @@ GB = 10**9
 def test_7b_slice_export_peak_rss_and_projection(tmp_path):
     if shutil.disk_usage(tmp_path).free < 4 * GB:
         pytest.skip(f"{tmp_path}: less than 4 GB free for the 2.8 GB slice and its export")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "site")])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [
             sys.executable,
