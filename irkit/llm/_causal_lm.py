@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -175,6 +176,64 @@ def _versions() -> str:
     )
 
 
+_SPECIALIZED = re.compile(
+    r"marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)"
+)
+_GUARDED = re.compile(r"Not all values of (\w+) = .* satisfy the generated guard (.*?)\.?$")
+_DATA_BRANCH = re.compile(r"Could not guard on data-dependent expression (.+?) \(unhinted")
+_SUGGESTED = re.compile(r"^\s+(\w+) = (Dim\(.*\)|\d+)\s*$")
+
+
+def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
+    """The reason of a ``torch.export`` constraint violation on the sequence dims, or of a
+    branch on tensor values, with a remedy, or None for another error.
+
+    A dim the model's own code makes a constant (a Python loop or branch over the tokens: a
+    recurrence without an export kernel) cannot be exported dynamic at all; a dim the code
+    bounds (a position table, a bucket count) can, below the bound torch suggests.
+    """
+    text = str(exc)
+    branch = _DATA_BRANCH.search(text)
+    if branch:
+        return ExportError(
+            f"export_causal_lm: {model}'s forward branches on tensor values ({branch.group(1)}: "
+            "data-dependent control flow, e.g. skipping experts no token chose), which one "
+            f"traced program cannot hold ({_versions()}). Remedy: none for this model in irkit "
+            "yet; run it in PyTorch, or report it (the branch written as torch.cond, or "
+            "without the branch, would export)"
+        )
+    if "Constraints violated" not in text:
+        return None
+    constant = dict(_SPECIALIZED.findall(text))
+    guards = {m.group(1): m.group(2) for line in text.splitlines() if (m := _GUARDED.search(line))}
+    fixes = [m.group(0).strip() for line in text.splitlines() if (m := _SUGGESTED.match(line))]
+    if constant:
+        dims = ", ".join(f"{dim} (to {size}, the example's)" for dim, size in constant.items())
+        return ExportError(
+            f"export_causal_lm: {model}'s forward specializes {dims}: its code loops or branches "
+            "over the tokens in Python (a recurrence over the sequence without an irkit export "
+            "kernel, a token-by-token position loop), so no one program serves every prompt "
+            f"length ({_versions()}). Remedy: none for this model in irkit yet; run it in "
+            "PyTorch, or add an export kernel for its recurrence (docs/llm.md, 'Export "
+            "kernels'); torch.export's suggestion: " + ("; ".join(fixes) or "none")
+        )
+    if guards:
+        dims = "; ".join(f"{dim} only where {guard}" for dim, guard in guards.items())
+        bounded = [fix for fix in fixes if "max=" in fix]
+        remedy = (
+            f"pass max_sequence at most the bound torch.export suggests ({'; '.join(bounded)})"
+            if bounded
+            else "none in irkit yet (torch.export cannot prove the guard for every length); "
+            "report the model"
+        )
+        return ExportError(
+            f"export_causal_lm: {model}'s forward holds for {dims} (a guard torch.export "
+            f"cannot prove over the exported range, up to max_sequence) ({_versions()}). "
+            f"Remedy: {remedy}"
+        )
+    return None
+
+
 def _export_error(what: str, exc: BaseException) -> ExportError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return ExportError(
@@ -275,7 +334,10 @@ def cache_layout(model: Any) -> CacheLayout:
         try:
             output = model(**kwargs)
         except Exception as exc:
-            raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc
+            name = type(model).__name__
+            raise _constraint_error(name, exc) or _export_error(
+                f"running {name} on a 2-token prompt", exc
+            ) from exc
         cache = _returned_cache(output)
         if cache is None and getattr(passed, "layers", None):
             cache = passed  # older transformers may return the legacy tuples; it was updated
@@ -698,7 +760,10 @@ def export_causal_lm(
             inputs = _torch_inputs(model, feeds, lambda a: convert(a).to(device))
             program = _export_narrowing(model, inputs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+        name = type(model).__name__
+        raise _constraint_error(name, exc) or _export_error(
+            f"torch.export.export of {name}", exc
+        ) from exc
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
     input_names = ["input_ids", "attention_mask"]
     if position_ids:
@@ -764,7 +829,10 @@ def _export_uncached(
             kwargs = {name: torch.from_numpy(feeds[name]).to(device) for name in dynamic}
             program = _export_narrowing(model, kwargs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+        name = type(model).__name__
+        raise _constraint_error(name, exc) or _export_error(
+            f"torch.export.export of {name}", exc
+        ) from exc
     return CausalLMExport(
         program=program,
         input_names=list(dynamic),
@@ -833,7 +901,10 @@ def _export_states(
             )
             program = _export_narrowing(flat, kwargs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+        name = type(model).__name__
+        raise _constraint_error(name, exc) or _export_error(
+            f"torch.export.export of {name}", exc
+        ) from exc
     input_names = ["input_ids", "attention_mask"]
     if position_ids:
         input_names.append("position_ids")
@@ -975,13 +1046,15 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
     feeds = {}
     for arg in session.get_inputs():
-        if arg.name.startswith("past."):  # a fixed-size state (conv, recurrent): zeros
-            dims = arg.shape[1:]
-            if not all(isinstance(d, int) for d in dims) or arg.type not in _ORT_FLOATS:
+        if arg.name.startswith("past."):  # a state: fixed-size (conv), or growing (indexer keys)
+            dims = [d if isinstance(d, int) else 0 for d in arg.shape[1:]]
+            growing = sum(not isinstance(d, int) for d in arg.shape[1:])
+            if growing > 1 or arg.type not in _ORT_FLOATS:
                 raise LoweringOptionsError(
                     f"generate_greedy: input {arg.name!r} has shape {arg.shape} and type "
-                    f"{arg.type}; expected (batch, …) with static dims after batch and a float "
-                    "type, as irkit.llm.export_causal_lm writes"
+                    f"{arg.type}; expected (batch, …) with static dims after batch but at most "
+                    "one (the past sequence) and a float type, as irkit.llm.export_causal_lm "
+                    "writes"
                 )
             feeds[arg.name] = np.zeros((batch, *dims), dtype=_ORT_FLOATS[arg.type])
             continue
@@ -999,11 +1072,13 @@ def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
 
 
 def _past_name(present: str) -> str:
-    """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``)."""
-    _, layer, kind = present.split(".", 2)
+    """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``,
+    ``present.3.conv.1`` → ``past.3.conv.1``)."""
+    _, layer, rest = present.split(".", 2)
+    kind, dot, index = rest.partition(".")
     for present_format, past_format in past_to_present().items():
         if present_format == f"present.%d.{kind}":
-            return past_format % int(layer)
+            return past_format % int(layer) + dot + index
     return present.replace("present.", "past_key_values.", 1)
 
 
