@@ -59,6 +59,8 @@ The rules (sizes are upper bounds: a smaller default is kept; 0 and ``None`` sta
 - **Derived fields**: a field declared with a ``None`` default whose value is the one the class
   computes (``head_dim`` from ``hidden_size``, ``num_key_value_heads``, Zamba 2's widths) is not
   passed, so the config computes it from the tiny values; per-layer lists are always passed.
+- **Defaults among choices**: a ``default_X`` left ``None`` beside a list ``Xs`` of names is its
+  first (Xmod's ``default_language`` among ``languages``: the model refuses to run without one).
 - :data:`OVERRIDES`: the few values no rule derives, each with its reason.
 
 Usage::
@@ -776,6 +778,11 @@ def shrink(
         out[name] = shrink(sub, layers=layers, vocab=text_vocab, hiddens=hiddens)
     if own_vocab is None and text_vocab is not None:
         _shrink_vocab({k: v for k, v in values.items() if k not in out}, out, text_vocab)
+    for name, value in values.items():  # a default left unset among its choices (Xmod)
+        choices = values.get(name.removeprefix("default_") + "s")
+        named = isinstance(choices, (list, tuple)) and all(isinstance(c, str) for c in choices)
+        if name.startswith("default_") and value is None and named and choices:
+            out[name] = choices[0]
     explicit = {**OVERRIDES.get(getattr(config, "model_type", ""), {}), **(overrides or {})}
     out.update(explicit)
     # A derived field is left to the config unless it holds the layer structure (a per-layer list).

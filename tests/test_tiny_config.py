@@ -187,3 +187,9 @@ def test_tiny_models_build_and_run(model_type):
         logits = lm(torch.tensor([[5, 6, 7, 8]])).logits
     assert logits.shape[:2] == (1, 4)
     assert not lm.training
+
+
+def test_default_among_its_choices():
+    """Xmod refuses to run without a default language: the first of its ``languages``."""
+    cfg = tc.tiny_config("xmod")
+    assert cfg.default_language == cfg.languages[0]
