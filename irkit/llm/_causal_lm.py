@@ -335,8 +335,10 @@ def cache_layout(model: Any) -> CacheLayout:
             output = model(**kwargs)
         except Exception as exc:
             name = type(model).__name__
-            raise _constraint_error(name, exc) or _export_error(
-                f"running {name} on a 2-token prompt", exc
+            raise (
+                _constraint_error(name, exc)
+                or _own_cache_error(model, kwargs, binding.cache, passed)
+                or _export_error(f"running {name} on a 2-token prompt", exc)
             ) from exc
         cache = _returned_cache(output)
         if cache is None and getattr(passed, "layers", None):
@@ -349,6 +351,32 @@ def cache_layout(model: Any) -> CacheLayout:
         if states:
             return _state_layout(model, cache)
         return _layer_shapes(model, cache)
+
+
+def _own_cache_error(
+    model: Any, kwargs: dict[str, Any], argument: str, passed: Any
+) -> ExportError | None:
+    """Where the model refused the cache it was given: if, given none, it makes a cache of its
+    own class (MiniMax's ``MiniMaxCache``), the error naming that class and what it keeps
+    outside transformers' typed layers; else None."""
+    try:
+        output = model(**{k: v for k, v in kwargs.items() if k != argument})
+    except Exception:  # it fails without a cache too: the original error stands
+        return None
+    own = _returned_cache(output)
+    if own is None or type(own) is type(passed):
+        return None
+    extra = sorted(
+        name for name, value in vars(own).items() if name != "layers" and isinstance(value, list)
+    )
+    return ExportError(
+        f"export_causal_lm: {type(model).__name__} keeps its cache in a class of its own, "
+        f"{type(own).__name__} (tensors outside transformers' typed cache layers: "
+        f"{', '.join(extra) or 'its own attributes'}), and refuses a {type(passed).__name__} "
+        f"({_versions()}). irkit reads and writes cache tensors per layer and kind "
+        "(irkit/llm/_states.py); this cache has no kind there. Remedy: none for this model in "
+        "irkit yet; run it in PyTorch"
+    )
 
 
 def _state_layout(model: Any, cache: Any) -> CacheLayout:
