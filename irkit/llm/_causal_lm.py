@@ -218,6 +218,7 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
             "kernels'); torch.export's suggestion: " + ("; ".join(fixes) or "none")
         )
     if guards:
+        names = ", ".join(guards)
         dims = "; ".join(f"{dim} only where {guard}" for dim, guard in guards.items())
         bounded = [fix for fix in fixes if "max=" in fix]
         remedy = (
@@ -227,8 +228,8 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
             "report the model"
         )
         return ExportError(
-            f"export_causal_lm: {model}'s forward holds for {dims} (a guard torch.export "
-            f"cannot prove over the exported range, up to max_sequence) ({_versions()}). "
+            f"export_causal_lm: {model}'s forward holds only under a guard on {names} that "
+            f"torch.export cannot prove over the exported range ({_versions()}): {dims}. "
             f"Remedy: {remedy}"
         )
     return None
