@@ -196,7 +196,7 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
     branch = _DATA_BRANCH.search(text)
     if branch:
         return ExportError(
-            f"export_causal_lm: {model}'s forward branches on tensor values ({branch.group(1)}: "
+            f"export_causal_lm: the forward of {model} branches on tensor values ({branch.group(1)}: "
             "data-dependent control flow, e.g. skipping experts no token chose), which one "
             f"traced program cannot hold ({_versions()}). Remedy: none for this model in irkit "
             "yet; run it in PyTorch, or report it (the branch written as torch.cond, or "
@@ -208,9 +208,9 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
     guards = {m.group(1): m.group(2) for line in text.splitlines() if (m := _GUARDED.search(line))}
     fixes = [m.group(0).strip() for line in text.splitlines() if (m := _SUGGESTED.match(line))]
     if constant:
-        dims = ", ".join(f"{dim} (to {size}, the example's)" for dim, size in constant.items())
+        dims = ", ".join(f"{dim} (to {size}, the example size)" for dim, size in constant.items())
         return ExportError(
-            f"export_causal_lm: {model}'s forward specializes {dims}: its code loops or branches "
+            f"export_causal_lm: the forward of {model} specializes {dims}: its code loops or branches "
             "over the tokens in Python (a recurrence over the sequence without an irkit export "
             "kernel, a token-by-token position loop), so no one program serves every prompt "
             f"length ({_versions()}). Remedy: none for this model in irkit yet; run it in "
@@ -228,7 +228,7 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
             "report the model"
         )
         return ExportError(
-            f"export_causal_lm: {model}'s forward holds only under a guard on {names} that "
+            f"export_causal_lm: the forward of {model} holds only under a guard on {names} that "
             f"torch.export cannot prove over the exported range ({_versions()}): {dims}. "
             f"Remedy: {remedy}"
         )

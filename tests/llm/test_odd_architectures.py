@@ -125,9 +125,9 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
     ("model_type", "reason"),
     [
         # a recurrence written as a Python loop over the tokens: the sequence becomes a constant
-        ("rwkv", r"RwkvForCausalLM's forward specializes sequence \(to 3, the example's\)"),
+        ("rwkv", r"forward of RwkvForCausalLM specializes sequence \(to 3, the example size\)"),
         # skips an expert no token chose: `if count == 0` on a tensor's value
-        ("longcat_flash", r"LongcatFlashForCausalLM's forward branches on tensor values"),
+        ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
         # MiniMaxCache: lightning-attention states in a list beside transformers' layers
         ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
     ],
