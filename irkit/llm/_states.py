@@ -10,15 +10,15 @@ sequence, and the genai keys. A new kind is one more subclass in :data:`KINDS`.
 
 Names, as onnxruntime-genai's model builder writes them (``N`` is the decoder layer's index):
 
-=============  ===========================  ========================  ======================
-kind           input                        output                    shape
-=============  ===========================  ========================  ======================
-key            ``past_key_values.N.key``    ``present.N.key``         (batch, heads, past, d)
-value          ``past_key_values.N.value``  ``present.N.value``       (batch, heads, past, d)
-conv           ``past.N.conv``              ``present.N.conv``        (batch, channels, K - 1)
-recurrent      ``past.N.recurrent``         ``present.N.recurrent``   (batch, …) fixed
-indexer_key    ``past.N.indexer_key``       ``present.N.indexer_key`` (batch, past, d)
-=============  ===========================  ========================  ======================
+===========  ===========================  =========================  ========================
+kind         input                        output                     shape
+===========  ===========================  =========================  ========================
+key          ``past_key_values.N.key``    ``present.N.key``          (batch, heads, past, d)
+value        ``past_key_values.N.value``  ``present.N.value``        (batch, heads, past, d)
+conv         ``past.N.conv``              ``present.N.conv``         (batch, channels, K - 1)
+recurrent    ``past.N.recurrent``         ``present.N.recurrent``    (batch, …) fixed
+indexer_key  ``past.N.indexer_key``       ``present.N.indexer_key``  (batch, past, d)
+===========  ===========================  =========================  ========================
 
 The convolution state is the last ``K - 1`` inputs of a width-``K`` causal convolution (what
 genai allocates, ``conv_cache_size``); transformers keeps ``K`` columns, whose oldest no output
