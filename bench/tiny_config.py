@@ -25,6 +25,11 @@ The rules (sizes are upper bounds: a smaller default is kept; 0 and ``None`` sta
   repeat]]`` list (``attention_types``) gets repeats that cover the count. Periods
   (``*_period``, ``*_interval``, ``*window_pattern``, ``*_step``, ``*every_n_layers``) are clamped
   to the count, offsets below their period, block sizes (``n_layers_per_*``) to 1.
+- **Hybrid kinds**: a hybrid whose defaults are all state layers (``layer_types`` all
+  ``linear_attention``) while it has attention heads (Bamba, GraniteMoeHybrid) gets full attention
+  on its last layer, through its own field (the kinds list, or the ``attn_layer_indices`` it is
+  derived from); a ``layer_types`` the config leaves ``None`` and does not derive (LFM2-MoE) gets
+  the state kinds its modeling module compares it with, then full attention.
 - **Widths**: hidden sizes 64; a width that was a multiple or a fraction of the hidden size keeps
   the ratio, one equal to an enclosing config's hidden size (``adapter_in_dim``) becomes 64, a
   list adding up to it is rescaled (``axial_pos_embds_dim``). Attention heads 4; key/value heads 1
@@ -54,6 +59,8 @@ The rules (sizes are upper bounds: a smaller default is kept; 0 and ``None`` sta
 - **Derived fields**: a field declared with a ``None`` default whose value is the one the class
   computes (``head_dim`` from ``hidden_size``, ``num_key_value_heads``, Zamba 2's widths) is not
   passed, so the config computes it from the tiny values; per-layer lists are always passed.
+- **Defaults among choices**: a ``default_X`` left ``None`` beside a list ``Xs`` of names is its
+  first (Xmod's ``default_language`` among ``languages``: the model refuses to run without one).
 - :data:`OVERRIDES`: the few values no rule derives, each with its reason.
 
 Usage::
@@ -771,12 +778,87 @@ def shrink(
         out[name] = shrink(sub, layers=layers, vocab=text_vocab, hiddens=hiddens)
     if own_vocab is None and text_vocab is not None:
         _shrink_vocab({k: v for k, v in values.items() if k not in out}, out, text_vocab)
+    for name, value in values.items():  # a default left unset among its choices (Xmod)
+        choices = values.get(name.removeprefix("default_") + "s")
+        named = isinstance(choices, (list, tuple)) and all(isinstance(c, str) for c in choices)
+        if name.startswith("default_") and value is None and named and choices:
+            out[name] = choices[0]
     explicit = {**OVERRIDES.get(getattr(config, "model_type", ""), {}), **(overrides or {})}
     out.update(explicit)
     # A derived field is left to the config unless it holds the layer structure (a per-layer list).
     derived = _derived(config) - set(layer_fields) - set(subs) - set(explicit)
     kwargs = {k: v for k, v in out.items() if k not in _SKIP and k not in derived}
-    return type(config)(**kwargs)
+    tiny = type(config)(**kwargs)
+    kinds = _layer_kinds(tiny, values, set(explicit))
+    return type(config)(**{**kwargs, **kinds}) if kinds else tiny
+
+
+_ATTENTION_INDICES = re.compile(r"^(attn|attention|full_attn)_\w*(indices|idxs|ids)$")
+_STATE_KIND = "linear_attention"
+_ATTENTION_KIND = "full_attention"
+
+
+def _layer_kinds(tiny: Any, values: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """Fields that give a hybrid's tiny config both kinds of layer, or ``{}``.
+
+    - A hybrid whose defaults are all state layers (``layer_types`` all ``linear_attention``)
+      while it has attention heads (Bamba, GraniteMoeHybrid: the real checkpoints set attention
+      layers): its last layer becomes full attention, through the config's own field, the
+      kinds list itself or the attention-layer index list it is derived from
+      (``attn_layer_indices``).
+    - A ``layer_types`` the config leaves ``None`` and does not derive (LFM2-MoE: transformers'
+      defaults do not build): the state kinds its modeling module compares ``layer_types``
+      with (``!= "conv"``), then full attention, cycled over the layer count.
+    """
+    names = set(_field_names(tiny))
+    if "layer_types" in explicit:
+        return {}
+    kinds = _get(tiny, "layer_types")
+    count = _get(tiny, "num_hidden_layers")
+    if not _int(count) or count <= 0:
+        return {}
+    if kinds is None and "layer_types" in names:
+        found = _compared_state_kinds(tiny)
+        if not found:
+            return {}
+        pattern = [*found, _ATTENTION_KIND]
+        count = max(count, len(pattern))
+        return {
+            "layer_types": [pattern[i % len(pattern)] for i in range(count)],
+            "num_hidden_layers": count,
+        }
+    heads = _get(tiny, "num_attention_heads")
+    if not (isinstance(kinds, list) and kinds and set(kinds) == {_STATE_KIND}):
+        return {}
+    if not (_int(heads) and heads > 0):
+        return {}
+    if "layer_types" in names and isinstance(values.get("layer_types"), list):
+        return {"layer_types": [*kinds[:-1], _ATTENTION_KIND]}
+    for name in sorted(names):
+        if _ATTENTION_INDICES.match(name) and values.get(name) is None and name not in explicit:
+            return {name: [len(kinds) - 1]}
+    return {}
+
+
+def _compared_state_kinds(config: Any) -> list[str]:
+    """The state-layer kinds the config's modeling module compares ``layer_types[…]`` with."""
+    import importlib
+    import inspect
+
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, LinearAttentionCacheLayerMixin
+
+    module_name = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        source = inspect.getsource(importlib.import_module(module_name))
+    except (ImportError, OSError, TypeError):
+        return []
+    literals = re.findall(r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']", source)
+    return [
+        kind
+        for kind in dict.fromkeys(literals)
+        if kind in DYNAMIC_LAYER_TYPE_MAPPING
+        and issubclass(DYNAMIC_LAYER_TYPE_MAPPING[kind], LinearAttentionCacheLayerMixin)
+    ]
 
 
 def _div(a: Any, b: Any) -> int | None:

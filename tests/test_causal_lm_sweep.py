@@ -48,3 +48,15 @@ def test_summary_counts_exact_over_built_and_groups():
     assert "  ids (1 types: gpt2)" in lines
     groups = [line for line in lines if "types:" in line]
     assert groups[0].startswith("  config:")  # in stage order
+
+
+def test_a_reference_problem_is_grouped_by_its_reason():
+    reason = "ReferenceProblem: transformers' generate (cached, one token at a time) differs"
+    results = [
+        {"type": "zamba2", "target": "ort", "stage": "reference", "error": reason},
+        {"type": "gpt2", "target": "ort", "stage": "ids", "detail": "batch 1: …"},
+    ]
+    lines = sweep.summarize(results, ["ort"])
+    assert lines[0] == "[ort] exact 0/2 (2 types mapped)"
+    assert f"  reference: {sweep.normalize(reason)} (1 types: zamba2)" in lines
+    assert lines.index("  ids (1 types: gpt2)") > 2  # after the reference problems

@@ -52,6 +52,26 @@ def test_hybrid_keeps_both_layer_kinds():
     assert nemotron.num_hidden_layers == len(kinds)
 
 
+@pytest.mark.parametrize("model_type", ["bamba", "granitemoehybrid"])
+def test_all_state_defaults_get_an_attention_layer(model_type):
+    """Bamba's and GraniteMoeHybrid's defaults are all Mamba layers (their checkpoints are not):
+    the last layer becomes full attention, through the config's own field."""
+    cfg = tc.tiny_config(model_type)
+    assert cfg.layers_block_type == ["linear_attention", "full_attention"]
+
+
+def test_pure_state_models_stay_pure():
+    assert _types(tc.tiny_config("mamba2")) == {"linear_attention"}  # no attention heads
+
+
+def test_underived_layer_types_from_the_model_comparisons():
+    """LFM2-MoE leaves ``layer_types`` ``None`` (its defaults do not build): the state kind its
+    modeling module compares the list with (``!= "conv"``), then full attention."""
+    cfg = tc.tiny_config("lfm2_moe")
+    assert cfg.layer_types == ["conv", "full_attention"]
+    assert cfg.num_dense_layers == 1  # one dense layer, one MoE layer
+
+
 def test_periods_and_offsets_clamped():
     cfg = tc.tiny_config("jamba")  # attention every 8th layer from 4, experts every 2nd from 1
     attention = [i % cfg.attn_layer_period == cfg.attn_layer_offset for i in range(2)]
@@ -167,3 +187,9 @@ def test_tiny_models_build_and_run(model_type):
         logits = lm(torch.tensor([[5, 6, 7, 8]])).logits
     assert logits.shape[:2] == (1, 4)
     assert not lm.training
+
+
+def test_default_among_its_choices():
+    """Xmod refuses to run without a default language: the first of its ``languages``."""
+    cfg = tc.tiny_config("xmod")
+    assert cfg.default_language == cfg.languages[0]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -181,6 +182,65 @@ def _versions() -> str:
     )
 
 
+_SPECIALIZED = re.compile(
+    r"marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)"
+)
+_GUARDED = re.compile(r"Not all values of (\w+) = .* satisfy the generated guard (.*?)\.?$")
+_DATA_BRANCH = re.compile(r"Could not guard on data-dependent expression (.+?) \(unhinted")
+_SUGGESTED = re.compile(r"^\s+(\w+) = (Dim\(.*\)|\d+)\s*$")
+
+
+def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
+    """The reason of a ``torch.export`` constraint violation on the sequence dims, or of a
+    branch on tensor values, with a remedy, or None for another error.
+
+    A dim the model's own code makes a constant (a Python loop or branch over the tokens: a
+    recurrence without an export kernel) cannot be exported dynamic at all; a dim the code
+    bounds (a position table, a bucket count) can, below the bound torch suggests.
+    """
+    text = str(exc)
+    branch = _DATA_BRANCH.search(text)
+    if branch:
+        return ExportError(
+            f"export_causal_lm: the forward of {model} branches on tensor values ({branch.group(1)}: "
+            "data-dependent control flow, e.g. skipping experts no token chose), which one "
+            f"traced program cannot hold ({_versions()}). Remedy: none for this model in irkit "
+            "yet; run it in PyTorch, or report it (the branch written as torch.cond, or "
+            "without the branch, would export)"
+        )
+    if "Constraints violated" not in text:
+        return None
+    constant = dict(_SPECIALIZED.findall(text))
+    guards = {m.group(1): m.group(2) for line in text.splitlines() if (m := _GUARDED.search(line))}
+    fixes = [m.group(0).strip() for line in text.splitlines() if (m := _SUGGESTED.match(line))]
+    if constant:
+        dims = ", ".join(f"{dim} (to {size}, the example size)" for dim, size in constant.items())
+        return ExportError(
+            f"export_causal_lm: the forward of {model} specializes {dims}: its code loops or branches "
+            "over the tokens in Python (a recurrence over the sequence without an irkit export "
+            "kernel, a token-by-token position loop), so no one program serves every prompt "
+            f"length ({_versions()}). Remedy: none for this model in irkit yet; run it in "
+            "PyTorch, or add an export kernel for its recurrence (docs/llm.md, 'Export "
+            "kernels'); torch.export's suggestion: " + ("; ".join(fixes) or "none")
+        )
+    if guards:
+        names = ", ".join(guards)
+        dims = "; ".join(f"{dim} only where {guard}" for dim, guard in guards.items())
+        bounded = [fix for fix in fixes if "max=" in fix]
+        remedy = (
+            f"pass max_sequence at most the bound torch.export suggests ({'; '.join(bounded)})"
+            if bounded
+            else "none in irkit yet (torch.export cannot prove the guard for every length); "
+            "report the model"
+        )
+        return ExportError(
+            f"export_causal_lm: the forward of {model} holds only under a guard on {names} that "
+            f"torch.export cannot prove over the exported range ({_versions()}): {dims}. "
+            f"Remedy: {remedy}"
+        )
+    return None
+
+
 def _export_error(what: str, exc: BaseException) -> ExportError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return ExportError(
@@ -281,7 +341,12 @@ def cache_layout(model: Any) -> CacheLayout:
         try:
             output = model(**kwargs)
         except Exception as exc:
-            raise _export_error(f"running {type(model).__name__} on a 2-token prompt", exc) from exc
+            name = type(model).__name__
+            raise (
+                _constraint_error(name, exc)
+                or _own_cache_error(model, kwargs, binding.cache, passed)
+                or _export_error(f"running {name} on a 2-token prompt", exc)
+            ) from exc
         cache = _returned_cache(output)
         if cache is None and getattr(passed, "layers", None):
             cache = passed  # older transformers may return the legacy tuples; it was updated
@@ -293,6 +358,32 @@ def cache_layout(model: Any) -> CacheLayout:
         if states:
             return _state_layout(model, cache)
         return _layer_shapes(model, cache)
+
+
+def _own_cache_error(
+    model: Any, kwargs: dict[str, Any], argument: str, passed: Any
+) -> ExportError | None:
+    """Where the model refused the cache it was given: if, given none, it makes a cache of its
+    own class (MiniMax's ``MiniMaxCache``), the error naming that class and what it keeps
+    outside transformers' typed layers; else None."""
+    try:
+        output = model(**{k: v for k, v in kwargs.items() if k != argument})
+    except Exception:  # it fails without a cache too: the original error stands
+        return None
+    own = _returned_cache(output)
+    if own is None or type(own) is type(passed):
+        return None
+    extra = sorted(
+        name for name, value in vars(own).items() if name != "layers" and isinstance(value, list)
+    )
+    return ExportError(
+        f"export_causal_lm: {type(model).__name__} keeps its cache in a class of its own, "
+        f"{type(own).__name__} (tensors outside transformers' typed cache layers: "
+        f"{', '.join(extra) or 'its own attributes'}), and refuses a {type(passed).__name__} "
+        f"({_versions()}). irkit reads and writes cache tensors per layer and kind "
+        "(irkit/llm/_states.py); this cache has no kind there. Remedy: none for this model in "
+        "irkit yet; run it in PyTorch"
+    )
 
 
 def _state_layout(model: Any, cache: Any) -> CacheLayout:
@@ -704,7 +795,10 @@ def export_causal_lm(
             inputs = _torch_inputs(model, feeds, lambda a: convert(a).to(device))
             program = _export_narrowing(model, inputs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+        name = type(model).__name__
+        raise _constraint_error(name, exc) or _export_error(
+            f"torch.export.export of {name}", exc
+        ) from exc
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
     input_names = ["input_ids", "attention_mask"]
     if position_ids:
@@ -770,7 +864,10 @@ def _export_uncached(
             kwargs = {name: torch.from_numpy(feeds[name]).to(device) for name in dynamic}
             program = _export_narrowing(model, kwargs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+        name = type(model).__name__
+        raise _constraint_error(name, exc) or _export_error(
+            f"torch.export.export of {name}", exc
+        ) from exc
     return CausalLMExport(
         program=program,
         input_names=list(dynamic),
@@ -839,7 +936,10 @@ def _export_states(
             )
             program = _export_narrowing(flat, kwargs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {type(model).__name__}", exc) from exc
+        name = type(model).__name__
+        raise _constraint_error(name, exc) or _export_error(
+            f"torch.export.export of {name}", exc
+        ) from exc
     input_names = ["input_ids", "attention_mask"]
     if position_ids:
         input_names.append("position_ids")
@@ -981,13 +1081,15 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
     feeds = {}
     for arg in session.get_inputs():
-        if arg.name.startswith("past."):  # a fixed-size state (conv, recurrent): zeros
-            dims = arg.shape[1:]
-            if not all(isinstance(d, int) for d in dims) or arg.type not in _ORT_FLOATS:
+        if arg.name.startswith("past."):  # a state: fixed-size (conv), or growing (indexer keys)
+            dims = [d if isinstance(d, int) else 0 for d in arg.shape[1:]]
+            growing = sum(not isinstance(d, int) for d in arg.shape[1:])
+            if growing > 1 or arg.type not in _ORT_FLOATS:
                 raise LoweringOptionsError(
                     f"generate_greedy: input {arg.name!r} has shape {arg.shape} and type "
-                    f"{arg.type}; expected (batch, …) with static dims after batch and a float "
-                    "type, as irkit.llm.export_causal_lm writes"
+                    f"{arg.type}; expected (batch, …) with static dims after batch but at most "
+                    "one (the past sequence) and a float type, as irkit.llm.export_causal_lm "
+                    "writes"
                 )
             feeds[arg.name] = np.zeros((batch, *dims), dtype=_ORT_FLOATS[arg.type])
             continue
@@ -1005,11 +1107,13 @@ def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
 
 
 def _past_name(present: str) -> str:
-    """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``)."""
-    _, layer, kind = present.split(".", 2)
+    """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``,
+    ``present.3.conv.1`` → ``past.3.conv.1``)."""
+    _, layer, rest = present.split(".", 2)
+    kind, dot, index = rest.partition(".")
     for present_format, past_format in past_to_present().items():
         if present_format == f"present.%d.{kind}":
-            return past_format % int(layer)
+            return past_format % int(layer) + dot + index
     return present.replace("present.", "past_key_values.", 1)
 
 

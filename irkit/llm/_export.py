@@ -208,14 +208,16 @@ def _genai_layer_types(model_type: str, layout: Any, text_config: Any) -> tuple[
     """genai's ``layer_types`` for a cache with state kinds: per layer, from the kinds it holds.
 
     Raises:
-        LoweringOptionsError: A layer holds keys/values and a state (one hybrid layer), or a
-            recurrent state without a convolution state: onnxruntime-genai 0.18 has no such
-            layer type.
+        LoweringOptionsError: A layer holds keys/values and a state (one hybrid layer), a
+            recurrent state without a convolution state, or several states of one kind:
+            onnxruntime-genai 0.18 has no such layer type.
     """
     configured = list(getattr(text_config, "layer_types", None) or [])
     kinds: dict[int, set[str]] = {}
     for spec in layout.states:
         kinds.setdefault(spec.layer, set()).add(spec.kind.name)
+        if spec.index:  # genai maps one past/present name per layer and kind
+            kinds[spec.layer].add(f"{spec.kind.name} #{spec.index + 1}")
     types = []
     for layer in range(layout.num_layers):
         held = kinds.get(layer, set())

@@ -81,8 +81,9 @@ def fake_weights(model: Any) -> Iterator[Any]:
         return
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     state = _module_state(model)
     stand_ins: dict[int, Any] = {}  # tied weights stay tied
 
@@ -192,10 +193,14 @@ def meta_causal_lm(config: Any, *, dtype: Any, trust_remote_code: bool = False) 
     """
     from transformers import AutoModelForCausalLM
 
+    declared = _declared_causal_lm(config)
     with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=dtype, trust_remote_code=trust_remote_code
-        )
+        if declared is not None:
+            model = declared._from_config(config, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, trust_remote_code=trust_remote_code
+            )
     model.eval()
     if getattr(model, "_can_set_experts_implementation", lambda: False)():
         # grouped_mm's meta kernel takes bfloat16 only; batched_mm is the same sum of products
@@ -206,6 +211,26 @@ def meta_causal_lm(config: Any, *, dtype: Any, trust_remote_code: bool = False) 
         owner, _, leaf = name.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = buffer.to("meta")
     return MetaModel(model, buffers)
+
+
+def _declared_causal_lm(config: Any) -> Any:
+    """The causal-LM class a text sub-config's ``architectures`` names, where
+    ``AutoModelForCausalLM`` maps only the composite config (``MllamaForCausalLM`` saves a
+    ``MllamaTextConfig``, ``Emu3ForCausalLM`` an ``Emu3TextConfig``), else None.
+
+    The class must be one transformers maps as a causal LM and declare this config class.
+    """
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None  # the auto class maps it
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None) if name in causal else None
+        if cls is not None and getattr(cls, "config_class", None) is type(config):
+            return cls
+    return None
 
 
 def checkpoint_names(model: Any, keys: Iterable[str]) -> dict[str, str]:

@@ -10,24 +10,27 @@ sequence, and the genai keys. A new kind is one more subclass in :data:`KINDS`.
 
 Names, as onnxruntime-genai's model builder writes them (``N`` is the decoder layer's index):
 
-=============  ===========================  ========================  ======================
-kind           input                        output                    shape
-=============  ===========================  ========================  ======================
-key            ``past_key_values.N.key``    ``present.N.key``         (batch, heads, past, d)
-value          ``past_key_values.N.value``  ``present.N.value``       (batch, heads, past, d)
-conv           ``past.N.conv``              ``present.N.conv``        (batch, channels, K - 1)
-recurrent      ``past.N.recurrent``         ``present.N.recurrent``   (batch, …) fixed
-=============  ===========================  ========================  ======================
+===========  ===========================  =========================  ========================
+kind         input                        output                     shape
+===========  ===========================  =========================  ========================
+key          ``past_key_values.N.key``    ``present.N.key``          (batch, heads, past, d)
+value        ``past_key_values.N.value``  ``present.N.value``        (batch, heads, past, d)
+conv         ``past.N.conv``              ``present.N.conv``         (batch, channels, K - 1)
+recurrent    ``past.N.recurrent``         ``present.N.recurrent``    (batch, …) fixed
+indexer_key  ``past.N.indexer_key``       ``present.N.indexer_key``  (batch, past, d)
+===========  ===========================  =========================  ========================
 
 The convolution state is the last ``K - 1`` inputs of a width-``K`` causal convolution (what
 genai allocates, ``conv_cache_size``); transformers keeps ``K`` columns, whose oldest no output
-reads, so it is padded by one zero column on the way in and dropped on the way out.
+reads, so it is padded by one zero column on the way in and dropped on the way out. A layer
+that keeps several states of one kind (transformers' ``state_idx``: a convolution per
+projection) names the later ones with a suffix, ``past.N.conv.1``; genai maps one per layer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 __all__ = [
@@ -53,13 +56,23 @@ class StateKind:
     #: The axis that grows by the new tokens (KV), or ``None`` for a fixed-size state.
     sequence_axis: ClassVar[int | None] = None
 
-    def read(self, layer: Any) -> Any:
-        """The tensor of this kind in a transformers cache layer, as ONNX carries it, or None."""
+    def read(self, layer: Any, index: int = 0) -> Any:
+        """The tensor of this kind in a transformers cache layer, as ONNX carries it, or None.
+
+        Args:
+            layer: The transformers cache layer.
+            index: Which of the layer's states of this kind (transformers' ``state_idx``: a
+                layer may keep several, one per convolution); keys and values have one.
+        """
         raise NotImplementedError
 
-    def write(self, layer: Any, tensor: Any) -> None:
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
         """Put ``tensor`` (ONNX layout) into a transformers cache layer, as a past state."""
         raise NotImplementedError
+
+    def count(self, layer: Any) -> int:
+        """How many states of this kind a transformers cache layer can hold."""
+        return 1
 
     def empty_shape(self, batch: int, shape: Sequence[int]) -> tuple[int, ...]:
         """The shape of the state before the first token (``shape``: the dims after batch)."""
@@ -78,11 +91,11 @@ class _Key(StateKind):
     sequence_axis = 2
     attribute = "keys"
 
-    def read(self, layer: Any) -> Any:
+    def read(self, layer: Any, index: int = 0) -> Any:
         tensor = getattr(layer, self.attribute, None)
         return tensor if getattr(tensor, "ndim", 0) == 4 else None
 
-    def write(self, layer: Any, tensor: Any) -> None:
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
         if not layer.is_initialized:
             layer.lazy_initialization(tensor, tensor)
         setattr(layer, self.attribute, tensor)
@@ -104,20 +117,23 @@ class _Conv(StateKind):
     genai_input = "past_conv_names"
     genai_output = "present_conv_names"
 
-    def read(self, layer: Any) -> Any:
+    def read(self, layer: Any, index: int = 0) -> Any:
         states = getattr(layer, "conv_states", None)
-        tensor = states.get(0) if states else None
+        tensor = states.get(index) if states else None
         return None if tensor is None else tensor[..., 1:]
 
-    def write(self, layer: Any, tensor: Any) -> None:
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
         import torch
 
         full = torch.nn.functional.pad(tensor, (1, 0))  # the column no output reads
-        layer.conv_states[0] = full
-        layer.conv_kernel_size[0] = int(full.shape[-1])
-        layer.is_conv_states_initialized[0] = True
-        layer.has_previous_state[0] = True
+        layer.conv_states[index] = full
+        layer.conv_kernel_size[index] = int(full.shape[-1])
+        layer.is_conv_states_initialized[index] = True
+        layer.has_previous_state[index] = True
         layer.dtype, layer.device = full.dtype, full.device
+
+    def count(self, layer: Any) -> int:
+        return len(getattr(layer, "conv_states", None) or ())
 
 
 class _Recurrent(StateKind):
@@ -127,20 +143,46 @@ class _Recurrent(StateKind):
     genai_input = "past_recurrent_names"
     genai_output = "present_recurrent_names"
 
-    def read(self, layer: Any) -> Any:
+    def read(self, layer: Any, index: int = 0) -> Any:
         states = getattr(layer, "recurrent_states", None)
-        return states.get(0) if states else None
+        return states.get(index) if states else None
 
-    def write(self, layer: Any, tensor: Any) -> None:
-        layer.recurrent_states[0] = tensor.clone()  # updated in place by the model
-        layer.is_recurrent_states_initialized[0] = True
-        layer.has_previous_state[0] = True
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
+        layer.recurrent_states[index] = tensor.clone()  # updated in place by the model
+        layer.is_recurrent_states_initialized[index] = True
+        layer.has_previous_state[index] = True
         if layer.dtype is None:
             layer.dtype, layer.device = tensor.dtype, tensor.device
 
+    def count(self, layer: Any) -> int:
+        return len(getattr(layer, "recurrent_states", None) or ())
+
+
+class _IndexerKey(StateKind):
+    """The single-head keys of a sparse-attention indexer (DeepSeek-V3.2, GLM-MoE-DSA), which
+    grow with the sequence like the attention keys (``DynamicIndexedLayer.indexer_keys``)."""
+
+    name = "indexer_key"
+    past_format = "past.%d.indexer_key"
+    present_format = "present.%d.indexer_key"
+    genai_input = "past_indexer_key_names"  # (genai 0.18 has no such input: refused)
+    genai_output = "present_indexer_key_names"
+    sequence_axis = 1
+
+    def read(self, layer: Any, index: int = 0) -> Any:
+        tensor = getattr(layer, "indexer_keys", None)
+        return tensor if getattr(tensor, "ndim", 0) == 3 else None
+
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
+        layer.lazy_initialization_indexer(tensor)
+        layer.indexer_keys = tensor
+
+    def count(self, layer: Any) -> int:
+        return int(hasattr(layer, "indexer_keys"))
+
 
 #: Every kind, in the order of the ONNX inputs/outputs (all of one kind, then the next).
-KINDS: tuple[StateKind, ...] = (_Key(), _Value(), _Conv(), _Recurrent())
+KINDS: tuple[StateKind, ...] = (_Key(), _Value(), _Conv(), _Recurrent(), _IndexerKey())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,38 +194,52 @@ class StateSpec:
         layer: The decoder layer's index (``N`` in the names).
         shape: The dims after batch (the sequence axis's example size for keys/values).
         dtype: The ``torch.dtype``.
+        index: Which of the layer's states of this kind (transformers' ``state_idx``); a layer
+            with several (one convolution state per projection) names the later ones with a
+            suffix, ``past.N.conv.1``.
     """
 
     kind: StateKind
     layer: int
     shape: tuple[int, ...]
     dtype: Any
+    index: int = 0
+    #: Makes an empty transformers cache layer of the holder's class, for a layer the config
+    #: does not type (a looped model appends cache layers for its later passes itself).
+    blank: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def past_name(self) -> str:
         """The ONNX input name."""
-        return self.kind.past_format % self.layer
+        return self.kind.past_format % self.layer + self._suffix
 
     @property
     def present_name(self) -> str:
         """The ONNX output name."""
-        return self.kind.present_format % self.layer
+        return self.kind.present_format % self.layer + self._suffix
+
+    @property
+    def _suffix(self) -> str:
+        return f".{self.index}" if self.index else ""
 
 
 def has_state_layers(config: Any) -> bool:
-    """Whether transformers types any of the config's cache layers as a linear-attention state.
+    """Whether transformers types any of the config's cache layers to hold more than keys and
+    values (conv/recurrent states, indexer keys).
 
     Args:
         config: A transformers config.
 
     Returns:
-        True when ``DynamicCache(config=config)`` has a layer holding conv/recurrent states.
+        True when a layer of ``DynamicCache(config=config)`` can hold a tensor of a kind other
+        than key and value.
     """
     try:
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-    except ImportError:  # older transformers: no such layers
+        from transformers.cache_utils import get_layer_types_and_kwargs  # noqa: F401
+    except ImportError:  # older transformers: no typed layers
         return False
-    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in _typed_layers(config))
+    extra = [kind for kind in KINDS if kind.name not in ("key", "value")]
+    return any(kind.count(layer) for layer in _typed_layers(config) for kind in extra)
 
 
 def _typed_layers(config: Any) -> list[Any]:
@@ -207,7 +263,9 @@ def _typed_layers(config: Any) -> list[Any]:
     layers = []
     for kind, options in zip(types, kwargs, strict=True):
         cls = DYNAMIC_LAYER_TYPE_MAPPING.get(unbounded.get(kind, kind), DynamicLayer)
-        layers.append(cls(**options) if kind not in unbounded else cls())
+        if kind in unbounded:  # the window is the mask's; the other options stay (state counts)
+            options = {k: v for k, v in options.items() if k != "sliding_window"}
+        layers.append(cls(**options))
     return layers
 
 
@@ -239,11 +297,24 @@ def probe_states(cache: Any) -> list[StateSpec]:
     """
     specs = []
     for kind in KINDS:
-        for index, layer in enumerate(cache.layers):
-            tensor = kind.read(layer)
-            if tensor is not None:
-                specs.append(StateSpec(kind, index, tuple(tensor.shape[1:]), tensor.dtype))
+        for number, layer in enumerate(cache.layers):
+            for index in range(kind.count(layer)):
+                tensor = kind.read(layer, index)
+                if tensor is not None:
+                    shape = tuple(tensor.shape[1:])
+                    blank = _blank_layer(layer)
+                    specs.append(StateSpec(kind, number, shape, tensor.dtype, index, blank))
     return specs
+
+
+def _blank_layer(layer: Any) -> Callable[[], Any]:
+    """A maker of an empty cache layer like ``layer`` (its class and state count)."""
+    cls, count = type(layer), getattr(layer, "number_of_states", None)
+
+    def blank() -> Any:
+        return cls(number_of_states=count) if isinstance(count, int) else cls()
+
+    return blank
 
 
 def fill_cache(config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any]) -> Any:
@@ -258,8 +329,13 @@ def fill_cache(config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any]) 
         The ``DynamicCache``.
     """
     cache = empty_cache(config)
+    for spec in specs:  # layers past the config's: the model would append them itself
+        while len(cache.layers) <= spec.layer:
+            cache.layers.append(None)
+        if cache.layers[spec.layer] is None and spec.blank is not None:
+            cache.layers[spec.layer] = spec.blank()
     for spec, tensor in zip(specs, tensors, strict=True):
-        spec.kind.write(cache.layers[spec.layer], tensor)
+        spec.kind.write(cache.layers[spec.layer], tensor, spec.index)
     return cache
 
 
@@ -273,7 +349,7 @@ def read_states(cache: Any, specs: Sequence[StateSpec]) -> list[Any]:
     Returns:
         The tensors, in the order of ``specs``.
     """
-    return [spec.kind.read(cache.layers[spec.layer]) for spec in specs]
+    return [spec.kind.read(cache.layers[spec.layer], spec.index) for spec in specs]
 
 
 def past_to_present() -> dict[str, str]:

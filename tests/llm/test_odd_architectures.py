@@ -119,3 +119,23 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
     assert stats.fired == 0
     # the mask reads the present value; once: both layers call one DogeAttention function
     assert stats.failures[CYCLE] == 1
+
+
+@pytest.mark.parametrize(
+    ("model_type", "reason"),
+    [
+        # a recurrence written as a Python loop over the tokens: the sequence becomes a constant
+        ("rwkv", r"forward of RwkvForCausalLM specializes sequence \(to 3, the example size\)"),
+        # skips an expert no token chose: `if count == 0` on a tensor's value
+        ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
+        # MiniMaxCache: lightning-attention states in a list beside transformers' layers
+        ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
+    ],
+)
+def test_what_cannot_export_is_one_error_with_its_reason(model_type, reason):
+    from bench.tiny_config import tiny_model
+    from irkit.errors import ExportError
+
+    with pytest.raises(ExportError, match=reason) as caught:
+        export_causal_lm(tiny_model(model_type))
+    assert "Remedy:" in str(caught.value)

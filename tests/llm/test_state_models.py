@@ -208,3 +208,44 @@ def test_mamba_folder_without_attention_in_genai(tmp_path: pathlib.Path) -> None
         got = [gs.until_eos(ids, EOS) for ids in gs.genai_ids(tmp_path / "out", batch, 24)]
         want = [gs.until_eos(ids, EOS) for ids in gs.reference_ids(folder, batch, 24, model)]
         assert got == want
+
+
+@pytest.mark.parametrize(
+    ("model_type", "names"),
+    [
+        ("inkling_text", ["past.0.conv", "past.0.conv.3"]),
+        ("inkling2_loop_text", ["past.0.conv.3", "past.9.conv.3"]),
+        ("deepseek_v32", ["past_key_values.1.key", "past.1.indexer_key"]),
+    ],
+)
+def test_more_states_than_a_layer_and_kind(model_type: str, names: list, tmp_path) -> None:
+    """Inkling keeps four convolution states per layer (transformers' ``state_idx``):
+    ``past.N.conv``, ``past.N.conv.1``, …; Inkling2-Loop also appends cache layers for its later
+    loop passes itself (ten cache layers for six decoder layers); DeepSeek-V3.2's sparse
+    attention indexer caches its own keys (``past.N.indexer_key``, growing like the keys). Each
+    exports and runs in onnxruntime equal to ``generate`` (left-padded batch of two); genai,
+    which maps keys/values and one state of a kind per layer, is refused with one error."""
+    from bench.tiny_config import tiny_model
+    from irkit.errors import LoweringOptionsError
+    from irkit.llm._export import _genai_layer_types
+
+    model = tiny_model(model_type)
+    exported = export_causal_lm(model)
+    assert set(names) <= set(exported.input_names)
+    assert {
+        n.replace("past_key_values.", "present.").replace("past.", "present.") for n in names
+    } <= set(exported.output_names)
+    lowered = irkit.lower(exported.program, **exported.lower_kwargs())
+    irkit.optimize(lowered, target="onnx")
+    irkit.save(lowered, tmp_path / "model.onnx")
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    ids = torch.tensor([[7, 7, 5, 17, 42, 9], [3, 8, 11, 77, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    want = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
+        eos_token_id=None, pad_token_id=7,
+    )  # fmt: skip
+    got = generate_greedy(session, ids.numpy(), mask.numpy(), max_new_tokens=8, pad_token_id=7)
+    np.testing.assert_array_equal(got, want.numpy())
+    with pytest.raises(LoweringOptionsError, match=r"caches .*(conv #2|indexer_key)"):
+        _genai_layer_types(model_type, exported.cache, model.config)
