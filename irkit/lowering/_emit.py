@@ -207,15 +207,21 @@ class Emitter:
                 "outputs, so these updates are not emitted.",
                 ", ".join(map(str, dropped)),
             )
-        names = _check_names("output_names", self._output_names, len(user))
+        # A None leaf (``hidden_states=None`` in a ``ModelOutput`` without ``use_cache``) is no
+        # tensor: ONNX has no output for it, as the stock exporter has none.
+        kept = [index for index, (_, result) in enumerate(user) if result is not None]
+        names = _check_names("output_names", self._output_names, len(kept))
         if names is None:
-            names = _output_key_names(self.ep, [s.arg.name for s, _ in user])
+            every = _output_key_names(self.ep, [s.arg.name for s, _ in user])
+            names = [every[index] for index in kept]
             # An output that is an input passed through (``x.contiguous()``) would share its name.
             taken = {v.name for v in self.graph.inputs} | set(self.graph.initializers)
             names = [f"{n}_output" if n in taken else n for n in names]
+        if len(kept) < len(user):
+            logger.info("irkit.lower: %d None outputs have no ONNX output.", len(user) - len(kept))
         seen: set[int] = set()
-        for index, (_spec, result) in enumerate(user):
-            name = names[index]
+        for name, index in zip(names, kept, strict=True):
+            result = user[index][1]
             value = self._as_output_value(frame, result, name)
             if (
                 id(value) in seen
