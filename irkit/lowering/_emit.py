@@ -446,6 +446,7 @@ class Emitter:
             for k, out in enumerate(ir_node.outputs):
                 if out.name is None:
                     out.name = f"{ir_node.name}/{k}" if len(nodes) > 1 else f"{name}/{k}"
+            _name_subgraphs(ir_node)
         (self.graph if graph is None else graph).extend(nodes)
 
     def _decomposed(self, frame: Frame, node: torch.fx.Node) -> Any:
@@ -571,6 +572,26 @@ def _bug(node: torch.fx.Node, what: str) -> LoweringError:
         module_path=module_path(node),
         source=node_location(node),
     )
+
+
+def _name_subgraphs(node: ir.Node) -> None:
+    """Name the unnamed values of the graphs an own lowering built for ``node`` (a ``Loop``
+    body) after the node: ``pow_1/Loop_9/body/3``, unique in the model as ONNX requires."""
+    for attr in node.attributes.values():
+        if attr.type != ir.AttributeType.GRAPH:
+            continue
+        prefix = f"{node.name}/{attr.name}"
+        graph = attr.as_graph()
+        values = [
+            *graph.inputs,
+            *(o for n in ir.traversal.RecursiveGraphIterator(graph) for o in n.outputs),
+        ]
+        for index, value in enumerate(values):
+            if value.name is None:
+                value.name = f"{prefix}/{index}"
+        for index, inner in enumerate(ir.traversal.RecursiveGraphIterator(graph)):
+            if inner.name is None:
+                inner.name = f"{prefix}/{inner.op_type}_{index}"
 
 
 def _check_names(what: str, names: Sequence[str] | None, expected: int) -> Sequence[str] | None:
