@@ -20,9 +20,9 @@ from onnxscript import opset18 as op
 
 from irkit.lowering import (
     _own_indexing,
+    _own_integer,
     _own_ordering,
     _own_pool,
-    _own_pow,
     _own_rnn,
     _own_scan,
     _own_squeeze,
@@ -462,7 +462,7 @@ _MODULES = (
     _own_indexing,
     _own_ordering,
     _own_pool,
-    _own_pow,
+    _own_integer,
     _own_rnn,
     _own_scan,
     _own_squeeze,

@@ -1,7 +1,7 @@
-"""Integer ``pow`` against eager: exact past 2**53 and wrapping past the dtype's range.
+"""Integer ``pow`` and int64 ``sum`` against eager: exact past 2**53, wrapping past int64.
 
-onnxruntime's integer ``Pow`` goes through doubles (blt's rolling hash ``1000000007 ** arange(n)``
-came out rounded, then saturated); irkit's own lowering multiplies in the integer type.
+onnxruntime computes both through doubles (blt's rolling hash ``sum(token · 1000000007 **
+arange(n))`` came out rounded, then saturated); irkit's own lowerings stay in the integers.
 """
 
 from __future__ import annotations
@@ -67,3 +67,34 @@ def test_float_pow_stays_onnx_pow():
     model = irkit.lower(torch.export.export(FloatPow(), (x, e)))
     assert [node.op_type for node in model.graph] == ["Pow"]
     np.testing.assert_allclose(helpers.run_ort(model, [x, e])[0], (x**e).numpy(), rtol=1e-6)
+
+
+class Sums(torch.nn.Module):
+    def forward(self, x):
+        return x.sum(-1), x.sum(), torch.sum(x, dim=(0, 1), keepdim=True), (x * 1000000007).sum(1)
+
+
+def test_int64_sum_is_exact_past_2_53_and_wraps():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-(2**60), 2**60, (3, 5, 7), generator=g)
+    x[0, 0, 0] = -(2**63)  # the low half of INT64_MIN is 0, its high half -2**31
+    x[1, 0, 0] = -1  # low half 2**32 - 1, high half -1
+    model = irkit.lower(torch.export.export(Sums(), (x,)))
+    ops = collections.Counter(node.op_type for node in model.graph)
+    assert ops["ReduceSum"] == 2 * 4 and ops["Mod"] == 4 and ops["Div"] == 4
+    got = helpers.run_ort(model, [x])
+    for g_, e in zip(got, Sums()(x), strict=True):
+        np.testing.assert_array_equal(g_, e.numpy())
+
+
+def test_sums_of_other_dtypes_stay_one_reduce_sum():
+    class Other(torch.nn.Module):
+        def forward(self, x, mask):
+            return x.sum(-1), mask.sum(-1)
+
+    x, mask = torch.rand(2, 3), torch.rand(2, 3) > 0.5
+    model = irkit.lower(torch.export.export(Other(), (x, mask)))
+    assert collections.Counter(node.op_type for node in model.graph)["ReduceSum"] == 2
+    got = helpers.run_ort(model, [x, mask])
+    np.testing.assert_allclose(got[0], x.sum(-1).numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(got[1], mask.sum(-1).numpy())

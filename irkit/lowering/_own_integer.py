@@ -1,12 +1,18 @@
-"""Integer ``pow``: exact, and wrapping past the dtype's range as torch's integer kernel does.
+"""Integer arithmetic onnxruntime computes through doubles: exact, wrapping as torch does.
 
-onnxruntime computes an integer ``Pow`` through ``std::pow`` on doubles: past 2**53 it loses the
-low bits, past the dtype's range it saturates. torch multiplies in the integer type and wraps —
+**pow.** onnxruntime's integer ``Pow`` uses ``std::pow`` on doubles: past 2**53 it loses the low
+bits, past the dtype's range it saturates. torch multiplies in the integer type and wraps —
 blt's rolling hash ``prime ** arange(n)`` with ``prime = 1000000007`` (its hash embeddings, 4.2
 off in the model's output). Here ``pow`` of an integer result is square-and-multiply over the
 exponent's bits: unrolled for a Python exponent, else a ``Loop`` that runs while any exponent has
 bits left (at most 63 rounds for int64). A negative exponent gives what torch gives: 1 for a
 base of 1, ±1 for -1, else 0.
+
+**int64 sum.** onnxruntime's int64 ``ReduceSum`` is off in the low bits once the values pass
+2**53 (blt sums the hash terms ``token · prime^i``). Each value is split into its high and low 32
+bits, ``x = high · 2**32 + low`` with ``0 ≤ low < 2**32``; both halves sum exactly (partial sums
+stay below 2**53 for reductions of fewer than 2**21 elements) and ``high_sum · 2**32 +
+low_sum`` wraps in int64 as torch's sum does.
 """
 
 from __future__ import annotations
@@ -47,6 +53,48 @@ def _pow_tensor_scalar(self: ir.Value, exponent: Any) -> ir.Value:
 @own(aten.pow.Scalar, applies=_integer_result)
 def _pow_scalar(self: Any, exponent: ir.Value) -> ir.Value:
     return _pow(op.CastLike(self, exponent), exponent)
+
+
+def _int64_input(node: torch.fx.Node) -> bool:
+    first = node.args[0] if node.args else None
+    val = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    out = node.meta.get("val")
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dtype == torch.int64
+        and isinstance(out, torch.Tensor)
+        and out.dtype == torch.int64
+    )
+
+
+@own(aten.sum.default, applies=_int64_input)
+def _sum(self: ir.Value, dtype: Any = None) -> ir.Value:
+    return _exact_sum(self, None, keepdim=False)
+
+
+@own(aten.sum.dim_IntList, applies=_int64_input)
+def _sum_dims(
+    self: ir.Value, dim: Any = None, keepdim: bool = False, dtype: Any = None
+) -> ir.Value:
+    return _exact_sum(self, list(dim) if dim else None, keepdim=keepdim)
+
+
+def _exact_sum(x: ir.Value, dims: list[int] | None, *, keepdim: bool) -> ir.Value:
+    """``ReduceSum`` of int64 ``x`` over ``dims`` (None: all) as two sums of 32-bit halves."""
+    half = op.Constant(value=ir.tensor(np.array(2**32, dtype=np.int64)))
+    zero = op.Constant(value=ir.tensor(np.array(0, dtype=np.int64)))
+    low = op.Mod(x, half)  # fmod=0: the divisor's sign, so 0 ≤ low < 2**32
+    truncated = op.Div(x, half)  # rounds toward zero; the floor is one less for a negative x
+    borrow = op.And(op.Less(x, zero), op.Greater(low, zero))
+    high = op.Sub(truncated, op.Cast(borrow, to=int(ir.DataType.INT64)))
+    keep = 1 if keepdim else 0
+    if dims is None:
+        low_sum, high_sum = op.ReduceSum(low, keepdims=keep), op.ReduceSum(high, keepdims=keep)
+    else:
+        axes = op.Constant(value=ir.tensor(np.array(dims, dtype=np.int64)))
+        low_sum = op.ReduceSum(low, axes, keepdims=keep)
+        high_sum = op.ReduceSum(high, axes, keepdims=keep)
+    return op.Add(op.Mul(high_sum, half), low_sum)
 
 
 def _const(n: int, like: ir.Value) -> ir.Value:
