@@ -198,7 +198,8 @@ def optimize(
     :func:`irkit.rewrite` with the target's default rules (or ``rules``), unused-node removal,
     common-subexpression elimination (main graph and every function body), lifting the main
     graph's ``Constant`` nodes to initializers (IR version 4 and newer: before, an initializer
-    must also be a graph input), initializer deduplication, unused-function removal. Local functions are kept: the hierarchy survives.
+    must also be a graph input), initializer deduplication, unused-function removal, unique
+    value names (subgraphs included). Local functions are kept: the hierarchy survives.
 
     Args:
         model: The model; modified in place.

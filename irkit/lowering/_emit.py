@@ -211,15 +211,21 @@ class Emitter:
                 "outputs, so these updates are not emitted.",
                 ", ".join(map(str, dropped)),
             )
-        names = _check_names("output_names", self._output_names, len(user))
+        # A None leaf (``hidden_states=None`` in a ``ModelOutput`` without ``use_cache``) is no
+        # tensor: ONNX has no output for it, as the stock exporter has none.
+        kept = [index for index, (_, result) in enumerate(user) if result is not None]
+        names = _check_names("output_names", self._output_names, len(kept))
         if names is None:
-            names = _output_key_names(self.ep, [s.arg.name for s, _ in user])
+            every = _output_key_names(self.ep, [s.arg.name for s, _ in user])
+            names = [every[index] for index in kept]
             # An output that is an input passed through (``x.contiguous()``) would share its name.
             taken = {v.name for v in self.graph.inputs} | set(self.graph.initializers)
             names = [f"{n}_output" if n in taken else n for n in names]
+        if len(kept) < len(user):
+            logger.info("irkit.lower: %d None outputs have no ONNX output.", len(user) - len(kept))
         seen: set[int] = set()
-        for index, (_spec, result) in enumerate(user):
-            name = names[index]
+        for name, index in zip(names, kept, strict=True):
+            result = user[index][1]
             value = self._as_output_value(frame, result, name)
             if (
                 id(value) in seen
@@ -448,6 +454,7 @@ class Emitter:
             for k, out in enumerate(ir_node.outputs):
                 if out.name is None:
                     out.name = f"{ir_node.name}/{k}" if len(nodes) > 1 else f"{name}/{k}"
+            _name_subgraphs(ir_node)
         (self.graph if graph is None else graph).extend(nodes)
 
     def _decomposed(self, frame: Frame, node: torch.fx.Node) -> Any:
@@ -573,6 +580,26 @@ def _bug(node: torch.fx.Node, what: str) -> LoweringError:
         module_path=module_path(node),
         source=node_location(node),
     )
+
+
+def _name_subgraphs(node: ir.Node) -> None:
+    """Name the unnamed values of the graphs an own lowering built for ``node`` (a ``Loop``
+    body) after the node: ``pow_1/Loop_9/body/3``, unique in the model as ONNX requires."""
+    for attr in node.attributes.values():
+        if attr.type != ir.AttributeType.GRAPH:
+            continue
+        prefix = f"{node.name}/{attr.name}"
+        graph = attr.as_graph()
+        values = [
+            *graph.inputs,
+            *(o for n in ir.traversal.RecursiveGraphIterator(graph) for o in n.outputs),
+        ]
+        for index, value in enumerate(values):
+            if value.name is None:
+                value.name = f"{prefix}/{index}"
+        for index, inner in enumerate(ir.traversal.RecursiveGraphIterator(graph)):
+            if inner.name is None:
+                inner.name = f"{prefix}/{inner.op_type}_{index}"
 
 
 def _check_names(what: str, names: Sequence[str] | None, expected: int) -> Sequence[str] | None:

@@ -1,8 +1,8 @@
 """irkit's own lowerings: only for aten overloads torchlib has no entry for (or covers badly).
 
 Each is small, registered where it is defined (``@own``, :mod:`irkit.lowering._registration`),
-and, where it can, delegates to the torchlib function that does the real work (``__and__`` *is*
-``bitwise_and``). Ops with a generic fallback (CompositeImplicit decompositions such as
+and, where it can, delegates to the torchlib function that does the real work (``_is_all_true``
+*is* ``all``). Ops with a generic fallback (CompositeImplicit decompositions such as
 ``aten.diff``, in-place ops) are handled by the planner, not here. :func:`own_lowerings` collects
 the records of this module and of the ``_own_*`` modules.
 """
@@ -20,6 +20,7 @@ from onnxscript import opset18 as op
 
 from irkit.lowering import (
     _own_indexing,
+    _own_integer,
     _own_ordering,
     _own_pool,
     _own_rnn,
@@ -38,10 +39,36 @@ aten = torch.ops.aten
 @own(aten._assert_scalar.default, complex=True)
 @own(aten._assert_async.default, complex=True)
 @own(aten._assert_async.msg, complex=True)
+@own(aten.sym_constrain_range.default, complex=True)
 @own(aten.sym_constrain_range_for_size.default, complex=True)
 def _no_output(*args: Any, **kwargs: Any) -> None:
-    """``_assert_tensor_metadata`` and friends check at trace time and compute nothing."""
+    """Runtime assertions (``torch._check``, ``torch._assert_async``, ``_check_is_size``) and
+    ``_assert_tensor_metadata``: torch checked them while tracing; they compute nothing and are
+    dropped (the values they read are computed as usual, and removed by ``irkit.optimize``
+    when nothing else reads them)."""
     return None
+
+
+# ``torch.all``/``torch.any`` of a bool tensor into one bool, as ``if not torch.all(...)`` traces:
+# values (an assertion reads them through ``item``), so lowered, not dropped.
+_IS_ALL_TRUE = OwnLowering(aten._is_all_true.default, torchlib("aten::all"))
+_IS_ANY_TRUE = OwnLowering(aten._is_any_true.default, torchlib("aten::any"))
+
+
+@own(aten._functional_assert_async.msg)
+@own(aten._functional_assert_scalar.default)
+@own(aten._functional_sym_constrain_range.default)
+@own(aten._functional_sym_constrain_range_for_size.default)
+def _pass_token(self: Any, *args: Any) -> ir.Value:
+    """The functional assertions return their effect token (the last argument) unchanged."""
+    token: ir.Value = args[-1]
+    return op.Identity(token)
+
+
+@own(aten._make_dep_token.default)
+def _dep_token(**kwargs: Any) -> ir.Value:
+    """The effect token the functional assertions thread: an empty float scalar, as in torch."""
+    return op.Constant(value=ir.tensor(0.0, dtype=ir.DataType.FLOAT))
 
 
 _COMPLEX_PARTS = {
@@ -91,12 +118,6 @@ def _to_device(self, device=None, dtype=None, non_blocking=False, copy=False, me
 @own(aten.to.other)
 def _to_other(self, other, non_blocking=False, copy=False, memory_format=None):
     return _cast_to(self, other.dtype)
-
-
-# Python's & | ^ on tensors are the bitwise ops (logical on bool).
-_AND = OwnLowering(aten.__and__.Tensor, torchlib("aten::bitwise_and.Tensor"))
-_OR = OwnLowering(aten.__or__.Tensor, torchlib("aten::bitwise_or.Tensor"))
-_XOR = OwnLowering(aten.__xor__.Tensor, torchlib("aten::bitwise_xor.Tensor"))
 
 
 def _batch_norm_applies(node: torch.fx.Node) -> bool:
@@ -441,6 +462,7 @@ _MODULES = (
     _own_indexing,
     _own_ordering,
     _own_pool,
+    _own_integer,
     _own_rnn,
     _own_scan,
     _own_squeeze,

@@ -316,6 +316,10 @@ def _num_outputs(
             "cannot tell the number of outputs of Split: no num_outputs, and its split sizes "
             "are not constant."
         )
+    if signature.domain == "" and signature.name == "Loop":
+        # one final value per loop-carried value (no scan outputs: irkit's bodies have none)
+        carried = inputs.get("v_initial")
+        return len(carried) if isinstance(carried, (list, tuple)) else 1
     if signature.domain == "" and signature.name == "BatchNormalization":
         training = any(a.name == "training_mode" and a.value for a in attrs)
         return 3 if training else 1

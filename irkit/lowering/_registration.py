@@ -5,7 +5,7 @@ An own lowering is one :class:`OwnLowering` record, made where the lowering is d
 * ``@own(target, applies=..., identity=...)`` above the function (several for one function that
   serves several overloads);
 * ``own(target)(factory(...))`` for a lowering built by a factory, assigned to a module name;
-* ``OwnLowering(target, torchlib("aten::bitwise_and.Tensor"))`` at module level, for a
+* ``OwnLowering(target, torchlib("aten::all"))`` at module level, for a
   delegation to torchlib's function of another op, looked up lazily;
 * ``@torchlib_gap(target)`` above a predicate telling when *torchlib's* lowering of ``target``
   does not cover a node (the node then takes the next way, torch's decompositions).

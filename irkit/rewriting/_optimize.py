@@ -177,6 +177,9 @@ def optimize_with(
 
     timed("dedupe_initializers", dedupe_known)
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
+    # The folder and rules name what they create per graph (``val_10``); ONNX wants a name once
+    # in a graph and the subgraphs it holds (two ``Loop`` bodies each folding one value).
+    timed("unique_names", lambda: common_passes.NameFixPass()(model))
     result.passes = timings
     result.nodes_before = nodes_before
     result.nodes_after = count_nodes(model)

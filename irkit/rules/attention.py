@@ -54,7 +54,10 @@ else (``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)``
 ``(Y, present_key, present_value)`` with ``Y`` ``(B, Hq, S, D)``.
 
 Preconditions: opset ≥ 23; ``q``, ``k``, ``v`` of known rank 4 (after the repeat: ``Hq`` =
-``Hkv · n``, checked on the static or symbolic dims of the repeat's values); the two ``√s``
+``Hkv · n``, checked on the static or symbolic dims of the repeat's values); no batch or head
+broadcast where the dims are known (one batch dim for ``q``, ``k``, ``v``; ``k``'s heads equal
+``v``'s and divide ``q``'s: ``Attention`` does not broadcast as the matmuls do, and
+onnxruntime refuses to load such a node); the two ``√s``
 factors (or the one ``s``) scalar constants; ``Softmax`` over the last axis (fp16 eager: the
 probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4; every
 intermediate value used only inside the match (the engine's rule); a softcap's divisor and
@@ -154,6 +157,24 @@ def _rank4(*values: ir.Value | None) -> Verdict:
     return True
 
 
+def _no_broadcast(q: ir.Value, k: ir.Value, v: ir.Value) -> Verdict:
+    """Attention takes one batch for Q, K and V and K/V heads dividing Q's, where matmuls
+    broadcast: a shared query ``(1, H, S, D)`` against keys ``(B, H, L, D)`` (BLIP-2's Q-Former
+    with one set of learned queries, granite_speech's projector) stays decomposed."""
+    dims = [known_dims(x) for x in (q, k, v)]
+    batch = {d[0] for d in dims if d is not None}
+    if len(batch) > 1:
+        shown = ", ".join(str(d[0]) if d is not None else "?" for d in dims)
+        return fail(f"q, k, v batch dims differ ({shown}): the matmuls broadcast them", q)
+    heads = [d[1] if d is not None else None for d in dims]
+    hq, hk, hv = heads
+    if isinstance(hk, int) and isinstance(hv, int) and hk != hv:
+        return fail(f"k has {hk} heads, v {hv}: the matmuls broadcast them", k)
+    if isinstance(hq, int) and isinstance(hk, int) and hq % hk:
+        return fail(f"q's {hq} heads are not a multiple of k's {hk}: the matmuls broadcast", q)
+    return True
+
+
 def _transpose_shapes_ok(k: ir.Value, shape1: ir.Value | None, shape2: ir.Value | None) -> Verdict:
     """For torchlib's constant-shape kᵀ: the reshapes fold k to (B·H, L, D) and unfold the
     transposed (B·H, D, L) to (B, H, D, L)."""
@@ -229,6 +250,9 @@ def _check_core(
     if mask is not None and (r := known_rank(mask)) is not None and r > 4:
         return fail(f"a rank-{r} mask would broadcast the scores beyond 4-D", mask)
     ok = _rank4(q, k, v)
+    if ok is not True:
+        return ok
+    ok = _no_broadcast(q, k, v)
     if ok is not True:
         return ok
     ok = _transpose_shapes_ok(k, shape1, shape2)

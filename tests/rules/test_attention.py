@@ -355,6 +355,40 @@ def test_q_of_rank_3_is_not_matched():
     assert "q must be 4-D (B, H, S, D), rank is 3" in failures
 
 
+def test_query_shared_across_the_batch_is_not_matched():
+    # BLIP-2's Q-Former: one set of learned queries (batch 1) against every item's keys
+    text = attention_text(form="eager", mask="none", cache=False, hkv=4)
+    failures = _reason(build(text.replace("float[2,4,3,8] q", "float[1,4,3,8] q")), "Attention")
+    assert "q, k, v batch dims differ (1, 2, 2): the matmuls broadcast them" in failures
+
+
+def test_query_heads_broadcast_over_key_heads_is_not_matched():
+    text = attention_text(form="eager", mask="none", cache=False, hkv=4, hq=4)
+    failures = _reason(build(text.replace("float[2,4,3,8] q", "float[2,1,3,8] q")), "Attention")
+    assert "q's 1 heads are not a multiple of k's 4: the matmuls broadcast" in failures
+
+
+def test_broadcast_sdpa_lowered_by_torchlib_stays_decomposed_and_loads():
+    torch = pytest.importorskip("torch")
+    import irkit
+    from tests.helpers import ort_session
+
+    class SharedQuery(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, 4, s, 8, generator=g) for b, s in ((1, 2), (3, 5), (3, 5)))
+    model = irkit.lower(torch.export.export(SharedQuery(), (q, k, v)))
+    report = irkit.RewriteReport()
+    irkit.optimize(model, report=report)
+    assert fired(report) == {}
+    assert "Attention" not in util.ops(model) and util.ops(model)["Softmax"] == 1
+    got = ort_session(model).run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})[0]
+    assert got.shape == (3, 4, 2, 8)
+    np.testing.assert_allclose(got, SharedQuery()(q, k, v).numpy(), atol=1e-5)
+
+
 def test_scale_not_constant():
     text = attention_text(form="eager", mask="none", cache=False, hkv=4)
     text = text.replace("g (", "g (float[1] sc, ").replace(
