@@ -493,20 +493,7 @@ def _build_function(ctx: _Context, key: str) -> ir.Function:
         domain, base = function_domain(scope[-1]), scope[-1].class_name
     else:
         domain, base = SUBGRAPH_DOMAIN, key
-    state: ControlFlowState = ctx.emitter.control_flow
-    name, k = base, 0
-    while (domain, name) in state.names:
-        k += 1
-        name = f"{base}_{k}"
-    state.names.add((domain, name))
-    inputs = [ctx.new_input(p, p.name) for p in _placeholders(ctx, "subgraph")]
-    graph = ir.Graph(inputs, [], nodes=[], name=name)
-    results = ctx.emit("subgraph", inputs, graph, prefix="")
-    graph.outputs.extend(ctx.outputs(graph, results, "subgraph"))
-    for i, out in enumerate(graph.outputs):
-        out.name = f"output_{i}"
-    _import_opsets(ctx.emitter, graph)
-    function = ir.Function(domain, name, graph=graph, attributes=[])
+    function = _new_function(ctx, "subgraph", domain, base)
     function.doc_string = f"torch invoke_subgraph {key!r}"
     function.metadata_props[metadata.INVOKE_SUBGRAPH] = key
     if scope:
@@ -543,19 +530,7 @@ def lower_custom_op(
     function = state.functions.get(key)
     if function is None:
         domain, _, base = qualname.partition("::")
-        name, k = base, 0
-        while (domain, name) in state.names:
-            k += 1
-            name = f"{base}_{k}"
-        state.names.add((domain, name))
-        inputs = [ctx.new_input(p, p.name) for p in _placeholders(ctx, "body")]
-        graph = ir.Graph(inputs, [], nodes=[], name=name)
-        results = ctx.emit("body", inputs, graph, prefix="")
-        graph.outputs.extend(ctx.outputs(graph, results, "body"))
-        for i, out in enumerate(graph.outputs):
-            out.name = f"output_{i}"
-        _import_opsets(emitter, graph)
-        function = state.functions[key] = ir.Function(domain, name, graph=graph, attributes=[])
+        function = state.functions[key] = _new_function(ctx, "body", domain, base)
         function.doc_string = f"torch custom op {qualname} (its Python implementation)"
         function.metadata_props[metadata.CUSTOM_OP] = qualname
         emitter.graph.opset_imports.setdefault(domain, 1)
@@ -572,13 +547,27 @@ def lower_custom_op(
     return outputs if isinstance(node.meta.get("val"), (list, tuple)) else outputs[0]
 
 
-def _import_opsets(emitter: BodyEmitter, graph: ir.Graph) -> None:
-    """Give a function body the main graph's default opset and every domain its nodes use."""
-    opsets = {"": emitter.graph.opset_imports.get("", 18)}
+def _new_function(ctx: _Context, body: str, domain: str, base: str) -> ir.Function:
+    """A local function whose graph is ``body`` emitted on fresh inputs, named ``base`` (or
+    ``base_1``, … when another function of ``domain`` has the name)."""
+    state = ctx.emitter.control_flow
+    name, k = base, 0
+    while (domain, name) in state.names:
+        k += 1
+        name = f"{base}_{k}"
+    state.names.add((domain, name))
+    inputs = [ctx.new_input(p, p.name) for p in _placeholders(ctx, body)]
+    graph = ir.Graph(inputs, [], nodes=[], name=name)
+    results = ctx.emit(body, inputs, graph, prefix="")
+    graph.outputs.extend(ctx.outputs(graph, results, body))
+    for i, out in enumerate(graph.outputs):
+        out.name = f"output_{i}"
+    opsets = {"": ctx.emitter.graph.opset_imports.get("", 18)}
     for body_node in graph:
         if body_node.domain not in opsets:
             opsets[body_node.domain] = 1
     graph.opset_imports.update(opsets)
+    return ir.Function(domain, name, graph=graph, attributes=[])
 
 
 def convert_keeping_functions(model: ir.Model, convert: Callable[[ir.Model], None]) -> None:

@@ -82,14 +82,9 @@ def _scan_tokens(step: object, state: torch.Tensor, *xs: torch.Tensor) -> tuple[
     return out.movedim(0, 1), final
 
 
-def _gated_delta_shape(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    decay: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _gated_delta_shape(*operands: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output shapes: ``value``'s and ``state``'s (operands as :func:`_gated_delta`'s)."""
+    value, state = operands[2], operands[5]
     return value.new_empty(value.shape), state.new_empty(state.shape)
 
 
