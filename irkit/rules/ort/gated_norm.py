@@ -51,6 +51,7 @@ def _gated_rms_norm(
 ) -> ir.Value:
     """GatedRMSNorm(x, w, g, activation="silu", epsilon=eps)"""
     out: ir.Value = op.domain(MS).GatedRMSNorm(x, w, g, activation="silu", epsilon=epsilon)
+    out.type, out.shape = x.type, x.shape  # (checkers know no contrib op's type inference)
     return out
 
 

@@ -82,7 +82,8 @@ def _linear_attention(
         scale=1.0,
         _outputs=2,
     )
-    out.type, out.shape = v.type, _packed(v)
+    out.type, out.shape = v.type, _packed(v)  # (checkers know no contrib op's type inference)
+    final.type, final.shape = state.type, state.shape
     four: ir.Value = op.Reshape(out, op.const(np.array([0, 0, heads, v_dim], dtype=np.int64)))
     four.type, four.shape = v.type, v.shape
     return four, final
