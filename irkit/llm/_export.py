@@ -588,7 +588,10 @@ def export(
     shared = target == "ort" and ort.attention.runs_on_shared_buffer(
         model, len(exported.cache.keys)
     )
-    if shares and target == "onnx" and exported.cache.keys:  # (a pure state cache: no KV)
+    # (a pure state cache: no KV); under target ort a model no GroupQueryAttention took
+    # (deepseek_v3's MLA attends over its decompressed latent cache) shares it as onnx does
+    standard = target == "onnx" or ort.attention.group_query_attentions(model) == 0
+    if shares and not shared and standard and exported.cache.keys:
         from irkit.rules.kv_buffer import share_kv_buffer
 
         stage("sharing the KV buffer (opset 24: TensorScatter)")

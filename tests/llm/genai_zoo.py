@@ -42,9 +42,10 @@ PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox"]
 ARCHS = {arch.name: arch for arch in (*ZOO, *EXTRA)}
 
 
-def make_exported(tmp_path_factory: pytest.TempPathFactory):
-    """arch → (HF folder, exported folder, the transformers model), each exported once."""
-    root = tmp_path_factory.mktemp("genai-zoo")
+def make_exported(tmp_path_factory: pytest.TempPathFactory, target: str | None = None):
+    """arch → (HF folder, exported folder, the transformers model), each exported once with
+    ``irkit export`` (``--target target``; ``None``: the command's default)."""
+    root = tmp_path_factory.mktemp(f"genai-zoo-{target or 'default'}")
     tokenizer = gs.tokenizer(vocab_size=VOCAB, specials=SPECIALS)
     done: dict[str, tuple[pathlib.Path, pathlib.Path, object]] = {}
 
@@ -60,6 +61,8 @@ def make_exported(tmp_path_factory: pytest.TempPathFactory):
             folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
             out = root / f"{name}-onnx"
             argv = ["export", str(folder), "-o", str(out), "-q"]
+            if target is not None:
+                argv += ["--target", target]
             assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
             done[name] = (folder, out, model)
         return done[name]
