@@ -411,6 +411,8 @@ class _Hoist:
 def _score_adds(model: ir.Model, value: ir.Value, formals: list[ir.Value]) -> str | None:
     """None when every use of ``value`` (through function calls: their inputs are appended to
     ``formals``) is an ``Add`` whose other operand is 4-D; else why not."""
+    if value.is_graph_output():
+        return f"{value.name!r} is an output of its graph or function"
     for use in value.uses():
         node = use.node
         function = model.functions.get((node.domain, node.op_type, node.overload))
