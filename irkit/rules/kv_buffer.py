@@ -496,7 +496,8 @@ class _AlibiPositions:
         new = scaled.outputs[0]
         new.name = f"{bias.name}/by_position"
         new.type = bias.type
-        new.shape = ir.Shape([main.shape[0], heads, 1, main.shape[3]])
+        batch, _, _, total = main.shape or ir.Shape(["batch", 1, 1, "total_sequence"])
+        new.shape = ir.Shape([batch, heads, 1, total])
         bias.replace_all_uses_with(new)
         for formal in formals:
             formal.shape = new.shape

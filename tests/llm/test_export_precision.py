@@ -164,7 +164,7 @@ def test_fp16_export(folder, tmp_path):
 
 @pytest.mark.slow
 def test_int4_on_the_shared_buffer_generates_as_concatenated(folder, tmp_path):
-    """The default (shared KV buffer, opset 24) quantized: genai's ids equal the concatenated
+    """The default (target ort, shared KV buffer) quantized: genai's ids equal the concatenated
     cache's, token for token."""
     export(folder, tmp_path / "shared", precision="int4")
     export(folder, tmp_path / "concat", precision="int4", share_buffer=False)

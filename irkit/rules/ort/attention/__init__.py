@@ -165,10 +165,11 @@ def runs_on_shared_buffer(model: ir.Model, layers: int) -> bool:
     ``Attention``, ``MultiHeadAttention``), and nothing but a ``GroupQueryAttention``'s past
     inputs reads a ``past_key_values.*`` input (an attention left unfused reads its cache by
     ``Concat``; a ``Softmax`` elsewhere, e.g. a mixture of experts' router, is no attention):
-    onnxruntime-genai may then run it with ``past_present_share_buffer: true``."""
+    onnxruntime-genai may then run it with ``past_present_share_buffer: true``. No cached
+    layer (a cache of states only): no buffer to share, False."""
     runs = _run_counts(model)
     others = ("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention")
-    if runs[MS, "GroupQueryAttention"] != layers or any(runs[o] for o in others):
+    if layers == 0 or runs[MS, "GroupQueryAttention"] != layers or any(runs[o] for o in others):
         return False
     pasts = [v for v in model.graph.inputs if str(v.name).startswith("past_key_values.")]
     return all(
