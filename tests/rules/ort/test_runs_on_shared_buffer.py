@@ -46,3 +46,9 @@ def test_shared_only_where_group_query_attention_owns_the_cache(extra, extra_out
     assert group_query_attentions(model) == 1
     assert runs_on_shared_buffer(model, 1) is shared
     assert runs_on_shared_buffer(model, 2) is False  # one per cached layer
+
+
+def test_a_cache_of_states_only_shares_nothing():
+    """No cached attention layer (Mamba: states only): no KV buffer, the flag false."""
+    model = util.model(f"{_HEAD}\ng (float[2] x) => (float[2] y) {{ y = Relu(x) }}")
+    assert runs_on_shared_buffer(model, 0) is False
