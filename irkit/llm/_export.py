@@ -601,6 +601,10 @@ def export(
         stage("sharing the KV buffer (opset 24: TensorScatter)")
         share_kv_buffer(model)
         shared = True
+    elif exported.cache.keys:  # genai right-pads the concatenated cache too: ALiBi by position
+        from irkit.rules.kv_buffer import alibi_by_position
+
+        alibi_by_position(model)
     if precision in _QUANTIZED_BITS:
         stage(f"quantizing to {precision} (irkit.quantize)")
         _quantize(model, precision, note)

@@ -15,13 +15,19 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from irkit.rewriting import MatchFailure, const_value, dims, fail
+from irkit.rewriting import MatchFailure, dims, fail
+from irkit.rewriting import const_value as _const_value
 
 __all__ = ["alibi_slopes"]
 
 
-def _table(bias: ir.Value) -> ir.Value | MatchFailure:
-    """The constant root of ``bias``'s chain of step-1 ``Slice`` s on the last axis."""
+def _table(bias: ir.Value, bound: Callable[[ir.Value], ir.Value]) -> ir.Value | MatchFailure:
+    """The root of ``bias``'s chain of step-1 ``Slice`` s on the last axis (``bound``: see
+    :func:`alibi_slopes`)."""
+
+    def const_value(value: ir.Value) -> np.ndarray | None:
+        return _const_value(bound(value))
+
     v = bias
     while (p := v.producer()) is not None and p.op_type == "Slice" and p.domain == "":
         if p.inputs[0] is None or len(p.inputs) < 4 or p.inputs[3] is None:
@@ -55,18 +61,20 @@ def alibi_slopes(
     Args:
         bias: The value added to the attention scores.
         heads: The number of heads the table must have (None: any).
-        bound: Maps the chain's root to the value it stands for (a function input to the
-            value every call passes, :class:`irkit.rules.hoist.Threader`); None: the root.
+        bound: Maps a value of the chain (its root, the slices' axes and steps) to the value
+            it stands for (a function input to the value every call passes,
+            :class:`irkit.rules.hoist.Threader`); None: itself.
 
     Returns:
         The slopes, or a :class:`~irkit.rewriting.MatchFailure` naming the failed check.
     """
     if (dims(bias) or (None,))[-1] == 1:
         return fail("the bias is one column broadcast over the keys", bias)
-    root = _table(bias)
+    resolve = bound or (lambda value: value)
+    root = _table(bias, resolve)
     if isinstance(root, MatchFailure):
         return root
-    table = const_value(root if bound is None else bound(root))
+    table = _const_value(resolve(root))
     if table is None:
         return fail("the bias is not a slice of a constant table (ALiBi)", bias)
     shape = table.shape

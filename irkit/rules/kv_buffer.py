@@ -43,7 +43,8 @@ input and the output: its length is the capacity, not the number of past tokens.
   as distance. For the tokens of a left-padded or unpadded row both are the same numbers
   (softmax drops the per-row offset anyway). Only a bias whose every use is an ``Add`` to 4-D
   scores (through function calls) is rewritten; bloom computes its bias from
-  ``attention_mask`` already.
+  ``attention_mask`` already. genai right-pads a concatenated cache alike:
+  :func:`alibi_by_position` is the same rewrite without the shared buffer.
 
 Preconditions (else :class:`~irkit.errors.LoweringOptionsError`, naming what is missing): the
 graph has ``input_ids`` and ``attention_mask`` inputs and ``past_key_values.*`` inputs, each
@@ -77,7 +78,7 @@ from irkit.rewriting import (
 from irkit.rules._alibi import alibi_slopes
 from irkit.rules.hoist import FunctionKey, Threader
 
-__all__ = ["SHARED_BUFFER_OPSET", "rules", "share_kv_buffer"]
+__all__ = ["SHARED_BUFFER_OPSET", "alibi_by_position", "rules", "share_kv_buffer"]
 
 #: The opset the shared buffer needs (``TensorScatter``).
 SHARED_BUFFER_OPSET = 24
@@ -502,6 +503,25 @@ class _AlibiPositions:
         for formal in formals:
             formal.shape = new.shape
         _drop_unused(graph, [bias])
+
+
+def alibi_by_position(model: ir.Model) -> ir.Model:
+    """Count a slot-indexed ALiBi bias by token position (the module docstring's last item),
+    in place, on a cache concatenated as genai lays it out (a right-padded prompt's pads keep
+    their slots): what :func:`share_kv_buffer` does for the shared buffer, for
+    ``past_present_share_buffer: false``.
+
+    Args:
+        model: A lowered, optimized causal LM with an ``attention_mask`` input.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        LoweringOptionsError: The model has an ALiBi bias and no ``attention_mask`` input.
+    """
+    _AlibiPositions(model, Threader(model), _Builder(model.graph)).run()
+    return model
 
 
 def share_kv_buffer(model: ir.Model) -> ir.Model:

@@ -109,8 +109,9 @@ def test_int_precisions_quantize_the_matmuls(folder, tmp_path, precision, bits, 
     model = (
         transformers.AutoModelForCausalLM.from_pretrained(folder) if source == "loaded" else folder
     )
-    # the eager comparison feeds a past of 4 and 8 new tokens: the concatenated cache's contract
-    result = export(model, out, precision=precision, share_buffer=False)
+    # the eager comparison feeds a past of 4 and 8 new tokens: the concatenated cache's contract;
+    # target onnx: its quantized decode fusions (the ort default packs q/k/v and gate/up)
+    result = export(model, out, precision=precision, share_buffer=False, target="onnx")
     ops = _histogram(out / "model.onnx")
     # q, k, v, o, gate, up, down per layer, and lm_head
     assert ops.get("MatMulNBits") == 7 * LAYERS + 1, ops

@@ -424,22 +424,27 @@ ALIBI_PROMPTS = [
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "concat"])
 @pytest.mark.parametrize("target", ["onnx", "ort"])
-def test_alibi_right_padded_batches(exported, tmp_path, target):
+def test_alibi_right_padded_batches(exported, tmp_path, target, shared):
     """mpt (ALiBi by a constant table sliced per step) in genai's right-padded batches of prompts
-    of several lengths: on target onnx the buffer keeps a shorter prompt's pads in their slots,
-    so the bias must count token positions, not slots (by slot the shorter rows diverged); on
-    target ort GroupQueryAttention keeps each row's keys together."""
-    folder, out = exported("mpt")  # (target ort)
-    if target == "onnx":
-        out = tmp_path / "mpt-onnx"
-        export(folder, out, target="onnx", max_length=MAX_LENGTH)
+    of several lengths. The cache keeps a shorter prompt's pads in their slots (the shared buffer
+    on target onnx, the concatenated cache on both targets), so the bias must count token
+    positions, not slots (by slot the shorter rows diverged); on the shared buffer of target ort
+    GroupQueryAttention keeps each row's keys together."""
+    folder, out = exported("mpt")  # (target ort, shared buffer)
+    if (target, shared) != ("ort", True):
+        out = tmp_path / f"mpt-{target}-{shared}"
+        export(folder, out, target=target, max_length=MAX_LENGTH, share_buffer=shared)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is shared
     ops = _ops(out)
-    if target == "onnx":
-        assert ops[("", "TensorScatter")] >= 2 and ops[("", "CumSum")] == 1  # positions, once
-    else:
+    if (target, shared) == ("ort", True):
         assert ops[("com.microsoft", "GroupQueryAttention")] >= 1
+    else:  # the positions once, in the main graph
+        assert ops[("", "CumSum")] == 1
+        assert ops[("", "TensorScatter")] >= (2 if shared else 0)
     for prompts in ALIBI_PROMPTS:
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
-        assert got == want, (target, prompts)
+        assert got == want, (target, shared, prompts)

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from irkit.errors import LoweringOptionsError
-from irkit.rules.kv_buffer import SHARED_BUFFER_OPSET, share_kv_buffer
+from irkit.rules.kv_buffer import SHARED_BUFFER_OPSET, alibi_by_position, share_kv_buffer
 from tests.rewriting import util
 
 B, H, S, P, D, CAPACITY = 2, 2, 3, 4, 8, 8
@@ -245,6 +245,16 @@ def test_alibi_counts_token_positions_not_buffer_slots():
     np.testing.assert_allclose(after, _alibi_reference(feeds, True), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-5)
     assert np.abs(after[1] - before[1]).max() > 1e-2  # the padded row: other numbers
+
+
+def test_alibi_by_position_on_the_concatenated_cache():
+    """The concatenated cache (no shared buffer) keeps the pads' slots too: the same rewrite."""
+    model = alibi_by_position(_alibi_model(ALIBI))
+    assert model.opset_imports[""] == 23 and "TensorScatter" not in util.ops(model)
+    feeds = _feeds()
+    np.testing.assert_allclose(
+        _run(model, feeds)["y"], _alibi_reference(feeds, True), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_alibi_bias_used_elsewhere_is_kept():
