@@ -47,8 +47,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         choices=_TARGETS,
-        default="onnx",
-        help="irkit.optimize target: standard ONNX (default) or onnxruntime's contrib ops",
+        default="ort",
+        help="irkit.optimize target: onnxruntime's contrib ops (default: GroupQueryAttention, "
+        "as genai's builder writes) or standard ONNX only",
     )
     p.add_argument(
         "--max-length",

@@ -484,7 +484,7 @@ def export(
     out_dir: str | os.PathLike[str],
     *,
     precision: str = "fp32",
-    target: str = "onnx",
+    target: str = "ort",
     max_length: int | None = None,
     share_buffer: bool | None = None,
     overwrite: bool = False,
@@ -511,13 +511,17 @@ def export(
             ``irkit.llm._precision``; the checkpoint converted while streamed);
             ``"int4"``/``"int8"`` (fp32 model whose matmul weights ``irkit.quantize`` packs
             into ``MatMulNBits``).
-        target: ``irkit.optimize`` target, ``"onnx"`` or ``"ort"``.
+        target: ``irkit.optimize`` target: ``"ort"`` (the default: onnxruntime's contrib ops,
+            ``GroupQueryAttention`` on the shared buffer, as genai's own builder writes; a genai
+            folder only ever runs in onnxruntime) or ``"onnx"`` (standard ops only: opset-23
+            ``Attention``, ``TensorScatter`` on the shared buffer).
         max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
         share_buffer: Keep the KV cache in one buffer of ``max_length`` positions shared by past
             and present, and write ``past_present_share_buffer: true`` (the default,
-            ``None``, shares it): target ``"onnx"`` rewrites to opset 24
-            (:func:`irkit.rules.kv_buffer.share_kv_buffer`: ``TensorScatter``), target ``"ort"``
-            writes ``GroupQueryAttention`` on the buffer. ``False``: past and new keys
+            ``None``, shares it): target ``"ort"`` writes ``GroupQueryAttention`` on the
+            buffer (a model whose attention none took, deepseek_v3's MLA, as target ``"onnx"``),
+            target ``"onnx"`` rewrites to opset 24
+            (:func:`irkit.rules.kv_buffer.share_kv_buffer`: ``TensorScatter``). ``False``: past and new keys
             concatenated (opset 23), ``past_present_share_buffer: false``.
         overwrite: Replace a non-empty ``out_dir``.
         trust_remote_code: Allow a folder whose model is defined by its own code.
@@ -590,12 +594,19 @@ def export(
     shared = target == "ort" and ort.attention.runs_on_shared_buffer(
         model, len(exported.cache.keys)
     )
-    if shares and target == "onnx" and exported.cache.keys:  # (a pure state cache: no KV)
+    # (a pure state cache: no KV); under target ort a model no GroupQueryAttention took
+    # (deepseek_v3's MLA attends over its decompressed latent cache) shares it as onnx does
+    standard = target == "onnx" or ort.attention.group_query_attentions(model) == 0
+    if shares and not shared and standard and exported.cache.keys:
         from irkit.rules.kv_buffer import share_kv_buffer
 
         stage("sharing the KV buffer (opset 24: TensorScatter)")
         share_kv_buffer(model)
         shared = True
+    elif exported.cache.keys:  # genai right-pads the concatenated cache too: ALiBi by position
+        from irkit.rules.kv_buffer import alibi_by_position
+
+        alibi_by_position(model)
     if precision in _QUANTIZED_BITS:
         stage(f"quantizing to {precision} (irkit.quantize)")
         _quantize(model, precision, note)

@@ -33,7 +33,18 @@ input and the output: its length is the capacity, not the number of past tokens.
   output;
 - every ``Shape`` of a past input in the main graph that reads the sequence axis (the past
   length the graph derives its positions and mask from) reads ``T - S`` instead, from the
-  ``attention_mask`` and ``input_ids`` inputs: nothing derives from the buffer's capacity.
+  ``attention_mask`` and ``input_ids`` inputs: nothing derives from the buffer's capacity;
+- an ALiBi bias that slices a constant table by buffer slot (mpt:
+  ``slope_h · (j + 1 - T)`` for slot ``j``) becomes ``slope_h · (p_j + 1 - n)`` with ``p_j`` the
+  token position of slot ``j`` and ``n`` the row's token count (``CumSum(attention_mask) -
+  ReduceSum(attention_mask)``, computed once in the main graph as ``kv_buffer.alibi_positions``
+  and threaded into the functions that add the bias). A right-padded prompt's pads keep their
+  slots, so a generated token's slot is not its position: by slot the bias would count the pads
+  as distance. For the tokens of a left-padded or unpadded row both are the same numbers
+  (softmax drops the per-row offset anyway). Only a bias whose every use is an ``Add`` to 4-D
+  scores (through function calls) is rewritten; bloom computes its bias from
+  ``attention_mask`` already. genai right-pads a concatenated cache alike:
+  :func:`alibi_by_position` is the same rewrite without the shared buffer.
 
 Preconditions (else :class:`~irkit.errors.LoweringOptionsError`, naming what is missing): the
 graph has ``input_ids`` and ``attention_mask`` inputs and ``past_key_values.*`` inputs, each
@@ -45,22 +56,35 @@ where ``attention_mask[b]`` is 1 (the pads of a prompt keep their slots, masked)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from irkit._irutil import node_attributes
 from irkit.errors import LoweringOptionsError
-from irkit.rewriting import Match, RewriteBuilder, Rule, RuleSet, Verdict, fail, rewrite
+from irkit.rewriting import (
+    Match,
+    MatchFailure,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    fail,
+    rewrite,
+)
+from irkit.rules._alibi import alibi_slopes
 from irkit.rules.hoist import FunctionKey, Threader
 
-__all__ = ["SHARED_BUFFER_OPSET", "rules", "share_kv_buffer"]
+__all__ = ["SHARED_BUFFER_OPSET", "alibi_by_position", "rules", "share_kv_buffer"]
 
 #: The opset the shared buffer needs (``TensorScatter``).
 SHARED_BUFFER_OPSET = 24
 _PAST_PREFIX = "past_key_values."
 _SEQUENCE_AXIS = 2
+_log = logging.getLogger(__name__)
 
 
 def _cached_attention(
@@ -385,6 +409,121 @@ class _Hoist:
                 _drop_unused(graph, [n.outputs[0] for n in nodes])
 
 
+def _score_adds(model: ir.Model, value: ir.Value, formals: list[ir.Value]) -> str | None:
+    """None when every use of ``value`` (through function calls: their inputs are appended to
+    ``formals``) is an ``Add`` whose other operand is 4-D; else why not."""
+    if value.is_graph_output():
+        return f"{value.name!r} is an output of its graph or function"
+    for use in value.uses():
+        node = use.node
+        function = model.functions.get((node.domain, node.op_type, node.overload))
+        if function is not None:
+            formal = function.inputs[use.idx]
+            formals.append(formal)
+            reason = _score_adds(model, formal, formals)
+            if reason is not None:
+                return reason
+            continue
+        if node.op_type != "Add" or node.domain != "":
+            return f"{value.name!r} feeds {node.op_type} {node.name!r}, not an Add to the scores"
+        other = node.inputs[1 - use.idx]
+        if other is None or other.shape is None or len(other.shape) != 4:
+            return f"{value.name!r} is added to {other and other.name!r}, not to 4-D scores"
+    return None
+
+
+class _AlibiPositions:
+    """ALiBi biases by buffer slot → by token position (see the module docstring)."""
+
+    def __init__(self, model: ir.Model, threader: Threader, add: _Builder) -> None:
+        self.model = model
+        self.threader = threader
+        self.add = add
+        self.positions: dict[ir.DataType, ir.Value] = {}
+
+    def _positions(self, dtype: ir.DataType) -> ir.Value:
+        """``CumSum(mask) - ReduceSum(mask)`` as ``dtype``, ``(B, 1, 1, T)``, in the main graph."""
+        if dtype not in self.positions:
+            graph, add = self.model.graph, self.add
+            mask = _input(graph, "attention_mask")
+            first = graph.node(0)
+            axis = add(first, "Constant", value_int=1)
+            cumulative = add(first, "CumSum", mask, axis)
+            count = add(first, "ReduceSum", mask, add.ints(first, [1]), keepdims=1)
+            relative = add(first, "Cast", add(first, "Sub", cumulative, count), to=dtype)
+            positions = add(first, "Unsqueeze", relative, add.ints(first, [1, 2]))
+            batch, total = (mask.shape or ir.Shape(["batch", "total_sequence"]))[:2]
+            positions.type, positions.shape = ir.TensorType(dtype), ir.Shape([batch, 1, 1, total])
+            self.positions[dtype] = positions
+        return self.positions[dtype]
+
+    def _bound(self, value: ir.Value) -> ir.Value:
+        """The value a function input stands for (every call passes it), else ``value``."""
+        for sources in self.threader.bound.values():
+            if id(value) in sources:
+                return sources[id(value)][1]
+        return value
+
+    def run(self) -> None:
+        """Rewrite every ALiBi bias of the main graph and the functions."""
+        owners: list[tuple[FunctionKey | None, ir.Graph | ir.Function]] = [(None, self.model.graph)]
+        owners += list(self.model.functions.items())
+        for key, graph in owners:
+            for node in list(graph):
+                if node.op_type == "Slice" and node.domain == "":
+                    self._rewrite(key, graph, node)
+
+    def _rewrite(
+        self, key: FunctionKey | None, graph: ir.Graph | ir.Function, node: ir.Node
+    ) -> None:
+        bias = node.outputs[0]
+        if any(u.node.op_type == "Slice" and u.node.domain == "" for u in bias.uses()):
+            return  # (a slice inside the chain: its last slice is the bias)
+        slopes = alibi_slopes(bias, bound=self._bound)
+        if isinstance(slopes, MatchFailure) or bias.dtype is None:
+            return
+        formals: list[ir.Value] = []
+        reason = _score_adds(self.model, bias, formals)
+        if reason is not None:
+            _log.info("share_kv_buffer: ALiBi bias %r kept by slot: %s", bias.name, reason)
+            return
+        main = self._positions(bias.dtype)
+        positions = self.threader.formal(key, (None, main), "kv_buffer.alibi_positions", main)
+        heads = len(slopes)
+        value = np.asarray(slopes, dtype=bias.dtype.numpy()).reshape(1, heads, 1, 1)
+        slope = ir.node("Constant", [], {"value": ir.tensor(value)}, name=f"{node.name}/slopes")
+        scaled = ir.node("Mul", [positions, slope.outputs[0]], name=f"{node.name}/positions")
+        graph.insert_before(node, [slope, scaled])
+        new = scaled.outputs[0]
+        new.name = f"{bias.name}/by_position"
+        new.type = bias.type
+        batch, _, _, total = main.shape or ir.Shape(["batch", 1, 1, "total_sequence"])
+        new.shape = ir.Shape([batch, heads, 1, total])
+        bias.replace_all_uses_with(new)
+        for formal in formals:
+            formal.shape = new.shape
+        _drop_unused(graph, [bias])
+
+
+def alibi_by_position(model: ir.Model) -> ir.Model:
+    """Count a slot-indexed ALiBi bias by token position (the module docstring's last item),
+    in place, on a cache concatenated as genai lays it out (a right-padded prompt's pads keep
+    their slots): what :func:`share_kv_buffer` does for the shared buffer, for
+    ``past_present_share_buffer: false``.
+
+    Args:
+        model: A lowered, optimized causal LM with an ``attention_mask`` input.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        LoweringOptionsError: The model has an ALiBi bias and no ``attention_mask`` input.
+    """
+    _AlibiPositions(model, Threader(model), _Builder(model.graph)).run()
+    return model
+
+
 def share_kv_buffer(model: ir.Model) -> ir.Model:
     """Rewrite a lowered causal LM's KV cache into one shared buffer (opset 24), in place.
 
@@ -409,7 +548,9 @@ def share_kv_buffer(model: ir.Model) -> ir.Model:
     add = _Builder(model.graph)
     total, past_length, write = _lengths(model.graph, add)
     _past_length_shapes(model, pasts, past_length, add)
-    _Hoist(model, total, write).run()
+    hoist = _Hoist(model, total, write)
+    hoist.run()
+    _AlibiPositions(model, hoist.threader, add).run()
     for past in pasts:
         ends, other = _ends(model, past)
         if "TensorScatter" in ends and other:

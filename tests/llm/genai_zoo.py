@@ -2,8 +2,9 @@
 
 Each architecture of :data:`tests.llm_zoo.ZOO` (tiny config, random weights, vocabulary widened
 to :data:`VOCAB` for the local tokenizer) is saved with ``save_pretrained`` beside a byte-level
-BPE tokenizer and a chat template, exported once with ``irkit export`` (target onnx, fp32, the
-weights streamed from the folder), and run in genai's ``Generator`` (CPU, greedy): batch 1, then
+BPE tokenizer and a chat template, exported once per target with ``irkit export`` (target ort,
+the default: ``GroupQueryAttention`` on the shared buffer; and target onnx: ``TensorScatter`` and
+``Attention``; fp32, the weights streamed from the folder), and run in genai's ``Generator`` (CPU, greedy): batch 1, then
 a batch of 2 that genai right-pads; the new ids must equal transformers ``generate`` on the same
 prompts left-padded. Prompt plus new tokens run past the zoo's sliding window (8 tokens) and past
 the longrope phi3's ``original_max_position_embeddings``. genai's own tokenizer must encode the
@@ -42,9 +43,10 @@ PROMPTS = ["hello world the quick", "the lazy dog jumps over the brown fox"]
 ARCHS = {arch.name: arch for arch in (*ZOO, *EXTRA)}
 
 
-def make_exported(tmp_path_factory: pytest.TempPathFactory):
-    """arch → (HF folder, exported folder, the transformers model), each exported once."""
-    root = tmp_path_factory.mktemp("genai-zoo")
+def make_exported(tmp_path_factory: pytest.TempPathFactory, target: str | None = None):
+    """arch → (HF folder, exported folder, the transformers model), each exported once with
+    ``irkit export`` (``--target target``; ``None``: the command's default)."""
+    root = tmp_path_factory.mktemp(f"genai-zoo-{target or 'default'}")
     tokenizer = gs.tokenizer(vocab_size=VOCAB, specials=SPECIALS)
     done: dict[str, tuple[pathlib.Path, pathlib.Path, object]] = {}
 
@@ -60,6 +62,8 @@ def make_exported(tmp_path_factory: pytest.TempPathFactory):
             folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
             out = root / f"{name}-onnx"
             argv = ["export", str(folder), "-o", str(out), "-q"]
+            if target is not None:
+                argv += ["--target", target]
             assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
             done[name] = (folder, out, model)
         return done[name]
@@ -71,24 +75,42 @@ def _before_eos(ids: list[int]) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
-def check_shared_buffer(out: pathlib.Path) -> None:
-    """The default export shares the KV buffer: opset 24, ``TensorScatter`` into the buffer
-    (key and value of each cached layer, a layer function counted once), the flag true."""
+#: Targets each folder is exported for: ``irkit export``'s default (``ort``) and ``onnx``.
+TARGETS = ("ort", "onnx")
+#: Under target ``ort``, architectures whose attention ``GroupQueryAttention`` does not take:
+#: deepseek_v3's MLA attends over the latent cache decompressed each step (transformers caches
+#: the latent, not K and V), so it shares the buffer as target ``onnx`` does (``TensorScatter``).
+STANDARD_UNDER_ORT = frozenset({"deepseek_v3"})
+
+
+def check_shared_buffer(out: pathlib.Path, target: str = "onnx", name: str = "") -> None:
+    """The export shares the KV buffer (the flag true): under target ``ort`` one
+    ``GroupQueryAttention`` per cached layer owns it and no other attention is left; under
+    target ``onnx`` (and for :data:`STANDARD_UNDER_ORT`) opset 24, ``TensorScatter`` into the
+    buffer (key and value of each cached layer, a layer function counted once)."""
     import onnx
+    import onnx_ir as ir
+
+    from irkit.rules import ort
 
     config = json.loads((out / "genai_config.json").read_text())
     assert config["search"]["past_present_share_buffer"] is True
     proto = onnx.load(str(out / "model.onnx"), load_external_data=False)
-    assert {o.domain: o.version for o in proto.opset_import}[""] == 24
     ops = collections.Counter(n.op_type for f in proto.functions for n in f.node)
     ops.update(n.op_type for n in proto.graph.node)
     layers = config["model"]["decoder"]["num_hidden_layers"]
+    if target == "ort" and name not in STANDARD_UNDER_ORT:
+        assert ort.attention.runs_on_shared_buffer(ir.load(out / "model.onnx"), layers)
+        assert ops["Attention"] == ops["TensorScatter"] == 0
+        return
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 24
     assert 2 <= ops["TensorScatter"] <= 2 * layers
+    assert ops["GroupQueryAttention"] == 0
 
 
-def check_generator(exported, name: str) -> None:
+def check_generator(exported, name: str, target: str = "onnx") -> None:
     folder, out, model = exported(name)
-    check_shared_buffer(out)
+    check_shared_buffer(out, target, name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     shortest = min(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
     assert shortest + NEW_TOKENS > SLIDING_WINDOW  # windowed layers see a full window
@@ -96,7 +118,7 @@ def check_generator(exported, name: str) -> None:
     for prompts in (PROMPTS[:1], PROMPTS):
         got = [_before_eos(ids) for ids in gs.genai_ids(out, prompts, NEW_TOKENS)]
         want = [_before_eos(ids) for ids in gs.reference_ids(folder, prompts, NEW_TOKENS, model)]
-        assert got == want, (name, prompts)
+        assert got == want, (name, target, prompts)
         lengths += [len(ids) for ids in want]
     assert max(lengths) >= 8  # the comparison is not only an early eos
 

@@ -142,7 +142,7 @@ def test_folder_contents_and_config(exported):
     )
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     assert decoder["outputs"]["present_value_names"] == "present.%d.value"
-    assert search["past_present_share_buffer"] is True  # the default: opset 24, TensorScatter
+    assert search["past_present_share_buffer"] is True  # the default: GroupQueryAttention owns it
     # the tied lm_head resolved to the embedding: the weights are written once
     data = (out / "model.onnx.data").stat().st_size
     assert data < 1.2 * sum(p.stat().st_size for p in folder.glob("*.safetensors"))

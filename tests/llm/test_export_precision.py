@@ -109,8 +109,9 @@ def test_int_precisions_quantize_the_matmuls(folder, tmp_path, precision, bits, 
     model = (
         transformers.AutoModelForCausalLM.from_pretrained(folder) if source == "loaded" else folder
     )
-    # the eager comparison feeds a past of 4 and 8 new tokens: the concatenated cache's contract
-    result = export(model, out, precision=precision, share_buffer=False)
+    # the eager comparison feeds a past of 4 and 8 new tokens: the concatenated cache's contract;
+    # target onnx: its quantized decode fusions (the ort default packs q/k/v and gate/up)
+    result = export(model, out, precision=precision, share_buffer=False, target="onnx")
     ops = _histogram(out / "model.onnx")
     # q, k, v, o, gate, up, down per layer, and lm_head
     assert ops.get("MatMulNBits") == 7 * LAYERS + 1, ops
@@ -164,7 +165,7 @@ def test_fp16_export(folder, tmp_path):
 
 @pytest.mark.slow
 def test_int4_on_the_shared_buffer_generates_as_concatenated(folder, tmp_path):
-    """The default (shared KV buffer, opset 24) quantized: genai's ids equal the concatenated
+    """The default (target ort, shared KV buffer) quantized: genai's ids equal the concatenated
     cache's, token for token."""
     export(folder, tmp_path / "shared", precision="int4")
     export(folder, tmp_path / "concat", precision="int4", share_buffer=False)

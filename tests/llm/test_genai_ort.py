@@ -312,19 +312,21 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
 
 
 # The genai zoo's folders (tests/llm/genai_zoo.py: meta model, weights streamed) with --target ort:
-# arch → (GroupQueryAttention on the shared buffer?, rotary folded into the op?).
+# arch → (GroupQueryAttention on the shared buffer?, rotary folded into the op?); the buffer is
+# shared (flag true) for each.
 # - phi3_longrope: both factor sets; the caches of the short and the long set, switched on the
 #   total length (prompt + generation run past original_max_position_embeddings).
 # - deepseek_v3 (MLA): transformers 5.24 caches the compressed latent and rotated k_pe, not the
 #   attention's K and V; the Attention sees the whole decompressed K/V and has no past, so
-#   GroupQueryAttention cannot own the cache: flag false, standard Attention, exact.
+#   GroupQueryAttention cannot own the cache: standard Attention on the buffer through
+#   TensorScatter (as target onnx), exact.
 # - mpt, bloom (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
 # - gemma2 (eager attention, softcap, sliding window on alternate layers): GroupQueryAttention
 #   with softcap and local_window_size (FusedMatMul leaves attention scores alone), flag true.
 ZOO_ORT = {
     "gemma2": (True, True),
     "phi3_longrope": (True, True),
-    "deepseek_v3": (False, False),
+    "deepseek_v3": (False, False),  # (standard Attention, TensorScatter)
     "bloom": (True, False),
     "mpt": (True, False),
 }
@@ -367,7 +369,7 @@ def test_zoo_folder_target_ort(zoo_exported, arch):
     shared, rotary = ZOO_ORT[arch]
     folder, out, model = zoo_exported(arch)
     config = json.loads((out / "genai_config.json").read_text())
-    assert config["search"]["past_present_share_buffer"] is shared
+    assert config["search"]["past_present_share_buffer"] is True
     layers = config["model"]["decoder"]["num_hidden_layers"]
     assert ort.attention.runs_on_shared_buffer(ir.load(out / "model.onnx"), layers) is shared
     ops = _ops(out)
@@ -375,6 +377,7 @@ def test_zoo_folder_target_ort(zoo_exported, arch):
         assert ops[("", "Attention")] == ops[("", "Softmax")] == 0
     else:
         assert ops[("com.microsoft", "GroupQueryAttention")] == 0
+        assert ops[("", "TensorScatter")] >= 2
     if rotary:
         assert ops[("", "RotaryEmbedding")] == ops[("com.microsoft", "RotaryEmbedding")] == 0
         proto = onnx.load(out / "model.onnx", load_external_data=False)
@@ -410,3 +413,38 @@ def test_zoo_folder_target_ort(zoo_exported, arch):
         assert got == want, (arch, prompts)
         lengths += [len(ids) for ids in want]
     assert max(lengths) >= 8  # the comparison is not only an early eos
+
+
+ALIBI_PROMPTS = [
+    PROMPTS,
+    ["hi", "the lazy dog jumps over the brown fox and more"],
+    ["the quick brown fox", "x"],
+    ["hello", "hello world the quick brown", "a"],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "concat"])
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_alibi_right_padded_batches(exported, tmp_path, target, shared):
+    """mpt (ALiBi by a constant table sliced per step) in genai's right-padded batches of prompts
+    of several lengths. The cache keeps a shorter prompt's pads in their slots (the shared buffer
+    on target onnx, the concatenated cache on both targets), so the bias must count token
+    positions, not slots (by slot the shorter rows diverged); on the shared buffer of target ort
+    GroupQueryAttention keeps each row's keys together."""
+    folder, out = exported("mpt")  # (target ort, shared buffer)
+    if (target, shared) != ("ort", True):
+        out = tmp_path / f"mpt-{target}-{shared}"
+        export(folder, out, target=target, max_length=MAX_LENGTH, share_buffer=shared)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is shared
+    ops = _ops(out)
+    if (target, shared) == ("ort", True):
+        assert ops[("com.microsoft", "GroupQueryAttention")] >= 1
+    else:  # the positions once, in the main graph
+        assert ops[("", "CumSum")] == 1
+        assert ops[("", "TensorScatter")] >= (2 if shared else 0)
+    for prompts in ALIBI_PROMPTS:
+        got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
+        want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
+        assert got == want, (target, shared, prompts)

@@ -15,14 +15,19 @@ pytestmark = pytest.mark.slow
 NAMES = zoo.part(1)
 
 
+@pytest.fixture(scope="module", params=zoo.TARGETS)
+def target(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory):
-    return zoo.make_exported(tmp_path_factory)
+def exported(target: str, tmp_path_factory: pytest.TempPathFactory):
+    return zoo.make_exported(tmp_path_factory, target)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_genai_generator_equals_generate(exported, name):
-    zoo.check_generator(exported, name)
+def test_genai_generator_equals_generate(exported, target, name):
+    zoo.check_generator(exported, name, target)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from irkit.errors import LoweringOptionsError
-from irkit.rules.kv_buffer import SHARED_BUFFER_OPSET, share_kv_buffer
+from irkit.rules.kv_buffer import SHARED_BUFFER_OPSET, alibi_by_position, share_kv_buffer
 from tests.rewriting import util
 
 B, H, S, P, D, CAPACITY = 2, 2, 3, 4, 8, 8
@@ -180,6 +180,89 @@ def test_fused_rule_fires_in_place_of_the_cached_attention(text):
         "Slice",
         "Slice",
     ]
+
+
+SLOPES = (0.5, 0.25)
+M = 16  # the ALiBi table's columns (mpt: max_seq_len)
+_TABLE = ", ".join(str(s * (c + 1 - M)) for s in SLOPES for c in range(M))
+#: mpt's ALiBi: slope_h · (c + 1 - M) for the table's columns c, the last T sliced as the keys'.
+ALIBI = UNFUSED.replace(
+    "    masked = Add(scores, mask)",
+    f"""    table = Constant<value=float[{H},1,{M}] {{{_TABLE}}}>()
+    total = Shape<start=1, end=2>(attention_mask)
+    first = Neg(total)
+    end = Constant<value_ints=[{M}]>()
+    key_axis = Constant<value_ints=[2]>()
+    bias = Slice(table, first, end, key_axis)
+    biased = Add(scores, bias)
+    masked = Add(biased, mask)""",
+)
+
+
+def _alibi_reference(feeds: dict[str, np.ndarray], by_position: bool) -> np.ndarray:
+    """ALiBi attention in numpy, the distance counted by buffer slot or by token position."""
+    keys = np.concatenate([feeds["past_key_values.0.key"], feeds["k"]], axis=2)
+    values = np.concatenate([feeds["past_key_values.0.value"], feeds["v"]], axis=2)
+    mask = feeds["attention_mask"]
+    slot = np.broadcast_to(np.arange(T) + 1 - T, mask.shape)
+    where = np.cumsum(mask, -1) - mask.sum(-1, keepdims=True) if by_position else slot
+    bias = np.asarray(SLOPES)[None, :, None, None] * where[:, None, None, :]
+    scores = feeds["q"] @ keys.transpose(0, 1, 3, 2) * 0.5 + bias
+    scores = scores + np.where(mask[:, None, None, :] > 0, 0.0, -1e9)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    return (probs / probs.sum(-1, keepdims=True)) @ values  # type: ignore[no-any-return]
+
+
+def _alibi_model(text: str) -> ir.Model:
+    """The model of ``text``, its scores and bias typed (as lowering types them)."""
+    model = _model(text)
+    shapes = {"scores": [B, H, S, "total"], "bias": [H, 1, "total"]}
+    for node in model.graph:
+        if node.outputs and node.outputs[0].name in shapes:
+            node.outputs[0].shape = ir.Shape(shapes[str(node.outputs[0].name)])
+            node.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    return model
+
+
+def test_alibi_counts_token_positions_not_buffer_slots():
+    """Row 1 is a right-padded prompt (2 tokens, 2 pads) and 3 new tokens: by slot its new
+    tokens sit 2 further from the prompt than they are; the shared buffer's bias counts
+    positions (as transformers does on the left-padded batch), row 0 (no pads) unchanged."""
+    model = _alibi_model(ALIBI)
+    feeds = _feeds()
+    before = _run(model, feeds)["y"]
+    np.testing.assert_allclose(before, _alibi_reference(feeds, False), rtol=1e-5, atol=1e-5)
+    share_kv_buffer(model)
+    assert "Slice" not in [
+        n.op_type
+        for n in model.graph
+        if n.inputs and n.inputs[0] is not None and n.inputs[0].name == "table"
+    ]
+    shared = dict(feeds)
+    for name in ("past_key_values.0.key", "past_key_values.0.value"):
+        shared[name] = _buffer(feeds[name])
+    after = _run(model, shared)["y"]
+    np.testing.assert_allclose(after, _alibi_reference(feeds, True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-5)
+    assert np.abs(after[1] - before[1]).max() > 1e-2  # the padded row: other numbers
+
+
+def test_alibi_by_position_on_the_concatenated_cache():
+    """The concatenated cache (no shared buffer) keeps the pads' slots too: the same rewrite."""
+    model = alibi_by_position(_alibi_model(ALIBI))
+    assert model.opset_imports[""] == 23 and "TensorScatter" not in util.ops(model)
+    feeds = _feeds()
+    np.testing.assert_allclose(
+        _run(model, feeds)["y"], _alibi_reference(feeds, True), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_alibi_bias_used_elsewhere_is_kept():
+    """A bias that also leaves the graph is not only added to the scores: kept by slot."""
+    text = ALIBI.replace("int64[1] past_length)", "int64[1] past_length, float[2,1,7] bias)")
+    model = _alibi_model(text)
+    share_kv_buffer(model)
+    assert "CumSum" not in util.ops(model)
 
 
 def test_no_cache_is_refused():

@@ -87,6 +87,7 @@ __all__ = [
     "SharedBuffer",
     "attention_rules",
     "group_query_attention",
+    "group_query_attentions",
     "rules",
     "runs_on_shared_buffer",
     "shared_buffer_rule",
@@ -136,11 +137,53 @@ def _run_counts(model: ir.Model) -> collections.Counter[tuple[str, str]]:
     return count(model.graph)
 
 
+_SEQUENCE_AXIS = 2
+
+
+def _readers(model: ir.Model, value: ir.Value) -> list[tuple[ir.Node, int]]:
+    """Every node that reads ``value`` and is no function call, with the input position: the
+    uses of a function's input followed into its body."""
+    found: list[tuple[ir.Node, int]] = []
+    for use in value.uses():
+        node = use.node
+        function = model.functions.get((node.domain, node.op_type, node.overload))
+        if function is None:
+            found.append((node, use.idx))
+        else:
+            found += _readers(model, function.inputs[use.idx])
+    return found
+
+
+def group_query_attentions(model: ir.Model) -> int:
+    """How many ``GroupQueryAttention`` nodes one call of ``model`` runs."""
+    return _run_counts(model)[MS, "GroupQueryAttention"]
+
+
 def runs_on_shared_buffer(model: ir.Model, layers: int) -> bool:
     """Whether ``model`` runs ``layers`` ``GroupQueryAttention`` nodes per call (the
-    :class:`SharedBuffer` rule's, one per cached layer) and no other attention (standard
-    ``Attention``, ``MultiHeadAttention``, or one left unfused, ``Softmax``): onnxruntime-genai
-    may then run it with ``past_present_share_buffer: true``."""
+    :class:`SharedBuffer` rule's, one per cached layer), no other attention op (standard
+    ``Attention``, ``MultiHeadAttention``), and nothing but a ``GroupQueryAttention``'s past
+    inputs reads a ``past_key_values.*`` input (an attention left unfused reads its cache by
+    ``Concat``; a ``Softmax`` elsewhere, e.g. a mixture of experts' router, is no attention):
+    onnxruntime-genai may then run it with ``past_present_share_buffer: true``. No cached
+    layer (a cache of states only): no buffer to share, False."""
     runs = _run_counts(model)
-    others = ("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention"), ("", "Softmax")
-    return runs[MS, "GroupQueryAttention"] == layers and not any(runs[o] for o in others)
+    others = ("", "Attention"), (MS, "MultiHeadAttention"), (MS, "Attention")
+    if layers == 0 or runs[MS, "GroupQueryAttention"] != layers or any(runs[o] for o in others):
+        return False
+    pasts = [v for v in model.graph.inputs if str(v.name).startswith("past_key_values.")]
+    return all(
+        _reads_its_buffer(node, index) for past in pasts for node, index in _readers(model, past)
+    )
+
+
+def _reads_its_buffer(node: ir.Node, index: int) -> bool:
+    """``node`` reads a past input as the buffer it is: a ``GroupQueryAttention``'s past, or a
+    ``Shape`` of axes before the sequence axis (the batch, the heads), not its capacity."""
+    if (node.domain, node.op_type) == (MS, "GroupQueryAttention"):
+        return index in (3, 4)
+    if (node.domain, node.op_type) != ("", "Shape"):
+        return False
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", _SEQUENCE_AXIS + 1)
+    return start >= 0 and 0 <= end <= _SEQUENCE_AXIS

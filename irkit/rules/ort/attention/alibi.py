@@ -44,6 +44,7 @@ from irkit.rewriting import (
     var,
 )
 from irkit.rewriting import op as pat
+from irkit.rules._alibi import alibi_slopes
 from irkit.rules._ort_types import ORT_FLOAT_TYPES
 from irkit.rules.ort.attention._base import MS, SharedBuffer, _graph_input, _reaches, _to3, _to4
 from irkit.rules.ort.attention.shared_buffer import _sliding_window
@@ -63,51 +64,6 @@ _PROBS = pat.Softmax(
 )
 _PATTERN = (pat.MatMul(_PROBS, _VALUES), _KEYS, _VALUES)
 """``Y, present_key, present_value``: eager attention over the concatenated cache."""
-
-
-def _slopes(bias: ir.Value, heads: int) -> np.ndarray | MatchFailure:
-    """ALiBi's per-head slopes when ``bias`` is a step-1 slice, on the last axis, of a constant
-    table linear along that axis; otherwise why not."""
-    if (dims(bias) or (None,))[-1] == 1:
-        return fail("the bias is one column broadcast over the keys", bias)
-    v = bias
-    while (p := v.producer()) is not None and p.op_type == "Slice" and p.domain == "":
-        if p.inputs[0] is None or len(p.inputs) < 4 or p.inputs[3] is None:
-            return fail("a Slice without axes in the bias", v)
-        table = const_value(p.inputs[0])
-        sizes = dims(p.inputs[0]) or (() if table is None else table.shape)
-        rank = len(sizes)
-        if rank == 0:
-            return fail("a Slice of unknown rank in the bias", v)
-        axes = const_value(p.inputs[3])
-        steps = const_value(p.inputs[4]) if len(p.inputs) > 4 and p.inputs[4] else None
-        sliced = [] if axes is None else [int(a) % rank for a in axes.ravel()]
-        # (an axis of size 1, the query's in (heads, 1, M), keeps its one row or none)
-        if axes is None or any(a != rank - 1 and sizes[a] != 1 for a in sliced):
-            return fail("the bias slices another axis than the keys'", v)
-        if steps is not None and any(int(x) != 1 for x in steps.ravel()):
-            return fail("the bias slices with a step other than 1", v)
-        v = p.inputs[0]
-    table = const_value(v)
-    if table is None:
-        return fail("the bias is not a slice of a constant table (ALiBi)", bias)
-    table_shape = table.shape
-    if (
-        len(table_shape) not in (3, 4)
-        or table_shape[-2] != 1
-        or table_shape[-1] < 2
-        or table_shape[-3] != heads
-    ):
-        return fail(
-            f"bias table of shape {table_shape}, not ({heads}, 1, M) or (1, {heads}, 1, M)", v
-        )
-    if len(table_shape) == 4 and table_shape[0] != 1:
-        return fail(f"bias table of shape {table_shape}: one per batch row", v)
-    rows = table.reshape(heads, table_shape[-1]).astype(np.float64)
-    steps_ = np.diff(rows, axis=1)
-    if not np.allclose(steps_, steps_[:, :1], rtol=1e-5, atol=1e-6):
-        return fail("the bias table is not linear along the keys (not ALiBi)", v)
-    return steps_[:, 0]
 
 
 def _layout(
@@ -189,7 +145,7 @@ def _check(
     window = _sliding_window(drop)
     if window is not None:
         return fail("a sliding window besides ALiBi", drop)
-    slopes = _slopes(bias, heads)
+    slopes = alibi_slopes(bias, heads)
     if isinstance(slopes, MatchFailure):
         return slopes
     return {
