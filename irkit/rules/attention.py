@@ -20,8 +20,14 @@ Four rules, applied in stages (each fires on what the previous one produced):
     ``+ mask``, ``Softmax``, optionally between ``Cast`` s as HF's fp16 eager code does).
     ``kᵀ`` is ``Transpose(k, perm=[0, 1, 3, 2])`` or torchlib's ``Reshape(Transpose(Reshape(k,
     [-1, L, D]), [0, 2, 1]), [..., D, L])`` (symbolic shape from ``Shape(k)`` or a constant
-    equal to ``k``'s static shape). ``mask`` (float, additive) is
-    passed unchanged as ``attn_mask``; no mask, no ``attn_mask``.
+    equal to ``k``'s static shape). ``mask`` (float, additive) becomes ``attn_mask`` in the
+    form onnxruntime's ``Attention`` computes the graph's numbers with (no mask, no
+    ``attn_mask``): a query or key axis of size 1 (BERT's ``(B, 1, 1, L)``, cross
+    attention) is expanded to ``S``/``L`` (onnxruntime refuses a mask whose last two dims are
+    not those), and a mask that may hold the dtype's lowest value at every key of a row
+    (``finfo.min``: padding) is raised one step above it — ``Max(mask, floor)``, or only the
+    lowest entries under torchlib's NaN guard — since onnxruntime returns 0 for such a row
+    where ``softmax`` averages the values.
 ``AttentionCausal``
     ``Attention(q, k, v, causal) = Attention(q, k, v, is_causal=1)`` where ``causal`` is
     torchlib's ``is_causal=True`` mask (``Where(Equal(Trilu(Expand(1, [S, L]), upper=0), 0),
@@ -47,7 +53,8 @@ Four rules, applied in stages (each fires on what the previous one produced):
 The form emitted (what the ``"ort"`` target's rules consume): **4-D** ``Attention`` with inputs
 ``(Q, K, V[, attn_mask[, past_key, past_value]])`` — ``Q`` ``(B, Hq, S, D)``, ``K``/``V``
 ``(B, Hkv, L, D)`` (no head repeat), ``attn_mask`` the original additive float mask (any shape
-broadcastable to ``(B, Hq, S, past + L)``; absent when the model had none), ``past_*``
+broadcastable to ``(B, Hq, S, past + L)`` with its last two dims those, raised above the
+dtype's lowest value where needed; absent when the model had none), ``past_*``
 ``(B, Hkv, P, D)`` — attributes ``scale`` (always set), ``softcap`` (only for capped
 scores), ``is_causal=1`` only for the causal form (never together with ``past_*``), and nothing
 else (``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)`` or
@@ -56,7 +63,9 @@ else (``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)``
 Preconditions: opset ≥ 23; ``q``, ``k``, ``v`` of known rank 4 (after the repeat: ``Hq`` =
 ``Hkv · n``, checked on the static or symbolic dims of the repeat's values); the two ``√s``
 factors (or the one ``s``) scalar constants; ``Softmax`` over the last axis (fp16 eager: the
-probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4; every
+probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4 whose known batch, head, query
+and key dims are 1 or the scores' (a mask larger than the scores is declined); a mask that
+needs a floor in float32, float16 or float64; every
 intermediate value used only inside the match (the engine's rule); a softcap's divisor and
 factor the same positive scalar constant. Not matched: dropout, a softcap in torchlib's SDPA
 form (``scaled_dot_product_attention`` has none), masks that are not added to the scores. The
@@ -257,7 +266,7 @@ def _check_core(
     softcap = _softcap(cap, cap2)
     if isinstance(softcap, MatchFailure):
         return softcap
-    return {"scale": scale, "softcap": softcap, "floor": floor, **layout}
+    return {"scale": scale, "softcap": softcap, **floor, **layout}
 
 
 def _core(
@@ -269,12 +278,13 @@ def _core(
     scale: float,
     softcap: float,
     floor: np.ndarray | None,
+    floor_exact: bool,
     expand_query: bool,
     expand_key: bool,
 ) -> ir.Value:
     """Attention(q, k, v, mask, scale=s[, softcap=c])"""
     if mask is not None:
-        mask = _runnable_mask(op, q, k, mask, floor, expand_query, expand_key)
+        mask = _runnable_mask(op, q, k, mask, floor, floor_exact, expand_query, expand_key)
     inputs = [q, k, v] if mask is None else [q, k, v, mask]
     if softcap:
         return op.Attention(*inputs, scale=scale, softcap=softcap)
@@ -351,29 +361,51 @@ def _no_empty_row(arr: np.ndarray) -> bool:
     return bool(np.all(np.any(arr > np.finfo(arr.dtype).min, axis=-1)))
 
 
+def _fills(mask: ir.Value) -> set[float] | None:
+    """The values a ``Where(c, a, b)`` mask of scalar constants takes (Hugging Face's and
+    torchlib's masks from a boolean one), or ``None`` for another mask."""
+    p = mask.producer()
+    if p is None or (p.domain, p.op_type) != ("", "Where") or len(p.inputs) != 3:
+        return None
+    values = [const_value(v) for v in p.inputs[1:]]
+    if any(v is None or v.size != 1 for v in values):
+        return None
+    return {float(np.asarray(v).reshape(())) for v in values}
+
+
 def _mask_floor(
     guard: int | None, mask: ir.Value | None, q: ir.Value, match: Match
-) -> np.ndarray | None | MatchFailure:
+) -> dict[str, Any] | MatchFailure:
     """The floor the mask is raised to, so that onnxruntime computes what the graph does.
 
     onnxruntime's CPU ``Attention`` returns 0 for a query whose every key is masked with the
-    dtype's lowest value (``finfo.min``, Hugging Face's fill; measured on 1.32), where
-    ``softmax(scores + lowest)`` averages the values (``lowest + score`` rounds to ``lowest``).
-    Raised to the next value up, the mask masks the same keys and such a row averages as in
-    the graph. ``None`` (no floor) where no row can be empty: no mask, torchlib's NaN guard
-    (its rows of ``-inf`` give 0, as onnxruntime's), torchlib's causal mask, a constant mask
-    that keeps a key in every row."""
-    if mask is None or guard == _Guard.NAN_GUARD:
-        return None
+    dtype's lowest value (``finfo.min``, Hugging Face's fill and torchlib's for a boolean
+    mask; measured on 1.32) or ``-inf``, where ``softmax(scores + lowest)`` averages the values
+    (``lowest + score`` rounds to ``lowest``: a left-padded query, a padded patch). Raised to
+    the next value up, the mask masks the same keys and such a row averages as in the graph.
+    Findings: ``floor`` (``None``: none needed — no mask, torchlib's causal mask, a constant
+    mask that keeps a key in every row, a ``Where`` mask whose fills are not the lowest) and
+    ``floor_exact``: raise only the lowest entries (``Where(mask = lowest, floor, mask)``)
+    where ``-inf`` may occur and torchlib's NaN guard makes its empty rows 0, as onnxruntime
+    does; elsewhere ``Max(mask, floor)``."""
+    none: dict[str, Any] = {"floor": None, "floor_exact": False}
+    if mask is None:
+        return none
     arr = const_value(mask)
     if arr is not None and _no_empty_row(np.asarray(arr)):
-        return None
+        return none
     if matches(_CAUSAL_MASK, mask, match.opset, q=q):
-        return None
+        return none
     if q.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
         return fail(f"q's dtype {q.dtype}: the mask's floor cannot be written", q)
     dtype = q.dtype.numpy()
-    return np.nextafter(np.finfo(dtype).min, 0, dtype=dtype).reshape(())  # type: ignore[no-any-return]
+    lowest = float(np.finfo(dtype).min)
+    fills = _fills(mask)
+    if fills is not None and lowest not in fills:
+        return none
+    exact = guard == _Guard.NAN_GUARD and (fills is None or -np.inf in fills)
+    floor = np.nextafter(np.finfo(dtype).min, 0, dtype=dtype).reshape(())
+    return {"floor": floor, "floor_exact": exact}
 
 
 def _length_of(op: RewriteBuilder, x: ir.Value) -> ir.Value:
@@ -390,6 +422,7 @@ def _runnable_mask(
     k: ir.Value,
     mask: ir.Value,
     floor: np.ndarray | None,
+    floor_exact: bool,
     expand_query: bool,
     expand_key: bool,
 ) -> ir.Value:
@@ -397,7 +430,11 @@ def _runnable_mask(
     onnxruntime's ``Attention`` computes the graph's numbers with (see :func:`_mask_layout`,
     :func:`_mask_floor`); each step only where needed."""
     out = mask
-    if floor is not None:
+    if floor is not None and floor_exact:
+        lowest = op.const(np.finfo(floor.dtype).min.reshape(()))
+        out = op.Where(op.Equal(out, lowest), op.const(floor), out)
+        out.type, out.shape = mask.type or q.type, mask.shape
+    elif floor is not None:
         out = op.Max(out, op.const(floor))
         out.type, out.shape = mask.type or q.type, mask.shape
     if expand_query or expand_key:
