@@ -312,8 +312,9 @@ def _outer_dims(
     if value not in body.inputs:
         return None
     index = list(body.inputs).index(value)
-    found = set()
-    for owner in (model.graph, *model.functions.values()):
+    found: set[tuple[Any, ...] | None] = set()
+    owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for owner in owners:
         for node in owner:
             if (node.domain, node.op_type, node.overload) == body.identifier():
                 arg = node.inputs[index] if index < len(node.inputs) else None
