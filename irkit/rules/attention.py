@@ -20,8 +20,14 @@ Four rules, applied in stages (each fires on what the previous one produced):
     ``+ mask``, ``Softmax``, optionally between ``Cast`` s as HF's fp16 eager code does).
     ``kᵀ`` is ``Transpose(k, perm=[0, 1, 3, 2])`` or torchlib's ``Reshape(Transpose(Reshape(k,
     [-1, L, D]), [0, 2, 1]), [..., D, L])`` (symbolic shape from ``Shape(k)`` or a constant
-    equal to ``k``'s static shape). ``mask`` (float, additive) is
-    passed unchanged as ``attn_mask``; no mask, no ``attn_mask``.
+    equal to ``k``'s static shape). ``mask`` (float, additive) becomes ``attn_mask`` in the
+    form onnxruntime's ``Attention`` computes the graph's numbers with (no mask, no
+    ``attn_mask``): a query or key axis of size 1 (BERT's ``(B, 1, 1, L)``, cross
+    attention) is expanded to ``S``/``L`` (onnxruntime refuses a mask whose last two dims are
+    not those), and a mask that may hold the dtype's lowest value at every key of a row
+    (``finfo.min``: padding) is raised one step above it — ``Max(mask, floor)``, or only the
+    lowest entries under torchlib's NaN guard — since onnxruntime returns 0 for such a row
+    where ``softmax`` averages the values.
 ``AttentionCausal``
     ``Attention(q, k, v, causal) = Attention(q, k, v, is_causal=1)`` where ``causal`` is
     torchlib's ``is_causal=True`` mask (``Where(Equal(Trilu(Expand(1, [S, L]), upper=0), 0),
@@ -47,7 +53,8 @@ Four rules, applied in stages (each fires on what the previous one produced):
 The form emitted (what the ``"ort"`` target's rules consume): **4-D** ``Attention`` with inputs
 ``(Q, K, V[, attn_mask[, past_key, past_value]])`` — ``Q`` ``(B, Hq, S, D)``, ``K``/``V``
 ``(B, Hkv, L, D)`` (no head repeat), ``attn_mask`` the original additive float mask (any shape
-broadcastable to ``(B, Hq, S, past + L)``; absent when the model had none), ``past_*``
+broadcastable to ``(B, Hq, S, past + L)`` with its last two dims those, raised above the
+dtype's lowest value where needed; absent when the model had none), ``past_*``
 ``(B, Hkv, P, D)`` — attributes ``scale`` (always set), ``softcap`` (only for capped
 scores), ``is_causal=1`` only for the causal form (never together with ``past_*``), and nothing
 else (``q_num_heads``/``kv_num_heads`` unset as for 4-D inputs); outputs ``(Y)`` or
@@ -59,7 +66,9 @@ broadcast where the dims are known (one batch dim for ``q``, ``k``, ``v``; ``k``
 ``v``'s and divide ``q``'s: ``Attention`` does not broadcast as the matmuls do, and
 onnxruntime refuses to load such a node); the two ``√s``
 factors (or the one ``s``) scalar constants; ``Softmax`` over the last axis (fp16 eager: the
-probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4; every
+probabilities cast back to ``q``'s dtype); a mask of rank ≤ 4 whose known batch, head, query
+and key dims are 1 or the scores' (a mask larger than the scores is declined); a mask that
+needs a floor in float32, float16 or float64; every
 intermediate value used only inside the match (the engine's rule); a softcap's divisor and
 factor the same positive scalar constant. Not matched: dropout, a softcap in torchlib's SDPA
 form (``scaled_dot_product_attention`` has none), masks that are not added to the scores. The
@@ -77,13 +86,14 @@ import numpy as np
 import onnx_ir as ir
 
 from irkit._irutil import node_attributes
-from irkit._shapes import known_dims, known_rank, reshape_target, transposed
+from irkit._shapes import Dim, known_dims, known_rank, reshape_target, transposed
 from irkit.rewriting import (
     Const,
     Match,
     MatchFailure,
     Pattern,
     RewriteBuilder,
+    RewriteContext,
     Rule,
     RuleSet,
     Verdict,
@@ -112,6 +122,13 @@ class _Form(enum.IntEnum):
     EAGER = 1  # (q @ kᵀ)·s or (q @ kᵀ)/s
 
 
+class _Guard(enum.IntEnum):
+    """Whether torchlib's SDPA zeroes the rows whose every key is masked (the ``guard`` tag)."""
+
+    NAN_GUARD = 0  # Where(IsNaN(p), 0, p): a row of -inf scores gives 0, as onnxruntime does
+    NONE = 1
+
+
 class _Scaling(enum.IntEnum):
     """How eager attention applies its scale (the ``scaling`` tag)."""
 
@@ -134,7 +151,9 @@ _KT = either(op.Transpose(k, perm=[0, 1, 3, 2]), _KT_SYMBOLIC, _KT_CONST)
 # torchlib's SDPA: √s on both operands, optional additive mask, softmax, NaN guard.
 _SDPA_SCORES = op.MatMul(q * s1, _KT * s2)
 _SDPA_PROBS = op.Softmax(either(_SDPA_SCORES + mask, _SDPA_SCORES), axis=attr("softmax_axis"))
-_SDPA = op.MatMul(either(op.Where(op.IsNaN(_SDPA_PROBS), 0.0, _SDPA_PROBS), _SDPA_PROBS), v)
+_SDPA = op.MatMul(
+    either(op.Where(op.IsNaN(_SDPA_PROBS), 0.0, _SDPA_PROBS), _SDPA_PROBS, tag="guard"), v
+)
 
 # Eager attention: (q @ kᵀ) · s (or / s), optional mask, softmax (maybe computed in float32).
 _EAGER_SCORES = either(op.MatMul(q, _KT) * s, op.MatMul(q, _KT) / s, tag="scaling")
@@ -229,6 +248,7 @@ def _softcap(cap: ir.Value | None, cap2: ir.Value | None) -> float | MatchFailur
 def _check_core(
     form: int,
     scaling: int | None,
+    guard: int | None,
     q: ir.Value,
     k: ir.Value,
     v: ir.Value,
@@ -242,19 +262,25 @@ def _check_core(
     to: int | None,
     cap: ir.Value | None,
     cap2: ir.Value | None,
+    match: Match,
+    ctx: RewriteContext,
 ) -> Verdict | dict[str, Any]:
     if softmax_axis not in (None, -1, 3):
         return fail(f"softmax over axis {softmax_axis}, not the last (keys) axis", q)
     if to is not None and q.dtype is not None and to != q.dtype.value:
         return fail(f"the probabilities are cast to {ir.DataType(to)}, not to q's {q.dtype}", q)
-    if mask is not None and (r := known_rank(mask)) is not None and r > 4:
-        return fail(f"a rank-{r} mask would broadcast the scores beyond 4-D", mask)
     ok = _rank4(q, k, v)
     if ok is not True:
         return ok
     ok = _no_broadcast(q, k, v)
     if ok is not True:
         return ok
+    layout = _mask_layout(mask, q, k, ctx)
+    if isinstance(layout, MatchFailure):
+        return layout
+    floor = _mask_floor(guard, mask, q, match)
+    if isinstance(floor, MatchFailure):
+        return floor
     ok = _transpose_shapes_ok(k, shape1, shape2)
     if ok is not True:
         return ok
@@ -264,7 +290,7 @@ def _check_core(
     softcap = _softcap(cap, cap2)
     if isinstance(softcap, MatchFailure):
         return softcap
-    return {"scale": scale, "softcap": softcap}
+    return {"scale": scale, "softcap": softcap, **floor, **layout}
 
 
 def _core(
@@ -275,12 +301,184 @@ def _core(
     mask: ir.Value | None,
     scale: float,
     softcap: float,
+    floor: np.ndarray | None,
+    floor_exact: bool,
+    expand_query: bool,
+    expand_key: bool,
 ) -> ir.Value:
     """Attention(q, k, v, mask, scale=s[, softcap=c])"""
+    if mask is not None:
+        mask = _runnable_mask(op, q, k, mask, floor, floor_exact, expand_query, expand_key)
     inputs = [q, k, v] if mask is None else [q, k, v, mask]
     if softcap:
         return op.Attention(*inputs, scale=scale, softcap=softcap)
     return op.Attention(*inputs, scale=scale)
+
+
+# --- the mask as onnxruntime's Attention runs it --------------------------------------------------
+
+
+def _broadcast(mask_dim: Dim, size: Dim) -> bool:
+    """Whether a mask axis of ``mask_dim`` broadcasts to the scores' ``size`` (a 1 there,
+    where the scores' dim is not known to be 1): onnxruntime wants it expanded."""
+    return mask_dim == 1 and size != 1
+
+
+def _outer_dims(
+    value: ir.Value, body: ir.Graph | ir.Function, model: ir.Model, depth: int = 8
+) -> tuple[Any, ...] | None:
+    """``value``'s dims, or — a function input that carries none (a model read from a file) —
+    the dims of the argument every call site passes, through nested calls (``None`` unless all
+    agree)."""
+    dims = known_dims(value)
+    if dims is not None or depth == 0 or not isinstance(body, ir.Function):
+        return dims
+    if value not in body.inputs:
+        return None
+    index = list(body.inputs).index(value)
+    found: set[tuple[Any, ...] | None] = set()
+    owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for owner in owners:
+        for node in owner:
+            if (node.domain, node.op_type, node.overload) == body.identifier():
+                arg = node.inputs[index] if index < len(node.inputs) else None
+                found.add(None if arg is None else _outer_dims(arg, owner, model, depth - 1))
+    return found.pop() if len(found) == 1 else None
+
+
+def _mask_layout(
+    mask: ir.Value | None, q: ir.Value, k: ir.Value, ctx: RewriteContext
+) -> dict[str, bool] | MatchFailure:
+    """Which of the mask's query and key axes must be expanded; why the mask cannot be passed.
+
+    ONNX lets ``attn_mask`` broadcast to ``(B, Hq, S, L)``; onnxruntime's ``Attention`` (and
+    ``MultiHeadAttention``'s ``attention_bias``) wants a mask of rank 2 to 4 whose last two
+    dims *are* ``S`` and ``L`` (``(B, 1, 1, L)``, BERT's extended mask, is refused: "inconsistent
+    q_sequence_length"), its head dim 1 or ``Hq``, its batch dim 1 or ``B``. Findings:
+    ``expand_query``/``expand_key``: the mask's ``S``/``L`` axis is 1 where ``q``'s/``k``'s
+    length is not known to be 1, so the rewrite expands it. A mask of unknown dims is passed
+    as it is."""
+    if mask is None:
+        return {"expand_query": False, "expand_key": False}
+    r = known_rank(mask)
+    if r is not None and r > 4:
+        return fail(f"a rank-{r} mask would broadcast the scores beyond 4-D", mask)
+    md = _outer_dims(mask, ctx.graph, ctx.model)
+    if md is None:  # (nothing to check: the graph's own broadcast is all that is known)
+        return {"expand_query": False, "expand_key": False}
+    qd, kd = known_dims(q) or (None,) * 4, known_dims(k) or (None,) * 4
+    full = (1,) * (4 - len(md)) + tuple(md)
+    wanted = (("batch", qd[0]), ("head", qd[1]), ("query", qd[2]), ("key", kd[2]))
+    for (axis, size), d in zip(wanted, full, strict=True):
+        if isinstance(d, int) and d != 1 and isinstance(size, int) and d != size:
+            return fail(
+                f"the mask's {axis} dim {d} is neither 1 nor the scores' {size}: the scores "
+                "broadcast to the mask's shape, not the Attention output's",
+                mask,
+            )
+    return {"expand_query": _broadcast(full[2], qd[2]), "expand_key": _broadcast(full[3], kd[2])}
+
+
+def _no_empty_row(arr: np.ndarray) -> bool:
+    """Whether every row of a constant mask keeps a key (an entry above the dtype's lowest)."""
+    if arr.dtype.kind != "f":
+        return False
+    return bool(np.all(np.any(arr > np.finfo(arr.dtype).min, axis=-1)))
+
+
+def _fills(mask: ir.Value) -> set[float] | None:
+    """The values a ``Where(c, a, b)`` mask of scalar constants takes (Hugging Face's and
+    torchlib's masks from a boolean one), or ``None`` for another mask."""
+    p = mask.producer()
+    if p is None or (p.domain, p.op_type) != ("", "Where") or len(p.inputs) != 3:
+        return None
+    values = [const_value(v) for v in p.inputs[1:]]
+    if any(v is None or v.size != 1 for v in values):
+        return None
+    return {float(np.asarray(v).reshape(())) for v in values}
+
+
+def _mask_floor(
+    guard: int | None, mask: ir.Value | None, q: ir.Value, match: Match
+) -> dict[str, Any] | MatchFailure:
+    """The floor the mask is raised to, so that onnxruntime computes what the graph does.
+
+    onnxruntime's CPU ``Attention`` returns 0 for a query whose every key is masked with the
+    dtype's lowest value (``finfo.min``, Hugging Face's fill and torchlib's for a boolean
+    mask; measured on 1.32) or ``-inf``, where ``softmax(scores + lowest)`` averages the values
+    (``lowest + score`` rounds to ``lowest``: a left-padded query, a padded patch). Raised to
+    the next value up, the mask masks the same keys and such a row averages as in the graph.
+    Findings: ``floor`` (``None``: none needed — no mask, torchlib's causal mask, a constant
+    mask that keeps a key in every row, a ``Where`` mask whose fills are not the lowest) and
+    ``floor_exact``: raise only the lowest entries (``Where(mask = lowest, floor, mask)``)
+    where ``-inf`` may occur and torchlib's NaN guard makes its empty rows 0, as onnxruntime
+    does; elsewhere ``Max(mask, floor)``."""
+    none: dict[str, Any] = {"floor": None, "floor_exact": False}
+    if mask is None:
+        return none
+    arr = const_value(mask)
+    if arr is not None and _no_empty_row(np.asarray(arr)):
+        return none
+    if matches(_CAUSAL_MASK, mask, match.opset, q=q):
+        return none
+    if q.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+        return fail(f"q's dtype {q.dtype}: the mask's floor cannot be written", q)
+    dtype = q.dtype.numpy()
+    lowest = float(np.finfo(dtype).min)
+    fills = _fills(mask)
+    if fills is not None and lowest not in fills:
+        return none
+    exact = guard == _Guard.NAN_GUARD and (fills is None or -np.inf in fills)
+    floor = np.nextafter(np.finfo(dtype).min, 0, dtype=dtype).reshape(())
+    return {"floor": floor, "floor_exact": exact}
+
+
+def _length_of(op: RewriteBuilder, x: ir.Value) -> ir.Value:
+    """``x.shape[2:3]`` (a constant where it is static)."""
+    d = known_dims(x)
+    if d is not None and isinstance(d[2], int):
+        return op.const(np.array([d[2]], dtype=np.int64))
+    return op.Shape(x, start=2, end=3)
+
+
+def _runnable_mask(
+    op: RewriteBuilder,
+    q: ir.Value,
+    k: ir.Value,
+    mask: ir.Value,
+    floor: np.ndarray | None,
+    floor_exact: bool,
+    expand_query: bool,
+    expand_key: bool,
+) -> ir.Value:
+    """``Expand(Max(mask, floor), (…, S, L))``: the same mask in the layout and with the fill
+    onnxruntime's ``Attention`` computes the graph's numbers with (see :func:`_mask_layout`,
+    :func:`_mask_floor`); each step only where needed."""
+    out = mask
+    if floor is not None and floor_exact:
+        lowest = op.const(np.finfo(floor.dtype).min.reshape(()))
+        out = op.Where(op.Equal(out, lowest), op.const(floor), out)
+        out.type, out.shape = mask.type or q.type, mask.shape
+    elif floor is not None:
+        out = op.Max(out, op.const(floor))
+        out.type, out.shape = mask.type or q.type, mask.shape
+    if expand_query or expand_key:
+        one = op.const(np.array([1], dtype=np.int64))
+        target = op.Concat(
+            _length_of(op, q) if expand_query else one,
+            _length_of(op, k) if expand_key else one,
+            axis=0,
+        )
+        expanded: ir.Value = op.Expand(out, target)
+        md, qd, kd = known_dims(mask), known_dims(q), known_dims(k)
+        if md is not None and qd is not None and kd is not None:
+            full = (1,) * (4 - len(md)) + tuple(md)
+            query = qd[2] if expand_query else full[2]
+            key = kd[2] if expand_key else full[3]
+            expanded.shape = ir.Shape([*md[:-2], query, key])
+        expanded.type = mask.type or q.type
+        out = expanded
+    return out
 
 
 def _repeat(x: Pattern, e: Pattern, r: Pattern, name: str | None = None) -> Pattern:

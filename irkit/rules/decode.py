@@ -24,7 +24,9 @@ table stops recomputing them. Identities:
   to ``[B, 1, S, T]`` (``CausalPaddingMask``: 17 nodes → ``Cast``, ``Unsqueeze``, ``Where``,
   ``Shape``, ``Concat``, ``Expand``). onnxruntime 1.32's CPU ``Attention`` aligns ``is_causal``
   to the bottom right when it has a past (query ``i`` sees keys ``≤ P + i``), gives the
-  export's numbers, fully masked rows included (left padding longer than the past), and
+  export's numbers but in the query rows whose every key is masked (left padding longer than
+  the past: 0 there, where the export — its mask floored by :mod:`irkit.rules.attention` —
+  averages the values; a padded token's row, tested), and
   refuses a mask whose query axis is 1 when ``S > 1`` (hence the ``Expand``). The mask stays
   float: a bool one gives the same numbers in onnxruntime, but the spec's −∞ for ``False``
   makes fully masked rows NaN, which the next layer's values spread to every row. An ``attention_mask`` wider than ``T`` was
@@ -237,6 +239,17 @@ def _same_dim(a: ir.Value | None, i: int, b: ir.Value | None, j: int) -> bool:
     return da[i] is not None and da[i] == db[j]
 
 
+def _unfloored(mask: ir.Value) -> ir.Value:
+    """``x`` of ``Max(x, floor)`` with the floor :mod:`irkit.rules.attention` gives a mask (one
+    step above float32's lowest; ``is_causal`` with the padding mask gives the export's
+    numbers without it), else ``mask``."""
+    p = mask.producer()
+    if p is None or (p.domain, p.op_type) != ("", "Max") or len(p.inputs) != 2:
+        return mask
+    floor = np.nextafter(np.finfo(np.float32).min, np.float32(0))
+    return p.inputs[0] if scalar(p.inputs[1]) == float(floor) and p.inputs[0] else mask
+
+
 def _check_mask(
     q: ir.Value,
     k: ir.Value,
@@ -259,7 +272,7 @@ def _check_mask(
         return fail("q is not 3-D (batch, sequence, hidden) or the past key not 4-D", q)
     if not (_same_dim(k, 1, q, 1) and _same_dim(v, 1, q, 1)):
         return fail("the new keys/values are not as long as the queries (is_causal aligns on k)", k)
-    found = matches(_MASK, mask, match.opset)
+    found = matches(_MASK, _unfloored(mask), match.opset)
     if not isinstance(found, dict):
         return fail(f"the mask is not the export's causal ∧ padding mask ({found.reason})", mask)
     if found["fill"].dtype != ir.DataType.FLOAT:

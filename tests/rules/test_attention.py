@@ -43,16 +43,21 @@ def attention_text(
     cat_axis=-2,
     scale=None,
     softcap=None,
+    kv_len=None,
+    mask_shape=None,
 ) -> str:
     """ONNX text of one attention block as the exporters write it (fp16: constants converted later).
 
     ``softcap`` (eager only): gemma2's ``tanh(scores / c) · c`` between the scale and the mask.
+    ``kv_len``: the new keys' length (cross attention: not ``s``); ``mask_shape``: the mask's
+    dims (default ``(b, 1, s, total)``; any shape that broadcasts to the scores).
     """
-    total = p + s if cache else s
+    kv = s if kv_len is None else kv_len
+    total = p + kv if cache else kv
     ins = [
         f"float[{b},{hq},{s},{d}] q",
-        f"float[{b},{hkv},{s},{d}] k",
-        f"float[{b},{hkv},{s},{d}] v",
+        f"float[{b},{hkv},{kv},{d}] k",
+        f"float[{b},{hkv},{kv},{d}] v",
     ]
     outs = [f"float[{b},{hq},{s},{d}] y"]
     body = []
@@ -72,10 +77,11 @@ def attention_text(
             f"  vu = Unsqueeze({vv}, two)  ve = Expand(vu, es)  vr = Reshape(ve, rs)"
         )
         kk, vv = "kr", "vr"
+    dims = ",".join(str(x) for x in (mask_shape or (b, 1, s, total)))
     if mask == "float":
-        ins.append(f"float[{b},1,{s},{total}] m")
+        ins.append(f"float[{dims}] m")
     elif mask == "bool":
-        ins.append(f"bool[{b},1,{s},{total}] m")
+        ins.append(f"bool[{dims}] m")
     scale = 1 / math.sqrt(d) if scale is None else scale
     if form == "sdpa" or mask == "bool":
         body.append("z = Constant<value=float {0.0}>()")
@@ -151,6 +157,15 @@ def run(m: ir.Model, dtype: str = "float", explain: str | None = None):
     return report
 
 
+#: The ops of the mask's floor (irkit.rules.attention: rows masked with finfo.min at every
+#: key): eager ``Max(mask, floor)``; torchlib's NaN-guarded SDPA raises only the lowest
+#: entries, ``Where(Equal(mask, lowest), floor, mask)`` (its ``-inf`` rows stay 0).
+_FLOOR = {
+    "eager": {"Constant": 1, "Max": 1},
+    "sdpa": {"Constant": 2, "Equal": 1, "Where": 1},
+}
+
+
 def fired(report) -> dict[str, int]:
     return {k: v for k, v in report.fired.items() if k.startswith("Attention")}
 
@@ -163,9 +178,13 @@ def test_gqa_with_cache_becomes_one_attention(form):
     m = build(attention_text(form=form))
     report = run(m)
     assert fired(report) == {"Attention": 1, "AttentionGQA": 1, "AttentionKVCache": 1}
-    assert util.ops(m) == {"Attention": 1}
-    (node,) = list(m.graph)
-    assert [v.name for v in node.inputs] == ["q", "k", "v", "m", "pk", "pv"]
+    # a float mask that may hold finfo.min rows gets the floor (_FLOOR)
+    assert util.ops(m) == {"Attention": 1, **_FLOOR[form]}
+    (node,) = [n for n in m.graph if n.op_type == "Attention"]
+    mask = node.inputs[3].producer().inputs[0 if form == "eager" else 2]
+    assert [v.name for v in (*node.inputs[:3], mask, *node.inputs[4:])] == [
+        "q", "k", "v", "m", "pk", "pv"
+    ]  # fmt: skip
     assert [v.name for v in node.outputs] == ["y", "kc", "vc"]
     assert node.attributes["scale"].value == pytest.approx(1 / math.sqrt(8), rel=1e-6)
 
@@ -174,7 +193,8 @@ def test_bool_mask_keeps_its_additive_form():
     m = build(attention_text(mask="bool", cache=False, hkv=4))
     report = run(m)
     assert fired(report) == {"Attention": 1}
-    assert util.ops(m) == {"Attention": 1, "Constant": 2, "Where": 1}
+    # torchlib's Where(mask, 0, finfo.min): the floor is a Max
+    assert util.ops(m) == {"Attention": 1, "Constant": 3, "Max": 1, "Where": 1}
 
 
 def test_no_mask_and_custom_scale():
@@ -277,9 +297,10 @@ def test_joint_attention_concat_is_no_cache(dropped):
     assert [v.name for v in m.graph.outputs] == [n for n in ("y", "kc", "vc") if n not in dropped]
     report = run(m)
     assert fired(report) == {"Attention": 1, "AttentionGQA": 1}
-    assert util.ops(m) == {"Concat": 2, "Attention": 1}
+    assert util.ops(m) == {"Concat": 2, "Attention": 1, **_FLOOR["sdpa"]}
     (att,) = [n for n in m.graph if n.op_type == "Attention"]
-    assert [v.name for v in att.inputs] == ["q", "kc", "vc", "m"]
+    assert [v.name for v in att.inputs[:3]] == ["q", "kc", "vc"]
+    assert att.inputs[3].producer().inputs[2].name == "m"  # (its floor)
     assert len(att.outputs) == 1
     failures = _reason(build(text), "AttentionKVCache")
     name = "key" if "kc" in dropped else "value"
@@ -322,7 +343,10 @@ def test_mask_computed_from_the_present_is_no_kv_cache(form):
     assert _topologically_sorted(m.graph)
     report = util.rewrite(build(text), library.default_rules(), explain="AttentionKVCache")
     (miss,) = [n for n in report.near_misses if n.reason.startswith("would create a cycle")]
-    assert miss.reason.endswith("[value 'm', node '' (Concat)]")  # read; produced from
+    # read (the mask, or its floor in the eager form); produced from
+    assert miss.reason.endswith(
+        f"[value '{'val_3' if form == 'sdpa' else 'val_1'}', node '' (Concat)]"
+    )
     assert report.rules["AttentionKVCache"].failures == {CYCLE: 1}
 
 
@@ -511,7 +535,8 @@ def test_decoder_with_kv_cache(arch, impl):
         assert ops == {
             "Add": 6,  # 4 norms' 1 + w, 2 residuals
             "Attention": 1,
-            "Constant": 7,
+            "Constant": 8,  # (7, and the mask's floor)
+            "Max": 1,  # the mask's floor: eager attention's finfo.min rows (irkit.rules.attention)
             "Gelu": 1,
             "MatMul": 7,
             "Mul": 1,
@@ -627,3 +652,87 @@ def test_causal_mask_of_another_fill_or_key_is_not_causal(lowest, key, reason):
     report = util.rewrite(m, library.default_rules(), explain="AttentionCausal")
     assert report.rules["AttentionCausal"].fired == 0
     assert report.rules["AttentionCausal"].failures == {reason: 1}
+
+
+# --- the mask as onnxruntime runs it (issue 32) --------------------------------------------------
+
+# Each layout the encoders of issue 32 pass: onnxruntime's Attention wants the mask's last two
+# dims to be S and L exactly (layoutlm/markuplm/big_bird: BERT's (B, 1, 1, L); lxmert: the same
+# in cross attention, L ≠ S), so a broadcast axis is expanded; every other layout passes as is.
+LAYOUTS = {
+    "extended-b11l": ((2, 1, 1, 5), {"Expand": 1}),
+    "batch-1-1s-l": ((1, 1, 3, 5), {}),
+    "per-head": ((2, 4, 3, 5), {}),
+    "2d-sl": ((3, 5), {}),
+    "2d-1l": ((1, 5), {"Expand": 1}),
+    "1d-l": ((5,), {"Expand": 1}),
+    "per-query-b1s1": ((2, 1, 3, 1), {"Expand": 1}),
+}
+
+
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_mask_layouts_run_in_onnxruntime(layout, cross, form):
+    shape, added = LAYOUTS[layout]
+    kv_len = 5 if cross else 3
+    if not cross:  # the keys are the queries' 3
+        shape = tuple(3 if x == 5 else x for x in shape)
+    m = build(attention_text(hkv=4, cache=False, form=form, kv_len=kv_len, mask_shape=shape))
+    report = run(m)  # onnxruntime runs it, with the unfused graph's numbers
+    assert fired(report) == {"Attention": 1}
+    ops = util.ops(m)
+    assert ops["Attention"] == 1 and ops.get("Expand", 0) == added.get("Expand", 0)
+    (att,) = [n for n in m.graph if n.op_type == "Attention"]
+    mask = att.inputs[3]
+    assert mask.shape is not None and list(mask.shape)[-2:] == [3, kv_len]
+
+
+def test_mask_whose_batch_exceeds_the_queries_is_declined():
+    # q has batch 1, the mask batch 2: the scores broadcast up to the mask, the op cannot
+    text = attention_text(b=1, hkv=4, cache=False, form="eager", mask_shape=(2, 1, 3, 3))
+    report = util.rewrite(build(text), library.default_rules(), explain="Attention")
+    (miss,) = [n for n in report.near_misses if "batch dim 2" in n.reason]
+    assert miss.reason.startswith("the mask's batch dim 2 is neither 1 nor the scores' 1")
+
+
+def _lowest_rows(dtype: str = "float") -> np.ndarray:
+    """A (2, 1, 3, 3) mask whose query 0 of batch 1 sees no key (the dtype's lowest
+    everywhere: a padded patch, a left-padded token), the rest random keep/drop."""
+    mask = np.where(np.random.default_rng(0).random((2, 1, 3, 3)) < 0.3, LOWEST[dtype], 0.0)
+    mask[..., 0] = 0.0
+    mask[1, 0, 0, :] = LOWEST[dtype]
+    return mask.astype(np.float32)
+
+
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
+def test_rows_masked_with_the_lowest_value_average_as_in_the_graph(form):
+    # onnxruntime's CPU Attention gives 0 for a row masked with finfo.min at every key; the
+    # graph averages the values there (lowest + score = lowest): timesfm's padded patches.
+    # The fused mask is raised one step above the lowest value, which masks the same keys.
+    from tests.helpers import run_ort
+
+    m = build(attention_text(hkv=4, cache=False, form=form))
+    before = util.clone(m)
+    util.rewrite(m, library.default_rules())
+    assert util.ops(m)["Attention"] == 1
+    feeds = util.random_inputs(before, 0)
+    feeds[-1] = _lowest_rows()
+    expected, actual = run_ort(before, feeds), run_ort(m, feeds)
+    assert np.abs(expected[0][1, :, 0]).max() > 0.1  # the empty row: an average, not 0
+    np.testing.assert_allclose(actual[0], expected[0], atol=1e-5, rtol=1e-4)
+    (floor,) = [n for n in m.graph if n.op_type in ("Max", "Where") and n.outputs[0].uses()
+                and n.outputs[0].uses()[0].node.op_type == "Attention"]  # fmt: skip
+    # sdpa (torchlib's NaN guard, a mask that may hold -inf: its empty rows are 0, as in
+    # onnxruntime): only the lowest entries are raised; eager: Max(mask, floor)
+    assert floor.op_type == ("Where" if form == "sdpa" else "Max")
+
+
+def test_a_boolean_mask_needs_no_floor_when_its_fill_is_not_the_lowest():
+    # torchlib's Where(mask, 0, fill) with another fill: nothing to raise
+    text = attention_text(hkv=4, cache=False, mask="bool").replace(
+        f"lo = Constant<value=float {{{LOWEST['float']}}}>()", "lo = Constant<value=float {-1e9}>()"
+    )
+    m = build(text)
+    run(m)
+    assert not {"Max", "Equal"} & set(util.ops(m))

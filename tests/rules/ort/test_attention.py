@@ -114,6 +114,16 @@ def test_multi_head_attention_2d_mask():
     fire(m, "MultiHeadAttentionKVCache", dict(sorted(ops.items())))
 
 
+def test_multi_head_attention_declines_a_mask_broadcast_over_queries():
+    # BERT's (B, 1, 1, L) extended mask as an Attention's attn_mask (a model from elsewhere:
+    # irkit's own fusion expands it): attention_bias must be (·, ·, S, past + L) exactly
+    no_fire(
+        _gqa("float", 2, 2, 2, 3, 4, 8, causal=0, mask=True, mask_shape="2,1,1,7"),
+        "MultiHeadAttentionKVCache",
+        "the mask's query dim 1 is not 3: attention_bias takes no broadcast there",
+    )
+
+
 def test_multi_head_attention_declines_grouped_heads():
     no_fire(
         _gqa("float", 1, 4, 2, 3, 2, 8, causal=0),

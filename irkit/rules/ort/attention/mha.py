@@ -12,6 +12,7 @@ from irkit.rewriting import (
     Rule,
     RuleSet,
     Verdict,
+    dims,
     fail,
 )
 from irkit.rules.ort.attention._base import (
@@ -21,13 +22,39 @@ from irkit.rules.ort.attention._base import (
     _bias4,
     _common,
     _Heads,
+    _input,
     _mask_rank,
     _to3,
     _to4,
 )
 
 
-def _check_mha(q: ir.Value, mask: ir.Value | None, softcap: float, match: Match) -> Verdict:
+def _bias_fits(mask: ir.Value, q: ir.Value, k: ir.Value, past: ir.Value | None) -> Verdict:
+    """``attention_bias`` is ``(B or 1, H or 1, S, past + L)`` exactly (onnxruntime checks its
+    last two dims: "dimension 2 should be same as sequence_length"); where the dims are known,
+    the mask's must be those."""
+    md, qd, kd = dims(mask), dims(q), dims(k)
+    if md is None or qd is None or kd is None:
+        return True
+    md = (1,) * (2 - len(md)) + tuple(md)  # (a rank-0/1 mask is unsqueezed to 4-D)
+    past_len = 0 if past is None else (dims(past) or (None,) * 4)[2]
+    total = kd[2] + past_len if isinstance(kd[2], int) and isinstance(past_len, int) else None
+    for name, d, want in (("query", md[-2], qd[2]), ("key", md[-1], total)):
+        if isinstance(d, int) and isinstance(want, int) and d != want:
+            return fail(
+                f"the mask's {name} dim {d} is not {want}: attention_bias takes no broadcast there",
+                mask,
+            )
+    return True
+
+
+def _check_mha(
+    q: ir.Value,
+    k: ir.Value,
+    mask: ir.Value | None,
+    softcap: float,
+    match: Match,
+) -> Verdict:
     """The preconditions of ``MultiHeadAttention``; findings: ``heads``, ``mask_rank``."""
     node = match.nodes[0]
     heads = _common(node)
@@ -42,6 +69,9 @@ def _check_mha(q: ir.Value, mask: ir.Value | None, softcap: float, match: Match)
     mask_rank = None if mask is None else _mask_rank(mask, q)
     if isinstance(mask_rank, MatchFailure):
         return mask_rank
+    fits = True if mask is None else _bias_fits(mask, q, k, _input(node, 4))
+    if fits is not True:
+        return fits
     return {"heads": heads, "mask_rank": mask_rank}
 
 

@@ -32,12 +32,21 @@ from irkit.rules.ort.attention.rotary import RotaryCaches, _rotary_caches
 _SHAPE_ONLY = frozenset({"Expand", "Unsqueeze", "Reshape", "Identity", "Squeeze"})
 
 
+def _keeps_or_drops(node: ir.Node) -> bool:
+    """A shape-only op, or ``Max(x, floor ≤ -1e4)`` (the floor :mod:`irkit.rules.attention`
+    gives a mask): the mask keeps and drops the keys ``x`` does."""
+    if node.op_type == "Max" and len(node.inputs) == 2:
+        floor = const_value(node.inputs[1])
+        return floor is not None and floor.size == 1 and float(floor.reshape(())) <= -1e4
+    return node.op_type in _SHAPE_ONLY
+
+
 def _keep_mask(mask: ir.Value) -> str | None:
     """``None`` when ``mask`` only keeps or drops keys (a boolean mask, or
     ``Where(keep, 0, ≤ -1e4)``, through shape-only ops); otherwise why not: an additive bias
     (ALiBi, relative positions) that ``GroupQueryAttention`` on the shared buffer would lose."""
     v = mask
-    while (p := v.producer()) is not None and p.domain == "" and p.op_type in _SHAPE_ONLY:
+    while (p := v.producer()) is not None and p.domain == "" and _keeps_or_drops(p):
         if p.inputs[0] is None:
             break
         v = p.inputs[0]
