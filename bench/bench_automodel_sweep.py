@@ -10,7 +10,8 @@ seed 0, eval mode), then, in its own subprocess (isolation and a timeout):
    vision, ``input_values`` / ``input_features`` for audio (sizes from the config), the decoder
    ids of an encoder-decoder, and a few named multimodal extras (``visual_feats``, ``bbox``, …).
    Only required parameters and the main input are fed (a multimodal model whose image inputs
-   are optional runs its text path). A required parameter no rule knows ends the row as
+   are optional runs its text path); ``use_cache=False`` where ``forward`` takes it (a cache
+   object is no output ``torch.export`` can flatten). A required parameter no rule knows ends the row as
    ``inputs`` (not counted: neither irkit's nor the stock exporter's failure);
 2. ``eager``: the model under ``torch.no_grad()`` (the reference: its tensor outputs, flattened);
 3. ``export``: ``torch.export.export(model, (), kwargs, strict=False)`` under ``torch.no_grad()``,
@@ -68,9 +69,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def group_key(stage: str, error: str | None) -> str:
     """``stage: normalized error`` (the stage alone for ``compare``: its detail is numbers)."""
-    if stage.endswith("compare"):
-        return stage
-    return f"{stage}: {normalize(error or '')}"
+    line = normalize(error or "")
+    return stage if stage.endswith("compare") or not line else f"{stage}: {line}"
 
 
 # --- inputs, by forward parameter name ----------------------------------------------------------
@@ -290,7 +290,9 @@ def _prepare(model_type: str, row: _Row) -> Any:
     except Exception as error:
         row.fail(error)
         return None
-    kwargs = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    kwargs: dict[str, Any] = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False  # a cache object is no output torch.export can flatten
     row.stage("eager")
     try:
         with torch.no_grad():
