@@ -118,7 +118,8 @@ def _ids(config: Any, shape: tuple[int, ...], rng: Any) -> Any:
     from bench.bench_causal_lm_sweep import _special_ids
 
     vocab = _vocab(config)
-    allowed = np.array(sorted(set(range(vocab)) - _special_ids(config)) or [0], dtype=np.int64)
+    special = _special_ids(config) if hasattr(config, "to_dict") else set()
+    allowed = np.array(sorted(set(range(vocab)) - special) or [0], dtype=np.int64)
     return rng.choice(allowed, size=shape)
 
 
@@ -458,7 +459,9 @@ def summarize(results: list[dict[str, Any]]) -> list[str]:
     stages = collections.Counter(r["stage"] for r in results)
     lines.append("  stages: " + ", ".join(f"{s} {stages[s]}" for s in STAGES if stages[s]))
     lines.append("not counted (the model, its inputs or torch.export):")
-    lines += _groups([(r["type"], r["stage"], r.get("error")) for r in results if not _exported(r)], PRE)
+    lines += _groups(
+        [(r["type"], r["stage"], r.get("error")) for r in results if not _exported(r)], PRE
+    )
     lines.append("irkit failures:")
     fails = [(r["type"], r["stage"], r.get("error")) for r in exported if r["stage"] != "ok"]
     lines += _groups(fails, IRKIT)
