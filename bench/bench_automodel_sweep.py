@@ -46,6 +46,7 @@ import inspect
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,11 +66,13 @@ DECODER_SEQ = 4
 SEED = 0
 RTOL = 1e-3
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODAL = ("input_ids", "pixel_values", "input_values", "input_features", "visual_feats", "bbox")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m")
 
 
 def group_key(stage: str, error: str | None) -> str:
     """``stage: normalized error`` (the stage alone for ``compare``: its detail is numbers)."""
-    line = normalize(error or "")
+    line = normalize(_ANSI.sub("", error or ""))
     return stage if stage.endswith("compare") or not line else f"{stage}: {line}"
 
 
@@ -160,17 +163,23 @@ def _input(name: str, config: Any, rng: Any) -> Any:
         return floats(BATCH, 4, int(_find(config, "visual_feat_dim") or 16))
     if name == "visual_pos":
         return rng.random((BATCH, 4, int(_find(config, "visual_pos_dim") or 4))).astype(np.float32)
-    if name in ("past_values", "inputs_embeds_values"):
-        length = _find(config, "context_length", "context_len", "patch_length")
-        return floats(BATCH, int(length or 32))
+    if name in ("past_values", "past_values_padding"):
+        length = int(_find(config, "context_length", "context_len", "patch_length") or 32)
+        pad = name.endswith("_padding")
+        return np.zeros((BATCH, length), np.int64) if pad else floats(BATCH, length)
+    if name == "freq":
+        return np.zeros((BATCH, 1), np.int64)
     return None
 
 
-def build_inputs(model: Any, config: Any, seed: int = SEED) -> dict[str, Any]:
+def build_inputs(
+    model: Any, config: Any, seed: int = SEED, *, modal: bool = False
+) -> dict[str, Any]:
     """The keyword inputs (numpy arrays) for ``model``'s ``forward``, by parameter name.
 
     Feeds the main input, every required parameter, the attention mask of text ids, and the
-    decoder ids of an encoder-decoder.
+    decoder ids of an encoder-decoder; with ``modal``, also every optional input of another
+    modality a rule builds (``MODAL``: a multimodal model that needs both text and image).
 
     Raises:
         InputsError: a required parameter (or the main input) no rule builds.
@@ -188,6 +197,9 @@ def build_inputs(model: Any, config: Any, seed: int = SEED) -> dict[str, Any]:
     ]
     if main not in params and not wanted:
         wanted = [n for n in ("input_ids", "pixel_values", "input_values") if n in params][:1]
+    if modal:
+        wanted += [name for name in MODAL if name in params]
+        wanted += ["visual_pos"] if "visual_feats" in wanted and "visual_pos" in params else []
     if "input_ids" in wanted and "attention_mask" in params:
         wanted.append("attention_mask")
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
@@ -256,6 +268,11 @@ class _Row:
     def fail(self, error: BaseException, key: str = "stage") -> None:
         prefix = "stock_" if key == "stock" else ""
         self.result[f"{prefix}error"] = f"{type(error).__name__}: {error}"
+        inner = error
+        while inner.__cause__ is not None:
+            inner = inner.__cause__
+        if inner is not error:  # the mechanism is the innermost cause (the stock exporter's)
+            self.result[f"{prefix}cause"] = f"{type(inner).__name__}: {inner}"
         self.result[f"{prefix}traceback"] = traceback.format_exc()[-3000:]
         self.write()
 
@@ -269,10 +286,25 @@ class _Row:
         tmp.replace(self.path)
 
 
+def _eager(model: Any, feeds: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The keyword arguments (tensors, ``use_cache=False``) and the eager tensor outputs."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    kwargs: dict[str, Any] = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    params = inspect.signature(model.forward).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if "use_cache" in params or (takes_kwargs and getattr(model.config, "use_cache", None)):
+        kwargs["use_cache"] = False  # a cache object is no output torch.export can flatten
+    with torch.no_grad():
+        out = model(**kwargs)
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return kwargs, [t.detach().numpy() for t in leaves]
+
+
 def _prepare(model_type: str, row: _Row) -> Any:
     """config → inputs → eager → export; the program, feeds and reference, or None."""
     import torch
-    from torch.utils import _pytree as pytree
 
     from bench.tiny_config import tiny_model
 
@@ -287,22 +319,24 @@ def _prepare(model_type: str, row: _Row) -> Any:
     row.stage("inputs")
     try:
         feeds = build_inputs(model, model.config)
-        row.result["inputs"] = {k: list(v.shape) for k, v in feeds.items()}
     except Exception as error:
         row.fail(error)
         return None
-    kwargs: dict[str, Any] = {k: torch.from_numpy(v) for k, v in feeds.items()}
-    if "use_cache" in inspect.signature(model.forward).parameters:
-        kwargs["use_cache"] = False  # a cache object is no output torch.export can flatten
     row.stage("eager")
     try:
-        with torch.no_grad():
-            out = model(**kwargs)
-        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        expected = [t.detach().numpy() for t in leaves]
-    except Exception as error:
-        row.fail(error)
-        return None
+        kwargs, expected = _eager(model, feeds)
+    except Exception:
+        try:  # a multimodal model may need its other modalities too
+            wider = build_inputs(model, model.config, modal=True)
+            if list(wider) == list(feeds):
+                raise
+            feeds = wider
+            kwargs, expected = _eager(model, feeds)
+        except Exception as last:  # the wider inputs' error where they were tried
+            row.result["inputs"] = {k: list(v.shape) for k, v in feeds.items()}
+            row.fail(last)
+            return None
+    row.result["inputs"] = {k: list(v.shape) for k, v in feeds.items()}
     row.stage("export")
     start = time.perf_counter()
     try:
@@ -425,6 +459,10 @@ def _run_one(model_type: str, timeout: float) -> dict[str, Any]:
         return result
 
 
+def _why(result: dict[str, Any], prefix: str = "") -> str | None:
+    return result.get(f"{prefix}cause") or result.get(f"{prefix}error")
+
+
 def _exported(result: dict[str, Any]) -> bool:
     return result["stage"] not in PRE
 
@@ -463,11 +501,11 @@ def summarize(results: list[dict[str, Any]]) -> list[str]:
         [(r["type"], r["stage"], r.get("error")) for r in results if not _exported(r)], PRE
     )
     lines.append("irkit failures:")
-    fails = [(r["type"], r["stage"], r.get("error")) for r in exported if r["stage"] != "ok"]
+    fails = [(r["type"], r["stage"], _why(r)) for r in exported if r["stage"] != "ok"]
     lines += _groups(fails, IRKIT)
     lines.append("stock failures:")
     stock = [
-        (r["type"], r.get("stock") or "stock-export", r.get("stock_error"))
+        (r["type"], r.get("stock") or "stock-export", _why(r, "stock_"))
         for r in exported
         if r.get("stock") != "ok"
     ]

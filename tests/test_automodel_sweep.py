@@ -92,3 +92,36 @@ def test_bert_end_to_end_in_a_worker():
     assert result["stage"] == "ok", result.get("error")
     assert result["stock"] == "ok", result.get("stock_error")
     assert result["inputs"] == {"input_ids": [2, 8], "attention_mask": [2, 8]}
+
+
+def test_the_innermost_cause_groups_a_wrapped_error():
+    header = (
+        "ConversionError: Failed to convert the exported program. \x1b[96mThis is step 3/3\x1b[0m"
+    )
+    results = [
+        {"type": t, "stage": "ok", "stock": "stock-export", "stock_error": header,
+         "stock_cause": f"DispatchError: No ONNX function found for {op}"}
+        for t, op in (("afmoe", "'aten.a'"), ("t5", "'aten.b'"))
+    ]  # fmt: skip
+    lines = sweep.summarize(results)
+    assert (
+        "  stock-export: DispatchError: No ONNX function found for '…' (2 types: afmoe, t5)"
+        in lines
+    )
+    assert sweep.group_key("stock-export", header) == (
+        "stock-export: ConversionError: Failed to convert the exported program. This is step N/N"
+    )
+
+
+def test_modal_adds_the_other_modalities_a_rule_builds():
+    class Dual:
+        main_input_name = "input_ids"
+
+        def forward(self, input_ids=None, pixel_values=None, visual_feats=None, visual_pos=None):
+            pass
+
+    config = types.SimpleNamespace(vocab_size=50, image_size=16, num_channels=3)
+    assert list(sweep.build_inputs(Dual(), config)) == ["input_ids"]
+    wide = sweep.build_inputs(Dual(), config, modal=True)
+    assert list(wide) == ["input_ids", "pixel_values", "visual_feats", "visual_pos"]
+    assert wide["pixel_values"].shape == (sweep.BATCH, 3, 16, 16)
