@@ -72,7 +72,12 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m")
 
 def group_key(stage: str, error: str | None) -> str:
     """``stage: normalized error`` (the stage alone for ``compare``: its detail is numbers)."""
-    line = normalize(_ANSI.sub("", error or ""))
+    text = _ANSI.sub("", error or "")
+    if "Status Message:" in text:  # onnxruntime: the node kind and the failed check, no C++
+        message = text.split("Status Message:", 1)[1]
+        message = message.split(" was false. ")[-1] if " was false. " in message else message
+        text = f"{text.split(' Name:')[0]} {message.rsplit(') ', 1)[-1].strip()}"
+    line = normalize(text)
     return stage if stage.endswith("compare") or not line else f"{stage}: {line}"
 
 
@@ -294,7 +299,9 @@ def _eager(model: Any, feeds: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
     kwargs: dict[str, Any] = {k: torch.from_numpy(v) for k, v in feeds.items()}
     params = inspect.signature(model.forward).parameters
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    if "use_cache" in params or (takes_kwargs and getattr(model.config, "use_cache", None)):
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    cached = getattr(model.config, "use_cache", None) or getattr(text, "use_cache", None)
+    if "use_cache" in params or (takes_kwargs and cached):
         kwargs["use_cache"] = False  # a cache object is no output torch.export can flatten
     with torch.no_grad():
         out = model(**kwargs)
