@@ -125,3 +125,16 @@ def test_modal_adds_the_other_modalities_a_rule_builds():
     wide = sweep.build_inputs(Dual(), config, modal=True)
     assert list(wide) == ["input_ids", "pixel_values", "visual_feats", "visual_pos"]
     assert wide["pixel_values"].shape == (sweep.BATCH, 3, 16, 16)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="irkit-only: irkit.optimize fuses layoutlm's attention into an ONNX Attention with a "
+    "[batch, 1, 1, seq] mask, which onnxruntime's CPU kernel refuses (docs/conformance_zoo.md, "
+    "AutoModel sweep); strict, so that the fix shows",
+)
+def test_layoutlm_runs_in_onnxruntime():
+    result = sweep._run_one("layoutlm", timeout=240)
+    assert result["stock"] == "ok", result.get("stock_error")
+    assert result["stage"] == "ok", result.get("error")
