@@ -128,13 +128,9 @@ def test_modal_adds_the_other_modalities_a_rule_builds():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="irkit-only: irkit.optimize fuses layoutlm's attention into an ONNX Attention with a "
-    "[batch, 1, 1, seq] mask, which onnxruntime's CPU kernel refuses (docs/conformance_zoo.md, "
-    "AutoModel sweep); strict, so that the fix shows",
-)
 def test_layoutlm_runs_in_onnxruntime():
+    """Once irkit-only: the fused Attention had a [batch, 1, 1, seq] mask onnxruntime's CPU kernel
+    refuses; the fusion now expands the mask's query axis (issue 32, rules/attention.py)."""
     result = sweep._run_one("layoutlm", timeout=240)
     assert result["stock"] == "ok", result.get("stock_error")
     assert result["stage"] == "ok", result.get("error")
