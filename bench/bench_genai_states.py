@@ -28,7 +28,7 @@ inside a ``Scan`` body are counted on their own and inside the ``Scan``: read th
 as the whole recurrence).
 
 Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--precision fp32 int4]
-[--target onnx|ort] [--rounds 5] [--export-rounds 5] [--profile] [--workdir DIR]`` (run with
+[--target ort|onnx] [--rounds 5] [--export-rounds 5] [--profile] [--workdir DIR]`` (run with
 ``PYTHONPATH=$PWD``).
 """
 
@@ -258,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--precision", nargs="+", choices=("fp32", "int4"), default=["fp32", "int4"]
     )
-    parser.add_argument("--target", choices=("onnx", "ort"), default="onnx", help="irkit's")
+    parser.add_argument(
+        "--target", choices=("onnx", "ort"), default="ort", help="irkit's (irkit export's default)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
     parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
     parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")

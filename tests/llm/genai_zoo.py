@@ -77,6 +77,8 @@ def _before_eos(ids: list[int]) -> list[int]:
 
 #: Targets each folder is exported for: ``irkit export``'s default (``ort``) and ``onnx``.
 TARGETS = ("ort", "onnx")
+"""Part 0 (ALiBi, MLA, softcap, longrope, MoE, llama) runs on both; parts 1 and 2 on the default
+``ort`` only, to keep the suite's time (every part on both targets: 114 cases, ~4 min more)."""
 #: Under target ``ort``, architectures whose attention ``GroupQueryAttention`` does not take:
 #: deepseek_v3's MLA attends over the latent cache decompressed each step (transformers caches
 #: the latent, not K and V), so it shares the buffer as target ``onnx`` does (``TensorScatter``).

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 NAMES = zoo.part(1)
 
 
-@pytest.fixture(scope="module", params=zoo.TARGETS)
+@pytest.fixture(scope="module", params=zoo.TARGETS[:1])  # (target onnx: part 0, zoo.TARGETS)
 def target(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

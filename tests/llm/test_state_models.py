@@ -214,7 +214,7 @@ def test_mamba_folder_without_attention_in_genai(tmp_path: pathlib.Path) -> None
     ("model_type", "names"),
     [
         ("inkling_text", ["past.0.conv", "past.0.conv.3"]),
-        ("inkling2_loop_text", ["past.0.conv.3", "past.9.conv.3"]),
+        # (inkling2_loop_text, whose loop passes append cache layers, takes 110 s: in the sweep)
         ("deepseek_v32", ["past_key_values.1.key", "past.1.indexer_key"]),
     ],
 )
