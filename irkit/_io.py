@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 import onnx
 import onnx_ir as ir
 
+from irkit import _runtime
 from irkit._lint import lint
-from irkit._runtime import runtime_problems
+from irkit._runtime import runtime_problems, unknown_to_onnx
 from irkit.errors import CheckError, IrkitError, ModelLoadError, SaveError
 from irkit.weights import (
     Rename,
@@ -324,7 +325,11 @@ def check(model: ir.Model, *, full_check: bool = True, runtime: bool = True) -> 
 
     Args:
         model: The model to check; it is not modified.
-        full_check: Also run strict shape inference, as ``onnx.checker.check_model`` does.
+        full_check: Also run strict shape inference, as ``onnx.checker.check_model`` does. A
+            model with ops onnx has no schema for (onnxruntime's contrib ops, e.g. after
+            ``irkit.optimize(model, "ort")``) is instead loaded by onnxruntime (CPU,
+            optimizations off), whose inference knows them (with ``runtime``; without it, or
+            without onnxruntime, that model's strict check is skipped, with a warning).
         runtime: Also report, when onnxruntime is installed, what its CPU provider cannot run:
             an opset import newer than it loads (``opset 99``), a node whose op version has no
             kernel (and no function body it could expand). Without onnxruntime nothing is
@@ -370,13 +375,30 @@ def check(model: ir.Model, *, full_check: bool = True, runtime: bool = True) -> 
             "Model too large to check in memory; save it with irkit.save and run "
             "onnx.checker.check_model on the path."
         )
+    # onnx's strict inference cannot type onnxruntime's contrib ops (their outputs come out
+    # null inside function bodies): for such a model onnxruntime's own inference is the strict one
+    contrib = unknown_to_onnx(model) if full_check else []
     try:
-        onnx.checker.check_model(proto, full_check=full_check)
+        onnx.checker.check_model(proto, full_check=full_check and not contrib)
     except onnx.checker.ValidationError as exc:
         raise CheckError(f"onnx.checker rejected the model: {exc}") from exc
     except onnx.shape_inference.InferenceError as exc:
         raise CheckError(f"ONNX shape inference rejected the model: {exc}") from exc
     problems = runtime_problems(model) if runtime else []
+    if contrib and runtime and not problems:
+        refused = _runtime.session_problem(proto)
+        if refused is not None:
+            raise CheckError(
+                f"onnxruntime's type and shape inference rejected the model (it uses "
+                f"{', '.join(contrib[:5])}, which onnx's checker has no schema for): {refused}"
+            )
+    if contrib and (not runtime or _runtime.ort_version() is None):
+        logger.warning(
+            "irkit.check: the model uses %s, which onnx's shape inference cannot type, and "
+            "onnxruntime is not asked (runtime=False) or not installed: the strict shape check "
+            "was skipped.",
+            ", ".join(contrib[:5]),
+        )
     if problems:
         lines = [f"onnxruntime cannot run the model ({len(problems)} problem(s)):"]
         raise CheckError("\n".join([*lines, *(f"  - {p}" for p in problems)]), problems)

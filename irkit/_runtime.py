@@ -93,6 +93,38 @@ def _loads(domain: str, opset: int) -> bool:
     return True
 
 
+def unknown_to_onnx(model: ir.Model) -> list[str]:
+    """The ops of ``model`` (functions included) that onnx has no schema for and that are not
+    the model's own functions, as ``domain::op`` (sorted): onnxruntime's contrib ops, typically.
+    ``onnx.checker``'s strict shape inference cannot type their outputs."""
+    functions = set(model.functions)
+    unknown: set[str] = set()
+    for node, _ in _nodes(model):
+        if (node.domain, node.op_type, node.overload) in functions:
+            continue
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if not onnx.defs.has(node.op_type, domain):
+            unknown.add(f"{domain}::{node.op_type}")
+    return sorted(unknown)
+
+
+def session_problem(proto: onnx.ModelProto) -> str | None:
+    """Why onnxruntime (CPU, graph optimizations off) refuses to load ``proto``, or None: its
+    own type and shape inference, which knows its contrib ops. None without onnxruntime."""
+    if ort_version() is None:
+        return None
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        onnxruntime.InferenceSession(proto.SerializeToString(), options, providers=[_PROVIDER])
+    except Exception as exc:  # (onnxruntime raises its own Fail/InvalidGraph classes)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 @functools.cache
 def newest_opset(domain: str = "") -> int | None:
     """The newest opset of ``domain`` onnxruntime loads (``""``: the default domain).

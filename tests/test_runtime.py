@@ -3,6 +3,8 @@ irkit asks onnxruntime (optional: without it nothing is reported)."""
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import onnx_ir as ir
 import onnxruntime
 import pytest
@@ -79,3 +81,32 @@ def test_irkit_check_command_lists_the_problems(tmp_path, capsys):
     assert lines[0] == f"irkit check: error: '{tmp_path / 'm.onnx'}': 1 problem(s)"
     assert lines[1].startswith("  the model imports opset 99 of the default domain; onnxruntime")
     assert main(["check", "--no-runtime-check", str(tmp_path / "m.onnx")]) == 0
+
+
+_CONTRIB = """<ir_version: 10, opset_import: ["" : 21, "pkg" : 1]>
+g (float[2,3] x, float[3,4] w) => (float[2,4] y) {{ y = pkg.Outer(x, w) }}
+<domain: "pkg", opset_import: ["" : 21, "pkg" : 1]>
+Outer (a, b) => (c) {{ m = pkg.Block(a, b)  c = Relu(m) }}
+<domain: "pkg", opset_import: ["" : 21, "com.microsoft" : 1]>
+Block (a, b) => (c) {{ c = com.microsoft.FusedMatMul<alpha: float = {alpha}>({inputs}) }}"""
+
+
+def test_check_types_contrib_ops_in_function_bodies_with_onnxruntime():
+    # onnx's strict inference leaves FusedMatMul's output untyped, so the Relu of the calling
+    # function fails; onnxruntime's inference knows the contrib op and is the strict check
+    model = ir.from_onnx_text(_CONTRIB.format(alpha="2.0", inputs="a, b"))
+    with pytest.raises(onnx.shape_inference.InferenceError, match="expected to have type"):
+        onnx.checker.check_model(ir.serde.serialize_model(model), full_check=True)
+    assert _runtime.unknown_to_onnx(model) == ["com.microsoft::FusedMatMul"]
+    assert irkit.check(model) is model
+    session = ort_session(model)
+    x, w = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x, "w": w})[0], np.full((2, 4), 6.0))
+
+
+def test_check_reports_what_onnxruntime_inference_rejects_in_a_contrib_op():
+    model = ir.from_onnx_text(_CONTRIB.format(alpha="1.0", inputs="a, a"))  # (2,3) @ (2,3)
+    with pytest.raises(irkit.CheckError, match=r"onnxruntime's type and shape inference "
+                       r"rejected the model \(it uses com.microsoft::FusedMatMul"):  # fmt: skip
+        irkit.check(model)
+    irkit.check(model, runtime=False)  # (onnx's checker alone: no schema, nothing to refuse)
