@@ -50,9 +50,10 @@ The rules (sizes are upper bounds: a smaller default is kept; 0 and ``None`` sta
   ``num_heads``) are the inner width (``mamba_d_ssm``, else ``expand × hidden``) over the SSM head
   dim (16); SSM groups 2, or 1 where 2 does not divide the heads.
 - **Positions and windows**: ``max_position_embeddings``-like fields between 256 and 512; an
-  ``original_max_position_embeddings`` keeps its ratio to it; sliding windows 8; chunk sizes
-  (``chunk_size``, ``attention_chunk_size``, ``mamba_chunk_size``) 16: a 6-token prompt plus 12
-  new tokens crosses both.
+  ``original_max_position_embeddings`` keeps its ratio to it; sliding windows 8 (a window as
+  wide as the default positions or wider never slides: it becomes the new positions); chunk
+  sizes (``chunk_size``, ``attention_chunk_size``, ``mamba_chunk_size``) 16: a 6-token prompt
+  plus 12 new tokens crosses both.
 - **RoPE parameters** (also one dict per layer type): lists of the rotary half width are cut,
   integer sections adding up to it rescaled, position fields follow the positions rule.
 - **Nested configs** (``text_config``, ``vision_config``, …): shrunk recursively by the same rules.
@@ -570,6 +571,11 @@ def _shrink_positions(values: dict[str, Any], out: dict[str, Any]) -> None:
                 out[name] = new
                 if name == "max_position_embeddings":
                     main_new = new
+    for name, value in values.items():
+        if name in out or not _int(value) or value <= 0:
+            continue
+        if _WINDOW.match(name) and _int(main_old) and main_old > 0 and value >= main_old:
+            out[name] = main_new  # a window over every position stays so (it never slides)
         elif _WINDOW.match(name) and value > WINDOW:
             out[name] = WINDOW
         elif _CHUNK.match(name) and value > CHUNK:
@@ -918,6 +924,9 @@ def tiny_model(
 ) -> Any:
     """A tiny model with random weights (``torch.manual_seed(seed)``), in eval mode.
 
+    A weight matrix the model initializes to one value (a zero router gate) is re-drawn at
+    random (:func:`_break_constant_matrices`): its ties would be decided by the kernel.
+
     Args:
         model_type: A transformers ``model_type``.
         auto_class: The ``transformers`` auto class that builds it.
@@ -936,7 +945,30 @@ def tiny_model(
     if prepare is not None:
         cfg = prepare(cfg)
     torch.manual_seed(seed)
-    return getattr(transformers, auto_class).from_config(cfg).eval()
+    model = getattr(transformers, auto_class).from_config(cfg).eval()
+    _break_constant_matrices(model, seed)
+    return model
+
+
+def _break_constant_matrices(model: Any, seed: int) -> None:
+    """Re-draws every weight matrix (2-D or more) whose entries are all one value.
+
+    Some models initialize a matrix to a constant (an MoE router gate to zeros, as a trained
+    checkpoint never is): every score it yields ties, and which of tied experts ``topk`` picks
+    is the kernel's choice (PyTorch and onnxruntime pick differently), not the model's. Such a
+    matrix gets normal(0, 0.02) entries from its own seeded generator, so the tiny model's ids
+    are decided by the model. Vectors (norm scales, biases) are left as they are.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and parameter.numel() > 1 and parameter.is_floating_point():
+                flat = parameter.reshape(-1)
+                if bool((flat == flat[0]).all()):
+                    noise = torch.randn(parameter.shape, generator=generator) * 0.02
+                    parameter.copy_(noise.to(parameter.dtype))
 
 
 __all__ = ["OVERRIDES", "shrink", "tiny_config", "tiny_model"]

@@ -198,6 +198,17 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
     recurrence without an export kernel) cannot be exported dynamic at all; a dim the code
     bounds (a position table, a bucket count) can, below the bound torch suggests.
     """
+    if isinstance(exc, _NarrowedError):
+        dims = ", ".join(f"{name} <= {got} (asked: up to {asked})" for name, (got, asked) in
+                         exc.dims.items())  # fmt: skip
+        return ExportError(
+            f"export_causal_lm: the forward of {model} holds only for {dims}: torch.export "
+            "narrows the sequence dims far below the model's positions, so its code branches on "
+            "the sequence length (e.g. a mask that switches to top-k beyond a window shorter "
+            "than the positions) and the program keeps only the example's side of the branch "
+            f"({_versions()}). Remedy: none for every length in irkit yet; run it in PyTorch, "
+            "or report it (the branch written as torch.cond would export)"
+        )
     text = str(exc)
     branch = _DATA_BRANCH.search(text)
     if branch:
@@ -697,7 +708,42 @@ def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
         refined = refine_dynamic_shapes_from_suggested_fixes(message, dynamic)
         if _has_int_where_dim(dynamic, refined):
             raise
+        cut = _narrowed_below_half(dynamic, refined)
+        if cut:
+            raise _NarrowedError(cut) from exc
         return torch.export.export(model, (), kwargs, dynamic_shapes=refined)
+
+
+class _NarrowedError(Exception):
+    """torch.export proves the program only for dims far below the asked range (see
+    :func:`_narrowed_below_half`); ``dims`` maps each such dim's name to (its max, the max
+    asked)."""
+
+    def __init__(self, dims: dict[str, tuple[int, int]]) -> None:
+        super().__init__(", ".join(f"{k} <= {v[0]}" for k, v in dims.items()))
+        self.dims = dims
+
+
+def _narrowed_below_half(before: Any, after: Any) -> dict[str, tuple[int, int]]:
+    """The dims ``after`` (refined dynamic shapes) bounds below half the max ``before`` asked.
+
+    A position table bounds ``past + new`` by the positions limit, so each dim keeps nearly
+    the whole range (GPT-Neo: max - 2); a branch on the length (a mask that switches to top-k
+    beyond a window of 8 tokens) cuts it to the example's side of the branch, far below: the
+    program would be silently wrong past it.
+    """
+    cut: dict[str, tuple[int, int]] = {}
+    if isinstance(before, Mapping):
+        for k, v in before.items():
+            cut.update(_narrowed_below_half(v, after.get(k) if after else None))
+    elif isinstance(before, (list, tuple)):
+        for b, a in zip(before, after or (), strict=False):
+            cut.update(_narrowed_below_half(b, a))
+    else:
+        asked, got = getattr(before, "max", None), getattr(after, "max", None)
+        if isinstance(asked, int) and isinstance(got, int) and 2 * got < asked:
+            cut[str(getattr(after, "__name__", "dim"))] = (got, asked)
+    return cut
 
 
 def export_causal_lm(

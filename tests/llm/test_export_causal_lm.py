@@ -395,3 +395,26 @@ def test_a_decoder_that_does_not_return_its_cache_is_named():
     session = ort_session(irkit.lower(exported.program, **exported.lower_kwargs()))
     feeds = causal_lm_feeds(lm, batch=2, seq=1, past=5, layout=exported.cache)
     assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_branch_on_the_length_that_torch_narrows_to_is_refused():
+    """Doge switches its mask to top-k beyond ``keep_window_size`` keys; at 8 (below the
+    positions) torch.export takes the example's side and narrows both sequence dims to 6: the
+    program would be silently wrong past 8 tokens, so the export is refused, naming the bound."""
+    config = transformers.DogeConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+        keep_window_size=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    lm = transformers.DogeForCausalLM(config).eval()
+    with pytest.raises(ExportError, match=r"holds only for sequence <= 6 \(asked: up to 256\), "
+                       r"past_sequence <= 6 .*branches on the sequence length"):  # fmt: skip
+        export_causal_lm(lm)
+    config.keep_window_size = 256  # (a window over every position: one program, exact)
+    lm = transformers.DogeForCausalLM(config).eval()
+    exported = export_causal_lm(lm)
+    session = ort_session(irkit.lower(exported.program, **exported.lower_kwargs()))
+    feeds = causal_lm_feeds(lm, batch=2, seq=4, past=9, layout=exported.cache)
+    assert_close(session.run(None, feeds), run_eager(lm, feeds), atol=1e-4)
