@@ -2,7 +2,8 @@
 
 The implementation lives in private modules (``_causal_lm``: :func:`export_causal_lm`,
 :func:`generate_greedy`, the cache layout; ``_export``: :func:`export`, a model folder to an
-onnxruntime-genai folder; ``_genai_config``; ``_meta``); this package re-exports the public names. The
+onnxruntime-genai folder; ``_genai_config``; ``_meta``; ``_multimodal``: a vision-language model's vision, embedding
+and decoder programs); this package re-exports the public names. The
 stages (``irkit.lowering``, ``irkit.rewriting``, …) never import it. See ``docs/llm.md``.
 """
 
@@ -20,6 +21,7 @@ from irkit.llm._causal_lm import (
     torch_inputs,
 )
 from irkit.llm._export import ExportedFolder, export
+from irkit.llm._multimodal import PartExport, export_embedding, export_vision, export_vlm_decoder
 from irkit.llm._progress import Progress
 
 __all__ = [
@@ -35,4 +37,8 @@ __all__ = [
     "export",
     "ExportedFolder",
     "Progress",
+    "PartExport",
+    "export_vision",
+    "export_embedding",
+    "export_vlm_decoder",
 ]

@@ -1,0 +1,346 @@
+"""Export a vision-language model as the three programs onnxruntime-genai's multimodal pipeline runs.
+
+onnxruntime-genai runs a vision-language model (``gemma3``, ``phi3v``, ``qwen2_5_vl``, … in its
+``genai_config.json``) as three ONNX models, each a section of that file:
+
+* ``vision``: ``pixel_values`` ``(num_images, channels, height, width)`` → ``image_features``
+  ``(num_image_tokens, hidden)``: the vision tower and the projector into the text model's
+  hidden size (:func:`export_vision`);
+* ``embedding``: ``input_ids`` ``(batch, sequence)`` and ``image_features`` → ``inputs_embeds``
+  ``(batch, sequence, hidden)``: the token embedding with every image placeholder token
+  replaced by the next row of ``image_features``, in order (:func:`export_embedding`); genai
+  runs it at every step, with zero image rows after the prompt;
+* ``decoder``: ``inputs_embeds``, ``attention_mask`` (``position_ids``) and the KV cache →
+  ``logits`` and the present cache, named as :func:`irkit.llm.export_causal_lm` names them
+  (:func:`export_vlm_decoder`).
+
+Each is a ``torch.export`` program of the model's own modules (a shallow copy of the model whose
+class overrides ``forward``, so weight names and module paths are the model's own; the model is
+not changed) for :func:`irkit.lower`. Tested on transformers' ``Gemma3ForConditionalGeneration``
+(``tests/llm/test_vlm_recipe.py``); see ``docs/vlm.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from irkit.errors import ExportError, LoweringOptionsError
+from irkit.llm._causal_lm import (
+    CausalLMExport,
+    _bind,
+    _export_error,
+    _export_narrowing,
+    _output_names,
+    _positions_limit,
+    _register_cache_pytree,
+    _torch_inputs,
+    _uncached_fake_dispatch,
+    _windows_by_position,
+    cache_layout,
+    causal_lm_feeds,
+)
+from irkit.llm._meta import fake_weights
+
+__all__ = ["PartExport", "export_embedding", "export_vision", "export_vlm_decoder"]
+
+
+@dataclasses.dataclass
+class PartExport:
+    """One program of a vision-language model (:func:`export_vision`, :func:`export_embedding`).
+
+    Attributes:
+        program: The ``torch.export.ExportedProgram``.
+        input_names: ONNX names of its inputs (pass as ``input_names=``).
+        output_names: ONNX names of its outputs (pass as ``output_names=``).
+        dynamic_shapes: The ``dynamic_shapes`` given to ``torch.export.export``.
+    """
+
+    program: Any
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_shapes: Any = None
+
+    def lower_kwargs(self) -> dict[str, Any]:
+        """``irkit.lower(program, **kw)``'s keywords: the input and output names."""
+        return {"input_names": list(self.input_names), "output_names": list(self.output_names)}
+
+
+def _vlm_parts(model: Any, what: str) -> tuple[Any, Any]:
+    """The model's inner model (``model.model``, which has ``get_image_features``) and config.
+
+    Raises:
+        LoweringOptionsError: Not a transformers vision-language model.
+    """
+    config = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if (
+        config is None
+        or getattr(config, "vision_config", None) is None
+        or getattr(config, "image_token_id", None) is None
+        or not callable(getattr(inner, "get_image_features", None))
+    ):
+        raise LoweringOptionsError(
+            f"{what}: {type(model).__name__} is not a transformers vision-language model "
+            "(it needs config.vision_config, config.image_token_id and "
+            "model.get_image_features); pass e.g. a Gemma3ForConditionalGeneration"
+        )
+    return inner, config
+
+
+def _with_forward(model: Any, forward: Callable[..., Any]) -> Any:
+    """A shallow copy of ``model`` whose class (a subclass of the model's, of the same name)
+    has ``forward``: same parameters, buffers and submodules, so the names are the model's."""
+    flat = copy.copy(model)
+    flat.__class__ = type(type(model).__name__, (type(model),), {"forward": forward})
+    return flat
+
+
+def _export(model: Any, what: str, args: tuple[Any, ...], dynamic: Any) -> Any:
+    import torch
+
+    try:
+        with _uncached_fake_dispatch(), fake_weights(model):
+            return torch.export.export(model, args, dynamic_shapes=dynamic)
+    except Exception as exc:
+        raise _export_error(f"torch.export.export of {what}", exc) from exc
+
+
+def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
+    """Export the vision tower and projector: ``pixel_values`` → ``image_features``.
+
+    ``image_features`` is ``(num_images * tokens_per_image, hidden)`` (rank 2, the images'
+    tokens one after the other, as genai's embedding section takes them), computed by the
+    model's own ``get_image_features`` (its ``pooler_output``: the projected features).
+    ``num_images`` is a dynamic dim; height and width are the config's ``image_size``.
+
+    Args:
+        model: A transformers vision-language model whose ``get_image_features`` takes only
+            ``pixel_values`` (Gemma 3, LLaVA); eval mode.
+        num_images: Example number of images (≥ 2, so that torch.export keeps it dynamic).
+
+    Returns:
+        A :class:`PartExport` with inputs ``["pixel_values"]``, outputs ``["image_features"]``.
+
+    Raises:
+        LoweringOptionsError: Not a vision-language model, or ``num_images`` < 2.
+        ExportError: ``get_image_features`` needs more than ``pixel_values`` (Qwen2.5-VL's
+            ``image_grid_thw``: not supported yet), or torch.export failed.
+
+    Example:
+        >>> import irkit                                                    # doctest: +SKIP
+        >>> from irkit.llm import export_vision
+        >>> part = export_vision(vlm)                                       # doctest: +SKIP
+        >>> onnx_model = irkit.lower(part.program, **part.lower_kwargs())   # doctest: +SKIP
+    """
+    import torch
+
+    inner, config = _vlm_parts(model, "export_vision")
+    if num_images < 2:
+        raise LoweringOptionsError(
+            f"export_vision: num_images={num_images} would be specialized by torch.export; use >= 2"
+        )
+    params = inspect.signature(inner.get_image_features).parameters
+    required = [
+        name
+        for name, p in params.items()
+        if name != "pixel_values"
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if required:
+        raise ExportError(
+            f"export_vision: {type(model).__name__}.get_image_features also needs "
+            f"{', '.join(required)}: only vision towers of pixel_values alone are supported yet "
+            "(Gemma 3, LLaVA); see docs/vlm.md, 'Next steps'"
+        )
+    vision = config.vision_config
+    size = int(vision.image_size)
+    channels = int(getattr(vision, "num_channels", 3))
+    dtype = next(iter(model.parameters())).dtype
+
+    def forward(self: Any, pixel_values: Any) -> Any:
+        features = self.model.get_image_features(pixel_values, return_dict=True).pooler_output
+        return features.reshape(-1, features.shape[-1])
+
+    pixels = torch.randn(num_images, channels, size, size, dtype=dtype)
+    dynamic = ({0: torch.export.Dim("num_images", max=1024)},)
+    program = _export(_with_forward(model, forward), "the vision tower", (pixels,), dynamic)
+    return PartExport(program, ["pixel_values"], ["image_features"], dynamic)
+
+
+def export_embedding(model: Any) -> PartExport:
+    """Export the embedding merge: ``input_ids``, ``image_features`` → ``inputs_embeds``.
+
+    The model's input embedding (its scale included: Gemma's ``sqrt(hidden)``) of ``input_ids``,
+    with the row of every image placeholder token (``config.image_token_id``) replaced by the
+    next row of ``image_features`` (``masked_scatter``, as the model's ``forward`` merges them).
+    The placeholder ids are looked up as id 0 (Gemma 3 does so where the image token lies
+    outside the vocabulary; the row is replaced anyway). ``image_features`` may have zero rows
+    (genai's decode steps): then nothing is replaced.
+
+    Args:
+        model: A transformers vision-language model that merges by placeholder tokens
+            (``config.image_token_id``); eval mode.
+
+    Returns:
+        A :class:`PartExport` with inputs ``["input_ids", "image_features"]``, outputs
+        ``["inputs_embeds"]``; dims ``batch``, ``sequence``, ``num_image_tokens``.
+
+    Raises:
+        LoweringOptionsError: Not a vision-language model.
+        ExportError: torch.export failed.
+
+    Example:
+        >>> from irkit.llm import export_embedding                         # doctest: +SKIP
+        >>> part = export_embedding(vlm)                                    # doctest: +SKIP
+        >>> part.input_names, part.output_names                             # doctest: +SKIP
+        (['input_ids', 'image_features'], ['inputs_embeds'])
+    """
+    import torch
+
+    _, config = _vlm_parts(model, "export_embedding")
+    image_token = int(config.image_token_id)
+    hidden = int(config.get_text_config().hidden_size)
+    dtype = next(iter(model.parameters())).dtype
+
+    def forward(self: Any, input_ids: Any, image_features: Any) -> Any:
+        is_image = input_ids == image_token
+        embeds = self.get_input_embeddings()(torch.where(is_image, 0, input_ids))
+        return embeds.masked_scatter(is_image.unsqueeze(-1), image_features.to(embeds.dtype))
+
+    ids = torch.full((2, 5), 1, dtype=torch.long)
+    ids[:, 1:3] = image_token
+    features = torch.randn(4, hidden, dtype=dtype)
+    dynamic = (
+        {0: torch.export.Dim("batch", max=4096), 1: torch.export.Dim("sequence", max=1 << 20)},
+        {0: torch.export.Dim("num_image_tokens", max=1 << 20)},
+    )
+    program = _export(_with_forward(model, forward), "the embedding", (ids, features), dynamic)
+    return PartExport(program, ["input_ids", "image_features"], ["inputs_embeds"], dynamic)
+
+
+def export_vlm_decoder(
+    model: Any,
+    *,
+    batch: int = 2,
+    seq: int = 3,
+    past: int = 5,
+    position_ids: bool | None = None,
+    max_sequence: int | None = None,
+) -> CausalLMExport:
+    """Export a vision-language model's text decoder taking ``inputs_embeds`` and the KV cache.
+
+    As :func:`irkit.llm.export_causal_lm` (the model itself is exported, no wrapper; the same
+    dims, cache layout, input and output names), with ``inputs_embeds`` ``(batch, sequence,
+    hidden)`` in place of ``input_ids``: the model's ``forward`` runs with ``inputs_embeds``
+    and no ``pixel_values``, so the vision tower is not in the program. The attention is the
+    model's causal one (no ``token_type_ids``: Gemma 3's bidirectional attention among one
+    image's tokens is not exported, as genai's own decoder has none).
+
+    Args:
+        model: A transformers vision-language model whose ``forward`` takes ``inputs_embeds``
+            and a KV cache (``Gemma3ForConditionalGeneration``); eval mode.
+        batch: Example batch size.
+        seq: Example number of new tokens.
+        past: Example number of cached tokens.
+        position_ids: Add a ``position_ids`` input (default: if ``model.forward`` takes it).
+        max_sequence: Upper bound of the sequence dims (default: the text config's
+            ``max_position_embeddings``).
+
+    Returns:
+        A :class:`irkit.llm.CausalLMExport` whose first input is ``inputs_embeds``.
+
+    Raises:
+        LoweringOptionsError: Not a transformers model, or unusable sizes.
+        ExportError: ``forward`` takes no ``inputs_embeds`` or no cache, the cache holds more
+            than keys and values, or torch.export failed.
+
+    Example:
+        >>> from irkit.llm import export_vlm_decoder                       # doctest: +SKIP
+        >>> exported = export_vlm_decoder(vlm)                              # doctest: +SKIP
+        >>> exported.input_names[:2]                                        # doctest: +SKIP
+        ['inputs_embeds', 'attention_mask']
+    """
+    import torch
+
+    if min(batch, seq, past) < 2 or len({batch, seq, past, seq + past}) < 4:
+        raise LoweringOptionsError(
+            f"export_vlm_decoder: example sizes batch={batch}, seq={seq}, past={past} would be "
+            "specialized by torch.export; use distinct sizes >= 2 (e.g. batch=2, seq=3, past=5)"
+        )
+    binding = _bind(model)
+    name = type(model).__name__
+    if "inputs_embeds" not in inspect.signature(model.forward).parameters or not binding.cache:
+        raise ExportError(
+            f"export_vlm_decoder: {name}.forward takes no inputs_embeds or no KV cache; pass a "
+            "transformers vision-language model (e.g. Gemma3ForConditionalGeneration)"
+        )
+    if position_ids is None:
+        position_ids = binding.position_ids
+    layout = cache_layout(model)
+    if layout.states:
+        raise ExportError(
+            f"export_vlm_decoder: {name}'s cache holds states besides keys and values "
+            f"({', '.join(sorted(layout.kinds))}); only KV caches are supported yet"
+        )
+    _register_cache_pytree()
+    text = model.config.get_text_config()
+    limit = max_sequence or _positions_limit(_HasConfig(text))
+    d_batch = torch.export.Dim("batch", max=4096)
+    d_seq = torch.export.Dim("sequence", max=limit)
+    d_past = torch.export.Dim("past_sequence", max=limit)
+    d_total = torch.export.Dim("total_sequence", min=4, max=2 * limit)
+    feeds = causal_lm_feeds(
+        model, batch=batch, seq=seq, past=past, position_ids=position_ids, layout=layout
+    )
+    rng = np.random.default_rng(0)
+    embeds = rng.standard_normal((batch, seq, int(text.hidden_size))).astype(layout.numpy_dtype())
+    layers = layout.num_layers
+    kv = {0: d_batch, 2: d_past}
+    dynamic: dict[str, Any] = {
+        "inputs_embeds": {0: d_batch, 1: d_seq},
+        "attention_mask": {0: d_batch, 1: d_total},
+        binding.cache: [[kv] * layers, [kv] * layers],
+    }
+    if binding.use_cache:
+        dynamic["use_cache"] = None
+    if position_ids:
+        dynamic["position_ids"] = {0: d_batch, 1: d_seq}
+    try:
+        with _uncached_fake_dispatch(), fake_weights(model), _windows_by_position():
+            device = next(iter(model.parameters())).device
+            inputs = _torch_inputs(model, feeds, lambda a: _tensor(a, layout.dtype, device))
+            del inputs["input_ids"]
+            inputs = {"inputs_embeds": _tensor(embeds, layout.dtype, device), **inputs}
+            program = _export_narrowing(model, inputs, dynamic)
+    except Exception as exc:
+        raise _export_error(f"torch.export.export of {name}'s decoder", exc) from exc
+    past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
+    presents = [n.replace("past_key_values", "present") for n in past_names]
+    input_names = ["inputs_embeds", "attention_mask"] + (["position_ids"] if position_ids else [])
+    return CausalLMExport(
+        program=program,
+        input_names=input_names + past_names,
+        output_names=_output_names(model, program, presents),
+        cache=layout,
+        position_ids=bool(position_ids),
+        dynamic_shapes=dynamic,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _HasConfig:
+    config: Any  # (_positions_limit reads model.config; here the text config)
+
+
+def _tensor(array: np.ndarray, dtype: Any, device: Any) -> Any:
+    import torch
+
+    tensor = torch.from_numpy(np.array(array))
+    return (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
