@@ -45,9 +45,29 @@ from irkit.llm._causal_lm import (
     cache_layout,
     causal_lm_feeds,
 )
+from irkit.llm._genai_config import DEFAULT_MAX_LENGTH, Decoder, genai_config, token_ids
 from irkit.llm._meta import fake_weights
 
-__all__ = ["PartExport", "export_embedding", "export_vision", "export_vlm_decoder"]
+__all__ = [
+    "GENAI_VLM_FILES",
+    "PartExport",
+    "export_embedding",
+    "export_vision",
+    "export_vlm_decoder",
+    "vlm_genai_config",
+]
+
+#: The ONNX file of each section of a vision-language genai folder, as :func:`vlm_genai_config`
+#: names them by default.
+GENAI_VLM_FILES = {
+    "vision": "vision.onnx",
+    "embedding": "embedding.onnx",
+    "decoder": "decoder.onnx",
+}
+#: ``model_type`` values whose genai pipeline :func:`vlm_genai_config` writes (the ones tested
+#: in onnxruntime-genai's ``Generator``): genai's other vision types need more inputs
+#: (``qwen2_5_vl``: ``image_grid_thw``, 3-d positions; ``phi3v``: ``image_sizes``).
+_GENAI_VLM_TYPES = frozenset({"gemma3"})
 
 
 @dataclasses.dataclass
@@ -344,3 +364,97 @@ def _tensor(array: np.ndarray, dtype: Any, device: Any) -> Any:
 
     tensor = torch.from_numpy(np.array(array))
     return (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
+
+
+def vlm_genai_config(
+    model: Any,
+    decoder: CausalLMExport,
+    *,
+    max_length: int | None = None,
+    files: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ``genai_config.json`` content of a vision-language folder: three sections.
+
+    ``model.vision`` (``pixel_values`` → ``image_features``), ``model.embedding``
+    (``input_ids``, ``image_features`` → ``inputs_embeds``) and ``model.decoder``
+    (``inputs_embeds``, ``attention_mask``, ``position_ids`` if ``decoder`` has it, the KV
+    cache → ``logits``, the present cache), ``model.type`` the model's ``model_type`` (genai
+    picks its multimodal pipeline by it), the sizes from the text config, and
+    ``search.past_present_share_buffer`` false (the decoder concatenates its cache: exported
+    with :func:`export_vlm_decoder` and optimized for either target without the shared buffer).
+
+    Args:
+        model: The transformers vision-language model (its config is read).
+        decoder: What :func:`export_vlm_decoder` returned for it.
+        max_length: ``search.max_length`` (default: the context length, at most 4096).
+        files: The ONNX file of each section (default :data:`GENAI_VLM_FILES`).
+
+    Returns:
+        The JSON object (a dict); write it as ``genai_config.json`` beside the three files.
+
+    Raises:
+        LoweringOptionsError: Not a vision-language model, a ``decoder`` that takes
+            ``input_ids``, or a ``model_type`` whose genai pipeline needs more inputs than
+            ``pixel_values`` (only ``gemma3`` is written yet).
+
+    Example:
+        >>> import json                                                     # doctest: +SKIP
+        >>> from irkit.llm import vlm_genai_config
+        >>> content = vlm_genai_config(vlm, export_vlm_decoder(vlm))        # doctest: +SKIP
+        >>> sorted(content["model"])[-3:]                                   # doctest: +SKIP
+        ['type', 'vision', 'vocab_size']
+    """
+    _, config = _vlm_parts(model, "vlm_genai_config")
+    model_type = str(config.model_type)
+    if model_type not in _GENAI_VLM_TYPES:
+        raise LoweringOptionsError(
+            f"vlm_genai_config: model_type {model_type!r} is not written yet (only "
+            f"{', '.join(sorted(_GENAI_VLM_TYPES))}): its onnxruntime-genai pipeline needs inputs "
+            "beyond pixel_values; see docs/vlm.md, 'Next steps'"
+        )
+    if not decoder.input_names or decoder.input_names[0] != "inputs_embeds":
+        raise LoweringOptionsError(
+            "vlm_genai_config: the decoder takes "
+            f"{decoder.input_names[0] if decoder.input_names else 'nothing'}, not inputs_embeds; "
+            "export it with export_vlm_decoder"
+        )
+    names = {**GENAI_VLM_FILES, **(files or {})}
+    text = config.get_text_config()
+    settings = {**text.to_dict(), **{k: v for k, v in config.to_dict().items() if v is not None}}
+    context = int(getattr(text, "max_position_embeddings", 0) or 0)
+    length = max_length or min(context or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
+    sizes = Decoder(
+        filename=names["decoder"],
+        num_layers=decoder.num_layers,
+        num_attention_heads=int(text.num_attention_heads),
+        num_kv_heads=decoder.num_kv_heads,
+        head_size=decoder.head_dim,
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        context_length=context,
+        position_ids=decoder.position_ids,
+    )
+    content = genai_config(
+        sizes,
+        model_type=model_type,
+        tokens=token_ids(settings, None),
+        generation=None,
+        max_length=length,
+        input_names=decoder.input_names,
+    )
+    section = content["model"]
+    section["type"] = model_type
+    inputs = {k: v for k, v in section["decoder"]["inputs"].items() if k != "input_ids"}
+    section["decoder"]["inputs"] = {"inputs_embeds": "inputs_embeds", **inputs}
+    section["embedding"] = {
+        "filename": names["embedding"],
+        "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
+        "outputs": {"inputs_embeds": "inputs_embeds"},
+    }
+    section["vision"] = {
+        "filename": names["vision"],
+        "inputs": {"pixel_values": "pixel_values"},
+        "outputs": {"image_features": "image_features"},
+    }
+    section["image_token_id"] = int(config.image_token_id)
+    return content
