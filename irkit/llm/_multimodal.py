@@ -34,13 +34,13 @@ from irkit.errors import ExportError, LoweringOptionsError
 from irkit.llm._causal_lm import (
     CausalLMExport,
     _bind,
-    _export_error,
     _export_narrowing,
     _output_names,
     _positions_limit,
     _register_cache_pytree,
     _torch_inputs,
     _uncached_fake_dispatch,
+    _versions,
     _windows_by_position,
     cache_layout,
     causal_lm_feeds,
@@ -121,14 +121,24 @@ def _with_forward(model: Any, forward: Callable[..., Any]) -> Any:
     return flat
 
 
-def _export(model: Any, what: str, args: tuple[Any, ...], dynamic: Any) -> Any:
+def _failed(function: str, what: str, exc: BaseException) -> ExportError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return ExportError(
+        f"{function}: torch.export.export of {what} failed with {_versions()}: "
+        f"{type(exc).__name__}: {first}\n"
+        "If the versions are outside the tested range, install one inside it; else report the "
+        "model and the chained error (docs/vlm.md lists what is tested)."
+    )
+
+
+def _export(model: Any, function: str, what: str, args: tuple[Any, ...], dynamic: Any) -> Any:
     import torch
 
     try:
         with _uncached_fake_dispatch(), fake_weights(model):
             return torch.export.export(model, args, dynamic_shapes=dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {what}", exc) from exc
+        raise _failed(function, what, exc) from exc
 
 
 def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
@@ -141,7 +151,7 @@ def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
 
     Args:
         model: A transformers vision-language model whose ``get_image_features`` takes only
-            ``pixel_values`` (Gemma 3, LLaVA); eval mode.
+            ``pixel_values`` and returns one tensor for all images (Gemma 3); eval mode.
         num_images: Example number of images (≥ 2, so that torch.export keeps it dynamic).
 
     Returns:
@@ -177,7 +187,7 @@ def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
         raise ExportError(
             f"export_vision: {type(model).__name__}.get_image_features also needs "
             f"{', '.join(required)}: only vision towers of pixel_values alone are supported yet "
-            "(Gemma 3, LLaVA); see docs/vlm.md, 'Next steps'"
+            "(Gemma 3); see docs/vlm.md, 'Next steps'"
         )
     vision = config.vision_config
     size = int(vision.image_size)
@@ -190,7 +200,8 @@ def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
 
     pixels = torch.randn(num_images, channels, size, size, dtype=dtype)
     dynamic = ({0: torch.export.Dim("num_images", max=1024)},)
-    program = _export(_with_forward(model, forward), "the vision tower", (pixels,), dynamic)
+    vision_model = _with_forward(model, forward)
+    program = _export(vision_model, "export_vision", "the vision tower", (pixels,), dynamic)
     return PartExport(program, ["pixel_values"], ["image_features"], dynamic)
 
 
@@ -241,7 +252,8 @@ def export_embedding(model: Any) -> PartExport:
         {0: torch.export.Dim("batch", max=4096), 1: torch.export.Dim("sequence", max=1 << 20)},
         {0: torch.export.Dim("num_image_tokens", max=1 << 20)},
     )
-    program = _export(_with_forward(model, forward), "the embedding", (ids, features), dynamic)
+    merge = _with_forward(model, forward)
+    program = _export(merge, "export_embedding", "the embedding", (ids, features), dynamic)
     return PartExport(program, ["input_ids", "image_features"], ["inputs_embeds"], dynamic)
 
 
@@ -340,7 +352,7 @@ def export_vlm_decoder(
             inputs = {"inputs_embeds": _tensor(embeds, layout.dtype, device), **inputs}
             program = _export_narrowing(model, inputs, dynamic)
     except Exception as exc:
-        raise _export_error(f"torch.export.export of {name}'s decoder", exc) from exc
+        raise _failed("export_vlm_decoder", f"{name}'s decoder", exc) from exc
     past_names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
     presents = [n.replace("past_key_values", "present") for n in past_names]
     input_names = ["inputs_embeds", "attention_mask"] + (["position_ids"] if position_ids else [])
