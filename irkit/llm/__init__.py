@@ -29,6 +29,7 @@ from irkit.llm._multimodal import (
     export_vision,
     export_vlm_decoder,
     vlm_genai_config,
+    vlm_processor_config,
 )
 from irkit.llm._progress import Progress
 
@@ -50,5 +51,6 @@ __all__ = [
     "export_embedding",
     "export_vlm_decoder",
     "vlm_genai_config",
+    "vlm_processor_config",
     "GENAI_VLM_FILES",
 ]

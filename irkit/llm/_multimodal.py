@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ __all__ = [
     "export_vision",
     "export_vlm_decoder",
     "vlm_genai_config",
+    "vlm_processor_config",
 ]
 
 #: The ONNX file of each section of a vision-language genai folder, as :func:`vlm_genai_config`
@@ -68,6 +69,10 @@ GENAI_VLM_FILES = {
 #: in onnxruntime-genai's ``Generator``): genai's other vision types need more inputs
 #: (``qwen2_5_vl``: ``image_grid_thw``, 3-d positions; ``phi3v``: ``image_sizes``).
 _GENAI_VLM_TYPES = frozenset({"gemma3"})
+#: Image placeholders genai 0.18's Gemma 3 processor writes per image (``image_seq_length``).
+_GENAI_GEMMA3_IMAGE_TOKENS = 256
+#: PIL's resample codes (transformers' ``resample``) → onnxruntime-extensions' interpolation.
+_INTERPOLATION = {0: "NEAREST", 1: "LANCZOS", 2: "LINEAR", 3: "CUBIC"}
 
 
 @dataclasses.dataclass
@@ -209,11 +214,12 @@ def export_embedding(model: Any) -> PartExport:
     """Export the embedding merge: ``input_ids``, ``image_features`` → ``inputs_embeds``.
 
     The model's input embedding (its scale included: Gemma's ``sqrt(hidden)``) of ``input_ids``,
-    with the row of every image placeholder token (``config.image_token_id``) replaced by the
-    next row of ``image_features`` (``masked_scatter``, as the model's ``forward`` merges them).
-    The placeholder ids are looked up as id 0 (Gemma 3 does so where the image token lies
-    outside the vocabulary; the row is replaced anyway). ``image_features`` may have zero rows
-    (genai's decode steps): then nothing is replaced.
+    with the row of the k-th image placeholder token (``config.image_token_id``) replaced by row
+    k of ``image_features``, in order, as the model's ``forward`` merges them
+    (``masked_scatter``). Placeholders beyond the last feature row keep their token's embedding:
+    ``image_features`` has zero rows at genai's decode steps, where a generated placeholder id
+    is embedded as transformers embeds it without ``pixel_values``. A placeholder id outside the
+    vocabulary is looked up as id 0, as Gemma 3 does.
 
     Args:
         model: A transformers vision-language model that merges by placeholder tokens
@@ -238,12 +244,21 @@ def export_embedding(model: Any) -> PartExport:
     _, config = _vlm_parts(model, "export_embedding")
     image_token = int(config.image_token_id)
     hidden = int(config.get_text_config().hidden_size)
+    out_of_vocabulary = image_token >= int(config.get_text_config().vocab_size)
     dtype = next(iter(model.parameters())).dtype
 
     def forward(self: Any, input_ids: Any, image_features: Any) -> Any:
         is_image = input_ids == image_token
-        embeds = self.get_input_embeddings()(torch.where(is_image, 0, input_ids))
-        return embeds.masked_scatter(is_image.unsqueeze(-1), image_features.to(embeds.dtype))
+        ids = torch.where(is_image, 0, input_ids) if out_of_vocabulary else input_ids
+        embeds = self.get_input_embeddings()(ids)
+        # the k-th placeholder takes feature row k while rows last (masked_scatter's order);
+        # one more row of zeros keeps the gather's index valid when there are none
+        count = image_features.shape[0]
+        rows = torch.cat([image_features.to(embeds.dtype), embeds.new_zeros(1, hidden)])
+        index = is_image.reshape(-1).long().cumsum(0) - 1
+        use = is_image.reshape(-1) & (index < count)
+        picked = rows.index_select(0, torch.where(use, index, count)).reshape(embeds.shape)
+        return torch.where(use.reshape(is_image.shape).unsqueeze(-1), picked, embeds)
 
     ids = torch.full((2, 5), 1, dtype=torch.long)
     ids[:, 1:3] = image_token
@@ -470,3 +485,88 @@ def vlm_genai_config(
     }
     section["image_token_id"] = int(config.image_token_id)
     return content
+
+
+def vlm_processor_config(
+    model: Any, preprocessor: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``processor_config.json`` content genai's image processor reads (onnxruntime-extensions).
+
+    ``model.create_multimodal_processor()`` turns a prompt and image files into ``input_ids``
+    (each ``<start_of_image>`` expanded to 256 ``<image_soft_token>`` between
+    ``<start_of_image>``/``<end_of_image>``), ``pixel_values`` and ``num_image_tokens`` with this
+    pipeline: decode (RGB), resize to the vision config's ``image_size`` square, rescale,
+    normalize, channels first — the Hugging Face image processor's steps, its values read from
+    ``preprocessor`` (``image_mean``, ``image_std``, ``rescale_factor``, ``resample``; Gemma 3's
+    defaults where absent: 0.5, 0.5, 1/255, bilinear).
+
+    Args:
+        model: The transformers vision-language model (``gemma3``).
+        preprocessor: The model folder's ``preprocessor_config.json``, or None.
+
+    Returns:
+        The JSON object (a dict); write it as ``processor_config.json`` beside
+        ``genai_config.json`` (and the tokenizer files, which must spell the three image tokens).
+
+    Raises:
+        LoweringOptionsError: Not a ``gemma3`` vision-language model, ``mm_tokens_per_image``
+            other than the 256 genai's processor writes, pan-and-scan asked for, or a
+            ``resample`` code without an onnxruntime-extensions counterpart.
+
+    Example:
+        >>> from irkit.llm import vlm_processor_config                     # doctest: +SKIP
+        >>> steps = vlm_processor_config(vlm)["processor"]["transforms"]    # doctest: +SKIP
+        >>> [step["operation"]["type"] for step in steps]                   # doctest: +SKIP
+        ['DecodeImage', 'Resize', 'Rescale', 'Normalize', 'Permute3D']
+    """
+    _, config = _vlm_parts(model, "vlm_processor_config")
+    if str(config.model_type) != "gemma3":
+        raise LoweringOptionsError(
+            f"vlm_processor_config: model_type {config.model_type!r}: only gemma3's image "
+            "processor is written yet; see docs/vlm.md, 'Next steps'"
+        )
+    tokens = int(getattr(config, "mm_tokens_per_image", 0))
+    if tokens != _GENAI_GEMMA3_IMAGE_TOKENS:
+        raise LoweringOptionsError(
+            f"vlm_processor_config: mm_tokens_per_image is {tokens}, but onnxruntime-genai's "
+            f"Gemma 3 processor writes {_GENAI_GEMMA3_IMAGE_TOKENS} placeholders per image; give "
+            "genai the tensors yourself (generator.set_inputs with input_ids, pixel_values, "
+            "num_image_tokens) instead of its processor"
+        )
+    settings = dict(preprocessor or {})
+    if settings.get("do_pan_and_scan"):
+        raise LoweringOptionsError(
+            "vlm_processor_config: do_pan_and_scan is set in preprocessor_config.json; genai's "
+            "Gemma 3 processor makes one crop per image: set it false"
+        )
+    resample = int(settings.get("resample", 2))
+    if resample not in _INTERPOLATION:
+        raise LoweringOptionsError(
+            f"vlm_processor_config: resample {resample} has no onnxruntime-extensions "
+            f"interpolation (known: {sorted(_INTERPOLATION)})"
+        )
+    size = int(config.vision_config.image_size)
+    mean = [float(v) for v in settings.get("image_mean", [0.5, 0.5, 0.5])]
+    std = [float(v) for v in settings.get("image_std", [0.5, 0.5, 0.5])]
+
+    def step(name: str, kind: str, **attrs: Any) -> dict[str, Any]:
+        operation: dict[str, Any] = {"name": name, "type": kind}
+        if attrs:
+            operation["attrs"] = attrs
+        return {"operation": operation}
+
+    transforms = [
+        step("decode_image", "DecodeImage", color_space="RGB"),
+        step(
+            "resize",
+            "Resize",
+            interpolation=_INTERPOLATION[resample],
+            width=size,
+            height=size,
+            keep_aspect_ratio=0,
+        ),
+        step("rescale", "Rescale", rescale_factor=float(settings.get("rescale_factor", 1 / 255))),
+        step("normalize", "Normalize", mean=mean, std=std),
+        step("to_channel_first", "Permute3D", dims=[2, 0, 1]),
+    ]
+    return {"processor": {"name": "gemma_3_image_processing", "transforms": transforms}}

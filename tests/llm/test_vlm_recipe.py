@@ -18,7 +18,13 @@ import pytest
 
 import irkit
 from irkit.errors import LoweringOptionsError
-from irkit.llm import export_embedding, export_vision, export_vlm_decoder, vlm_genai_config
+from irkit.llm import (
+    export_embedding,
+    export_vision,
+    export_vlm_decoder,
+    vlm_genai_config,
+    vlm_processor_config,
+)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -99,6 +105,25 @@ def genai_generate(folder, input_ids, pixel_values, image_token_id, max_length):
     while not generator.is_done():
         generator.generate_next_token()
     return np.array(generator.get_sequence(0)), prefill
+
+
+def genai_generate_from_image(folder, prompt, image_path, max_new_tokens):
+    """genai end to end: its processor (processor_config.json, the tokenizer files) turns the
+    prompt and the image file into the tensors. Returns them and the generated ids."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    processor = model.create_multimodal_processor()
+    inputs = processor(prompt, images=og.Images.open(str(image_path)))
+    tensors = {name: inputs[name].as_numpy() for name in inputs.keys()}  # noqa: SIM118
+    params = og.GeneratorParams(model)
+    length = tensors["input_ids"].shape[1] + max_new_tokens
+    params.set_search_options(max_length=length, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.set_inputs(inputs)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return tensors, np.array(generator.get_sequence(0))
 
 
 # --- end of recipe ---------------------------------------------------------------------------
@@ -256,6 +281,14 @@ def test_not_a_vlm_is_refused(call):
         call()
 
 
+def test_genai_files_refuse_what_genai_cannot_run(vlm):
+    with pytest.raises(LoweringOptionsError, match="256 placeholders"):
+        vlm_processor_config(vlm)  # 4 image tokens: genai's Gemma 3 processor writes 256
+    text_decoder = irkit.llm.CausalLMExport(None, ["input_ids"], ["logits"], None, False)
+    with pytest.raises(LoweringOptionsError, match="not inputs_embeds"):
+        vlm_genai_config(vlm, text_decoder)
+
+
 def test_bad_sizes_are_refused(vlm):
     with pytest.raises(LoweringOptionsError, match="num_images=1"):
         export_vision(vlm, num_images=1)
@@ -343,3 +376,53 @@ def test_one_program_decode_without_an_image(vlm, one_program):
     (``_inlfunc_SiglipVisionEmbeddings_flatten/Reshape``), so the step fails."""
     empty = lambda pixels: pixels[:0]  # noqa: E731
     assert max(_one_program_steps(vlm, one_program, empty)) < ATOL
+
+
+# --- genai end to end: its processor, a prompt and an image file (slow lane) -------------------
+
+SPECIALS = ("<s>", "</s>", "<pad>", "<start_of_image>", "<image_soft_token>", "<end_of_image>")
+
+
+@pytest.mark.slow
+def test_genai_processor_prompt_and_image_file(tmp_path):
+    """A Gemma 3 of 256 image tokens (genai's processor writes 256 per image; 64x64 images in
+    4x4 patches), a tokenizer that spells the three image tokens, processor_config.json from
+    vlm_processor_config: genai's processor gives the pixels the Hugging Face steps give, and
+    the Generator transformers' greedy ids for its input_ids."""
+    pytest.importorskip("onnxruntime_genai")
+    image = pytest.importorskip("PIL.Image")
+    from tests.llm.genai_support import tokenizer
+
+    config = tiny_gemma3().config
+    config.vision_config.image_size, config.vision_config.patch_size = 64, 4
+    config.mm_tokens_per_image = 256
+    config.boi_token_id, config.image_token_id, config.eoi_token_id = 3, 4, 5
+    text = config.text_config
+    text.vocab_size, text.bos_token_id, text.eos_token_id, text.pad_token_id = 300, 0, 1, 2
+    torch.manual_seed(0)
+    vlm = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        torch.nn.init.normal_(vlm.model.multi_modal_projector.mm_input_projection_weight, std=0.2)
+    export_vlm_folder(vlm, tmp_path)
+    tokenizer(vocab_size=300, specials=SPECIALS).save_pretrained(tmp_path)
+    processor = json.dumps(vlm_processor_config(vlm), indent=2)
+    (tmp_path / "processor_config.json").write_text(processor)
+    rgb = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    image.fromarray(rgb).save(tmp_path / "image.png")
+
+    tensors, got = genai_generate_from_image(
+        tmp_path, "<start_of_image> hello", tmp_path / "image.png", 8
+    )
+    pixels = ((rgb / 255 - 0.5) / 0.5).astype(np.float32).transpose(2, 0, 1)[None]
+    assert np.abs(tensors["pixel_values"] - pixels).max() < 1e-6
+    ids = tensors["input_ids"].astype(np.int64)
+    assert (ids == 4).sum() == 256 and tensors["num_image_tokens"].tolist() == [256]
+    with torch.no_grad():
+        want = vlm.generate(
+            input_ids=torch.from_numpy(ids),
+            pixel_values=torch.from_numpy(pixels),
+            attention_mask=torch.ones(ids.shape, dtype=torch.long),
+            max_new_tokens=8,
+            do_sample=False,
+        )
+    assert got.tolist() == want[0].tolist()
