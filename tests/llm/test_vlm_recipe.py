@@ -171,11 +171,12 @@ def tiny_gemma3():
     return vlm
 
 
-def prompt():
-    """One prompt of 12 tokens with one image's 4 placeholders (longer than the window of 8),
-    and one 32x32 image."""
-    ids = np.array([[2, 5, BOI] + [IMAGE_TOKEN] * TOKENS_PER_IMAGE + [EOI, 7, 9, 11, 13]])
-    pixels = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+def prompt(images=1):
+    """One prompt with each image's 4 placeholders between BOI and EOI (12 tokens for one
+    image: longer than the window of 8), and the 32x32 images."""
+    image = [BOI] + [IMAGE_TOKEN] * TOKENS_PER_IMAGE + [EOI]
+    ids = np.array([[2, 5] + image * images + [7, 9, 11, 13]])
+    pixels = np.random.default_rng(0).standard_normal((images, 3, 32, 32)).astype(np.float32)
     return ids, pixels
 
 
@@ -210,10 +211,11 @@ def folder(vlm, tmp_path_factory):
     return out
 
 
-def test_three_programs_give_eager_logits(vlm, folder):
-    """vision → embedding → decoder in onnxruntime: the prefill with an image and 3 decode
-    steps (past the window of 8) give eager PyTorch's logits; the image changes them."""
-    ids, pixels = prompt()
+@pytest.mark.parametrize("images", [1, 2])
+def test_three_programs_give_eager_logits(vlm, folder, images):
+    """vision → embedding → decoder in onnxruntime: the prefill with one or two images and 3
+    decode steps (past the window of 8) give eager PyTorch's logits; the image changes them."""
+    ids, pixels = prompt(images)
     got = run_pipeline(folder, ids, pixels, steps=3)
     want = eager_logits(vlm, ids, pixels, steps=3)
     diffs = [float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True)]
@@ -239,11 +241,12 @@ def test_genai_config_sections(folder):
     assert "input_ids" not in model["decoder"]["inputs"]
 
 
-def test_genai_generator_gives_transformers_ids(vlm, folder):
+@pytest.mark.parametrize("images", [1, 2])
+def test_genai_generator_gives_transformers_ids(vlm, folder, images):
     """onnxruntime-genai 0.18's multimodal pipeline (type gemma3) on the folder: the prefill
     logits are eager's, the greedy ids transformers' generate (8 new tokens, past the window)."""
     pytest.importorskip("onnxruntime_genai")
-    ids, pixels = prompt()
+    ids, pixels = prompt(images)
     length = ids.shape[1] + 8
     got, prefill = genai_generate(folder, ids, pixels, IMAGE_TOKEN, max_length=length)
     with torch.no_grad():
