@@ -164,8 +164,9 @@ def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
 
     Raises:
         LoweringOptionsError: Not a vision-language model, or ``num_images`` < 2.
-        ExportError: ``get_image_features`` needs more than ``pixel_values`` (Qwen2.5-VL's
-            ``image_grid_thw``: not supported yet), or torch.export failed.
+        ExportError: ``get_image_features`` takes more than ``pixel_values`` (Qwen2.5-VL's
+            ``image_grid_thw``: not supported yet) or the vision config has no ``image_size``,
+            or torch.export failed.
 
     Example:
         >>> import irkit                                                    # doctest: +SKIP
@@ -181,20 +182,19 @@ def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
             f"export_vision: num_images={num_images} would be specialized by torch.export; use >= 2"
         )
     params = inspect.signature(inner.get_image_features).parameters
-    required = [
+    more = [
         name
         for name, p in params.items()
-        if name != "pixel_values"
-        and p.default is inspect.Parameter.empty
-        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        if name != "pixel_values" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
-    if required:
-        raise ExportError(
-            f"export_vision: {type(model).__name__}.get_image_features also needs "
-            f"{', '.join(required)}: only vision towers of pixel_values alone are supported yet "
-            "(Gemma 3); see docs/vlm.md, 'Next steps'"
-        )
     vision = config.vision_config
+    if more or not isinstance(getattr(vision, "image_size", None), int):
+        needs = f"also takes {', '.join(more)}" if more else "has no vision_config.image_size"
+        raise ExportError(
+            f"export_vision: {type(model).__name__}.get_image_features {needs}: only vision "
+            "towers of fixed-size pixel_values alone are supported yet (Gemma 3); see "
+            "docs/vlm.md, 'Next steps'"
+        )
     size = int(vision.image_size)
     channels = int(getattr(vision, "num_channels", 3))
     dtype = next(iter(model.parameters())).dtype
@@ -357,7 +357,12 @@ def export_vlm_decoder(
     }
     if binding.use_cache:
         dynamic["use_cache"] = None
-    if position_ids:
+    sections = _mrope_sections(text)
+    if position_ids and sections:  # M-RoPE: one row of positions per section (t, h, w)
+        rows = np.broadcast_to(feeds["position_ids"], (sections, batch, seq))
+        feeds["position_ids"] = np.ascontiguousarray(rows)
+        dynamic["position_ids"] = {1: d_batch, 2: d_seq}
+    elif position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
     try:
         with _uncached_fake_dispatch(), fake_weights(model), _windows_by_position():
@@ -379,6 +384,13 @@ def export_vlm_decoder(
         position_ids=bool(position_ids),
         dynamic_shapes=dynamic,
     )
+
+
+def _mrope_sections(text: Any) -> int:
+    """Rows of ``position_ids`` a multimodal rotary embedding takes (M-RoPE: Qwen2-VL,
+    Qwen2.5-VL: 3, temporal / height / width), 0 for the usual ``(batch, sequence)``."""
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    return len(rope["mrope_section"]) if isinstance(rope, dict) and "mrope_section" in rope else 0
 
 
 @dataclasses.dataclass(frozen=True)

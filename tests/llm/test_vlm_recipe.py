@@ -429,3 +429,75 @@ def test_genai_processor_prompt_and_image_file(tmp_path):
             do_sample=False,
         )
     assert got.tolist() == want[0].tolist()
+
+
+# --- Qwen2.5-VL: the embedding and the decoder with M-RoPE positions (slow lane) ---------------
+
+
+@pytest.mark.slow
+def test_qwen2_5_vl_embedding_and_decoder_with_3d_positions(tmp_path):
+    """Qwen2.5-VL's decoder takes position_ids (3, batch, sequence) (temporal, height, width:
+    M-RoPE, which genai computes from image_grid_thw); with the image features from eager, the
+    embedding and decoder in onnxruntime give eager's prefill logits. Its vision tower (flattened
+    patches and image_grid_thw) is refused."""
+    text = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=512,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=4,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=16,
+        fullatt_block_indexes=[0],
+    )
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, image_token_id=250, vision_start_token_id=249
+    )
+    torch.manual_seed(0)
+    vlm = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    with pytest.raises(irkit.ExportError, match="image_grid_thw"):
+        export_vision(vlm)
+    decoder = export_vlm_decoder(vlm)
+    for name, part in (("embedding", export_embedding(vlm)), ("decoder", decoder)):
+        model = irkit.lower(part.program, **part.lower_kwargs())
+        irkit.save(irkit.optimize(model), tmp_path / f"{name}.onnx")
+    embedding, decoder_session = (
+        session(tmp_path / "embedding.onnx"),
+        session(tmp_path / "decoder.onnx"),
+    )
+    assert decoder_session.get_inputs()[2].shape == [3, "batch", "sequence"]
+
+    grid = torch.tensor([[1, 4, 4]])  # 16 patches, merged 2x2: 4 image tokens
+    pixels = torch.randn(16, 3 * 2 * 4 * 4)
+    ids = torch.tensor([[1, 5, 249] + [250] * 4 + [7, 9, 11]])
+    kinds = (ids == 250).int()
+    with torch.no_grad():
+        want = vlm(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=kinds)
+        features = vlm.model.get_image_features(pixels, grid, return_dict=True).pooler_output
+        features = torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
+        positions, _ = vlm.model.get_rope_index(ids, kinds, image_grid_thw=grid)
+    assert positions[1:, 0, 3:7].tolist() == [[3, 3, 4, 4], [3, 4, 3, 4]]  # the image's grid
+    embeds = embedding.run(None, {"input_ids": ids.numpy(), "image_features": features.numpy()})
+    feeds = {
+        "inputs_embeds": embeds[0],
+        "attention_mask": np.ones(ids.shape, np.int64),
+        "position_ids": positions.numpy(),
+    }
+    for i in decoder_session.get_inputs()[3:]:
+        feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+    logits = decoder_session.run(None, feeds)[0]
+    assert np.abs(logits - want.logits.numpy()).max() < ATOL
