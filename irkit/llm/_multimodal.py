@@ -16,7 +16,10 @@ onnxruntime-genai runs a vision-language model (``gemma3``, ``phi3v``, ``qwen2_5
 
 Each is a ``torch.export`` program of the model's own modules (a shallow copy of the model whose
 class overrides ``forward``, so weight names and module paths are the model's own; the model is
-not changed) for :func:`irkit.lower`. Tested on transformers' ``Gemma3ForConditionalGeneration``
+not changed) for :func:`irkit.lower`. :func:`vlm_genai_config` and :func:`vlm_processor_config`
+write the folder's ``genai_config.json`` and ``processor_config.json``. Tested on transformers'
+``Gemma3ForConditionalGeneration`` (all three, in onnxruntime and in genai's ``Generator``) and
+``Qwen2_5_VLForConditionalGeneration`` (the embedding and the decoder)
 (``tests/llm/test_vlm_recipe.py``); see ``docs/vlm.md``.
 """
 

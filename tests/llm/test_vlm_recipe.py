@@ -4,7 +4,9 @@ programs onnxruntime-genai's multimodal pipeline runs (vision, embedding, decode
 The recipe block below is shown verbatim in docs/vlm.md (checked here). Its three ONNX models,
 chained in onnxruntime as genai chains them (a prefill with one image, then decode steps), give
 eager PyTorch's logits; the folder runs in genai's ``Generator`` with transformers' greedy ids.
-The one-program variant (``torch.export`` of the whole model) is in the slow lane.
+The slow lane adds the one-program variant (``torch.export`` of the whole model), genai end to
+end from a prompt and an image file through its own processor, and Qwen2.5-VL's embedding and
+decoder (M-RoPE positions).
 """
 
 from __future__ import annotations
