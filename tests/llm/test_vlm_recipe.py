@@ -294,6 +294,43 @@ def test_genai_files_refuse_what_genai_cannot_run(vlm):
         vlm_genai_config(vlm, text_decoder)
 
 
+def _gemma3_like(tokens=256):
+    """What vlm_processor_config reads of a Gemma 3 (no weights)."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(
+        model_type="gemma3",
+        vision_config=SimpleNamespace(image_size=896),
+        image_token_id=262144,
+        mm_tokens_per_image=tokens,
+    )
+    return SimpleNamespace(config=config, model=SimpleNamespace(get_image_features=print))
+
+
+def test_processor_config_follows_preprocessor_config():
+    preprocessor = {"image_mean": [0.1, 0.2, 0.3], "image_std": [1, 2, 3], "resample": 3}
+    steps = vlm_processor_config(_gemma3_like(), preprocessor)["processor"]["transforms"]
+    ops = {step["operation"]["type"]: step["operation"].get("attrs") for step in steps}
+    assert list(ops) == ["DecodeImage", "Resize", "Rescale", "Normalize", "Permute3D"]
+    assert ops["Resize"] == {
+        "interpolation": "CUBIC",
+        "width": 896,
+        "height": 896,
+        "keep_aspect_ratio": 0,
+    }
+    assert ops["Normalize"] == {"mean": [0.1, 0.2, 0.3], "std": [1.0, 2.0, 3.0]}
+    assert ops["Rescale"] == {"rescale_factor": 1 / 255}
+
+
+@pytest.mark.parametrize(
+    ("preprocessor", "match"),
+    [({"do_pan_and_scan": True}, "do_pan_and_scan"), ({"resample": 5}, "resample 5")],
+)
+def test_processor_config_refuses_what_genai_cannot_do(preprocessor, match):
+    with pytest.raises(LoweringOptionsError, match=match):
+        vlm_processor_config(_gemma3_like(), preprocessor)
+
+
 def test_bad_sizes_are_refused(vlm):
     with pytest.raises(LoweringOptionsError, match="num_images=1"):
         export_vision(vlm, num_images=1)
