@@ -477,8 +477,8 @@ def test_genai_processor_prompt_and_image_file(tmp_path):
 def test_qwen2_5_vl_embedding_and_decoder_with_3d_positions(tmp_path):
     """Qwen2.5-VL's decoder takes position_ids (3, batch, sequence) (temporal, height, width:
     M-RoPE, which genai computes from image_grid_thw); with the image features from eager, the
-    embedding and decoder in onnxruntime give eager's prefill logits. Its vision tower (flattened
-    patches and image_grid_thw) is refused."""
+    embedding and decoder in onnxruntime give eager's logits at the prefill and a decode step.
+    Its vision tower (flattened patches and image_grid_thw) is refused."""
     text = dict(
         hidden_size=64,
         intermediate_size=128,
@@ -538,5 +538,31 @@ def test_qwen2_5_vl_embedding_and_decoder_with_3d_positions(tmp_path):
     }
     for i in decoder_session.get_inputs()[3:]:
         feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-    logits = decoder_session.run(None, feeds)[0]
+    logits, *cache = decoder_session.run(None, feeds)
     assert np.abs(logits - want.logits.numpy()).max() < ATOL
+
+    # a decode step: the next position continues after the largest one (rope delta -2 here)
+    total = ids.shape[1]
+    nxt = logits[:, -1:].argmax(-1)
+    position = np.full((3, 1, 1), int(positions.max()) + 1, np.int64)
+    with torch.no_grad():
+        mask = torch.ones(1, total + 1, dtype=torch.long)
+        step = vlm(
+            input_ids=torch.from_numpy(nxt),
+            cache=want.cache,
+            attention_mask=mask,
+            position_ids=torch.from_numpy(position),
+        )
+    no_image = np.zeros((0, 64), np.float32)
+    embeds = embedding.run(None, {"input_ids": nxt, "image_features": no_image})
+    presents = [o.name for o in decoder_session.get_outputs()][1:]
+    feeds = {
+        "inputs_embeds": embeds[0],
+        "attention_mask": mask.numpy(),
+        "position_ids": position,
+        **{
+            n.replace("present", "past_key_values"): t for n, t in zip(presents, cache, strict=True)
+        },
+    }
+    logits = decoder_session.run(None, feeds)[0]
+    assert np.abs(logits - step.logits.numpy()).max() < ATOL
