@@ -566,3 +566,30 @@ def test_qwen2_5_vl_embedding_and_decoder_with_3d_positions(tmp_path):
     }
     logits = decoder_session.run(None, feeds)[0]
     assert np.abs(logits - step.logits.numpy()).max() < ATOL
+
+
+# --- weightless: the three exports of a meta-device model, weights given at save (slow lane) ---
+
+
+@pytest.mark.slow
+def test_weightless_model_exports_the_same(vlm, tmp_path):
+    """The three programs of the model built on ``meta`` (no weight in memory, as ``irkit
+    export`` builds causal LMs), the weights and the real buffers given to ``irkit.save``: the
+    same logits as eager."""
+    from irkit.llm._meta import meta_causal_lm
+
+    meta = meta_causal_lm(vlm.config, dtype=torch.float32)
+    assert next(meta.model.parameters()).device.type == "meta"
+    weights = {**{k: v.detach() for k, v in vlm.state_dict().items()}, **meta.buffers}
+    parts = (
+        export_vision(meta.model),
+        export_embedding(meta.model),
+        export_vlm_decoder(meta.model),
+    )
+    for name, part in zip(PARTS, parts, strict=True):
+        model = irkit.lower(part.program, **part.lower_kwargs())
+        irkit.save(irkit.optimize(model), tmp_path / f"{name}.onnx", weights=weights)
+    ids, pixels = prompt()
+    got = run_pipeline(tmp_path, ids, pixels, steps=2)
+    want = eager_logits(vlm, ids, pixels, steps=2)
+    assert max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True)) < ATOL
