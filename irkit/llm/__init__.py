@@ -2,8 +2,10 @@
 
 The implementation lives in private modules (``_causal_lm``: :func:`export_causal_lm`,
 :func:`generate_greedy`, the cache layout; ``_export``: :func:`export`, a model folder to an
-onnxruntime-genai folder; ``_genai_config``; ``_meta``); this package re-exports the public names. The
-stages (``irkit.lowering``, ``irkit.rewriting``, …) never import it. See ``docs/llm.md``.
+onnxruntime-genai folder; ``_genai_config``; ``_meta``; ``_multimodal``: a vision-language
+model's vision, embedding and decoder programs and their genai config); this package re-exports
+the public names. The stages (``irkit.lowering``, ``irkit.rewriting``, …) never import it. See
+``docs/llm.md`` and ``docs/vlm.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ from irkit.llm._causal_lm import (
     torch_inputs,
 )
 from irkit.llm._export import ExportedFolder, export
+from irkit.llm._multimodal import (
+    GENAI_VLM_FILES,
+    PartExport,
+    export_embedding,
+    export_vision,
+    export_vlm_decoder,
+    vlm_genai_config,
+    vlm_processor_config,
+)
 from irkit.llm._progress import Progress
 
 __all__ = [
@@ -35,4 +46,11 @@ __all__ = [
     "export",
     "ExportedFolder",
     "Progress",
+    "PartExport",
+    "export_vision",
+    "export_embedding",
+    "export_vlm_decoder",
+    "vlm_genai_config",
+    "vlm_processor_config",
+    "GENAI_VLM_FILES",
 ]
