@@ -25,6 +25,7 @@ from irkit.lowering import (
     _own_pool,
     _own_rnn,
     _own_scan,
+    _own_special,
     _own_squeeze,
     _own_vision,
 )
@@ -465,6 +466,7 @@ _MODULES = (
     _own_integer,
     _own_rnn,
     _own_scan,
+    _own_special,
     _own_squeeze,
     _own_vision,
 )
