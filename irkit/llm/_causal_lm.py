@@ -49,6 +49,7 @@ from irkit.llm._states import (
     past_to_present,
     probe_states,
     read_states,
+    typed_cache_layers,
 )
 
 __all__ = [
@@ -356,6 +357,7 @@ def cache_layout(model: Any) -> CacheLayout:
             raise (
                 _constraint_error(name, exc)
                 or _own_cache_error(model, kwargs, binding.cache, passed)
+                or _own_layer_error(model)
                 or _export_error(f"running {name} on a 2-token prompt", exc)
             ) from exc
         cache = _returned_cache(output)
@@ -394,6 +396,27 @@ def _own_cache_error(
         f"({_versions()}). irkit reads and writes cache tensors per layer and kind "
         "(irkit/llm/_states.py); this cache has no kind there. Remedy: none for this model in "
         "irkit yet; run it in PyTorch"
+    )
+
+
+def _own_layer_error(model: Any) -> ExportError | None:
+    """Where the model failed on the cache it was given and its config types cache layers with
+    classes of the model's own (DeepSeek-V4's compressor layers: window buffers, running
+    compressed entries, Python counters), the error naming them; else None."""
+    own = {
+        f"{type(layer).__name__} ({kind!r})"
+        for kind, layer in typed_cache_layers(model.config)
+        if not type(layer).__module__.startswith("transformers.cache_utils")
+    }
+    if not own:
+        return None
+    return ExportError(
+        f"export_causal_lm: {type(model).__name__}'s cache layers are classes of its own, "
+        f"{', '.join(sorted(own))}, whose state irkit has no cache kind for ({_versions()}). "
+        "irkit reads and writes cache tensors per layer and kind (key, value, conv, recurrent, "
+        "indexer key: irkit/llm/_states.py); a layer with other state (buffers of a varying "
+        "length, counters kept as Python ints) needs a kind of its own there. Remedy: none for "
+        "this model in irkit yet; run it in PyTorch"
     )
 
 

@@ -269,6 +269,26 @@ def _typed_layers(config: Any) -> list[Any]:
     return layers
 
 
+def typed_cache_layers(config: Any) -> list[tuple[str, Any]]:
+    """The cache layers transformers types for ``config``, with their layer-type names (the
+    classes as :func:`_typed_layers` makes them); ``[]`` where transformers cannot type them.
+
+    Args:
+        config: A transformers config.
+
+    Returns:
+        ``(layer type, layer)`` per layer.
+    """
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except Exception:  # older transformers, or a config it cannot type
+        return []
+    layers = _typed_layers(config)
+    return list(zip(types, layers, strict=False)) if len(layers) == len(types) else []
+
+
 def empty_cache(config: Any) -> Any:
     """A ``DynamicCache`` with the config's layer types (sliding layers unbounded), empty.
 

@@ -130,6 +130,12 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
         # MiniMaxCache: lightning-attention states in a list beside transformers' layers
         ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
+        # compressor buffers of a varying length and Python counters in its own layer classes
+        (
+            "deepseek_v4",
+            r"DeepseekV4ForCausalLM's cache layers are classes of its own, "
+            r"DeepseekV4CSACache \('compressed_sparse_attention'\), DeepseekV4HCACache",
+        ),
     ],
 )
 def test_what_cannot_export_is_one_error_with_its_reason(model_type, reason):
