@@ -44,8 +44,10 @@ copies (6 bytes per element of the largest tensor, the embedding or ``lm_head``)
 ``df`` is checked first (the checkpoint, each export, the builder's fp32 cache).
 
 Usage: ``python bench/bench_export_7b.py [--shape 7b|1b] [--precision int4|fp32] [--builder]
-[--cap-gb 16] [--layers N] [--vocab V] [--workdir DIR] [--keep] [--no-generate] [--json]``
-(run with ``PYTHONPATH=$PWD``).
+[--cap-gb 16] [--floor-gb 1] [--timeout S] [--layers N] [--vocab V] [--new-tokens 8]
+[--no-generate] [--workdir DIR] [--keep] [--reuse] [--json]`` (run with ``PYTHONPATH=$PWD``;
+``--keep --reuse`` keeps the checkpoint in ``--workdir`` for the next run). Figures:
+docs/export.md ("A whole 7B in int4, against the builder").
 """
 
 from __future__ import annotations
