@@ -8,7 +8,8 @@ the traced graph plus one tensor being converted (6 bytes per element of the lar
 
     peak(7B) ≈ peak(slice) − 6 × largest(slice) + 6 × largest(7B)
 
-and must stay under 2 GB (bench/bench_export_7b.py measures the whole 7B).
+and must stay under 2 GB (bench/bench_export_7b.py measures the whole 7B). The exported folder
+must load in genai's ``og.Model`` and generate.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def test_7b_slice_export_peak_rss_and_projection(tmp_path):
             "2",
             "--vocab",
             "8000",
+            "--precision",
+            "fp32",
             "--workdir",
             str(tmp_path),
             "--json",
@@ -59,4 +62,6 @@ def test_7b_slice_export_peak_rss_and_projection(tmp_path):
     assert projected == peak - 6 * 11008 * 4096 + 6 * 32000 * 4096
     assert peak < 2 * GB, figures
     assert projected < 2 * GB, figures
+    genai = figures["genai"]["irkit"]  # the folder loads in og.Model and generates 8 tokens
+    assert genai["ok"] and len(genai["ids"]) == 8, genai
     assert not (tmp_path / "hf").exists() and not (tmp_path / "onnx").exists()
