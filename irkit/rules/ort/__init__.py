@@ -17,6 +17,8 @@ module                                     identity
 :mod:`irkit.rules.ort.gelu`                ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
 :mod:`irkit.rules.ort.linear_attention`    irkit's state-mixer kernel functions
                                            (``irkit_kernels::gated_delta``) → ``LinearAttention``
+:mod:`irkit.rules.ort.causal_conv`         ``Slice(Slice(Conv(cat(state, x), pads=K−1)))`` →
+                                           ``CausalConvWithState`` (+ SiLU)
 :mod:`irkit.rules.ort.gated_norm`          RMS norm · SiLU(gate) → ``GatedRMSNorm``
 :mod:`irkit.rules.ort.softplus`            torch's thresholded softplus → ``Softplus``
 =========================================  =========================================================
@@ -47,6 +49,7 @@ from irkit.rewriting import RuleSet
 from irkit.rules import glue
 from irkit.rules.ort import (
     attention,
+    causal_conv,
     gated_norm,
     gelu,
     linear_attention,
@@ -58,6 +61,7 @@ from irkit.rules.ort import (
 
 __all__ = [
     "attention",
+    "causal_conv",
     "gated_norm",
     "gelu",
     "linear_attention",
@@ -111,6 +115,7 @@ def contrib_rules(
         [
             *members,
             linear_attention.rules,
+            causal_conv.rules,
             gated_norm.rules,
             softplus.rules,
             gelu.rules,
