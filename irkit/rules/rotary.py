@@ -34,7 +34,16 @@ constant whose halves (interleaved: even/odd lanes) are equal, or (half form) co
 across module boundaries — local-function inputs and outputs (every call site of the function is
 checked, so the rule sees HF's ``LlamaRotaryEmbedding`` from inside ``LlamaAttention``). A
 computed interleaved cache (``repeat_interleave``) is not verified yet, so that rule fires only
-on constant caches. Partial rotary (``rotary_dim < D``) is not matched.
+on constant caches.
+
+- partial rotation (the first ``r`` of ``D`` lanes rotate, the rest pass through; Qwen3.5,
+  Phi, GLM …), after the rules above rotated the slice::
+
+    Concat(RotaryEmbedding(x[..., :r], c, s), x[..., r:]) = RotaryEmbedding(x, c, s,
+                                                                  rotary_embedding_dim=r)
+
+  (4-D ``x``, static ``D``, even ``r < D``, caches ``r/2`` wide; the op's own partial rotation
+  passes the last ``D − r`` lanes through unchanged).
 """
 
 from __future__ import annotations
@@ -358,6 +367,72 @@ def _check_duplicated(
     return True
 
 
+_ROTATED = op.RotaryEmbedding(
+    op.Slice(x, var("r_start"), var("r_end"), var("r_axes"), optional(var("r_steps"))),
+    cos,
+    sin,
+    interleaved=attr("interleaved"),
+    rotary_embedding_dim=attr("rotary_embedding_dim"),
+    num_heads=attr("num_heads"),
+    _exact_attributes=True,
+)
+_PARTIAL = op.Concat(
+    _ROTATED,
+    op.Slice(x, var("p_start"), var("p_end"), var("p_axes"), optional(var("p_steps"))),
+    axis=attr("cat_axis"),
+)
+
+
+def _check_partial(
+    x: ir.Value,
+    r_start: ir.Value,
+    r_end: ir.Value,
+    r_axes: ir.Value,
+    r_steps: ir.Value | None,
+    p_start: ir.Value,
+    p_end: ir.Value,
+    p_axes: ir.Value,
+    p_steps: ir.Value | None,
+    rotary_embedding_dim: int | None,
+    num_heads: int | None,
+    cat_axis: int,
+) -> Verdict:
+    shape = dims(x)
+    if shape is None or len(shape) != 4 or not isinstance(shape[-1], int):
+        return fail("x is not 4-D with a static head dim", x)
+    head = shape[-1]
+    if rotary_embedding_dim or num_heads:
+        return fail("the rotary already has a rotary_embedding_dim or num_heads", x)
+    if cat_axis not in (3, -1):
+        return fail("the halves are not joined on the last axis", x)
+    for axes, steps in ((r_axes, r_steps), (p_axes, p_steps)):
+        if const_ints(axes) not in ([3], [-1]) or (steps is not None and const_ints(steps) != [1]):
+            return fail("a slice is not on the last axis with step 1", axes)
+    start, end, rest, last = (const_ints(v) for v in (r_start, r_end, p_start, p_end))
+    if start != [0] or end is None or rest != end or last is None:
+        return fail("the slices are not x[..., :r] and x[..., r:]", r_end)
+    rotated = end[0]
+    if not 0 < rotated < head or rotated % 2 or last[0] < head:
+        return fail(f"the slices are not x[..., :r] and x[..., r:] for an even r < {head}", r_end)
+    # (the caches are r/2 wide: the op rotating the r-lane slice reads half its lanes from them)
+    return {"rotated": rotated}
+
+
+def _partial(
+    op: RewriteBuilder,
+    x: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    interleaved: int | None,
+    rotated: int,
+) -> ir.Value:
+    """RotaryEmbedding(x, cos, sin, rotary_embedding_dim=r)"""
+    out: ir.Value = op.RotaryEmbedding(
+        x, cos, sin, interleaved=interleaved or None, rotary_embedding_dim=rotated
+    )
+    return out
+
+
 rules = RuleSet(
     "rotary",
     [
@@ -373,6 +448,13 @@ rules = RuleSet(
             _INTERLEAVED,
             check=_check_interleaved,
             rewrite=_interleaved,
+            min_opset=23,
+        ),
+        Rule(  # [RotaryEmbedding(x[..., :r], c, s), x[..., r:]] = RotaryEmbedding(x, c, s, dim=r)
+            "PartialRotaryEmbedding",
+            _PARTIAL,
+            check=_check_partial,
+            rewrite=_partial,
             min_opset=23,
         ),
     ],
