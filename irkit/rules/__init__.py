@@ -15,6 +15,8 @@ module                        identity
 :mod:`irkit.rules.rotary`      rotate-half / interleaved rotary → ``RotaryEmbedding`` (opset ≥ 23)
 :mod:`irkit.rules.uniform`     reads of a broadcast axis at index 0; scatters that write back
                               what is there (text positions' M-RoPE) → their input
+:mod:`irkit.rules.reshape`     a ``Reshape`` to a computed shape the known shapes give → a
+                              constant target
 :mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
 :mod:`irkit.rules.glue`        shape-keeping ``Reshape`` → ``x``; head reshapes → 3-D ``Attention``
 :mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, gate/up)
@@ -46,6 +48,7 @@ from irkit.rules import (
     glue,
     layer_norm,
     packed,
+    reshape,
     rms_norm,
     rotary,
     uniform,
@@ -61,6 +64,7 @@ __all__ = [
     "glue",
     "layer_norm",
     "packed",
+    "reshape",
     "rms_norm",
     "rotary",
     "uniform",
@@ -87,7 +91,9 @@ def fusion_rules() -> RuleSet:
 
 def default_rules() -> RuleSet:
     """Cleanup then fusions (what the ``"ort"`` target starts from)."""
-    return RuleSet("default", [cleanup.rules, uniform.rules, fusion_rules(), arith.rules])
+    return RuleSet(
+        "default", [cleanup.rules, uniform.rules, fusion_rules(), arith.rules, reshape.rules]
+    )
 
 
 def onnx_target_rules() -> RuleSet:
