@@ -19,6 +19,7 @@ module                                     identity
                                            (``irkit_kernels::gated_delta``) → ``LinearAttention``
 :mod:`irkit.rules.ort.causal_conv`         ``Slice(Slice(Conv(cat(state, x), pads=K−1)))`` →
                                            ``CausalConvWithState`` (+ SiLU)
+:mod:`irkit.rules.ort.gate`                ``n · Softplus(a + d)`` → ``LinearAttentionGate``
 :mod:`irkit.rules.ort.gated_norm`          RMS norm · SiLU(gate) → ``GatedRMSNorm``
 :mod:`irkit.rules.ort.softplus`            torch's thresholded softplus → ``Softplus``
 =========================================  =========================================================
@@ -50,6 +51,7 @@ from irkit.rules import glue
 from irkit.rules.ort import (
     attention,
     causal_conv,
+    gate,
     gated_norm,
     gelu,
     linear_attention,
@@ -62,6 +64,7 @@ from irkit.rules.ort import (
 __all__ = [
     "attention",
     "causal_conv",
+    "gate",
     "gated_norm",
     "gelu",
     "linear_attention",
@@ -118,6 +121,7 @@ def contrib_rules(
             causal_conv.rules,
             gated_norm.rules,
             softplus.rules,
+            gate.rules,
             gelu.rules,
             matmul.rules,
             shapes,
