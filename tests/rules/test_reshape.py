@@ -27,3 +27,14 @@ def test_a_dim_not_the_inputs_keeps_the_computed_target():
     no_fire(
         parse(text), "KnownReshapeTarget", "the result's dim 0 (s) is neither an int nor x's dim 0"
     )
+
+
+def test_expand_to_a_computed_shape_gets_a_constant_target():
+    m = parse(
+        "g (int64[b, 1, 3] i) => (int64[b, 8, 3] y) {\n"
+        "  sh = Shape<start=0, end=1>(i)  rest = Constant<value=int64[2] {8, 3}>()\n"
+        "  t = Concat<axis=0>(sh, rest)  y = Expand(i, t)\n}"
+    )
+    fire(m, "KnownExpandTarget", {"Constant": 1, "Expand": 1})
+    (expand,) = [n for n in m.graph if n.op_type == "Expand"]
+    assert expand.inputs[1].const_value.numpy().tolist() == [1, 8, 1]
