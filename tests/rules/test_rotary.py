@@ -216,3 +216,40 @@ def test_partial_rotation_with_a_gap_is_kept():
     assert report.rules["PartialRotaryEmbedding"].failures == {
         "the slices are not x[..., :r] and x[..., r:]": 1
     }
+
+
+def merged_text(partial: bool) -> str:
+    """``(B, S, H, D)`` heads transposed, rotated (all 16 lanes or the first 8), transposed back
+    and merged to ``(B, S, H·D)``, as the ``"ort"`` target's 3-D attention ops leave them."""
+    rotated = 8 if partial else 16
+    rotate = (
+        "  z = Constant<value=int64[1] {0}>()  ax = Constant<value=int64[1] {-1}>()\n"
+        "  r = Constant<value=int64[1] {8}>()  e = Constant<value=int64[1] {16}>()\n"
+        "  lo = Slice(t, z, r, ax)  hi = Slice(t, r, e, ax)\n"
+        "  ro = RotaryEmbedding(lo, c, s)  rot = Concat<axis=-1>(ro, hi)\n"
+        if partial
+        else "  rot = RotaryEmbedding(t, c, s)\n"
+    )
+    return (
+        '<ir_version: 10, opset_import: ["" : 23]>\n'
+        f"g (float[b, n, 3, 16] y, float[b, n, {rotated // 2}] c, float[b, n, {rotated // 2}] s)"
+        " => (float[b, n, 48] out) {\n"
+        "  t = Transpose<perm=[0, 2, 1, 3]>(y)\n"
+        + rotate
+        + "  back = Transpose<perm=[0, 2, 1, 3]>(rot)\n"
+        "  m = Constant<value=int64[3] {0, 0, 48}>()  out = Reshape(back, m)\n}"
+    )
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+def test_rotation_between_head_transposes_is_the_3d_op(partial):
+    m = util.model(merged_text(partial))
+    before = util.clone(m)
+    report = util.rewrite(m, library.default_rules())
+    assert report.fired == {"RotaryEmbeddingHeadsMerged": 1}
+    assert util.ops(m) == {"Constant": 1, "Reshape": 1, "RotaryEmbedding": 1}
+    (node,) = [n for n in m.graph if n.op_type == "RotaryEmbedding"]
+    assert node.attributes["num_heads"].value == 3
+    dim = node.attributes.get("rotary_embedding_dim")
+    assert (dim.value if dim else None) == (8 if partial else None)
+    util.assert_same_numbers(before, m)

@@ -112,7 +112,11 @@ def contrib_rules(
         members.append(_SKIP_NORM_RULES)
     # the head reshapes the attention fusions leave around the 3-D contrib ops (``to3``/``to4``)
     # meet the model's own: the chains that come back to their input's shape are identities
-    shapes = RuleSet("ort_shapes", [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand()])
+    # and the rotary tables sliced to their first half by the rotary fusions, Slice(Concat(f, f))
+    shapes = RuleSet(
+        "ort_shapes",
+        [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand(), glue.SliceOfConcat()],
+    )
     return RuleSet(
         "ort_contrib",
         [
