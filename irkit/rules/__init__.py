@@ -17,6 +17,7 @@ module                        identity
                               what is there (text positions' M-RoPE) → their input
 :mod:`irkit.rules.reshape`     a ``Reshape`` to a computed shape the known shapes give → a
                               constant target
+:mod:`irkit.rules.index`       ``Slice(GatherElements(d, i))`` → ``GatherElements(d, Slice(i))``
 :mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
 :mod:`irkit.rules.glue`        shape-keeping ``Reshape`` → ``x``; head reshapes → 3-D ``Attention``
 :mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, gate/up)
@@ -46,6 +47,7 @@ from irkit.rules import (
     gelu,
     gemm,
     glue,
+    index,
     layer_norm,
     packed,
     reshape,
@@ -62,6 +64,7 @@ __all__ = [
     "gelu",
     "gemm",
     "glue",
+    "index",
     "layer_norm",
     "packed",
     "reshape",
@@ -92,7 +95,8 @@ def fusion_rules() -> RuleSet:
 def default_rules() -> RuleSet:
     """Cleanup then fusions (what the ``"ort"`` target starts from)."""
     return RuleSet(
-        "default", [cleanup.rules, uniform.rules, fusion_rules(), arith.rules, reshape.rules]
+        "default",
+        [cleanup.rules, uniform.rules, fusion_rules(), arith.rules, reshape.rules, index.rules],
     )
 
 

@@ -26,7 +26,8 @@ any index as equal. So the rules fire in any visiting order (the engine visits c
 the outer ``select_scatter`` is proved while the inner ``slice_scatter`` is still there).
 
 All rules are valid at every opset (``ScatterND``/``ScatterElements`` with ``reduction="none"``,
-the default) and inside function bodies, where a function input counts as unknown.
+the default) and inside function bodies, where a function input is followed to every call of
+the function (``ctx.model``): uniform where every call passes a uniform argument.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from irkit._shapes import known_rank
 from irkit.rewriting import (
     Const,
     Pattern,
+    RewriteContext,
     Rule,
     RuleSet,
     Verdict,
@@ -155,9 +157,12 @@ _NONDETERMINISTIC = frozenset(
 
 @dataclasses.dataclass
 class _Budget:
-    """The steps one proof may still take (so a proof stays small on any graph)."""
+    """The steps one proof may still take (so a proof stays small on any graph), and the model
+    whose call sites a function input is followed to (``None``: a function input is unknown)."""
 
     left: int = 2000
+    model: ir.Model | None = None
+    calls: dict[tuple[str, str, str], list[ir.Node]] | None = None
 
     def spend(self) -> bool:
         self.left -= 1
@@ -201,7 +206,7 @@ def uniform(
         return True
     node = value.producer()
     if node is None:
-        return False
+        return _uniform_at_every_call(value, axis, depth - 1, budget)
     down = depth - 1
     kind = node.op_type if node.domain == "" else ""
     if kind in _UNARY or kind == "CastLike":
@@ -266,6 +271,27 @@ def uniform(
                 return False
         return True
     return False
+
+
+def _uniform_at_every_call(value: ir.Value, axis: int, depth: int, budget: _Budget) -> bool:
+    """A local function's input is uniform where every call passes a uniform argument."""
+    model = budget.model
+    if model is None or value.graph is None:
+        return False
+    owner = next((f for f in model.functions.values() if f.graph is value.graph), None)
+    if owner is None:
+        return False
+    position = next(i for i, v in enumerate(owner.inputs) if v is value)
+    if budget.calls is None:
+        budget.calls = {}
+        for graph in (model.graph, *(f.graph for f in model.functions.values())):
+            for node in graph:
+                budget.calls.setdefault((node.domain, node.op_type, node.overload), []).append(node)
+    calls = budget.calls.get((owner.domain, owner.name, owner.overload), [])
+    return bool(calls) and all(
+        position < len(call.inputs) and uniform(call.inputs[position], axis, depth, budget)
+        for call in calls
+    )
 
 
 def through(value: ir.Value, depth: int = DEPTH, budget: _Budget | None = None) -> ir.Value:
@@ -548,7 +574,9 @@ def _scatter_elements_written_back(
     return True
 
 
-def _gather_reads_uniform(x: ir.Value, i: ir.Value, axis: int | None) -> Verdict:
+def _gather_reads_uniform(
+    x: ir.Value, i: ir.Value, axis: int | None, ctx: RewriteContext
+) -> Verdict:
     index = const_value(i)
     if index is None or index.dtype.kind not in "iu":
         return fail("the index is not a constant", i)
@@ -557,7 +585,7 @@ def _gather_reads_uniform(x: ir.Value, i: ir.Value, axis: int | None) -> Verdict
     r = known_rank(x)
     if r is None:
         return fail("input rank unknown", x)
-    if not uniform(x, (axis or 0) % r):
+    if not uniform(x, (axis or 0) % r, budget=_Budget(model=ctx.model)):
         return fail(f"not proved uniform along axis {axis or 0}", x)
     return {"zeros": np.zeros_like(index)}
 
@@ -574,16 +602,16 @@ rules = RuleSet(
         Rule(  # ScatterND(d, idx, GatherND(d, idx)) = d (slice_scatter of the slice that is there)
             "WrittenBackScatterND",
             op.ScatterND(data, indices, updates),
-            check=lambda data, indices, updates, match: _scatter_nd_written_back(
-                data, indices, updates, match.nodes[0]
+            check=lambda data, indices, updates, match, ctx: _scatter_nd_written_back(
+                data, indices, updates, match.nodes[0], budget=_Budget(model=ctx.model)
             ),
             rewrite=lambda data: data,
         ),
         Rule(  # ScatterElements(x, c, Unsqueeze(Gather(x, c, a), a), axis=a) = x
             "WrittenBackScatterElements",
             op.ScatterElements(data, indices, updates),
-            check=lambda data, indices, updates, match: _scatter_elements_written_back(
-                data, indices, updates, match.nodes[0]
+            check=lambda data, indices, updates, match, ctx: _scatter_elements_written_back(
+                data, indices, updates, match.nodes[0], budget=_Budget(model=ctx.model)
             ),
             rewrite=lambda data: data,
         ),
