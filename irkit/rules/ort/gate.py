@@ -10,9 +10,9 @@ fourth input ``b`` gives ``sigmoid(b)`` as a second output; not used here, the `
 the update rate stays). One kernel instead of ``Add``, ``Softplus`` and ``Mul`` per layer and
 step.
 
-Preconditions (declined with the reason, ``irkit.explain``): ``d`` and ``n`` vectors of the
-heads, ``(H,)``, with ``a``'s last dim the static ``H`` (the op's per-head layout; any other
-broadcast is not its), all float32.
+Preconditions (declined with the reason, ``irkit.explain``): ``a`` 3-D ``(B, S, H)`` (the layout
+the kernel was checked on), ``d`` and ``n`` vectors of the heads, ``(H,)``, with ``a``'s last dim
+the static ``H`` (the op's per-head layout; any other broadcast is not its), all float32.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ a, d, n = var("a"), var("d"), var("n")
 
 def _check(a: ir.Value, d: ir.Value, n: ir.Value) -> Verdict:
     shape = dims(a)
-    if shape is None or not shape or not isinstance(shape[-1], int):
-        return fail("the gate input's head dim is not static", a)
+    if shape is None or len(shape) != 3 or not isinstance(shape[-1], int):
+        return fail("the gate input is not (batch, sequence, heads) with static heads", a)
     heads = shape[-1]
     for vector in (d, n):
         if dims(vector) != (heads,):
