@@ -13,6 +13,11 @@ module                        identity
 :mod:`irkit.rules.rms_norm`    decomposed RMS norm → ``RMSNormalization`` (opset ≥ 23)
 :mod:`irkit.rules.attention`   decomposed attention (+GQA, KV cache) → ``Attention`` (opset ≥ 23)
 :mod:`irkit.rules.rotary`      rotate-half / interleaved rotary → ``RotaryEmbedding`` (opset ≥ 23)
+:mod:`irkit.rules.uniform`     reads of a broadcast axis at index 0; scatters that write back
+                              what is there (text positions' M-RoPE) → their input
+:mod:`irkit.rules.reshape`     a ``Reshape`` to a computed shape the known shapes give → a
+                              constant target
+:mod:`irkit.rules.index`       ``Slice(GatherElements(d, i))`` → ``GatherElements(d, Slice(i))``
 :mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
 :mod:`irkit.rules.glue`        shape-keeping ``Reshape`` → ``x``; head reshapes → 3-D ``Attention``
 :mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, gate/up)
@@ -42,10 +47,13 @@ from irkit.rules import (
     gelu,
     gemm,
     glue,
+    index,
     layer_norm,
     packed,
+    reshape,
     rms_norm,
     rotary,
+    uniform,
 )
 
 __all__ = [
@@ -56,10 +64,13 @@ __all__ = [
     "gelu",
     "gemm",
     "glue",
+    "index",
     "layer_norm",
     "packed",
+    "reshape",
     "rms_norm",
     "rotary",
+    "uniform",
     "default_rules",
     "fusion_rules",
     "onnx_target_rules",
@@ -83,7 +94,10 @@ def fusion_rules() -> RuleSet:
 
 def default_rules() -> RuleSet:
     """Cleanup then fusions (what the ``"ort"`` target starts from)."""
-    return RuleSet("default", [cleanup.rules, fusion_rules(), arith.rules])
+    return RuleSet(
+        "default",
+        [cleanup.rules, uniform.rules, fusion_rules(), arith.rules, reshape.rules, index.rules],
+    )
 
 
 def onnx_target_rules() -> RuleSet:

@@ -7,6 +7,9 @@ Neutral elements (``0`` / ``1`` stand for a constant tensor whose every element 
 - ``Mul(x, 1) = Mul(1, x) = x``
 - ``Div(x, 1) = x``
 - ``And(x, true) = And(true, x) = x``   (torch's masks start from ``new_ones(...)``)
+- ``(x + c) − c = x`` and ``Unsqueeze(x + c) − c = Unsqueeze(x)`` for integer ``x`` and one
+  constant ``c`` (two's-complement wrapping cancels too; an index computed as ``end + K`` then
+  ``− K``, as irkit's conv-state gather does)
 
 Precondition (all rules): the constant is an initializer or a ``Constant`` output (not a graph
 input, which a caller may override), and broadcasting it against ``x`` leaves ``x``'s shape
@@ -169,6 +172,34 @@ def _fold_scale(
     return product if b_s is None else op.Add(product, weight_constant(op, b_s))
 
 
+_INTEGERS = frozenset(
+    {
+        ir.DataType.INT8,
+        ir.DataType.INT16,
+        ir.DataType.INT32,
+        ir.DataType.INT64,
+        ir.DataType.UINT8,
+        ir.DataType.UINT16,
+        ir.DataType.UINT32,
+        ir.DataType.UINT64,
+    }
+)
+
+
+def _cancels(x: ir.Value, c: ir.Value, c2: ir.Value) -> Verdict:
+    """``(x + c) − c = x`` in integers (wrapping arithmetic cancels exactly too)."""
+    if x.dtype not in _INTEGERS:
+        return fail("not an integer (rounding would not cancel)", x)
+    first, second = const_value(c), const_value(c2)
+    if first is None or second is None or first.size != 1 or second.size != 1:
+        return fail("the added and subtracted values are not one-element constants", c)
+    if first.reshape(()) != second.reshape(()):
+        return fail("the added and subtracted constants differ", c2)
+    if max(first.ndim, second.ndim) > (rank(x) or 0):
+        return fail("a constant would add dimensions", c)
+    return True
+
+
 rules = RuleSet(
     "arith",
     [
@@ -201,6 +232,15 @@ rules = RuleSet(
             op.Div(x, c),
             check=lambda x, c: _is_neutral(x, c, 1),
             rewrite=lambda x: x,
+        ),
+        Rule(  # (x + c) − c = x, (x + c)[None] − c = x[None]   (integers)
+            "IntegerAddSub",
+            op.Sub(
+                either(op.Add(x, c), op.Unsqueeze(op.Add(x, c), var("axes")), tag="unsqueezed"),
+                var("c2"),
+            ),
+            check=_cancels,
+            rewrite=lambda op, x, axes, unsqueezed: op.Unsqueeze(x, axes) if unsqueezed else x,
         ),
         Rule(  # And(x, true) = And(true, x) = x
             "AndTrue",

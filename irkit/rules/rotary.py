@@ -34,12 +34,31 @@ constant whose halves (interleaved: even/odd lanes) are equal, or (half form) co
 across module boundaries — local-function inputs and outputs (every call site of the function is
 checked, so the rule sees HF's ``LlamaRotaryEmbedding`` from inside ``LlamaAttention``). A
 computed interleaved cache (``repeat_interleave``) is not verified yet, so that rule fires only
-on constant caches. Partial rotary (``rotary_dim < D``) is not matched.
+on constant caches.
+
+- partial rotation (the first ``r`` of ``D`` lanes rotate, the rest pass through; Qwen3.5,
+  Phi, GLM …), after the rules above rotated the slice::
+
+    Concat(RotaryEmbedding(x[..., :r], c, s), x[..., r:]) = RotaryEmbedding(x, c, s,
+                                                                  rotary_embedding_dim=r)
+
+  (4-D ``x``, static ``D``, even ``r < D``, caches ``r/2`` wide; the op's own partial rotation
+  passes the last ``D − r`` lanes through unchanged).
+
+- heads merged after the rotation (what the ``"ort"`` target's 3-D attention ops leave:
+  ``T = Transpose(perm=[0, 2, 1, 3])``, ``y`` ``(B, S, H, D)``)::
+
+    Reshape(T(RotaryEmbedding(T(y), c, s)), [B, S, H·D]) = RotaryEmbedding(Reshape(y, [0, 0, H·D]),
+                                                                     c, s, num_heads=H)
+
+  (the op's 3-D form rotates each head's ``D`` lanes; static ``H``, ``D``; the result's batch and
+  sequence dims ``y``'s; no ``num_heads`` yet). Two transposes fewer per rotated input.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -48,6 +67,7 @@ from irkit.rewriting import (
     Const,
     DerivedTensor,
     Match,
+    MatchFailure,
     RewriteBuilder,
     RewriteContext,
     Rule,
@@ -57,6 +77,7 @@ from irkit.rewriting import (
     const_ints,
     const_value,
     dims,
+    either,
     fail,
     matches,
     op,
@@ -358,6 +379,199 @@ def _check_duplicated(
     return True
 
 
+_ROTATED = op.RotaryEmbedding(
+    op.Slice(x, var("r_start"), var("r_end"), var("r_axes"), optional(var("r_steps"))),
+    cos,
+    sin,
+    interleaved=attr("interleaved"),
+    rotary_embedding_dim=attr("rotary_embedding_dim"),
+    num_heads=attr("num_heads"),
+    _exact_attributes=True,
+)
+_PARTIAL = op.Concat(
+    _ROTATED,
+    op.Slice(x, var("p_start"), var("p_end"), var("p_axes"), optional(var("p_steps"))),
+    axis=attr("cat_axis"),
+)
+
+
+def _rotated_lanes(
+    head: int,
+    r_start: ir.Value,
+    r_end: ir.Value,
+    r_axes: ir.Value,
+    r_steps: ir.Value | None,
+    p_start: ir.Value,
+    p_end: ir.Value,
+    p_axes: ir.Value,
+    p_steps: ir.Value | None,
+    cat_axis: int,
+) -> int | MatchFailure:
+    """``r`` when the slices are ``x[..., :r]`` and ``x[..., r:]`` (even ``r < head``) joined back
+    on the last axis of a 4-D ``x``."""
+    if cat_axis not in (3, -1):
+        return fail("the halves are not joined on the last axis", r_axes)
+    for axes, steps in ((r_axes, r_steps), (p_axes, p_steps)):
+        if const_ints(axes) not in ([3], [-1]) or (steps is not None and const_ints(steps) != [1]):
+            return fail("a slice is not on the last axis with step 1", axes)
+    start, end, rest, last = (const_ints(v) for v in (r_start, r_end, p_start, p_end))
+    if start != [0] or end is None or rest != end or last is None:
+        return fail("the slices are not x[..., :r] and x[..., r:]", r_end)
+    rotated = end[0]
+    if not 0 < rotated < head or rotated % 2 or last[0] < head:
+        return fail(f"the slices are not x[..., :r] and x[..., r:] for an even r < {head}", r_end)
+    # (the caches are r/2 wide: the op rotating the r-lane slice reads half its lanes from them)
+    return rotated
+
+
+def _check_partial(
+    x: ir.Value,
+    r_start: ir.Value,
+    r_end: ir.Value,
+    r_axes: ir.Value,
+    r_steps: ir.Value | None,
+    p_start: ir.Value,
+    p_end: ir.Value,
+    p_axes: ir.Value,
+    p_steps: ir.Value | None,
+    rotary_embedding_dim: int | None,
+    num_heads: int | None,
+    cat_axis: int,
+) -> Verdict:
+    shape = dims(x)
+    if shape is None or len(shape) != 4 or not isinstance(shape[-1], int):
+        return fail("x is not 4-D with a static head dim", x)
+    if rotary_embedding_dim or num_heads:
+        return fail("the rotary already has a rotary_embedding_dim or num_heads", x)
+    rotated = _rotated_lanes(
+        shape[-1], r_start, r_end, r_axes, r_steps, p_start, p_end, p_axes, p_steps, cat_axis
+    )
+    return rotated if isinstance(rotated, MatchFailure) else {"rotated": rotated}
+
+
+def _partial(
+    op: RewriteBuilder,
+    x: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    interleaved: int | None,
+    rotated: int,
+) -> ir.Value:
+    """RotaryEmbedding(x, cos, sin, rotary_embedding_dim=r)"""
+    out: ir.Value = op.RotaryEmbedding(
+        x, cos, sin, interleaved=interleaved or None, rotary_embedding_dim=rotated
+    )
+    return out
+
+
+_T_Y = op.Transpose(var("y"), perm=[0, 2, 1, 3])
+
+
+def _rotary_of(value: Any) -> Any:
+    return op.RotaryEmbedding(
+        value,
+        cos,
+        sin,
+        optional(var("positions")),
+        interleaved=attr("interleaved"),
+        rotary_embedding_dim=attr("rotary_embedding_dim"),
+        num_heads=attr("num_heads"),
+        _exact_attributes=True,
+    )
+
+
+_MERGED = op.Reshape(
+    op.Transpose(
+        either(
+            _rotary_of(_T_Y),
+            op.Concat(
+                _rotary_of(
+                    op.Slice(
+                        _T_Y, var("r_start"), var("r_end"), var("r_axes"), optional(var("r_steps"))
+                    )
+                ),
+                op.Slice(
+                    _T_Y, var("p_start"), var("p_end"), var("p_axes"), optional(var("p_steps"))
+                ),
+                axis=attr("cat_axis"),
+            ),
+            tag="partial",
+        ),
+        perm=[0, 2, 1, 3],
+    ),
+    var("merged"),
+    allowzero=attr("allowzero"),
+)
+
+
+def _check_merged(
+    y: ir.Value,
+    num_heads: int | None,
+    rotary_embedding_dim: int | None,
+    partial: int,
+    match: Match,
+    r_start: ir.Value | None = None,
+    r_end: ir.Value | None = None,
+    r_axes: ir.Value | None = None,
+    r_steps: ir.Value | None = None,
+    p_start: ir.Value | None = None,
+    p_end: ir.Value | None = None,
+    p_axes: ir.Value | None = None,
+    p_steps: ir.Value | None = None,
+    cat_axis: int | None = None,
+) -> Verdict:
+    shape, out = dims(y), dims(match.outputs[0])
+    if shape is None or len(shape) != 4:
+        return fail("y is not (B, S, H, D)", y)
+    heads, size = shape[2], shape[3]
+    if not isinstance(heads, int) or not isinstance(size, int):
+        return fail("y's heads and head size are not static", y)
+    if num_heads:
+        return fail("the rotary already has num_heads", y)
+    if out is None or len(out) != 3 or out[2] != heads * size:
+        return fail(f"the result is not (B, S, {heads * size})", match.outputs[0])
+    if any(d is None or d != e for d, e in zip(out[:2], shape[:2], strict=True)):
+        return fail("the result's batch and sequence dims are not y's", match.outputs[0])
+    rotated = rotary_embedding_dim
+    if partial == 1:
+        if rotary_embedding_dim:
+            return fail("the rotated slice already has a rotary_embedding_dim", y)
+        assert r_start is not None and r_end is not None and r_axes is not None  # (bound: branch 1)
+        assert p_start is not None and p_end is not None and p_axes is not None
+        lanes = _rotated_lanes(
+            size, r_start, r_end, r_axes, r_steps, p_start, p_end, p_axes, p_steps, cat_axis or 0
+        )
+        if isinstance(lanes, MatchFailure):
+            return lanes
+        rotated = lanes
+    return {"heads": heads, "width": heads * size, "rotated": rotated}
+
+
+def _merged(
+    op: RewriteBuilder,
+    y: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    positions: ir.Value | None,
+    interleaved: int | None,
+    heads: int,
+    width: int,
+    rotated: int | None,
+) -> ir.Value:
+    """RotaryEmbedding(Reshape(y, [0, 0, H·D]), cos, sin, num_heads=H)"""
+    flat = op.Reshape(y, op.const(np.array([0, 0, width], dtype=np.int64)))
+    out: ir.Value = op.RotaryEmbedding(
+        flat,
+        cos,
+        sin,
+        positions,
+        interleaved=interleaved or None,
+        rotary_embedding_dim=rotated or None,
+        num_heads=heads,
+    )
+    return out
+
+
 rules = RuleSet(
     "rotary",
     [
@@ -373,6 +587,20 @@ rules = RuleSet(
             _INTERLEAVED,
             check=_check_interleaved,
             rewrite=_interleaved,
+            min_opset=23,
+        ),
+        Rule(  # [RotaryEmbedding(x[..., :r], c, s), x[..., r:]] = RotaryEmbedding(x, c, s, dim=r)
+            "PartialRotaryEmbedding",
+            _PARTIAL,
+            check=_check_partial,
+            rewrite=_partial,
+            min_opset=23,
+        ),
+        Rule(  # merge(Tᵀ(RotaryEmbedding(T(y)))) = RotaryEmbedding(merge(y), num_heads=H)
+            "RotaryEmbeddingHeadsMerged",
+            _MERGED,
+            check=_check_merged,
+            rewrite=_merged,
             min_opset=23,
         ),
     ],

@@ -89,9 +89,14 @@ def _check_against_eager(path: pathlib.Path, model: object, layout: object) -> N
 def test_qwen35_names_and_genai_config(qwen35_folder) -> None:
     root, _ = qwen35_folder
     counts = _op_counts(root / "out" / "model.onnx")
+    # text positions make the interleaved M-RoPE's select/slice scatters writes of what is there
+    assert counts["::ScatterND"] == counts["::ScatterElements"] == 0  # (irkit.rules.uniform)
     if "qwen35_ort" in root.name:  # the recurrence is onnxruntime's kernel, no Scan is left
         assert counts["com.microsoft::LinearAttention"] == 1
         assert counts["::Scan"] == 0
+        # the conv over (state, x) and the decay gate are onnxruntime's kernels too
+        assert counts["com.microsoft::CausalConvWithState"] == 1 and counts["::Conv"] == 0
+        assert counts["com.microsoft::LinearAttentionGate"] == 1
     else:  # standard ops: one call of the kernel's function, a Scan in its body
         assert counts["irkit_kernels::gated_delta"] == 1
         assert counts["::Scan"] == 1 and counts["com.microsoft::LinearAttention"] == 0

@@ -220,3 +220,21 @@ def test_rank2_scale_of_a_vector_product_kept():
         "ScaleIntoMatMulWeight",
         "the rank-2 scale may add a dimension to the product (x's rank < 2 or unknown)",
     )
+
+
+def test_integer_add_then_sub_of_one_constant_cancels():
+    m = parse(
+        "g (int64[b] x) => (int64[b, 1] y) {\n"
+        "  k = Constant<value=int64 {3}>()  k2 = Constant<value=int64 {3}>()\n"
+        "  one = Constant<value=int64[1] {1}>()  t = Add(x, k)  u = Unsqueeze(t, one)\n"
+        "  v = Sub(u, k2)  y = Neg(v)\n}"
+    )
+    fire(m, "IntegerAddSub", {"Constant": 1, "Neg": 1, "Unsqueeze": 1})
+
+
+def test_float_add_then_sub_is_kept():
+    m = parse(
+        "g (float[2] x) => (float[2] y) {\n"
+        "  k = Constant<value=float {3}>()  t = Add(x, k)  v = Sub(t, k)  y = Neg(v)\n}"
+    )
+    no_fire(m, "IntegerAddSub", "not an integer (rounding would not cancel)")

@@ -181,3 +181,75 @@ def test_batch_1_cache_is_expanded_to_the_batch():
     report = run(m)
     assert report.fired.get("RotaryEmbedding") == 1
     assert util.ops(m)["Expand"] == 2 and util.ops(m)["RotaryEmbedding"] == 1
+
+
+def partial_text(rotated: int = 8, rest_start: int | None = None, interleaved: int = 0) -> str:
+    """The first ``rotated`` of 16 lanes rotated by a ``RotaryEmbedding``, the rest passed through."""
+    rest = rotated if rest_start is None else rest_start
+    return (
+        '<ir_version: 10, opset_import: ["" : 23]>\n'
+        f"g (float[2, 3, 4, 16] x, float[2, 4, {rotated // 2}] c, float[2, 4, {rotated // 2}] s)"
+        " => (float[2, 3, 4, 16] y) {\n"
+        "  z = Constant<value=int64[1] {0}>()  ax = Constant<value=int64[1] {-1}>()\n"
+        f"  r = Constant<value=int64[1] {{{rotated}}}>()  p = Constant<value=int64[1] {{{rest}}}>()\n"
+        "  end = Constant<value=int64[1] {9223372036854775807}>()\n"
+        f"  lo = Slice(x, z, r, ax)  hi = Slice(x, p, end, ax)\n"
+        f"  ro = RotaryEmbedding<interleaved={interleaved}>(lo, c, s)  y = Concat<axis=-1>(ro, hi)\n}}"
+    )
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_partial_rotation_is_the_ops_rotary_embedding_dim(interleaved):
+    m = util.model(partial_text(interleaved=interleaved))
+    before = util.clone(m)
+    report = util.rewrite(m, library.default_rules())
+    assert report.fired == {"PartialRotaryEmbedding": 1}
+    assert util.ops(m) == {"RotaryEmbedding": 1}
+    (node,) = m.graph
+    assert node.attributes["rotary_embedding_dim"].value == 8
+    util.assert_same_numbers(before, m)
+
+
+def test_partial_rotation_with_a_gap_is_kept():
+    m = util.model(partial_text(rest_start=10))
+    report = util.rewrite(m, library.default_rules(), explain="PartialRotaryEmbedding")
+    assert report.rules["PartialRotaryEmbedding"].failures == {
+        "the slices are not x[..., :r] and x[..., r:]": 1
+    }
+
+
+def merged_text(partial: bool) -> str:
+    """``(B, S, H, D)`` heads transposed, rotated (all 16 lanes or the first 8), transposed back
+    and merged to ``(B, S, H·D)``, as the ``"ort"`` target's 3-D attention ops leave them."""
+    rotated = 8 if partial else 16
+    rotate = (
+        "  z = Constant<value=int64[1] {0}>()  ax = Constant<value=int64[1] {-1}>()\n"
+        "  r = Constant<value=int64[1] {8}>()  e = Constant<value=int64[1] {16}>()\n"
+        "  lo = Slice(t, z, r, ax)  hi = Slice(t, r, e, ax)\n"
+        "  ro = RotaryEmbedding(lo, c, s)  rot = Concat<axis=-1>(ro, hi)\n"
+        if partial
+        else "  rot = RotaryEmbedding(t, c, s)\n"
+    )
+    return (
+        '<ir_version: 10, opset_import: ["" : 23]>\n'
+        f"g (float[b, n, 3, 16] y, float[b, n, {rotated // 2}] c, float[b, n, {rotated // 2}] s)"
+        " => (float[b, n, 48] out) {\n"
+        "  t = Transpose<perm=[0, 2, 1, 3]>(y)\n"
+        + rotate
+        + "  back = Transpose<perm=[0, 2, 1, 3]>(rot)\n"
+        "  m = Constant<value=int64[3] {0, 0, 48}>()  out = Reshape(back, m)\n}"
+    )
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+def test_rotation_between_head_transposes_is_the_3d_op(partial):
+    m = util.model(merged_text(partial))
+    before = util.clone(m)
+    report = util.rewrite(m, library.default_rules())
+    assert report.fired == {"RotaryEmbeddingHeadsMerged": 1}
+    assert util.ops(m) == {"Constant": 1, "Reshape": 1, "RotaryEmbedding": 1}
+    (node,) = [n for n in m.graph if n.op_type == "RotaryEmbedding"]
+    assert node.attributes["num_heads"].value == 3
+    dim = node.attributes.get("rotary_embedding_dim")
+    assert (dim.value if dim else None) == (8 if partial else None)
+    util.assert_same_numbers(before, m)

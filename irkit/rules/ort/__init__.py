@@ -17,6 +17,9 @@ module                                     identity
 :mod:`irkit.rules.ort.gelu`                ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
 :mod:`irkit.rules.ort.linear_attention`    irkit's state-mixer kernel functions
                                            (``irkit_kernels::gated_delta``) → ``LinearAttention``
+:mod:`irkit.rules.ort.causal_conv`         ``Slice(Slice(Conv(cat(state, x), pads=K−1)))`` →
+                                           ``CausalConvWithState`` (+ SiLU)
+:mod:`irkit.rules.ort.gate`                ``n · Softplus(a + d)`` → ``LinearAttentionGate``
 :mod:`irkit.rules.ort.gated_norm`          RMS norm · SiLU(gate) → ``GatedRMSNorm``
 :mod:`irkit.rules.ort.softplus`            torch's thresholded softplus → ``Softplus``
 =========================================  =========================================================
@@ -47,6 +50,8 @@ from irkit.rewriting import RuleSet
 from irkit.rules import glue
 from irkit.rules.ort import (
     attention,
+    causal_conv,
+    gate,
     gated_norm,
     gelu,
     linear_attention,
@@ -58,6 +63,8 @@ from irkit.rules.ort import (
 
 __all__ = [
     "attention",
+    "causal_conv",
+    "gate",
     "gated_norm",
     "gelu",
     "linear_attention",
@@ -105,14 +112,20 @@ def contrib_rules(
         members.append(_SKIP_NORM_RULES)
     # the head reshapes the attention fusions leave around the 3-D contrib ops (``to3``/``to4``)
     # meet the model's own: the chains that come back to their input's shape are identities
-    shapes = RuleSet("ort_shapes", [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand()])
+    # and the rotary tables sliced to their first half by the rotary fusions, Slice(Concat(f, f))
+    shapes = RuleSet(
+        "ort_shapes",
+        [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand(), glue.SliceOfConcat()],
+    )
     return RuleSet(
         "ort_contrib",
         [
             *members,
             linear_attention.rules,
+            causal_conv.rules,
             gated_norm.rules,
             softplus.rules,
+            gate.rules,
             gelu.rules,
             matmul.rules,
             shapes,
