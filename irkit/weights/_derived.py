@@ -7,7 +7,8 @@ A model lowered from a ``meta``-device program has weightless initializers
 a :class:`DerivedTensor` holds a small tree of recipes whose leaves are weightless tensors
 (named by initializer / checkpoint name) or small real constants. It stays weightless (reading
 its data raises :class:`~irkit.errors.WeightsError`). :func:`irkit.save` computes its bytes
-while streaming the weights, one derived tensor at a time.
+while streaming the weights, one derived tensor at a time (the parts of one packed weight from
+one quantization: :class:`PackCache`).
 
 The recipes are a closed set of numpy computations with ONNX semantics: :class:`Transpose`,
 :class:`Concat`, :class:`Cast`, :class:`Reshape`, :class:`Mul` (broadcasting) and :class:`Unary`
@@ -57,6 +58,7 @@ __all__ = [
     "Unary",
     "Packed",
     "PackedPart",
+    "PackCache",
     "DerivedTensor",
     "transpose",
     "concat",
@@ -413,10 +415,20 @@ class Packed(Recipe):
     def sources(self) -> tuple[Recipe, ...]:
         return (self.source,)
 
-    def compute(self, args: list[Array]) -> Array:
-        if self.method is Method.RTN and self.part is not PackedPart.DATA:  # (no codes needed)
+    def compute(
+        self, args: list[Array], *, siblings: dict[PackedPart, Array] | None = None
+    ) -> Array:
+        """This part of the quantization of ``args[0]``; with ``siblings`` (a streamed save:
+        :class:`PackCache`) the whole quantization is done and every part of it (this one
+        included) is put into ``siblings``: the other parts then cost nothing more."""
+        if siblings is None and self.method is Method.RTN and self.part is not PackedPart.DATA:
+            # (alone: no codes needed)
             scales, zero_points = rtn_scales(
-                args[0], bits=self.bits, block_size=self.block_size, symmetric=self.symmetric
+                args[0],
+                bits=self.bits,
+                block_size=self.block_size,
+                symmetric=self.symmetric,
+                dtype=self.source.dtype.numpy(),
             )
             if self.part is PackedPart.SCALES:
                 return scales
@@ -424,23 +436,29 @@ class Packed(Recipe):
                 return zero_points
             raise WeightsError("a symmetric quantization has no zero_points.")
         packed = self.pack(args[0])
-        part = {
+        parts = {
             PackedPart.DATA: packed.data,
             PackedPart.SCALES: packed.scales,
             PackedPart.ZERO_POINTS: packed.zero_points,
-        }[self.part]
+        }
+        if siblings is not None:
+            siblings.update({p: v for p, v in parts.items() if v is not None})
+        part = parts[self.part]
         if part is None:
             raise WeightsError(f"a symmetric quantization has no {self.part.value}.")
         return part
 
     def pack(self, weight: Array) -> PackedWeight:
-        """The whole quantization of ``weight`` (the source's value) with these settings."""
+        """The whole quantization of ``weight`` (the source's value, or a narrower float array
+        of it that converts exactly, e.g. the float16 checkpoint tensor of a float32 source)
+        with these settings."""
         return quantize_blockwise(
             weight,
             bits=self.bits,
             block_size=self.block_size,
             symmetric=self.symmetric,
             method=self.method,
+            dtype=self.source.dtype.numpy(),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -496,13 +514,91 @@ def as_recipe(tensor: TensorLike) -> Recipe:
     return Constant(tensor.numpy(), tensor.dtype)
 
 
-def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
-    """The values of ``recipe``, reading each leaf with ``read`` (C-contiguous).
+class PackCache:
+    """One quantization per packed weight in a streamed save: the parts (data, scales, zero
+    points) of one :class:`Packed` source and settings are separate initializers, each computed
+    on its own; with a cache the first part asked for reads and converts the source once,
+    quantizes it once, and keeps the sibling parts that are still to be asked for.
+
+    :meth:`expect` counts the parts to come (each derived initializer to be written);
+    :meth:`part` hands a kept part over, dropping it once its count is used up. Only parts some
+    initializer still expects are kept, so memory holds the pending parts of the weights being
+    written (one weight's scales and zero points when, as ``irkit.quantize`` registers them,
+    the parts are adjacent initializers), never the model; a part asked for again after its
+    count is used up is computed again.
+    """
+
+    def __init__(self) -> None:
+        self._expected: dict[Packed, dict[PackedPart, int]] = {}
+        self._kept: dict[Packed, dict[PackedPart, Array]] = {}
+
+    @staticmethod
+    def _key(recipe: Packed) -> Packed:
+        return dataclasses.replace(recipe, part=PackedPart.DATA)  # (source and settings)
+
+    def expect(self, recipe: Recipe) -> None:
+        """Count the packed parts ``recipe`` will ask for once evaluated."""
+        for node in _nodes(recipe):
+            if isinstance(node, Packed):
+                counts = self._expected.setdefault(self._key(node), {})
+                counts[node.part] = counts.get(node.part, 0) + 1
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the parts kept for initializers still to come."""
+        return sum(v.nbytes for parts in self._kept.values() for v in parts.values())
+
+    def part(self, recipe: Packed, source: Callable[[], Array]) -> Array:
+        """``recipe``'s value: kept from an earlier sibling, else computed from ``source()``
+        with its siblings (those still expected are kept)."""
+        key = self._key(recipe)
+        counts = self._expected.get(key, {})
+        if counts.get(recipe.part, 0) > 0:
+            counts[recipe.part] -= 1
+        kept = self._kept.get(key, {})
+        if recipe.part in kept:
+            value = kept[recipe.part]
+            if counts.get(recipe.part, 0) == 0:
+                del kept[recipe.part]
+                if not kept:
+                    del self._kept[key]
+            return value
+        if not any(counts.values()):  # (nothing else will ask: this part alone)
+            return recipe.compute([source()])
+        siblings: dict[PackedPart, Array] = {}
+        value = recipe.compute([source()], siblings=siblings)
+        pending = {p: v for p, v in siblings.items() if counts.get(p, 0) > 0}
+        if pending:
+            self._kept[key] = pending
+        return value
+
+
+def _nodes(recipe: Recipe) -> Iterator[Recipe]:
+    yield recipe
+    for source in recipe.sources():
+        yield from _nodes(source)
+
+
+def evaluate(
+    recipe: Recipe,
+    read: Callable[[Leaf], Array],
+    packs: PackCache | None = None,
+    *,
+    read_stored: Callable[[Leaf], Array] | None = None,
+) -> Array:
+    """The values of ``recipe``, reading each leaf with ``read`` (C-contiguous); with ``packs``
+    each :class:`Packed` node is quantized once for all its parts (see :class:`PackCache`).
+
+    ``read_stored``, if given, reads a leaf as its checkpoint stores it when that converts
+    exactly to the leaf's dtype (a float16 tensor for a float32 leaf), else as ``read``: a
+    packed weight whose source only moves elements (:class:`Transpose`, :class:`Narrow`,
+    :class:`Reshape`, :class:`Concat` of leaves) is quantized from it, each chunk converted on
+    its way into the blocks, without a converted copy of the whole tensor (same bytes).
 
     Memory: the result and the leaves of one subtree; each leaf is released once consumed (a
     concatenation is filled part by part: the result and one part at a time).
     """
-    value = _evaluate(recipe, read)
+    value = _evaluate(recipe, read, packs, read_stored)
     if value.flags.c_contiguous:
         return value
     out = np.empty(value.shape, dtype=value.dtype)
@@ -510,21 +606,37 @@ def evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
     return out
 
 
-def _evaluate(recipe: Recipe, read: Callable[[Leaf], Array]) -> Array:
+def _evaluate(
+    recipe: Recipe,
+    read: Callable[[Leaf], Array],
+    packs: PackCache | None,
+    read_stored: Callable[[Leaf], Array] | None,
+) -> Array:
     if isinstance(recipe, Leaf):
         return read(recipe)
+    if isinstance(recipe, Packed) and packs is not None:
+        source = recipe.source
+        stored = read_stored is not None and all(isinstance(n, _MOVES) for n in _nodes(source))
+        reader = read_stored if stored and read_stored is not None else read
+        return packs.part(recipe, lambda: _evaluate(source, reader, packs, read_stored))
     if isinstance(recipe, Concat):  # into the result part by part: one source read at a time
         out = np.empty(recipe.shape, dtype=recipe.dtype.numpy())
         index: list[slice] = [slice(None)] * len(recipe.shape)
         start = 0
         for part in recipe.parts:
-            value = _evaluate(part, read)
+            value = _evaluate(part, read, packs, read_stored)
             index[recipe.axis] = slice(start, start + value.shape[recipe.axis])
             _assign(out[tuple(index)], value)
             start += value.shape[recipe.axis]
             del value
         return out
-    return recipe.compute([_evaluate(source, read) for source in recipe.sources()])
+    args = [_evaluate(source, read, packs, read_stored) for source in recipe.sources()]
+    return recipe.compute(args)
+
+
+_MOVES = (Leaf, Transpose, Narrow, Reshape, Concat)
+"""Recipes that only move elements (a :class:`Concat` fills its result in its own dtype): over a
+narrower stored float tensor they give the same values, converted later."""
 
 
 _BLOCK = 64  # columns of a transposed copy per step: its source rows stay in the cache

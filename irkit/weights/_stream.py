@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from irkit.errors import SaveError, WeightsError
 from irkit.weights._checkpoints import WeightSource, open_weights
-from irkit.weights._derived import DerivedTensor, Leaf, evaluate
+from irkit.weights._derived import DerivedTensor, Leaf, PackCache, evaluate
 from irkit.weights._weightless import WeightlessTensor
 from irkit.weights._writer import WriteProgress, write_data_file
 
@@ -44,8 +44,11 @@ def resolve_weights(
 
     A derived initializer (:class:`~irkit.weights.DerivedTensor`) gets a tensor whose bytes
     are computed from its leaves' checkpoint tensors when written (one derived tensor in memory
-    at a time). A checkpoint tensor of another float dtype than its initializer (or leaf) is
-    converted while streaming.
+    at a time); the parts of one packed weight (data, scales, zero points: separate
+    initializers) share one read and one quantization, the first part written keeping the
+    others until they are written (:class:`~irkit.weights._derived.PackCache`). A checkpoint
+    tensor of another float dtype than its initializer (or leaf) is converted while streaming
+    (an fp16 tensor packed for a float32 model: by the packing, chunk by chunk).
 
     Raises:
         WeightsError: Some weightless initializers (or leaves of derived ones) are not in the
@@ -58,6 +61,7 @@ def resolve_weights(
     mismatched: list[str] = []
     ignored = 0
     converted: list[str] = []
+    packs = PackCache()  # (one quantization per packed weight for all its parts)
 
     def lookup(
         name: str, spec: ir.TensorProtocol | Leaf, aliases: Sequence[str], what: str
@@ -96,7 +100,8 @@ def resolve_weights(
                         leaves[leaf] = lookup(leaf.name, leaf, leaf.aliases, what)
                 present = {leaf: t for leaf, t in leaves.items() if t is not None}
                 if len(present) == len(leaves):  # (else each missing leaf is listed)
-                    found[value] = _derived_tensor(name, tensor, present)
+                    found[value] = _derived_tensor(name, tensor, present, packs)
+                    packs.expect(tensor.recipe)
                 continue
             weightless = isinstance(tensor, WeightlessTensor)
             if not weightless:
@@ -150,14 +155,36 @@ def _shape_dtype(spec: ir.TensorProtocol | Leaf) -> tuple[tuple[int, ...], ir.Da
     return tuple(int(d) for d in spec.shape.numpy()), spec.dtype
 
 
+_WIDENING = frozenset(
+    {
+        (ir.DataType.FLOAT16, ir.DataType.FLOAT),
+        (ir.DataType.FLOAT16, ir.DataType.DOUBLE),
+        (ir.DataType.BFLOAT16, ir.DataType.FLOAT),
+        (ir.DataType.BFLOAT16, ir.DataType.DOUBLE),
+        (ir.DataType.FLOAT, ir.DataType.DOUBLE),
+    }
+)
+"""Conversions that are exact: no value changes, none becomes non-finite (nothing to check)."""
+
+_DEFERRED = frozenset({(ir.DataType.FLOAT16, ir.DataType.FLOAT)})
+"""Exact conversions the packing does itself, chunk by chunk (numpy casts float16 natively)."""
+
+
 class _Converted:
     """A checkpoint tensor read and converted to another float dtype (on demand)."""
 
     def __init__(self, stored: ir.TensorProtocol, dtype: ir.DataType, name: str) -> None:
         self.stored, self.dtype, self.name = stored, dtype, name
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self, *, exact_as_stored: bool = False) -> np.ndarray:
+        """The converted values; with ``exact_as_stored``, the stored array itself when the
+        packing converts it exactly on its own (float16 for a float32 model)."""
         data = self.stored.numpy()
+        conversion = (self.stored.dtype, self.dtype)
+        if exact_as_stored and conversion in _DEFERRED:
+            return data
+        if conversion in _WIDENING:
+            return data.astype(self.dtype.numpy())
         with np.errstate(over="ignore"):  # (counted below)
             out = data.astype(self.dtype.numpy())
         created = int(np.count_nonzero(np.isfinite(data) & ~np.isfinite(out)))
@@ -195,15 +222,24 @@ def _first_stored(
 
 
 def _derived_tensor(
-    name: str, tensor: DerivedTensor, leaves: Mapping[Leaf, ir.TensorProtocol | _Converted]
+    name: str,
+    tensor: DerivedTensor,
+    leaves: Mapping[Leaf, ir.TensorProtocol | _Converted],
+    packs: PackCache,
 ) -> ir.TensorProtocol:
-    """A tensor whose bytes are computed from the leaves' tensors when written."""
+    """A tensor whose bytes are computed from the leaves' tensors when written (a packed part
+    through ``packs``: the first part of a packed weight computes and keeps its siblings)."""
 
     def read(leaf: Leaf) -> np.ndarray:
         return leaves[leaf].numpy()
 
+    def read_stored(leaf: Leaf) -> np.ndarray:  # (the packing converts float16 per chunk)
+        stored = leaves[leaf]
+        return stored.numpy(exact_as_stored=True) if isinstance(stored, _Converted) else read(leaf)
+
     def compute() -> ir.TensorProtocol:
-        return ir.Tensor(evaluate(tensor.recipe, read), dtype=tensor.dtype, name=name)
+        value = evaluate(tensor.recipe, read, packs, read_stored=read_stored)
+        return ir.Tensor(value, dtype=tensor.dtype, name=name)
 
     return ir.LazyTensor(compute, tensor.dtype, ir.Shape(tuple(tensor.shape)), name=name)
 

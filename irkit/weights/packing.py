@@ -160,6 +160,18 @@ def _blocks(weight: npt.NDArray[np.floating], block_size: int) -> npt.NDArray[np
     return padded.reshape(n, n_blocks, block_size)
 
 
+def _finite_blocks(weight: npt.NDArray[np.floating], block_size: int) -> npt.NDArray[np.float32]:
+    """:func:`_blocks`, checked finite (in the contiguous float32 copy: the padding is 0).
+
+    Raises:
+        QuantizationError: The weight holds inf or NaN values.
+    """
+    blocks = _blocks(weight, block_size)
+    if not np.isfinite(blocks).all():
+        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
+    return blocks
+
+
 def _symmetric_scales(blocks: npt.NDArray[np.float32], bits: int) -> npt.NDArray[np.float32]:
     """Per block: the value of largest magnitude (the minimum on a tie) over ``-2^(bits-1)``."""
     hi, lo = blocks.max(axis=2), blocks.min(axis=2)
@@ -255,6 +267,21 @@ def _checked_weight(weight: npt.ArrayLike) -> npt.NDArray[np.floating]:
     return array
 
 
+def _weight_dtype(array: npt.NDArray[np.floating], dtype: npt.DTypeLike | None) -> np.dtype:
+    """The dtype the weight is quantized as (its scales' dtype): ``dtype``, else the weight's.
+
+    Raises:
+        QuantizationError: ``dtype`` is not a packable dtype at least as wide as the weight's.
+    """
+    wanted = array.dtype if dtype is None else np.dtype(dtype)
+    if wanted not in FLOAT_DTYPES or not np.can_cast(array.dtype, wanted, "safe"):
+        raise QuantizationError(
+            f"a {array.dtype} weight cannot be packed as {wanted}: give one of "
+            f"{[str(d) for d in FLOAT_DTYPES]} at least as wide as the weight"
+        )
+    return wanted
+
+
 _KQUANT_STEPS = tuple(0.1 * i for i in range(-9, 10))
 """Offsets of the symmetric divisor ``2^(bits-1) + step`` tried (as llama.cpp's search)."""
 
@@ -340,6 +367,7 @@ def quantize_blockwise(
     block_size: int = 32,
     symmetric: bool = True,
     method: Method | str = Method.RTN,
+    dtype: npt.DTypeLike | None = None,
 ) -> PackedWeight:
     """Quantize a ``(K, N)`` weight along ``K`` into ``MatMulNBits``' packed inputs (RTN).
 
@@ -349,6 +377,10 @@ def quantize_blockwise(
         block_size: Rows of ``K`` sharing one scale: 16, 32, 64, 128 or 256.
         symmetric: No zero points (the zero point is the mid code); else per-block zero points.
         method: :attr:`Method.RTN` (onnxruntime's bytes) or :attr:`Method.KQUANT` (less error).
+        dtype: The dtype the weight is quantized as (its scales' dtype); default the weight's.
+            A float16 weight packed as float32 gives the bytes of ``weight.astype(float32)``
+            without that whole copy (a streamed save of an fp16 checkpoint into a float32
+            model): each chunk is converted on its way into the blocks.
 
     Returns:
         The packed weight; see the module docstring for the layout.
@@ -367,18 +399,21 @@ def quantize_blockwise(
     check_settings(bits, block_size)
     chosen = Method.of(method)
     array = _checked_weight(weight)
+    as_dtype = _weight_dtype(array, dtype)
     k, n = array.shape
     step = max(1, _CHUNK_ELEMENTS // k)
     if step >= n:
-        data, scales, zero_points = _quantize_columns(array, bits, block_size, symmetric, chosen)
+        data, scales, zero_points = _quantize_columns(
+            array, bits, block_size, symmetric, chosen, as_dtype
+        )
     else:  # columns are independent: a chunk at a time bounds the temporaries
         n_blocks = -(-k // block_size)
         data = np.empty((n, n_blocks, block_size * bits // 8), np.uint8)
-        scales = np.empty((n, n_blocks), array.dtype)
+        scales = np.empty((n, n_blocks), as_dtype)
         zero_points = None if symmetric else np.empty((n, -(-n_blocks * bits // 8)), np.uint8)
         for start in range(0, n, step):
             part = _quantize_columns(
-                array[:, start : start + step], bits, block_size, symmetric, chosen
+                array[:, start : start + step], bits, block_size, symmetric, chosen, as_dtype
             )
             data[start : start + step], scales[start : start + step] = part[0], part[1]
             if zero_points is not None and part[2] is not None:
@@ -387,27 +422,30 @@ def quantize_blockwise(
 
 
 def rtn_scales(
-    weight: npt.ArrayLike, *, bits: int = 4, block_size: int = 32, symmetric: bool = True
+    weight: npt.ArrayLike,
+    *,
+    bits: int = 4,
+    block_size: int = 32,
+    symmetric: bool = True,
+    dtype: npt.DTypeLike | None = None,
 ) -> tuple[npt.NDArray[np.floating], npt.NDArray[np.uint8] | None]:
     """The scales and packed zero points (``None`` when symmetric) :func:`quantize_blockwise`
-    gives with :attr:`Method.RTN`, without computing the codes (a streamed save computes each
-    packed input on its own).
+    gives with :attr:`Method.RTN` (and ``dtype``), without computing the codes (scales asked
+    for alone).
 
     Raises:
         QuantizationError: As :func:`quantize_blockwise`.
     """
     check_settings(bits, block_size)
     array = _checked_weight(weight)
+    as_dtype = _weight_dtype(array, dtype)
     k, n = array.shape
     n_blocks = -(-k // block_size)
-    scales = np.empty((n, n_blocks), array.dtype)
+    scales = np.empty((n, n_blocks), as_dtype)
     zero_points = None if symmetric else np.empty((n, -(-n_blocks * bits // 8)), np.uint8)
     step = max(1, _CHUNK_ELEMENTS // k)
     for start in range(0, n, step):
-        part = array[:, start : start + step]
-        if not np.isfinite(part).all():
-            raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
-        blocks = _blocks(part, block_size)
+        blocks = _finite_blocks(array[:, start : start + step], block_size)
         if symmetric:
             scales[start : start + step] = _symmetric_scales(blocks, bits)
         else:
@@ -423,23 +461,26 @@ _CHUNK_ELEMENTS = 1 << 22
 
 
 def _quantize_columns(
-    array: npt.NDArray[np.floating], bits: int, block_size: int, symmetric: bool, method: Method
+    array: npt.NDArray[np.floating],
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    method: Method,
+    dtype: np.dtype,
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.floating], npt.NDArray[np.uint8] | None]:
     """``B``, scales and zero points (``None`` when symmetric) of some whole columns."""
-    if not np.isfinite(array).all():
-        raise QuantizationError("the weight holds inf or NaN values: no finite scale fits them")
     k = array.shape[0]
-    blocks = _blocks(array, block_size)
+    blocks = _finite_blocks(array, block_size)
     if method is Method.KQUANT:
-        codes, scales32, zero_points = _kquant(blocks, bits, symmetric, array.dtype)
-        scales = scales32.astype(array.dtype)
+        codes, scales32, zero_points = _kquant(blocks, bits, symmetric, dtype)
+        scales = scales32.astype(dtype)
     else:
         if symmetric:
             scales32 = _symmetric_scales(blocks, bits)
             zero_points = np.full(scales32.shape, 1 << (bits - 1), dtype=np.uint8)
         else:
             scales32, zero_points = _asymmetric_params(blocks, bits)
-        scales = scales32.astype(array.dtype)  # codes use the stored (rounded) scale, as the kernel
+        scales = scales32.astype(dtype)  # codes use the stored (rounded) scale, as the kernel
         codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
     packed_zp = None if symmetric else _pack_zero_points(zero_points, bits)
     return _pack_codes(codes, k, bits), scales, packed_zp

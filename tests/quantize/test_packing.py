@@ -158,3 +158,38 @@ def test_chunked_packing_and_rtn_scales_equal_the_whole():
         if not symmetric:
             assert zero_points.tobytes() == whole.zero_points.tobytes()
             assert zp_chunked.tobytes() == whole.zero_points.tobytes()
+
+
+@pytest.mark.parametrize("method", list(Method))
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_float16_weight_packed_as_float32_equals_packing_its_float32_copy(symmetric, method):
+    """``dtype=float32`` on a float16 weight (a streamed save of an fp16 checkpoint into a
+    float32 model) converts chunk by chunk: the bytes of packing ``weight.astype(float32)``."""
+    from irkit.weights import packing
+
+    w16 = (np.random.default_rng(5).standard_normal((97, 301)) * 0.02).astype(np.float16)
+    w32 = w16.astype(np.float32)
+    for chunk in (packing._CHUNK_ELEMENTS, 97 * 40):
+        saved, packing._CHUNK_ELEMENTS = packing._CHUNK_ELEMENTS, chunk
+        try:
+            options = dict(bits=4, block_size=32, symmetric=symmetric)
+            expected = quantize_blockwise(w32, method=method, **options)
+            got = quantize_blockwise(w16, method=method, dtype=np.float32, **options)
+            scales, zero_points = rtn_scales(w16, dtype=np.float32, **options)
+        finally:
+            packing._CHUNK_ELEMENTS = saved
+        assert got.scales.dtype == np.float32
+        assert got.data.tobytes() == expected.data.tobytes()
+        assert got.scales.tobytes() == expected.scales.tobytes()
+        if symmetric:
+            assert got.zero_points is None and zero_points is None
+        else:
+            assert got.zero_points.tobytes() == expected.zero_points.tobytes()
+        if method is Method.RTN:
+            assert scales.tobytes() == expected.scales.tobytes()
+            assert symmetric or zero_points.tobytes() == expected.zero_points.tobytes()
+    with pytest.raises(QuantizationError, match="cannot be packed as float16"):
+        quantize_blockwise(w32, dtype=np.float16)
+    w16[3, 7] = np.inf
+    with pytest.raises(QuantizationError, match="inf or NaN"):
+        quantize_blockwise(w16, dtype=np.float32)

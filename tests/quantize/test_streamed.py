@@ -150,6 +150,139 @@ def test_streamed_quantization_equals_the_in_memory_one(llama, tmp_path, options
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [{"symmetric": False, "block_size": 64, "embeddings": True}, {"bits": 8, "method": "kquant"}],
+    ids=["int4-asym-64-embeddings", "int8-kquant"],
+)
+def test_streamed_save_packs_each_weight_once_to_the_same_bytes(
+    llama, tmp_path, monkeypatch, options
+):
+    """From an fp16 checkpoint into the float32 model: each packed weight is read once and
+    quantized once for its data, scales and zero points (its siblings kept only until written:
+    they are adjacent initializers), and the files are byte-equal to the save that computes each
+    part on its own from the converted tensor (what irkit.save did before the cache)."""
+    import hashlib
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from irkit.weights import _derived, _stream
+    from irkit.weights._derived import PackCache
+
+    meta_path, _, (folder, buffers) = llama
+    half = tmp_path / "fp16"
+    half.mkdir()
+    for file in pathlib.Path(folder).iterdir():
+        if file.suffix == ".safetensors":
+            tensors = {k: v.astype(np.float16) for k, v in load_file(file).items()}
+            save_file(tensors, half / file.name, metadata={"format": "np"})
+        else:
+            shutil.copy(file, half / file.name)
+    model = irkit.load(meta_path, load_external_data=False)
+    irkit.quantize(model, **options)
+    packed = [
+        t.recipe
+        for t in (v.const_value for v in model.graph.initializers.values())
+        if isinstance(t, DerivedTensor) and isinstance(t.recipe, Packed)
+    ]
+    weights = {r.source for r in packed}
+    assert len(packed) >= 2 * len(weights) >= 10
+    graph = irkit.save(model, tmp_path / "graph.onnx")
+
+    def counting(patch, owner, attr, counts, key):
+        function = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            result = function(*args, **kwargs)
+            counts.setdefault(key(args), []).append(result)
+            return result
+
+        patch.setattr(owner, attr, wrapper)
+
+    def save(name, cached):
+        reads, packs, kept = {}, {}, {}
+        with monkeypatch.context() as patch:
+            if not cached:  # (each part on its own, from the whole converted tensor)
+                old = lambda recipe, read, packs, read_stored: _derived.evaluate(recipe, read)  # noqa: E731
+                patch.setattr(_stream, "evaluate", old)
+            counting(patch, _stream._Converted, "numpy", reads, lambda a: a[0].stored.name)
+            counting(patch, _derived, "quantize_blockwise", packs, lambda a: "codes")
+            counting(patch, _derived, "rtn_scales", packs, lambda a: "scales alone")
+            counting(patch, PackCache, "part", kept, lambda a: a[0].kept_bytes)
+            out = tmp_path / name / "model.onnx"
+            out.parent.mkdir()
+            loaded = irkit.load(graph, load_external_data=False)
+            irkit.save(loaded, out, weights=[half, buffers], external_data=True)
+        files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in out.parent.iterdir()}
+        return out, files, reads, packs, kept
+
+    out, files, reads, packs, kept = save("cached", cached=True)
+    before, files_before, reads_before, packs_before, _ = save("before", cached=False)
+    assert files == files_before and len(files) == 2
+    # before: every part read, converted and quantized on its own
+    assert max(len(r) for r in reads_before.values()) >= 2
+    assert sum(len(p) for p in packs_before.values()) == len(packed)  # (kquant: codes each time)
+    # now: one read and one quantization per weight, no scales computed again
+    assert max(len(r) for r in reads.values()) == 1
+    assert (len(packs["codes"]), packs.get("scales alone")) == (len(weights), None)
+    # (fp16 leaves of packed weights reach the packing unconverted: converted per chunk)
+    assert any(r[0].dtype == np.float16 for r in reads.values())
+    # the siblings are written next to each other: at most one weight's scales and zero points
+    largest = max(
+        sum(int(np.prod(Packed(s, p, *_settings(packed, s)).shape)) * 4 for p in PackedPart)
+        for s in weights
+    )
+    assert max(kept) <= largest and max(kept) > 0
+    ids = np.array([[3, 17, 42, 250, 7, 99, 1, 0]], np.int64)
+    np.testing.assert_array_equal(run_ort(out, [ids])[0], run_ort(before, [ids])[0])
+
+
+def _settings(packed, source):
+    r = next(r for r in packed if r.source == source)
+    return r.bits, r.block_size, r.symmetric, r.method
+
+
+def test_pack_cache_quantizes_once_and_keeps_only_the_pending_parts(monkeypatch):
+    """Each part of a packed weight asked for once: one read, one quantization; the siblings
+    are kept until asked for, then dropped; nothing is kept for parts nobody expects."""
+    from irkit.weights import _derived
+    from irkit.weights._derived import PackCache
+
+    w = support.weights((48, 40))[0]
+    leaf = Leaf("w", ir.DataType.FLOAT, (48, 40))
+    recipes = {p: Packed(leaf, p, 4, 16, False) for p in PackedPart}
+    packs = PackCache()
+    for recipe in recipes.values():
+        packs.expect(recipe)
+    calls = []
+    real = _derived.quantize_blockwise
+    monkeypatch.setattr(
+        _derived, "quantize_blockwise", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    reads = []
+
+    def read(leaf):
+        reads.append(leaf.name)
+        return w
+
+    expected = quantize_blockwise(w, bits=4, block_size=16, symmetric=False)
+    arrays = {
+        PackedPart.SCALES: expected.scales,
+        PackedPart.DATA: expected.data,
+        PackedPart.ZERO_POINTS: expected.zero_points,
+    }
+    for i, (part, array) in enumerate(arrays.items()):
+        got = evaluate(recipes[part], read, packs)
+        assert got.tobytes() == array.tobytes()
+        assert packs.kept_bytes == sum(a.nbytes for a in list(arrays.values())[i + 1 :])
+    assert (reads, len(calls)) == (["w"], 1)
+    # asked again (nothing expects it any more): computed again, nothing kept
+    assert evaluate(recipes[PackedPart.DATA], read, packs).tobytes() == expected.data.tobytes()
+    assert (len(reads), packs.kept_bytes) == (2, 0)
+
+
+@pytest.mark.slow
 def test_dynamic_int8_refuses_the_meta_model_and_names_the_fix(llama):
     """DynamicQuantizeMatMul's int8 weights are not derived tensors: a meta-device Llama is
     refused before any change (the weight-only path streams it, above)."""
