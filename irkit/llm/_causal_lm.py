@@ -384,10 +384,18 @@ def _own_cache_error(
     except Exception:  # it fails without a cache too: the original error stands
         return None
     own = _returned_cache(output)
+    if own is None and isinstance(output, Mapping):  # a cache class outside transformers' Cache
+        own = next(
+            (output[k] for k in (argument, "cache", "past_key_values", "cache_params")
+             if output.get(k) is not None),
+            None,
+        )  # fmt: skip
     if own is None or type(own) is type(passed):
         return None
     extra = sorted(
-        name for name, value in vars(own).items() if name != "layers" and isinstance(value, list)
+        name
+        for name, value in vars(own).items()
+        if name != "layers" and isinstance(value, (list, dict))
     )
     return ExportError(
         f"export_causal_lm: {type(model).__name__} keeps its cache in a class of its own, "

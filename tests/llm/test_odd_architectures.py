@@ -130,6 +130,8 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
         # MiniMaxCache: lightning-attention states in a list beside transformers' layers
         ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
+        # xLSTMCache: a class outside transformers' Cache, its RNN states in a dict
+        ("xlstm", r"xLSTMForCausalLM keeps its cache in a class of its own, xLSTMCache"),
         # compressor buffers of a varying length and Python counters in its own layer classes
         (
             "deepseek_v4",
