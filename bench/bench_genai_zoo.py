@@ -47,7 +47,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -130,12 +130,51 @@ def folder_of(work: pathlib.Path, name: str) -> pathlib.Path:
     return folder
 
 
+def _longrope_type(config: dict[str, Any]) -> None:
+    """Phi-3 checkpoints' ``rope_scaling`` carries ``type: longrope``, which the builder reads
+    (``rope_parameters["type"]``); transformers 5 writes ``rope_type`` only."""
+    config["rope_parameters"] = {**config["rope_parameters"], "type": "longrope"}
+
+
+#: Where the builder fails on transformers 5's config of the folder (not on the architecture):
+#: what its config.json gets in the builder's view of the folder (same weights, links).
+BUILDER_CONFIG_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "phi3_longrope": _longrope_type,
+}
+
+
+def builder_view(folder: pathlib.Path, edit: Callable[[dict[str, Any]], None]) -> pathlib.Path:
+    """A sibling of ``folder`` whose config.json is ``edit``'s; its other files link to
+    ``folder``'s."""
+    view = folder.parent / f"{folder.name}-builder"
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir()
+    for path in folder.iterdir():
+        if path.name not in ("config.json", "builder_refused.txt"):
+            (view / path.name).symlink_to(path.resolve())
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (view / "config.json").write_text(json.dumps(config, indent=2))
+    return view
+
+
+def builder_source(work: pathlib.Path, name: str) -> pathlib.Path:
+    """The folder the builder exports: :func:`builder_view` for :data:`BUILDER_CONFIG_EDITS`."""
+    folder = folder_of(work, name)
+    if name not in BUILDER_CONFIG_EDITS:
+        return folder
+    view = folder.parent / f"{folder.name}-builder"
+    return view if view.exists() else builder_view(folder, BUILDER_CONFIG_EDITS[name])
+
+
 def builder_probe(work: pathlib.Path, name: str, keep: bool) -> tuple[float, int] | str | None:
     """The builder's fp32 export of ``name``'s folder: its (wall, peak RSS), or why it refused.
 
     The folder it writes is the fp32 builder folder of :func:`run_case`; a refusal is also
     written to ``builder_refused.txt`` in the Hugging Face folder. ``keep``: a refusal or an
-    fp32 folder already there is taken as is (``None``: the kept folder, not timed).
+    fp32 folder already there is taken as is (``None``: the kept folder, not timed). For
+    :data:`BUILDER_CONFIG_EDITS` the folder as is is tried first (its refusal printed), then
+    :func:`builder_source`'s view.
     """
     folder = folder_of(work, name)
     refused = folder / "builder_refused.txt"
@@ -144,11 +183,22 @@ def builder_probe(work: pathlib.Path, name: str, keep: bool) -> tuple[float, int
     out = builder_out(work, name, "fp32")
     if keep and (out / "genai_config.json").exists():
         return None
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    if name in BUILDER_CONFIG_EDITS:
+        try:
+            bg.run_export("builder", folder, out, "fp32", "ort")
+        except bg.ExportFailed as error:
+            reason = error.reason().replace(str(folder), folder.name)
+            edit = BUILDER_CONFIG_EDITS[name].__name__
+            print(
+                f"builder refused {name} as is ({architecture}: {reason}); "
+                f"tried again on its view with config.json edited by {edit}",
+                flush=True,
+            )
     try:
-        return bg.run_export("builder", folder, out, "fp32", "ort")
+        return bg.run_export("builder", builder_source(work, name), out, "fp32", "ort")
     except bg.ExportFailed as error:
-        architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
-        reason = f"{architecture}: {error.reason().replace(str(folder), 'the folder')}"
+        reason = f"{architecture}: {error.reason().replace(str(folder), folder.name)}"
         refused.write_text(reason)
         return reason
 
@@ -182,13 +232,14 @@ def run_case(
     case = Case(name, precision, figures)
     for kind, out in outs.items():
         try:
+            source = builder_source(work, name) if kind == "builder" else folder
             if kind == "builder" and probe is not None:
                 wall, rss = probe
             elif args.keep_exports and (out / "genai_config.json").exists():
                 bg.set_session_options(out)
                 continue
             else:
-                wall, rss = bg.run_export(kind, folder, out, precision, "ort")
+                wall, rss = bg.run_export(kind, source, out, precision, "ort")
         except bg.ExportFailed as error:
             case.failed = f"{kind} export: {error.reason()}"
             print(f"{name} {precision}: {case.failed}", flush=True)
