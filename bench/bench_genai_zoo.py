@@ -120,6 +120,7 @@ class Case:
     failed: str | None = None  # why there are no figures (an export or a run that failed)
     ids: str = ""  # irkit vs builder greedy ids
     reference: str | None = None  # irkit vs transformers greedy ids (fp32)
+    note: str | None = None  # what the builder's folder needed (see unbounded_window)
 
 
 def folder_of(work: pathlib.Path, name: str) -> pathlib.Path:
@@ -208,6 +209,53 @@ def builder_out(work: pathlib.Path, name: str, precision: str) -> pathlib.Path:
     return work / f"builder-{name}-{precision}"
 
 
+#: The builder's options for a folder whose bounded sliding-window KV cache fails in genai.
+WINDOW_OPTIONS = ("windowed_kv_cache=false",)
+
+
+def first_error(out: pathlib.Path, prompt: Sequence[int]) -> str | None:
+    """Why one generation of the folder ``out`` fails in genai, or ``None``."""
+    import onnxruntime_genai as og
+
+    try:
+        bg.timed_generation(og.Model(str(out)), prompt)
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    return None
+
+
+def unbounded_window(
+    out: pathlib.Path, source: pathlib.Path, precision: str, prompt: Sequence[int]
+) -> str | None:
+    """Re-export the builder's folder ``out`` with :data:`WINDOW_OPTIONS` if it has a bounded
+    sliding-window cache (``decoder.sliding_window`` in genai_config.json) and fails on the
+    prompt; returns the note saying so (kept in ``out/bench_note.txt``), or ``None``.
+
+    genai 0.18 fails the builder's default folder of an architecture whose every layer is
+    windowed (mistral, phi3 with the zoo's window of 8) on a prompt longer than the bounded
+    cache (GroupQueryAttention: ``total_sequence_length must equal past_sequence_length +
+    kv_sequence_length``); with the option the builder writes a cache of the whole length, as
+    irkit's, the window applied in ``GroupQueryAttention`` (``local_window_size``).
+    """
+    note = out / "bench_note.txt"
+    if note.exists():
+        return note.read_text()
+    decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    if "sliding_window" not in decoder:
+        return None
+    error = first_error(out, prompt)
+    if error is None:
+        return None
+    bg.run_export("builder", source, out, precision, "ort", WINDOW_OPTIONS)
+    bg.set_session_options(out)
+    text = (
+        f"the builder's default folder (bounded sliding-window KV cache) fails: {error}; "
+        f"re-exported with --extra_options {' '.join(WINDOW_OPTIONS)} (not timed)"
+    )
+    note.write_text(text)
+    return text
+
+
 def run_case(
     work: pathlib.Path,
     name: str,
@@ -251,6 +299,13 @@ def run_case(
     if args.export_only:
         return None
     prompt = bg.make_prompt(REF.vocab)
+    try:
+        case.note = unbounded_window(outs["builder"], builder_source(work, name), precision, prompt)
+    except bg.ExportFailed as error:
+        case.failed = f"builder export ({WINDOW_OPTIONS[0]}): {error.reason()}"
+        return case
+    if case.note is not None:
+        print(f"{name} {precision}: {case.note}", flush=True)
     try:
         models = {kind: og.Model(str(out)) for kind, out in outs.items()}
         ids = bg.generation_rounds(models, prompt, args.rounds, figures)
@@ -314,6 +369,7 @@ def summary(cases: Sequence[Case], refusals: dict[str, str]) -> str:
                     f"{case.arch} {case.precision} {label} {ratio(case.figures, field):.2f}"
                 )
     lines.append("")
+    lines += [f"{case.arch} {case.precision}: {case.note}" for case in cases if case.note]
     lines += [f"builder refused {name}: {reason}" for name, reason in refusals.items()]
     lines.append(f"over 1.0: {', '.join(over) or 'none'}")
     return "\n".join(lines)
