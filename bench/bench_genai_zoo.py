@@ -16,7 +16,9 @@ tokenizer (``bench_genai.save_folder``).
 
 The builder is tried first on each folder (``-p fp32 -e cpu``): it refuses an architecture it
 does not know (``NotImplementedError``), and that refusal is recorded with its reason and the
-architecture skipped (no irkit export, no rounds). Otherwise both are exported once per
+architecture skipped (no irkit export, no rounds); phi3_longrope's builder export is made on a
+view of its folder (:data:`BUILDER_CONFIG_EDITS`), and a builder folder whose bounded
+sliding-window cache genai fails is re-exported without it (:func:`unbounded_window`). Otherwise both are exported once per
 precision, each a whole process (``bench_genai.run_export``: irkit with its default
 ``--target ort``), both folders get one intra-op and one inter-op thread, and
 ``bench_genai.generation_rounds`` times a warm-up then ``--rounds`` interleaved generations of
