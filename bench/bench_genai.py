@@ -143,9 +143,15 @@ def _env() -> dict[str, str]:
 
 
 def export_command(
-    kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str = "onnx"
+    kind: str,
+    folder: pathlib.Path,
+    out: pathlib.Path,
+    precision: str,
+    target: str = "onnx",
+    builder_options: Sequence[str] = (),
 ) -> list[str]:
-    """The whole-process export command of ``kind`` (``irkit`` or ``builder``)."""
+    """The whole-process export command of ``kind`` (``irkit`` or ``builder``; the builder's
+    ``--extra_options`` are ``builder_options``, ``key=value`` each)."""
     if kind == "irkit":
         return [
             *(sys.executable, "-m", "irkit.cli", "export", str(folder), "-o", str(out), "-q"),
@@ -166,6 +172,7 @@ def export_command(
         "cpu",
         "-c",
         str(cache),
+        *(("--extra_options", *builder_options) if builder_options else ()),
     ]
 
 
@@ -200,7 +207,12 @@ class ExportFailed(RuntimeError):
 
 
 def run_export(
-    kind: str, folder: pathlib.Path, out: pathlib.Path, precision: str, target: str
+    kind: str,
+    folder: pathlib.Path,
+    out: pathlib.Path,
+    precision: str,
+    target: str,
+    builder_options: Sequence[str] = (),
 ) -> tuple[float, int]:
     """Export into ``out`` (replaced): (the process wall time in seconds, its peak RSS in bytes).
 
@@ -209,7 +221,8 @@ def run_export(
     """
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
-    cmd = [sys.executable, "-c", _LAUNCHER, *export_command(kind, folder, out, precision, target)]
+    command = export_command(kind, folder, out, precision, target, builder_options)
+    cmd = [sys.executable, "-c", _LAUNCHER, *command]
     proc = subprocess.run(
         cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
     )
