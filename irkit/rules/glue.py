@@ -284,33 +284,41 @@ class PaddingMaskGather(BaseRule):
 
 
 _ELEMENTWISE = frozenset({"Cos", "Sin", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Identity"})
+_ELEMENTWISE_OR_CAST = _ELEMENTWISE | {"Cast"}  # (an fp16 model casts the fp32 rotary tables)
+_CHAIN = 3
 
 
 class SliceOfConcat(BaseRule):
-    """``Slice(u(Concat(a, …)), 0, len(a), axis) = u(a)`` (see the module docstring)."""
+    """``Slice(u(Concat(a, …)), 0, len(a), axis) = u(a)`` (see the module docstring), ``u`` a
+    chain of up to three elementwise ops (``Cast`` too: an fp16 model's rotary tables)."""
 
     name = "SliceOfConcat"
     anchors = frozenset({("", "Slice")})
     min_opset = 13  # (starts/ends/axes as inputs from 10; one floor for the family)
-    doc = "a slice that takes back the first operand of a Concat (through Cos/Sin/…)"
+    doc = "a slice that takes back the first operand of a Concat (through Cos/Sin/Cast/…)"
 
     def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
         inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
         data, starts, ends, axes, steps = inputs[:5]
         if data is None:
             return fail("no input", None, node)
-        unary = data.producer()
         nodes = [node]
+        chain: list[
+            ir.Node
+        ] = []  # the elementwise ops between the Concat and the Slice, last first
         concat_out = data
-        if unary is not None and unary.domain == "" and unary.op_type in _ELEMENTWISE:
+        while len(chain) < _CHAIN and (unary := concat_out.producer()) is not None:
+            if unary.domain != "" or unary.op_type not in _ELEMENTWISE_OR_CAST:
+                break
             if not unary.inputs or unary.inputs[0] is None:
-                return fail("elementwise op without input", data)
+                return fail("elementwise op without input", concat_out)
+            if chain and (concat_out.is_graph_output() or len(concat_out.uses()) != 1):
+                return fail(f"{unary.op_type} output read elsewhere too", concat_out)
+            chain.append(unary)
             concat_out = unary.inputs[0]
-        else:
-            unary = None
         concat = concat_out.producer()
         if concat is None or not _is(concat, "Concat") or not concat.inputs:
-            return fail("the sliced value is not a Concat (through one elementwise op)", data)
+            return fail("the sliced value is not a Concat (through elementwise ops)", data)
         first = concat.inputs[0]
         d, d_first = dims(concat_out), dims(first)
         if first is None or d is None or d_first is None:
@@ -328,18 +336,16 @@ class SliceOfConcat(BaseRule):
         slice_axes = [0] if axes is None else const_ints(axes)
         if slice_axes is None or len(slice_axes) != 1 or slice_axes[0] % len(d) != axis:
             return fail("the slice is not along the Concat axis", node.outputs[0])
-        if unary is not None and (
+        if chain and (
             data.is_graph_output() or any(use.node.op_type != "Slice" for use in data.uses())
         ):
-            return fail(f"{unary.op_type} output read by more than slices", data)
+            return fail(f"{chain[0].op_type} output read by more than slices", data)
         op = RewriteBuilder()
-        out = (
-            first
-            if unary is None
-            else op.node("", unary.op_type, [first], _attributes(unary)).outputs[0]
-        )
-        if unary is not None:
-            out.type, out.shape = node.outputs[0].type, node.outputs[0].shape
+        out = first
+        for unary in reversed(chain):  # rebuilt on the first operand alone, in the same order
+            typed = unary.outputs[0].type
+            out = op.node("", unary.op_type, [out], _attributes(unary)).outputs[0]
+            out.type, out.shape = typed, node.outputs[0].shape
         match = Match(nodes, [node.outputs[0]], {}, ctx.opset)
         return Rewrite(match, op.nodes, [out])
 

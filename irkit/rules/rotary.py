@@ -536,8 +536,10 @@ def _check_merged(
     if partial == 1:
         if rotary_embedding_dim:
             return fail("the rotated slice already has a rotary_embedding_dim", y)
-        assert r_start is not None and r_end is not None and r_axes is not None  # (bound: branch 1)
-        assert p_start is not None and p_end is not None and p_axes is not None
+        if r_start is None or r_end is None or r_axes is None:
+            return fail("the rotated slice's starts, ends or axes are not bound", y)
+        if p_start is None or p_end is None or p_axes is None:
+            return fail("the passed-through slice's starts, ends or axes are not bound", y)
         lanes = _rotated_lanes(
             size, r_start, r_end, r_axes, r_steps, p_start, p_end, p_axes, p_steps, cat_axis or 0
         )

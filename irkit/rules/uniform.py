@@ -331,10 +331,11 @@ def _cancelled(node: ir.Node, depth: int, budget: _Budget) -> ir.Value | None:
 
 
 def _written_back(node: ir.Node, depth: int, budget: _Budget) -> bool:
-    if len(node.inputs) != 3 or None in node.inputs:
+    if len(node.inputs) != 3:
         return False
     data, indices, updates = node.inputs
-    assert data is not None and indices is not None and updates is not None
+    if data is None or indices is None or updates is None:
+        return False
     proof = (
         _scatter_nd_written_back if node.op_type == "ScatterND" else _scatter_elements_written_back
     )
