@@ -50,6 +50,7 @@ from irkit.llm._states import (
     probe_states,
     read_states,
     typed_cache_layers,
+    widened,
 )
 
 __all__ = [
@@ -338,6 +339,7 @@ def cache_layout(model: Any) -> CacheLayout:
 
         first = next(iter(model.parameters()), None)
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
+    weighted = not any(p.is_meta for p in model.parameters())
     # a meta-device model runs on fake CPU tensors, and is left as it was
     with torch.no_grad(), probe_mode(model):
         device = next(iter(model.parameters())).device
@@ -369,7 +371,11 @@ def cache_layout(model: Any) -> CacheLayout:
                 f"use_cache=True ({_versions()}); only models with a KV cache can be exported"
             )
         if states:
-            return _state_layout(model, cache)
+            layout = _state_layout(model, cache)
+            if weighted:  # numbers: which conv states the next step reads whole
+                specs = _whole_convs(model, binding, cache, layout.states)
+                layout = dataclasses.replace(layout, states=specs)
+            return layout
         return _layer_shapes(model, cache)
 
 
@@ -426,6 +432,78 @@ def _own_layer_error(model: Any) -> ExportError | None:
         "length, counters kept as Python ints) needs a kind of its own there. Remedy: none for "
         "this model in irkit yet; run it in PyTorch"
     )
+
+
+def _whole_convs(
+    model: Any, binding: _Binding, cache: Any, specs: tuple[StateSpec, ...]
+) -> tuple[StateSpec, ...]:
+    """``specs`` with each convolution state whose oldest column the model reads carried whole.
+
+    A convolution of width ``K`` over ``cat(state, new)`` never reads the oldest of the ``K``
+    columns transformers keeps, and irkit carries ``K - 1`` (genai's ``conv_cache_size``). A
+    model whose convolutions read all of them (stacked kernels keeping exactly their joint left
+    context) would be silently wrong with that. Checked, not assumed: one more token after the
+    probe's prompt with a NaN in the oldest column of every conv state. A NaN is read wherever
+    it reaches the logits or an attention's inputs (attention kernels may drop a NaN score; a
+    NaN times a zero weight stays NaN, so a zero-initialized scale does not hide a read); then
+    each state is tried alone. The model runs 1 + (number of conv states, only where one is
+    read) one-token steps.
+    """
+    import torch
+
+    convs = [i for i, spec in enumerate(specs) if spec.kind.name == "conv"]
+    if not convs:
+        return specs
+    whole = [
+        widened(spec, cache.layers[spec.layer]) if i in convs else spec
+        for i, spec in enumerate(specs)
+    ]
+    tensors = [spec.kind.read(cache.layers[spec.layer], spec.index) for spec in whole]
+    ids = torch.ones((1, 1), dtype=torch.long, device=tensors[0].device)
+    past = next((int(t.shape[2]) for s, t in zip(whole, tensors) if s.kind.sequence_axis), 2)
+
+    def reads(marked: list[int]) -> bool:
+        fed = [t.clone() for t in tensors]
+        for i in marked:
+            fed[i][..., 0] = float("nan")
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            binding.cache: fill_cache(model.config, whole, fed),
+        }
+        if binding.attention_mask:
+            kwargs["attention_mask"] = torch.ones((1, past + 1), dtype=torch.long)
+        if binding.use_cache:
+            kwargs["use_cache"] = True
+        with _nan_at_attention() as seen:
+            logits = model(**kwargs).logits
+        return seen.found or bool(torch.isnan(logits).any())
+
+    if not reads(convs):
+        return specs
+    return tuple(whole[i] if i in convs and reads([i]) else s for i, s in enumerate(specs))
+
+
+def _nan_at_attention() -> Any:
+    """A ``TorchFunctionMode`` noting (``.found``) whether a NaN reaches
+    ``scaled_dot_product_attention``'s query, key or value."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class NaNAtAttention(TorchFunctionMode):
+        found = False
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                tensors = [*args[:3], *(kwargs.get(k) for k in ("query", "key", "value"))]
+                self.found = self.found or any(
+                    isinstance(t, torch.Tensor) and bool(torch.isnan(t).any()) for t in tensors
+                )
+            return func(*args, **kwargs)
+
+    return NaNAtAttention()
 
 
 def _state_layout(model: Any, cache: Any) -> CacheLayout:

@@ -22,7 +22,11 @@ indexer_key  ``past.N.indexer_key``       ``present.N.indexer_key``  (batch, pas
 
 The convolution state is the last ``K - 1`` inputs of a width-``K`` causal convolution (what
 genai allocates, ``conv_cache_size``); transformers keeps ``K`` columns, whose oldest no output
-reads, so it is padded by one zero column on the way in and dropped on the way out. A layer
+reads, so it is padded by one zero column on the way in and dropped on the way out. That is
+probed, not assumed: where the model's output reads the oldest column too (ZAYA's stacked
+convolutions keep exactly their joint left context), the state is carried whole
+(:func:`widened`); ``export_causal_lm`` checks it with a NaN in that column on a model with
+weights. A layer
 that keeps several states of one kind (transformers' ``state_idx``: a convolution per
 projection) names the later ones with a suffix, ``past.N.conv.1``; genai maps one per layer.
 """
@@ -39,6 +43,7 @@ __all__ = [
     "StateSpec",
     "has_state_layers",
     "probe_states",
+    "widened",
     "fill_cache",
     "read_states",
     "past_to_present",
@@ -134,6 +139,26 @@ class _Conv(StateKind):
 
     def count(self, layer: Any) -> int:
         return len(getattr(layer, "conv_states", None) or ())
+
+
+class _WholeConv(_Conv):
+    """A convolution state carried with all the columns transformers keeps: for a layer whose
+    convolutions read its oldest column too (ZAYA's CCA: two stacked kernels whose joint
+    left context is the whole state). :func:`widened` makes a conv spec one of these."""
+
+    def read(self, layer: Any, index: int = 0) -> Any:
+        states = getattr(layer, "conv_states", None)
+        return states.get(index) if states else None
+
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
+        layer.conv_states[index] = tensor.clone()  # updated in place by the model
+        layer.conv_kernel_size[index] = int(tensor.shape[-1])
+        layer.is_conv_states_initialized[index] = True
+        layer.has_previous_state[index] = True
+        layer.dtype, layer.device = tensor.dtype, tensor.device
+
+
+_WHOLE_CONV = _WholeConv()
 
 
 class _Recurrent(StateKind):
@@ -327,6 +352,22 @@ def probe_states(cache: Any) -> list[StateSpec]:
     return specs
 
 
+def widened(spec: StateSpec, layer: Any) -> StateSpec:
+    """``spec`` (a conv state) carried whole: all the columns ``layer`` keeps, not the last
+    ``K - 1``; same names. For a model found to read the oldest column (see the module
+    docstring).
+
+    Args:
+        spec: A conv state's spec.
+        layer: The transformers cache layer holding it after a forward.
+
+    Returns:
+        The spec with the whole state's shape.
+    """
+    tensor = _WHOLE_CONV.read(layer, spec.index)
+    return dataclasses.replace(spec, kind=_WHOLE_CONV, shape=tuple(tensor.shape[1:]))
+
+
 def _blank_layer(layer: Any) -> Callable[[], Any]:
     """A maker of an empty cache layer like ``layer`` (its class and state count)."""
     cls, count = type(layer), getattr(layer, "number_of_states", None)
@@ -383,15 +424,20 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     transformers keeps the last ``K`` columns of ``cat(state, new inputs)``; where a row ends in
     pads (onnxruntime-genai right-pads a batch's shorter prompts) those are pads, and the next
     token's convolution would read zeros instead of the prompt's last inputs. The state is
-    gathered at the row's last real token instead (the same columns without right pads).
+    gathered at the row's last real token instead (the same columns without right pads). A
+    model that passes its new state rather than the new inputs (ZAYA: the last ``K`` columns it
+    computed itself) is left as it is: its right-padded rows keep pad columns.
     """
     import torch
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     update = layer.update_conv_state
 
     def held(conv_states: Any, state_idx: int = 0, **kwargs: Any) -> Any:
         full = update(conv_states, state_idx, **kwargs)
         width, new = layer.conv_kernel_size[state_idx], conv_states.shape[-1]
+        if not statically_known_true(new == mask.shape[-1]):
+            return full  # the model passed its new state, not the new inputs (ZAYA): kept as is
         steps = torch.arange(1, new + 1, device=mask.device)
         end = full.shape[-1] - new + (mask.to(steps.dtype) * steps).amax(-1)  # (batch,)
         index = end[:, None] - width + torch.arange(width, device=mask.device)
