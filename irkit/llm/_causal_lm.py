@@ -460,7 +460,8 @@ def _whole_convs(
     ]
     tensors = [spec.kind.read(cache.layers[spec.layer], spec.index) for spec in whole]
     ids = torch.ones((1, 1), dtype=torch.long, device=tensors[0].device)
-    past = next((int(t.shape[2]) for s, t in zip(whole, tensors) if s.kind.sequence_axis), 2)
+    grown = [t for s, t in zip(whole, tensors, strict=True) if s.kind.sequence_axis]
+    past = int(grown[0].shape[2]) if grown else 2
 
     def reads(marked: list[int]) -> bool:
         fed = [t.clone() for t in tensors]
@@ -489,7 +490,7 @@ def _nan_at_attention() -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
 
-    class NaNAtAttention(TorchFunctionMode):
+    class NaNAtAttention(TorchFunctionMode):  # type: ignore[misc]
         found = False
 
         def __torch_function__(
