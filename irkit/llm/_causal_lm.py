@@ -46,6 +46,7 @@ from irkit.llm._states import (
     fill_cache,
     flat_model,
     has_state_layers,
+    keep_module_states,
     past_to_present,
     probe_states,
     read_states,
@@ -339,7 +340,7 @@ def cache_layout(model: Any) -> CacheLayout:
         first = next(iter(model.parameters()), None)
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
     # a meta-device model runs on fake CPU tensors, and is left as it was
-    with torch.no_grad(), probe_mode(model):
+    with torch.no_grad(), probe_mode(model), keep_module_states(model):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 2), dtype=torch.long, device=device)
         states = has_state_layers(model.config)
@@ -429,7 +430,7 @@ def _own_layer_error(model: Any) -> ExportError | None:
 
 
 def _state_layout(model: Any, cache: Any) -> CacheLayout:
-    specs = tuple(probe_states(cache))
+    specs = tuple(probe_states(cache, model))
     if not specs:
         raise ExportError(
             f"export_causal_lm: {type(model).__name__} returned a cache with no tensors of a "
@@ -521,7 +522,7 @@ def _torch_inputs(
     if has_state_layers(model.config):
         specs = cache_layout(model).states
         tensors = [convert(feeds[spec.past_name]) for spec in specs]
-        inputs[binding.cache] = fill_cache(model.config, specs, tensors)
+        inputs[binding.cache] = fill_cache(model.config, specs, tensors, model)
         attends = any(spec.kind.sequence_axis is not None for spec in specs)
         if not attends and "attention_mask" in inputs:  # (as the exported model reads it)
             inputs["attention_mask"] = inputs["attention_mask"][:, -feeds["input_ids"].shape[1] :]
@@ -575,7 +576,7 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
     if has_state_layers(model.config):
-        states = read_states(cache, cache_layout(model).states)
+        states = read_states(cache, cache_layout(model).states, model)
         return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     keys = [layer.keys.float().numpy() for layer in cache.layers]
     values = [layer.values.float().numpy() for layer in cache.layers]
