@@ -549,6 +549,8 @@ def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
     Returns:
         ``{"input_ids": tensor, ..., <cache argument>: DynamicCache, "use_cache": True}``, the
         cache under the name ``model.forward`` gives it (``cache`` or ``past_key_values``).
+        States a model keeps on its modules (RecurrentGemma's) are set as those modules'
+        attributes (:func:`irkit.llm._states.keep_module_states` puts them back).
     """
     import torch
 
@@ -567,9 +569,13 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """
     import torch
 
+    with torch.no_grad(), keep_module_states(model):  # (module-held states: put back)
+        return _run_eager(model, feeds)
+
+
+def _run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     inputs = torch_inputs(model, feeds)
-    with torch.no_grad():
-        out = model(**inputs)
+    out = model(**inputs)
     if not _bind(model).cache:
         return [out.logits.float().numpy()]
     cache = _returned_cache(out)

@@ -18,7 +18,13 @@ ort = pytest.importorskip("onnxruntime")
 rg = pytest.importorskip("transformers.models.recurrent_gemma.modeling_recurrent_gemma")
 
 import irkit  # noqa: E402
-from irkit.llm import export_causal_lm, generate_greedy, kernels  # noqa: E402
+from irkit.llm import (  # noqa: E402
+    causal_lm_feeds,
+    export_causal_lm,
+    generate_greedy,
+    kernels,
+    run_eager,
+)
 from irkit.llm.kernels.rglru import rnn_scan  # noqa: E402
 
 VOCAB = 300
@@ -120,6 +126,18 @@ def test_greedy_ids_equal_generate(exported, target: str, tmp_path: pathlib.Path
         )
         np.testing.assert_array_equal(got, want.numpy())
         assert len(set(want[-1, 8:].tolist())) >= 6  # varied ids
+
+
+def test_a_decode_step_from_random_states_equals_eager(exported, tmp_path: pathlib.Path) -> None:
+    """Every state read and written where the model keeps it: a one-token step (transformers'
+    decode path: conv1d_state and recurrent_states continued) from random past states."""
+    model, export = exported
+    path = irkit.save(irkit.lower(export.program, **export.lower_kwargs()), tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, past in ((1, 4), (2, 9)):
+        feeds = causal_lm_feeds(model, batch=batch, seq=1, past=past, layout=export.cache)
+        for want, got in zip(run_eager(model, feeds), session.run(None, feeds), strict=True):
+            np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
