@@ -46,6 +46,7 @@ from irkit.llm._states import (
     fill_cache,
     flat_model,
     has_state_layers,
+    keep_module_states,
     past_to_present,
     probe_states,
     read_states,
@@ -341,7 +342,7 @@ def cache_layout(model: Any) -> CacheLayout:
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
     weighted = not any(p.is_meta for p in model.parameters())
     # a meta-device model runs on fake CPU tensors, and is left as it was
-    with torch.no_grad(), probe_mode(model):
+    with torch.no_grad(), probe_mode(model), keep_module_states(model):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 2), dtype=torch.long, device=device)
         states = has_state_layers(model.config)
@@ -508,7 +509,7 @@ def _nan_at_attention() -> Any:
 
 
 def _state_layout(model: Any, cache: Any) -> CacheLayout:
-    specs = tuple(probe_states(cache))
+    specs = tuple(probe_states(cache, model))
     if not specs:
         raise ExportError(
             f"export_causal_lm: {type(model).__name__} returned a cache with no tensors of a "
@@ -600,7 +601,7 @@ def _torch_inputs(
     if has_state_layers(model.config):
         specs = cache_layout(model).states
         tensors = [convert(feeds[spec.past_name]) for spec in specs]
-        inputs[binding.cache] = fill_cache(model.config, specs, tensors)
+        inputs[binding.cache] = fill_cache(model.config, specs, tensors, model)
         attends = any(spec.kind.sequence_axis is not None for spec in specs)
         if not attends and "attention_mask" in inputs:  # (as the exported model reads it)
             inputs["attention_mask"] = inputs["attention_mask"][:, -feeds["input_ids"].shape[1] :]
@@ -627,6 +628,8 @@ def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
     Returns:
         ``{"input_ids": tensor, ..., <cache argument>: DynamicCache, "use_cache": True}``, the
         cache under the name ``model.forward`` gives it (``cache`` or ``past_key_values``).
+        States a model keeps on its modules (RecurrentGemma's) are set as those modules'
+        attributes (:func:`irkit.llm._states.keep_module_states` puts them back).
     """
     import torch
 
@@ -645,16 +648,20 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """
     import torch
 
+    with torch.no_grad(), keep_module_states(model):  # (module-held states: put back)
+        return _run_eager(model, feeds)
+
+
+def _run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     inputs = torch_inputs(model, feeds)
-    with torch.no_grad():
-        out = model(**inputs)
+    out = model(**inputs)
     if not _bind(model).cache:
         return [out.logits.float().numpy()]
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
     if has_state_layers(model.config):
-        states = read_states(cache, cache_layout(model).states)
+        states = read_states(cache, cache_layout(model).states, model)
         return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     keys = [layer.keys.float().numpy() for layer in cache.layers]
     values = [layer.values.float().numpy() for layer in cache.layers]

@@ -29,12 +29,21 @@ convolutions keep exactly their joint left context), the state is carried whole
 weights. A layer
 that keeps several states of one kind (transformers' ``state_idx``: a convolution per
 projection) names the later ones with a suffix, ``past.N.conv.1``; genai maps one per layer.
+
+A model may keep its states on its modules instead (RecurrentGemma: ``conv1d_state`` on each
+recurrent block, ``recurrent_states`` on its RG-LRU; no transformers cache layer holds them).
+Those are kinds with :attr:`StateKind.on_module` set, under the same ``conv`` / ``recurrent``
+names: read and written as the attribute of the module of decoder layer ``N`` (the ``N``-th
+module of the model's list of decoder layers, or a submodule of it, that defines the
+attribute), given already in the ONNX layout. Every function taking ``model`` reaches them; :func:`keep_module_states` puts the
+attributes back after a probe or a trace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 __all__ = [
@@ -47,6 +56,8 @@ __all__ = [
     "fill_cache",
     "read_states",
     "past_to_present",
+    "module_holders",
+    "keep_module_states",
 ]
 
 
@@ -60,6 +71,8 @@ class StateKind:
     genai_output: ClassVar[str]
     #: The axis that grows by the new tokens (KV), or ``None`` for a fixed-size state.
     sequence_axis: ClassVar[int | None] = None
+    #: Held by a module of the layer (its attribute), not by a transformers cache layer.
+    on_module: ClassVar[bool] = False
 
     def read(self, layer: Any, index: int = 0) -> Any:
         """The tensor of this kind in a transformers cache layer, as ONNX carries it, or None.
@@ -206,8 +219,119 @@ class _IndexerKey(StateKind):
         return int(hasattr(layer, "indexer_keys"))
 
 
+class _ModuleState(StateKind):
+    """A state its mixer module keeps as an attribute (module docstring), in the ONNX layout;
+    ``read``/``write``/``count`` take that module as ``layer``."""
+
+    on_module = True
+    attribute: ClassVar[str]
+
+    def read(self, layer: Any, index: int = 0) -> Any:
+        tensor = vars(layer).get(self.attribute)
+        return tensor if hasattr(tensor, "ndim") else None
+
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
+        setattr(layer, self.attribute, tensor)
+
+    def count(self, layer: Any) -> int:
+        return int(self.attribute in vars(layer))
+
+
+class _ModuleConv(_ModuleState, _Conv):
+    """The last ``K - 1`` inputs of a recurrent block's convolution (RecurrentGemma's
+    ``conv1d_state``, ``(batch, channels, K - 1)``)."""
+
+    attribute = "conv1d_state"
+
+
+class _ModuleRecurrent(_ModuleState, _Recurrent):
+    """An RG-LRU's state (RecurrentGemma's ``recurrent_states``, ``(batch, width)`` float32)."""
+
+    attribute = "recurrent_states"
+
+
 #: Every kind, in the order of the ONNX inputs/outputs (all of one kind, then the next).
 KINDS: tuple[StateKind, ...] = (_Key(), _Value(), _Conv(), _Recurrent(), _IndexerKey())
+KINDS += (_ModuleConv(), _ModuleRecurrent())
+
+
+def module_holders(model: Any, kind: StateKind) -> dict[int, Any]:
+    """Decoder layer index → the module holding ``kind``'s attribute (an ``on_module`` kind).
+
+    Args:
+        model: The transformers model, or None (no holders).
+        kind: The kind.
+
+    Returns:
+        For each decoder layer (the modules of the model's first ``ModuleList`` with one module
+        per ``num_hidden_layers`` of its text config), its first submodule (itself included)
+        that defines the attribute.
+    """
+    holders: dict[int, Any] = {}
+    if model is None or not kind.on_module:
+        return holders
+    for index, layer in enumerate(_decoder_layers(model)):
+        holder = next((sub for sub in layer.modules() if kind.count(sub)), None)
+        if holder is not None:
+            holders[index] = holder
+    return holders
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    """The model's decoder layers: its first ``ModuleList`` of ``num_hidden_layers`` modules."""
+    import torch
+
+    config = getattr(model, "config", None)
+    try:
+        count = config.get_text_config(decoder=True).num_hidden_layers  # type: ignore[union-attr]
+    except AttributeError:
+        return []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return list(module)
+    return []
+
+
+@contextlib.contextmanager
+def keep_module_states(model: Any) -> Iterator[None]:
+    """Inside the ``with``, the module-held states may change; on exit they are put back.
+
+    A probe leaves the model as it was, and a trace assigns no tensor attribute
+    (``torch.export`` refuses a forward that does).
+
+    Args:
+        model: The transformers model.
+
+    Yields:
+        Nothing.
+    """
+    kept = [
+        (holder, kind.attribute, vars(holder)[kind.attribute])  # type: ignore[attr-defined]
+        for kind in KINDS
+        for holder in module_holders(model, kind).values()
+    ]
+    try:
+        yield
+    finally:
+        for holder, attribute, value in kept:
+            setattr(holder, attribute, value)
+
+
+def _holder(cache: Any, model: Any, spec: StateSpec) -> Any:
+    """The cache layer or module holding ``spec``'s tensor."""
+    if not spec.kind.on_module:
+        return cache.layers[spec.layer]
+    holder = module_holders(model, spec.kind).get(spec.layer)
+    if holder is None:
+        from irkit.errors import ExportError
+
+        raise ExportError(
+            f"cache kind {spec.kind.name!r} of layer {spec.layer} is held by a module "
+            f"(attribute {getattr(spec.kind, 'attribute', '?')!r}), and "
+            f"{type(model).__name__} has no module of layer_idx {spec.layer} defining it; "
+            "pass the model the layout was probed from"
+        )
+    return holder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,17 +455,24 @@ def empty_cache(config: Any) -> Any:
     return cache
 
 
-def probe_states(cache: Any) -> list[StateSpec]:
+def probe_states(cache: Any, model: Any = None) -> list[StateSpec]:
     """The cache tensors of every layer of a cache the model returned, kind by kind.
 
     Args:
         cache: The ``DynamicCache`` after a forward.
+        model: The model after that forward, for the module-held kinds (None: none).
 
     Returns:
         The specs, in the ONNX order (every layer's keys, then values, conv, recurrent).
     """
     specs = []
     for kind in KINDS:
+        if kind.on_module:
+            for number, holder in sorted(module_holders(model, kind).items()):
+                tensor = kind.read(holder)
+                if tensor is not None:
+                    specs.append(StateSpec(kind, number, tuple(tensor.shape[1:]), tensor.dtype))
+            continue
         for number, layer in enumerate(cache.layers):
             for index in range(kind.count(layer)):
                 tensor = kind.read(layer, index)
@@ -378,39 +509,45 @@ def _blank_layer(layer: Any) -> Callable[[], Any]:
     return blank
 
 
-def fill_cache(config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any]) -> Any:
+def fill_cache(
+    config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any], model: Any = None
+) -> Any:
     """A cache of the config's layer types holding ``tensors`` as the past states.
 
     Args:
         config: The model's config.
         specs: What each tensor is.
         tensors: The tensors, in the order of ``specs``.
+        model: The model whose modules take the module-held kinds (set as their attributes).
 
     Returns:
         The ``DynamicCache``.
     """
     cache = empty_cache(config)
     for spec in specs:  # layers past the config's: the model would append them itself
+        if spec.kind.on_module:
+            continue
         while len(cache.layers) <= spec.layer:
             cache.layers.append(None)
         if cache.layers[spec.layer] is None and spec.blank is not None:
             cache.layers[spec.layer] = spec.blank()
     for spec, tensor in zip(specs, tensors, strict=True):
-        spec.kind.write(cache.layers[spec.layer], tensor, spec.index)
+        spec.kind.write(_holder(cache, model, spec), tensor, spec.index)
     return cache
 
 
-def read_states(cache: Any, specs: Sequence[StateSpec]) -> list[Any]:
+def read_states(cache: Any, specs: Sequence[StateSpec], model: Any = None) -> list[Any]:
     """The present tensors of ``specs`` from the cache the model returned.
 
     Args:
         cache: The ``DynamicCache`` after the forward.
         specs: The specs.
+        model: The model, for the module-held kinds.
 
     Returns:
         The tensors, in the order of ``specs``.
     """
-    return [spec.kind.read(cache.layers[spec.layer], spec.index) for spec in specs]
+    return [spec.kind.read(_holder(cache, model, spec), spec.index) for spec in specs]
 
 
 def past_to_present() -> dict[str, str]:
@@ -467,6 +604,18 @@ def _state_hooks(model: Any, cache: Any) -> list[Any]:
     return hooks
 
 
+def _keeping_module_states(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` inside :func:`keep_module_states` of its module."""
+    import functools
+
+    @functools.wraps(forward)
+    def kept(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with keep_module_states(self):
+            return forward(self, *args, **kwargs)
+
+    return kept
+
+
 def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_cache: bool) -> Any:
     """The model with a forward over flat tensors: ``(input_ids, attention_mask, position_ids,
     states) → (logits, *present states)``, for ``torch.export``.
@@ -500,7 +649,7 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         position_ids: Any = None,
         states: Sequence[Any] = (),
     ) -> tuple[Any, ...]:
-        cache = fill_cache(self.config, specs, states)
+        cache = fill_cache(self.config, specs, states, self)
         mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :]
         if mask is not None:
             for layer in cache.layers:
@@ -523,10 +672,10 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         returned = next(
             (v for v in output.values() if v is not None and hasattr(v, "layers")), None
         )
-        return (output.logits, *read_states(returned or cache, specs))
+        return (output.logits, *read_states(returned or cache, specs, self))
 
     namespace = {
-        "forward": forward,
+        "forward": _keeping_module_states(forward),
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
     }

@@ -15,6 +15,11 @@ token, the state as the carry), which ``torch.export`` keeps as a higher-order o
 ``irkit.lower`` writes as an ONNX ``Scan``. One kernel serves every model of the contract; a new
 family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space and
 linear-attention models").
+
+A recurrence no contract covers (RecurrentGemma's RG-LRU: a method looping over the tokens) is
+swapped by the *qualified name* of the function or method it replaces, ``"Class.method"`` or
+``"function"`` as ``__qualname__`` spells it inside one of the model's modeling modules: a family
+module's ``METHODS`` table (:data:`METHODS`). The same ``with`` swaps both, and puts both back.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, mamba, mamba2
+from irkit.llm.kernels import gated_delta, kda, mamba, mamba2, rglru
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
     "KERNELS",
+    "METHODS",
     "contract_name",
     "contract_functions",
     "export_kernels",
@@ -46,6 +52,9 @@ _FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda)
 KERNELS: Mapping[str, Callable[..., Any]] = {
     name: kernel for family in _FAMILIES for name, kernel in family.KERNELS.items()
 }
+
+#: Export kernel by the qualified name of the module-level function or method it replaces.
+METHODS: Mapping[str, Callable[..., Any]] = dict(rglru.METHODS)
 
 
 def contract_name(function: Any) -> str | None:
@@ -99,18 +108,35 @@ def contract_functions(model: Any) -> list[tuple[ModuleType, str, str]]:
     return found
 
 
+def _method_targets(model: Any) -> list[tuple[Any, str, str]]:
+    """``(owner, attribute, qualified name)`` of each :data:`METHODS` entry the model's modeling
+    modules define (the owner a class or the module, defining the attribute itself)."""
+    found = []
+    for module in _modeling_modules(model):
+        for qualified in METHODS:
+            *path, attribute = qualified.split(".")
+            owner: Any = module
+            for part in path:
+                owner = vars(owner).get(part) if hasattr(owner, "__dict__") else None
+            if owner is not None and attribute in getattr(owner, "__dict__", {}):
+                found.append((owner, attribute, qualified))
+    return found
+
+
 @contextlib.contextmanager
 def export_kernels(model: Any) -> Iterator[list[str]]:
-    """Inside the ``with``, the model's contract functions are irkit's export kernels.
+    """Inside the ``with``, the model's contract functions (and the functions and methods of
+    :data:`METHODS`) are irkit's export kernels.
 
-    Only the modeling modules of ``model``'s own module classes are touched, and every global is
-    put back on exit (also on error). Contracts without an export kernel are left as they are.
+    Only the modeling modules of ``model``'s own module classes are touched, and every global or
+    class attribute is put back on exit (also on error). Contracts without an export kernel are
+    left as they are.
 
     Args:
         model: A transformers model.
 
     Yields:
-        The sorted contract names that were swapped.
+        The sorted contract names and qualified names that were swapped.
     """
     swapped: list[tuple[ModuleType, str, Any]] = []
     names = set()
@@ -122,6 +148,10 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
             swapped.append((module, attribute, getattr(module, attribute)))
             setattr(module, attribute, kernel)
             names.add(contract)
+        for holder, attribute, qualified in _method_targets(model):
+            swapped.append((holder, attribute, vars(holder)[attribute]))
+            setattr(holder, attribute, METHODS[qualified])
+            names.add(qualified)
         yield sorted(names)
     finally:
         for module, attribute, original in reversed(swapped):
