@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, mamba, mamba2
+from irkit.llm.kernels import gated_delta, kda, mamba, mamba2, wkv
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
+    "FUNCTIONS",
     "KERNELS",
     "contract_name",
     "contract_functions",
@@ -40,11 +41,19 @@ __all__ = [
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda)
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, wkv)
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {
-    name: kernel for family in _FAMILIES for name, kernel in family.KERNELS.items()
+    name: kernel for family in _FAMILIES for name, kernel in getattr(family, "KERNELS", {}).items()
+}
+
+#: Export kernel by the qualified name (``module.function``) of a module-level function that no
+#: contract names (RWKV's ``rwkv_linear_attention``), over every family module.
+FUNCTIONS: Mapping[str, Callable[..., Any]] = {
+    name: kernel
+    for family in _FAMILIES
+    for name, kernel in getattr(family, "FUNCTIONS", {}).items()
 }
 
 
@@ -82,7 +91,8 @@ def _modeling_modules(model: Any) -> list[ModuleType]:
 
 
 def contract_functions(model: Any) -> list[tuple[ModuleType, str, str]]:
-    """The contract functions the model's modeling modules define.
+    """The contract functions the model's modeling modules define, and the functions of
+    :data:`FUNCTIONS` (named by their qualified name).
 
     Args:
         model: A transformers model (an ``nn.Module``).
@@ -94,6 +104,9 @@ def contract_functions(model: Any) -> list[tuple[ModuleType, str, str]]:
     for module in _modeling_modules(model):
         for attribute, value in vars(module).items():
             contract = contract_name(value)
+            if contract is None and callable(value):  # a function by its qualified name
+                qualified = f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+                contract = qualified if qualified in FUNCTIONS else None
             if contract is not None:
                 found.append((module, attribute, contract))
     return found
@@ -110,13 +123,13 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
         model: A transformers model.
 
     Yields:
-        The sorted contract names that were swapped.
+        The sorted contract names (qualified function names) that were swapped.
     """
     swapped: list[tuple[ModuleType, str, Any]] = []
     names = set()
     try:
         for module, attribute, contract in contract_functions(model):
-            kernel = KERNELS.get(contract)
+            kernel = KERNELS.get(contract) or FUNCTIONS.get(contract)
             if kernel is None:
                 continue
             swapped.append((module, attribute, getattr(module, attribute)))
