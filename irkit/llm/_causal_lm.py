@@ -333,9 +333,12 @@ def cache_layout(model: Any) -> CacheLayout:
     import torch
 
     binding = _bind(model)
-    if not binding.cache:  # no cache: nothing carried between steps
-        import torch
+    if not binding.cache:  # no cache: nothing carried between steps, or a state list (RWKV)
+        from irkit.llm._stacked_states import stacked_states
 
+        specs = stacked_states(model)
+        if specs:
+            return CacheLayout((), (), dtype=specs[0].dtype, states=specs)
         first = next(iter(model.parameters()), None)
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
     # a meta-device model runs on fake CPU tensors, and is left as it was
@@ -517,6 +520,12 @@ def _torch_inputs(
         k: convert(feeds[k]) for k in ("input_ids", "attention_mask", "position_ids") if k in feeds
     }
     if not binding.cache:
+        from irkit.llm._stacked_states import STATE_ARGUMENT, stacked_list
+
+        specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
+        if specs:
+            inputs[STATE_ARGUMENT] = stacked_list(specs, [convert(feeds[s.past_name]) for s in specs])
+            inputs["use_cache"] = True
         return inputs
     if has_state_layers(model.config):
         specs = cache_layout(model).states
@@ -570,7 +579,11 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     with torch.no_grad():
         out = model(**inputs)
     if not _bind(model).cache:
-        return [out.logits.float().numpy()]
+        from irkit.llm._stacked_states import STATE_ARGUMENT, read_stacked
+
+        specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
+        states = read_stacked(out[STATE_ARGUMENT], specs) if specs else []
+        return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
@@ -834,7 +847,7 @@ def export_causal_lm(
     if position_ids is None:
         position_ids = binding.position_ids
     layout = cache_layout(model)
-    if not binding.cache:
+    if not binding.cache and not layout.states:
         return _export_uncached(model, binding, layout, batch, seq, position_ids, max_sequence)
     if layout.states:
         return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
@@ -976,6 +989,7 @@ def _export_states(
     """
     import torch
 
+    from irkit.llm._stacked_states import flat_stacked_model
     from irkit.llm.kernels import export_kernels
 
     d_batch, d_seq, d_past, d_total = _dims(model, max_sequence)
@@ -995,7 +1009,11 @@ def _export_states(
     }
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
-    flat = flat_model(model, layout.states, binding.cache, binding.use_cache)
+    flat = (
+        flat_model(model, layout.states, binding.cache, binding.use_cache)
+        if binding.cache
+        else flat_stacked_model(model, layout.states)  # a state list of its own (RWKV)
+    )
     try:
         with (
             _uncached_fake_dispatch(),

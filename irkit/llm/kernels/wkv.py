@@ -69,8 +69,8 @@ def rwkv_linear_attention(
         num = torch.zeros_like(key[:, 0], dtype=torch.float32)
         den = torch.zeros_like(key[:, 0], dtype=torch.float32)
         high = torch.zeros_like(key[:, 0], dtype=torch.float32) + _EMPTY_MAX
-    else:
-        num, den, high = state
+    else:  # (slices of the model's state list: the scan's carry must be contiguous)
+        num, den, high = (s.contiguous() for s in state)
     decay = -torch.exp(time_decay)
     out_dtype = key.dtype
     keys = key.float()
