@@ -524,7 +524,9 @@ def _torch_inputs(
 
         specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
         if specs:
-            inputs[STATE_ARGUMENT] = stacked_list(specs, [convert(feeds[s.past_name]) for s in specs])
+            inputs[STATE_ARGUMENT] = stacked_list(
+                specs, [convert(feeds[s.past_name]) for s in specs]
+            )
             inputs["use_cache"] = True
         return inputs
     if has_state_layers(model.config):
@@ -1204,9 +1206,12 @@ def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
 def _past_name(present: str) -> str:
     """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``,
     ``present.3.conv.1`` → ``past.3.conv.1``)."""
+    from irkit.llm._stacked_states import STACKED_KINDS
+
     _, layer, rest = present.split(".", 2)
     kind, dot, index = rest.partition(".")
-    for present_format, past_format in past_to_present().items():
+    formats = {**past_to_present(), **{k.present_format: k.past_format for k in STACKED_KINDS}}
+    for present_format, past_format in formats.items():
         if present_format == f"present.%d.{kind}":
             return past_format % int(layer) + dot + index
     return present.replace("present.", "past_key_values.", 1)

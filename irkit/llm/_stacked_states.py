@@ -145,12 +145,13 @@ def stacked_states(model: Any) -> tuple[StateSpec, ...]:
         ids = torch.ones((1, 2), dtype=torch.long, device=device)
         output = model(input_ids=ids, use_cache=True)
     state = output.get(STATE_ARGUMENT) if hasattr(output, "get") else None
-    shapes = [tuple(getattr(t, "shape", ())) for t in (state or ())]
+    state = state if isinstance(state, (list, tuple)) else []
+    shapes = [tuple(getattr(t, "shape", ())) for t in state]
     layers = {shape[-1] for shape in shapes if len(shape) == 3}
     if len(shapes) != len(STACKED_KINDS) or len(layers) != 1 or any(len(s) != 3 for s in shapes):
         raise ExportError(
             f"export_causal_lm: {type(model).__name__} takes a {STATE_ARGUMENT!r} and returns "
-            f"{STATE_ARGUMENT!r} of shapes {shapes or type(state).__name__}; irkit reads a state list "
+            f"{STATE_ARGUMENT!r} of shapes {shapes}; irkit reads a state list "
             f"of {len(STACKED_KINDS)} (batch, hidden, layers) tensors (RWKV's: "
             f"{', '.join(k.name for k in STACKED_KINDS)}; irkit/llm/_stacked_states.py). "
             "Remedy: none for this model in irkit yet; run it in PyTorch"
@@ -226,7 +227,10 @@ def flat_stacked_model(model: Any, specs: Sequence[StateSpec]) -> Any:
         position_ids: Any = None,
         states: Sequence[Any] = (),
     ) -> tuple[Any, ...]:
-        kwargs: dict[str, Any] = {"input_ids": input_ids, STATE_ARGUMENT: stacked_list(specs, states)}
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            STATE_ARGUMENT: stacked_list(specs, states),
+        }
         if attention_mask is not None and "attention_mask" in params:
             kwargs["attention_mask"] = attention_mask  # (as the model takes it: RWKV ignores it)
         if position_ids is not None and "position_ids" in params:

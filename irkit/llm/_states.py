@@ -374,9 +374,7 @@ def read_states(cache: Any, specs: Sequence[StateSpec]) -> list[Any]:
 
 def past_to_present() -> dict[str, str]:
     """``{"present.%d.key": "past_key_values.%d.key", …}``: each kind's output → input format."""
-    from irkit.llm._stacked_states import STACKED_KINDS
-
-    return {kind.present_format: kind.past_format for kind in (*KINDS, *STACKED_KINDS)}
+    return {kind.present_format: kind.past_format for kind in KINDS}
 
 
 def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:

@@ -13,8 +13,10 @@ model's modeling modules that irkit has an export kernel for: a function with th
 signature and semantics whose recurrence over the sequence is a ``torch`` ``scan`` (one step per
 token, the state as the carry), which ``torch.export`` keeps as a higher-order op and
 ``irkit.lower`` writes as an ONNX ``Scan``. One kernel serves every model of the contract; a new
-family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space and
-linear-attention models").
+family is one module with a ``KERNELS`` table. A recurrence no contract names (RWKV's
+``rwkv_linear_attention``) is swapped by the qualified name of the module-level function it
+replaces: a family's ``FUNCTIONS`` table (:data:`FUNCTIONS`). See ``docs/llm.md``
+("State-space and linear-attention models").
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def contract_functions(model: Any) -> list[tuple[ModuleType, str, str]]:
         for attribute, value in vars(module).items():
             contract = contract_name(value)
             if contract is None and callable(value):  # a function by its qualified name
-                qualified = f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+                qualified = (
+                    f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+                )
                 contract = qualified if qualified in FUNCTIONS else None
             if contract is not None:
                 found.append((module, attribute, contract))
