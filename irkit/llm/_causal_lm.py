@@ -335,9 +335,12 @@ def cache_layout(model: Any) -> CacheLayout:
     import torch
 
     binding = _bind(model)
-    if not binding.cache:  # no cache: nothing carried between steps
-        import torch
+    if not binding.cache:  # no cache: nothing carried between steps, or a state list (RWKV)
+        from irkit.llm._stacked_states import stacked_states
 
+        specs = stacked_states(model)
+        if specs:
+            return CacheLayout((), (), dtype=specs[0].dtype, states=specs)
         first = next(iter(model.parameters()), None)
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
     weighted = not any(p.is_meta for p in model.parameters())
@@ -453,8 +456,8 @@ def _whole_convs(
     import torch
 
     convs = [i for i, spec in enumerate(specs) if spec.kind.name == "conv"]
-    if not convs:
-        return specs
+    if not convs or any(spec.kind.on_module for spec in specs):
+        return specs  # (states a module holds: its export kernel reads what it carries)
     whole = [
         widened(spec, cache.layers[spec.layer]) if i in convs else spec
         for i, spec in enumerate(specs)
@@ -597,6 +600,14 @@ def _torch_inputs(
         k: convert(feeds[k]) for k in ("input_ids", "attention_mask", "position_ids") if k in feeds
     }
     if not binding.cache:
+        from irkit.llm._stacked_states import STATE_ARGUMENT, stacked_list
+
+        specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
+        if specs:
+            inputs[STATE_ARGUMENT] = stacked_list(
+                specs, [convert(feeds[s.past_name]) for s in specs]
+            )
+            inputs["use_cache"] = True
         return inputs
     if has_state_layers(model.config):
         specs = cache_layout(model).states
@@ -656,7 +667,11 @@ def _run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     inputs = torch_inputs(model, feeds)
     out = model(**inputs)
     if not _bind(model).cache:
-        return [out.logits.float().numpy()]
+        from irkit.llm._stacked_states import STATE_ARGUMENT, read_stacked
+
+        specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
+        states = read_stacked(out[STATE_ARGUMENT], specs) if specs else []
+        return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
@@ -920,7 +935,7 @@ def export_causal_lm(
     if position_ids is None:
         position_ids = binding.position_ids
     layout = cache_layout(model)
-    if not binding.cache:
+    if not binding.cache and not layout.states:
         return _export_uncached(model, binding, layout, batch, seq, position_ids, max_sequence)
     if layout.states:
         return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
@@ -1062,6 +1077,7 @@ def _export_states(
     """
     import torch
 
+    from irkit.llm._stacked_states import flat_stacked_model
     from irkit.llm.kernels import export_kernels
 
     d_batch, d_seq, d_past, d_total = _dims(model, max_sequence)
@@ -1081,7 +1097,11 @@ def _export_states(
     }
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
-    flat = flat_model(model, layout.states, binding.cache, binding.use_cache)
+    flat = (
+        flat_model(model, layout.states, binding.cache, binding.use_cache)
+        if binding.cache
+        else flat_stacked_model(model, layout.states)  # a state list of its own (RWKV)
+    )
     try:
         with (
             _uncached_fake_dispatch(),
@@ -1272,9 +1292,12 @@ def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
 def _past_name(present: str) -> str:
     """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``,
     ``present.3.conv.1`` → ``past.3.conv.1``)."""
+    from irkit.llm._stacked_states import STACKED_KINDS
+
     _, layer, rest = present.split(".", 2)
     kind, dot, index = rest.partition(".")
-    for present_format, past_format in past_to_present().items():
+    formats = {**past_to_present(), **{k.present_format: k.past_format for k in STACKED_KINDS}}
+    for present_format, past_format in formats.items():
         if present_format == f"present.%d.{kind}":
             return past_format % int(layer) + dot + index
     return present.replace("present.", "past_key_values.", 1)

@@ -275,6 +275,11 @@ def _check_state_kinds(source: _Source) -> None:
     from irkit.llm._states import has_state_layers
 
     if not _bind(source.model).cache:
+        layout = cache_layout(source.model)  # a state list of its own (RWKV): no genai kinds
+        if layout.states:
+            _genai_layer_types(
+                str(source.config.model_type), layout, source.config.get_text_config()
+            )
         raise LoweringOptionsError(
             f"export: {type(source.model).__name__} ({source.config.model_type!r}) has no cache "
             "(its forward takes no past_key_values): onnxruntime-genai carries a cache between "

@@ -124,8 +124,6 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        # a recurrence written as a Python loop over the tokens: the sequence becomes a constant
-        ("rwkv", r"forward of RwkvForCausalLM specializes sequence \(to 3, the example size\)"),
         # skips an expert no token chose: `if count == 0` on a tensor's value
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
         # MiniMaxCache: lightning-attention states in a list beside transformers' layers

@@ -16,7 +16,8 @@ token, the state as the carry), which ``torch.export`` keeps as a higher-order o
 family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space and
 linear-attention models").
 
-A recurrence no contract covers (RecurrentGemma's RG-LRU: a method looping over the tokens) is
+A recurrence no contract covers (RecurrentGemma's RG-LRU: a method looping over the tokens;
+RWKV's ``rwkv_linear_attention``: a module-level function) is
 swapped by the *qualified name* of the function or method it replaces, ``"Class.method"`` or
 ``"function"`` as ``__qualname__`` spells it inside one of the model's modeling modules: a family
 module's ``METHODS`` table (:data:`METHODS`). The same ``with`` swaps both, and puts both back.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, mamba, mamba2, rglru
+from irkit.llm.kernels import gated_delta, kda, mamba, mamba2, rglru, wkv
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
@@ -46,15 +47,18 @@ __all__ = [
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda)
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, rglru, wkv)
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {
-    name: kernel for family in _FAMILIES for name, kernel in family.KERNELS.items()
+    name: kernel for family in _FAMILIES for name, kernel in getattr(family, "KERNELS", {}).items()
 }
 
-#: Export kernel by the qualified name of the module-level function or method it replaces.
-METHODS: Mapping[str, Callable[..., Any]] = dict(rglru.METHODS)
+#: Export kernel by the qualified name of the module-level function or method it replaces
+#: (``"Class.method"`` or ``"function"``, as ``__qualname__`` spells it in a modeling module).
+METHODS: Mapping[str, Callable[..., Any]] = {
+    name: kernel for family in _FAMILIES for name, kernel in getattr(family, "METHODS", {}).items()
+}
 
 
 def contract_name(function: Any) -> str | None:
