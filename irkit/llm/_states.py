@@ -252,7 +252,7 @@ def find_listed_states(cache: Any, config: Any) -> ListedStates | None:
 
     A list attribute of the cache (besides ``layers``) qualifies when it holds a tensor at
     exactly the decoder layers that transformers types with a recurrent state for ``config``
-    (``DynamicCache(config=…)``'s ``LinearAttentionLayer``\ s).
+    (``DynamicCache(config=…)``'s ``LinearAttentionLayer`` layers).
 
     Args:
         cache: The cache the model made itself (given none).

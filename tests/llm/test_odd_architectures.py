@@ -128,8 +128,6 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
         ("rwkv", r"forward of RwkvForCausalLM specializes sequence \(to 3, the example size\)"),
         # skips an expert no token chose: `if count == 0` on a tensor's value
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
-        # MiniMaxCache: lightning-attention states in a list beside transformers' layers
-        ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
         # xLSTMCache: a class outside transformers' Cache, its RNN states in a dict
         ("xlstm", r"xLSTMForCausalLM keeps its cache in a class of its own, xLSTMCache"),
         # compressor buffers of a varying length and Python counters in its own layer classes
