@@ -121,8 +121,11 @@ def test_lightning_attention_equals_both_transformers_paths(model: object, lengt
 
 # --- the exported model ------------------------------------------------------------------------
 def test_names_and_one_scan(exported: object, saved: pathlib.Path, session: object) -> None:
-    counts = _op_counts(saved)  # one call in the lightning attention's function, a Scan in it
-    assert counts["irkit_kernels::gated_linear"] == 1 and counts["::Scan"] == 1
+    counts = _op_counts(saved)  # in the lightning attention's function (two calls of it)
+    if saved.parent.name.startswith("minimax_ort"):  # onnxruntime's kernel, no Scan left
+        assert counts["com.microsoft::LinearAttention"] == 1 and counts["::Scan"] == 0
+    else:  # standard ops: one call of the kernel's function, a Scan in its body
+        assert counts["irkit_kernels::gated_linear"] == 1 and counts["::Scan"] == 1
     assert exported.input_names[3:] == [
         "past_key_values.0.key", "past_key_values.0.value", "past.1.recurrent", "past.2.recurrent",
     ]  # fmt: skip
