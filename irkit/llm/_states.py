@@ -262,9 +262,7 @@ def find_listed_states(cache: Any, config: Any) -> ListedStates | None:
         The :class:`ListedStates`, or ``None`` where no attribute qualifies.
     """
     recurrent = {
-        number
-        for number, layer in enumerate(_typed_layers(config))
-        if _RECURRENT.count(layer)
+        number for number, layer in enumerate(_typed_layers(config)) if _RECURRENT.count(layer)
     }
     for attribute, value in vars(cache).items():
         if attribute == "layers" or not isinstance(value, list) or not recurrent:

@@ -144,7 +144,9 @@ def test_one_program_runs_like_eager(model: object, exported: object, session: o
 
 
 def test_greedy_ids_equal_generate(model: object, session: object) -> None:
-    ids = torch.tensor([[7, 7, 7, 7, 5, 17, 42, 9, 33, 61, 5], [3, 8, 11, 77, 4, 5, 90, 12, 6, 8, 9]])
+    ids = torch.tensor(
+        [[7, 7, 7, 7, 5, 17, 42, 9, 33, 61, 5], [3, 8, 11, 77, 4, 5, 90, 12, 6, 8, 9]]
+    )
     mask = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 11])
     for rows in (slice(1, 2), slice(0, 2)):  # one prompt of 11 tokens; a left-padded batch
         want = model.generate(
@@ -166,8 +168,10 @@ def test_a_right_padded_row_keeps_the_state_of_its_last_token(
     feeds["attention_mask"][1, 4:] = 0  # row 1: four tokens, then three pads
     names = [o.name for o in session.get_outputs()]
     padded = dict(zip(names, session.run(None, feeds), strict=True))
-    short = {k: v[1:, :4] if k in ("input_ids", "attention_mask", "position_ids") else v[1:]
-             for k, v in feeds.items()}  # fmt: skip  (row 1 alone, without its pads)
+    short = {
+        k: v[1:, :4] if k in ("input_ids", "attention_mask", "position_ids") else v[1:]
+        for k, v in feeds.items()
+    }  # fmt: skip  (row 1 alone, without its pads)
     alone = dict(zip(names, session.run(None, short), strict=True))
     for name in ("present.1.recurrent", "present.2.recurrent"):
         np.testing.assert_allclose(padded[name][1], alone[name][0], atol=1e-5, rtol=1e-5)
@@ -179,7 +183,9 @@ def test_genai_has_no_layer_type_for_a_recurrent_state_alone(
     from irkit.errors import LoweringOptionsError
     from irkit.llm._export import _genai_layer_types
 
-    with pytest.raises(LoweringOptionsError, match=r"layer 1 of the 'minimax' model caches recurrent"):
+    with pytest.raises(
+        LoweringOptionsError, match=r"layer 1 of the 'minimax' model caches recurrent"
+    ):
         _genai_layer_types("minimax", exported.cache, model.config)
 
 

@@ -138,9 +138,10 @@ def lightning_attention(
         qkv = (qkv * attention_mask[:, :, None]).to(qkv.dtype)
     qkv = qkv.reshape(batch, tokens, heads, 3 * dim).to(torch.float32)
     query, key, value = torch.split(qkv, dim, dim=3)
-    state = None if cache is None else cache.get_linear_cache(self.layer_idx)
-    if getattr(state, "ndim", 0) != 4:  # none yet: zeros, the recurrence's start
-        state = query.new_zeros(batch, heads, dim, dim)
+    cached = None if cache is None else cache.get_linear_cache(self.layer_idx)
+    state = query.new_zeros(batch, heads, dim, dim)  # none yet: zeros, the recurrence's start
+    if isinstance(cached, torch.Tensor) and cached.ndim == 4:
+        state = cached
     slope = self.slope_rate.reshape(1, 1, heads).to(torch.float32)
     decay = held((-slope).expand(batch, tokens, heads), 1)  # a pad step: exp(0) = 1, no decay
     out, final = gated_linear(query, key, value, decay, state.to(torch.float32))
