@@ -13,7 +13,9 @@ model's modeling modules that irkit has an export kernel for: a function with th
 signature and semantics whose recurrence over the sequence is a ``torch`` ``scan`` (one step per
 token, the state as the carry), which ``torch.export`` keeps as a higher-order op and
 ``irkit.lower`` writes as an ONNX ``Scan``. One kernel serves every model of the contract; a new
-family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space and
+family is one module with a ``KERNELS`` table. A mixer whose recurrence is inline (no contract
+to swap: MiniMax's lightning attention) gets its ``forward`` swapped instead, keyed by what the
+module is: a family's ``MODULE_KERNELS`` pairs (predicate on the module, export forward). See ``docs/llm.md`` ("State-space and
 linear-attention models").
 """
 
