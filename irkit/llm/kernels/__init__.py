@@ -15,8 +15,8 @@ token, the state as the carry), which ``torch.export`` keeps as a higher-order o
 ``irkit.lower`` writes as an ONNX ``Scan``. One kernel serves every model of the contract; a new
 family is one module with a ``KERNELS`` table. A mixer whose recurrence is inline (no contract
 to swap: MiniMax's lightning attention) gets its ``forward`` swapped instead, keyed by what the
-module is: a family's ``MODULE_KERNELS`` pairs (predicate on the module, export forward). See ``docs/llm.md`` ("State-space and
-linear-attention models").
+module is: a family's ``MODULE_KERNELS`` pairs (predicate on the module, export forward). See
+``docs/llm.md`` ("State-space and linear-attention models").
 """
 
 from __future__ import annotations
