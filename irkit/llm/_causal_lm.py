@@ -41,9 +41,11 @@ import numpy as np
 from irkit.errors import ExportError, LoweringOptionsError
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.llm._states import (
+    ListedStates,
     StateSpec,
     empty_cache,
     fill_cache,
+    find_listed_states,
     flat_model,
     has_state_layers,
     keep_module_states,
@@ -360,9 +362,13 @@ def cache_layout(model: Any) -> CacheLayout:
             output = model(**kwargs)
         except Exception as exc:
             name = type(model).__name__
+            own = _own_cache(model, kwargs, binding.cache, passed)
+            listed = None if own is None else find_listed_states(own, model.config)
+            if listed is not None:  # its states kept in a list of its own (MiniMaxCache)
+                return _state_layout(model, own, listed)
             raise (
                 _constraint_error(name, exc)
-                or _own_cache_error(model, kwargs, binding.cache, passed)
+                or _own_cache_error(model, own, passed)
                 or _own_layer_error(model)
                 or _export_error(f"running {name} on a 2-token prompt", exc)
             ) from exc
@@ -383,12 +389,9 @@ def cache_layout(model: Any) -> CacheLayout:
         return _layer_shapes(model, cache)
 
 
-def _own_cache_error(
-    model: Any, kwargs: dict[str, Any], argument: str, passed: Any
-) -> ExportError | None:
-    """Where the model refused the cache it was given: if, given none, it makes a cache of its
-    own class (MiniMax's ``MiniMaxCache``), the error naming that class and what it keeps
-    outside transformers' typed layers; else None."""
+def _own_cache(model: Any, kwargs: dict[str, Any], argument: str, passed: Any) -> Any:
+    """Where the model refused the cache it was given: the cache of its own class it makes
+    given none (MiniMax's ``MiniMaxCache``, xLSTM's ``xLSTMCache``), else None."""
     try:
         output = model(**{k: v for k, v in kwargs.items() if k != argument})
     except Exception:  # it fails without a cache too: the original error stands
@@ -400,7 +403,13 @@ def _own_cache_error(
              if output.get(k) is not None),
             None,
         )  # fmt: skip
-    if own is None or type(own) is type(passed):
+    return None if own is None or type(own) is type(passed) else own
+
+
+def _own_cache_error(model: Any, own: Any, passed: Any) -> ExportError | None:
+    """The error naming the model's own cache class (:func:`_own_cache`) and what it keeps
+    outside transformers' typed layers that no kind reads; None where there is none."""
+    if own is None:
         return None
     extra = sorted(
         name
@@ -511,8 +520,8 @@ def _nan_at_attention() -> Any:
     return NaNAtAttention()
 
 
-def _state_layout(model: Any, cache: Any) -> CacheLayout:
-    specs = tuple(probe_states(cache, model))
+def _state_layout(model: Any, cache: Any, listed: ListedStates | None = None) -> CacheLayout:
+    specs = tuple(probe_states(cache, model, listed))
     if not specs:
         raise ExportError(
             f"export_causal_lm: {type(model).__name__} returned a cache with no tensors of a "

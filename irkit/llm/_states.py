@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "KINDS",
+    "ListedStates",
     "StateKind",
     "StateSpec",
     "has_state_layers",
@@ -334,6 +335,95 @@ def _holder(cache: Any, model: Any, spec: StateSpec) -> Any:
     return holder
 
 
+_RECURRENT = _Recurrent()
+
+
+@dataclasses.dataclass(frozen=True)
+class ListedStates:
+    """A model's own cache class that keeps each layer's recurrent state in a list of its own.
+
+    MiniMax's ``MiniMaxCache`` is a ``DynamicCache`` whose layers hold the attention layers'
+    keys and values, and whose ``linear_cache`` list, indexed by decoder layer (``[]`` where a
+    layer has none), the lightning-attention states; the model refuses any other cache class.
+    Such a cache is found by what it holds (:func:`find_listed_states`), not by its class, and
+    its states are the ``recurrent`` kind: :meth:`wrap` makes one of a typed cache filled by
+    :func:`fill_cache` (sharing its layers), :meth:`unwrap` reads one as typed layers.
+
+    Attributes:
+        cls: The cache class (made with no arguments).
+        attribute: The name of its per-layer list of recurrent states.
+    """
+
+    cls: type
+    attribute: str
+
+    def wrap(self, cache: Any) -> Any:
+        """An instance of :attr:`cls` with ``cache``'s layers and their recurrent states listed.
+
+        Args:
+            cache: A typed ``DynamicCache`` (:func:`fill_cache`).
+
+        Returns:
+            The model's own cache, whose layers are ``cache``'s (keys and values updated there).
+        """
+        own = self.cls()
+        own.layers = cache.layers
+        states = [None if layer is None else _RECURRENT.read(layer) for layer in cache.layers]
+        setattr(own, self.attribute, [[] if state is None else state for state in states])
+        return own
+
+    def unwrap(self, own: Any) -> Any:
+        """A view of the model's own cache whose ``layers`` hold its listed states as typed
+        layers do (``recurrent_states``), for the kinds to read.
+
+        Args:
+            own: An instance of :attr:`cls` after a forward.
+
+        Returns:
+            An object with ``layers``: the cache's own layers, with a transformers
+            ``LinearAttentionLayer`` holding the state at each listed layer.
+        """
+        import types
+
+        from transformers.cache_utils import LinearAttentionLayer
+
+        listed = getattr(own, self.attribute)
+        layers = list(own.layers) + [None] * (len(listed) - len(own.layers))
+        for number, state in enumerate(listed):
+            if getattr(state, "ndim", 0) == 0:
+                continue
+            if not hasattr(layers[number], "recurrent_states"):
+                layers[number] = LinearAttentionLayer()
+            layers[number].recurrent_states[0] = state
+        return types.SimpleNamespace(layers=layers)
+
+
+def find_listed_states(cache: Any, config: Any) -> ListedStates | None:
+    """How ``cache``, a model's own cache class, keeps its recurrent states, if as a list.
+
+    A list attribute of the cache (besides ``layers``) qualifies when it holds a tensor at
+    exactly the decoder layers that transformers types with a recurrent state for ``config``
+    (``DynamicCache(config=…)``'s ``LinearAttentionLayer`` layers).
+
+    Args:
+        cache: The cache the model made itself (given none).
+        config: The model's config.
+
+    Returns:
+        The :class:`ListedStates`, or ``None`` where no attribute qualifies.
+    """
+    recurrent = {
+        number for number, layer in enumerate(_typed_layers(config)) if _RECURRENT.count(layer)
+    }
+    for attribute, value in vars(cache).items():
+        if attribute == "layers" or not isinstance(value, list) or not recurrent:
+            continue
+        held = {number for number, entry in enumerate(value) if getattr(entry, "ndim", 0) >= 2}
+        if held == recurrent:
+            return ListedStates(type(cache), attribute)
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class StateSpec:
     """One cache tensor of the model: its kind, decoder layer, dims after batch and dtype.
@@ -356,6 +446,9 @@ class StateSpec:
     #: Makes an empty transformers cache layer of the holder's class, for a layer the config
     #: does not type (a looped model appends cache layers for its later passes itself).
     blank: Any = dataclasses.field(default=None, compare=False, repr=False)
+    #: The model's own cache class, where it keeps recurrent states outside transformers'
+    #: layers (:class:`ListedStates`); ``None`` for transformers' typed ``DynamicCache``.
+    listed: ListedStates | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def past_name(self) -> str:
@@ -455,16 +548,22 @@ def empty_cache(config: Any) -> Any:
     return cache
 
 
-def probe_states(cache: Any, model: Any = None) -> list[StateSpec]:
+def probe_states(
+    cache: Any, model: Any = None, listed: ListedStates | None = None
+) -> list[StateSpec]:
     """The cache tensors of every layer of a cache the model returned, kind by kind.
 
     Args:
         cache: The ``DynamicCache`` after a forward.
         model: The model after that forward, for the module-held kinds (None: none).
+        listed: How the model's own cache class keeps its recurrent states, where ``cache`` is
+            one (:func:`find_listed_states`).
 
     Returns:
         The specs, in the ONNX order (every layer's keys, then values, conv, recurrent).
     """
+    if listed is not None:
+        cache = listed.unwrap(cache)
     specs = []
     for kind in KINDS:
         if kind.on_module:
@@ -479,7 +578,8 @@ def probe_states(cache: Any, model: Any = None) -> list[StateSpec]:
                 if tensor is not None:
                     shape = tuple(tensor.shape[1:])
                     blank = _blank_layer(layer)
-                    specs.append(StateSpec(kind, number, shape, tensor.dtype, index, blank))
+                    spec = StateSpec(kind, number, shape, tensor.dtype, index, blank, listed)
+                    specs.append(spec)
     return specs
 
 
@@ -533,7 +633,8 @@ def fill_cache(
             cache.layers[spec.layer] = spec.blank()
     for spec, tensor in zip(specs, tensors, strict=True):
         spec.kind.write(_holder(cache, model, spec), tensor, spec.index)
-    return cache
+    listed = next((spec.listed for spec in specs if spec.listed is not None), None)
+    return cache if listed is None else listed.wrap(cache)
 
 
 def read_states(cache: Any, specs: Sequence[StateSpec], model: Any = None) -> list[Any]:
@@ -547,6 +648,9 @@ def read_states(cache: Any, specs: Sequence[StateSpec], model: Any = None) -> li
     Returns:
         The tensors, in the order of ``specs``.
     """
+    listed = next((spec.listed for spec in specs if spec.listed is not None), None)
+    if listed is not None and isinstance(cache, listed.cls):
+        cache = listed.unwrap(cache)
     return [spec.kind.read(_holder(cache, model, spec), spec.index) for spec in specs]
 
 

@@ -126,8 +126,6 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
     [
         # skips an expert no token chose: `if count == 0` on a tensor's value
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
-        # MiniMaxCache: lightning-attention states in a list beside transformers' layers
-        ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
         # xLSTMCache: a class outside transformers' Cache, its RNN states in a dict
         ("xlstm", r"xLSTMForCausalLM keeps its cache in a class of its own, xLSTMCache"),
         # `cat([state, v[:, :-1]])`: torch's stride check guards the sequence ≠ 2

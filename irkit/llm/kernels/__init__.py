@@ -21,22 +21,28 @@ RWKV's ``rwkv_linear_attention``: a module-level function) is
 swapped by the *qualified name* of the function or method it replaces, ``"Class.method"`` or
 ``"function"`` as ``__qualname__`` spells it inside one of the model's modeling modules: a family
 module's ``METHODS`` table (:data:`METHODS`). The same ``with`` swaps both, and puts both back.
+
+A mixer whose recurrence is inline (no function to swap: MiniMax's lightning attention) gets
+its ``forward`` swapped instead, keyed by what the module is: a family's ``MODULE_KERNELS``
+pairs (predicate on the module, export forward).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, mamba, mamba2, rglru, wkv
+from irkit.llm.kernels import gated_delta, kda, lightning, mamba, mamba2, rglru, wkv
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
     "KERNELS",
     "METHODS",
+    "MODULE_KERNELS",
     "contract_name",
     "contract_functions",
     "export_kernels",
@@ -47,7 +53,7 @@ __all__ = [
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, rglru, wkv)
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, lightning, rglru, wkv)
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {
@@ -59,6 +65,12 @@ KERNELS: Mapping[str, Callable[..., Any]] = {
 METHODS: Mapping[str, Callable[..., Any]] = {
     name: kernel for family in _FAMILIES for name, kernel in getattr(family, "METHODS", {}).items()
 }
+
+#: Export ``forward`` of a module that calls no contract (its recurrence is inline), by what the
+#: module is: ``(predicate on the module, forward)`` pairs, over every family module.
+MODULE_KERNELS: tuple[tuple[Callable[[Any], bool], Callable[..., Any]], ...] = tuple(
+    pair for family in _FAMILIES for pair in getattr(family, "MODULE_KERNELS", ())
+)
 
 
 def contract_name(function: Any) -> str | None:
@@ -134,16 +146,18 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
 
     Only the modeling modules of ``model``'s own module classes are touched, and every global or
     class attribute is put back on exit (also on error). Contracts without an export kernel are
-    left as they are.
+    left as they are. Each submodule that a predicate of :data:`MODULE_KERNELS` accepts gets that
+    export ``forward`` as an instance attribute, removed on exit.
 
     Args:
         model: A transformers model.
 
     Yields:
-        The sorted contract names and qualified names that were swapped.
+        The sorted contract names, qualified names and module forwards that were swapped.
     """
     swapped: list[tuple[ModuleType, str, Any]] = []
     names = set()
+    forwards: list[tuple[Any, Any]] = []  # (module, its own instance `forward` or None)
     try:
         for module, attribute, contract in contract_functions(model):
             kernel = KERNELS.get(contract)
@@ -156,7 +170,17 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
             swapped.append((holder, attribute, vars(holder)[attribute]))
             setattr(holder, attribute, METHODS[qualified])
             names.add(qualified)
+        for submodule in model.modules():
+            forward = next((f for is_it, f in MODULE_KERNELS if is_it(submodule)), None)
+            if forward is not None:
+                forwards.append((submodule, vars(submodule).get("forward")))
+                submodule.forward = types.MethodType(forward, submodule)
+                names.add(forward.__name__)
         yield sorted(names)
     finally:
         for module, attribute, original in reversed(swapped):
             setattr(module, attribute, original)
+        for submodule, own in reversed(forwards):
+            del submodule.forward
+            if own is not None:
+                submodule.forward = own
