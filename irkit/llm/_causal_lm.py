@@ -259,11 +259,28 @@ def _constraint_error(model: str, exc: BaseException) -> ExportError | None:
 
 def _export_error(what: str, exc: BaseException) -> ExportError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    where = _model_line(exc)
     return ExportError(
-        f"export_causal_lm: {what} failed with {_versions()}: {type(exc).__name__}: {first}\n"
-        "If the versions are outside the tested range, install one inside it; else report the "
-        "model and the chained error."
+        f"export_causal_lm: {what} failed with {_versions()}: {type(exc).__name__}"
+        f"{f': {first}' if first else ''}{f' at {where}' if where else ''}\n"
+        "Remedy: if the versions are outside the tested range, install one inside it; else "
+        "report the model and the chained error."
     )
+
+
+def _model_line(exc: BaseException) -> str:
+    """``file:line: code`` of the innermost frame of ``exc``'s traceback in a model's code
+    (transformers' ``models`` package, or anything outside torch and irkit), or ``""``: where a
+    bare ``assert`` of the model failed, which its message does not say."""
+    import traceback
+
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = frame.filename.replace("\\", "/")
+        if any(part in path for part in ("/torch/", "/irkit/", "/transformers/utils/")):
+            continue
+        short = path.split("/models/")[-1] if "/models/" in path else path.rsplit("/", 1)[-1]
+        return f"{short}:{frame.lineno}: {(frame.line or '').strip()}"
+    return ""
 
 
 def _bind(model: Any) -> _Binding:

@@ -38,6 +38,7 @@ from irkit.llm._causal_lm import (
     CausalLMExport,
     _bind,
     _export_narrowing,
+    _model_line,
     _output_names,
     _positions_limit,
     _register_cache_pytree,
@@ -131,11 +132,12 @@ def _with_forward(model: Any, forward: Callable[..., Any]) -> Any:
 
 def _failed(function: str, what: str, exc: BaseException) -> ExportError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    where = _model_line(exc)
     return ExportError(
         f"{function}: torch.export.export of {what} failed with {_versions()}: "
-        f"{type(exc).__name__}: {first}\n"
-        "If the versions are outside the tested range, install one inside it; else report the "
-        "model and the chained error (docs/vlm.md lists what is tested)."
+        f"{type(exc).__name__}{f': {first}' if first else ''}{f' at {where}' if where else ''}\n"
+        "Remedy: if the versions are outside the tested range, install one inside it; else "
+        "report the model and the chained error (docs/vlm.md lists what is tested)."
     )
 
 

@@ -128,6 +128,11 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
         # xLSTMCache: a class outside transformers' Cache, its RNN states in a dict
         ("xlstm", r"xLSTMForCausalLM keeps its cache in a class of its own, xLSTMCache"),
+        # takes the whole sequence each step: a bare assert of the model, named by file and line
+        (
+            "xlm",
+            r"AssertionError at xlm/modeling_xlm\.py:\d+: assert mask\.size\(\) == \(bs, slen\)",
+        ),
         # `cat([state, v[:, :-1]])`: torch's stride check guards the sequence ≠ 2
         ("zaya", r"forward of ZayaForCausalLM holds only under a guard on sequence"),
         # compressor buffers of a varying length and Python counters in its own layer classes
