@@ -4,7 +4,10 @@ The kernel caches ``K = [latent | k_pe]`` and ``V = [latent | 0]`` (one head eac
 ``kv_lora_rank + qk_rope_head_dim``), folds ``kv_b_proj``'s key half into the query and its value
 half into the output; under target ``ort`` the attention becomes ``GroupQueryAttention`` owning
 that cache. Numbers against transformers' own forward (which caches the latent and ``k_pe``):
-the same up to float rounding.
+the same up to float rounding. That ``GroupQueryAttention`` owns genai's shared buffer, and
+genai's ``Generator`` on the ``irkit export --target ort`` folder, are tested in
+``tests/llm/test_genai_ort.py`` (``test_mla_absorbed_cache_is_group_query_attention``, the zoo's
+``deepseek_v3``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,6 @@ from irkit.llm._causal_lm import cache_layout, pad_value_cache  # noqa: E402
 from irkit.llm.kernels.mla import absorbed_latent_attention, is_latent_attention  # noqa: E402
 from irkit.rules import ort as ort_rules  # noqa: E402
 from tests.llm_zoo import BY_NAME  # noqa: E402
-
-MAX_LENGTH = 64
-
 
 @pytest.fixture(scope="module")
 def model() -> object:
@@ -91,23 +91,6 @@ def test_absorbed_equals_transformers_eager(model: object) -> None:
     scale = want.abs().max()
     assert float((got - want).abs().max() / scale) < 1e-5
     torch.testing.assert_close(ids_got, ids_want, rtol=0, atol=0)
-
-
-def test_group_query_attention_owns_the_cache_on_the_shared_buffer(exported: object) -> None:
-    """``--target ort`` with genai's shared buffer: ``GroupQueryAttention`` per layer, on the
-    buffer, and no standard ``Attention`` left."""
-    lowered = irkit.lower(exported.program, **exported.lower_kwargs())
-    pad_value_cache(lowered, exported.cache)
-    irkit.optimize(
-        lowered, target="ort", rules=ort_rules.default_rules(gqa_shared_buffer=MAX_LENGTH)
-    )
-    layers = len(exported.cache.keys)
-    assert ort_rules.attention.group_query_attentions(lowered) == layers
-    assert ort_rules.attention.runs_on_shared_buffer(lowered, layers)
-    ops = {n.op_type for n in lowered.graph} | {
-        n.op_type for f in lowered.functions.values() for n in f
-    }
-    assert "Attention" not in ops
 
 
 def test_onnxruntime_equals_transformers_at_prefill_and_decode(
