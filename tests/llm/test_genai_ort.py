@@ -482,5 +482,7 @@ def test_mla_absorbed_cache_is_group_query_attention():
     assert "no near misses" in report.explain(limit=100)
     assert ort.attention.group_query_attentions(model) == config.num_hidden_layers
     assert ort.attention.runs_on_shared_buffer(model, config.num_hidden_layers)
-    ops = {n.op_type for n in model.graph} | {n.op_type for f in model.functions.values() for n in f}
+    ops = {n.op_type for n in model.graph} | {
+        n.op_type for f in model.functions.values() for n in f
+    }
     assert "Attention" not in ops

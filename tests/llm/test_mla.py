@@ -19,13 +19,15 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-import irkit  # noqa: E402
 import onnx_ir as ir  # noqa: E402
+
+import irkit  # noqa: E402
 from irkit.llm import causal_lm_feeds, export_causal_lm, generate_greedy, kernels  # noqa: E402
 from irkit.llm._causal_lm import cache_layout, pad_value_cache  # noqa: E402
 from irkit.llm.kernels.mla import absorbed_latent_attention, is_latent_attention  # noqa: E402
 from irkit.rules import ort as ort_rules  # noqa: E402
 from tests.llm_zoo import BY_NAME  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def model() -> object:
@@ -45,7 +47,9 @@ def session(exported: object) -> object:
     onnxruntime's own graph optimizations off."""
     lowered = irkit.lower(exported.program, **exported.lower_kwargs())
     pad_value_cache(lowered, exported.cache)
-    irkit.optimize(lowered, target="ort", rules=ort_rules.default_rules(gqa_masked=True, gqa_dynamic_past=True))
+    irkit.optimize(
+        lowered, target="ort", rules=ort_rules.default_rules(gqa_masked=True, gqa_dynamic_past=True)
+    )
     assert ort_rules.attention.group_query_attentions(lowered) == len(exported.cache.keys)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -142,3 +146,49 @@ def test_greedy_ids_equal_generate(model: object, session: object) -> None:
         got = generate_greedy(session, ids[rows].numpy(), max_new_tokens=12, pad_token_id=0)
         np.testing.assert_array_equal(got, want.numpy())
         assert len(set(want[-1, 9:].tolist())) >= 4  # varied ids, not one token repeated
+
+
+@pytest.mark.slow
+def test_deepseek_v3_head_sizes_and_yarn_scaling() -> None:
+    """DeepSeek-V3's latent sizes (one KV head of 512 + 64 = 576) and yarn's mscale in the
+    module's ``scaling``: ``GroupQueryAttention`` per layer; an 80-token prefill (past yarn's
+    original 64 positions) and greedy decoding against transformers."""
+    config = transformers.DeepseekV3Config(
+        vocab_size=256, hidden_size=128, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512,
+        q_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, max_position_embeddings=256,
+        rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "rope_theta": 10000.0,
+        },
+    )  # fmt: skip
+    torch.manual_seed(0)
+    lm = transformers.DeepseekV3ForCausalLM(config).eval()
+    assert lm.model.layers[0].self_attn.scaling != (128 + 64) ** -0.5  # mscale applied
+    exported = export_causal_lm(lm)
+    assert exported.cache.keys == exported.cache.values == ((1, 576), (1, 576))
+    lowered = irkit.lower(exported.program, **exported.lower_kwargs())
+    pad_value_cache(lowered, exported.cache)
+    rules = ort_rules.default_rules(gqa_masked=True, gqa_dynamic_past=True)
+    irkit.optimize(lowered, target="ort", rules=rules)
+    assert ort_rules.attention.group_query_attentions(lowered) == 2
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    proto = ir.serde.serialize_model(lowered).SerializeToString()
+    session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
+    ids = torch.randint(3, 250, (1, 80))
+    with torch.no_grad():
+        want = lm(input_ids=ids).logits.numpy()
+        generated = lm.generate(
+            ids[:, :70], do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0
+        )
+    feeds = causal_lm_feeds(lm, batch=1, seq=80, past=0, layout=exported.cache)
+    feeds["input_ids"] = ids.numpy()
+    got = session.run(None, feeds)[0]
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got / scale, want / scale, atol=1e-4, rtol=0)
+    greedy = generate_greedy(session, ids[:, :70].numpy(), max_new_tokens=12, pad_token_id=0)
+    np.testing.assert_array_equal(greedy, generated.numpy())
