@@ -337,9 +337,11 @@ def cache_layout(model: Any) -> CacheLayout:
     """The KV cache layout of ``model``, read from the cache it returns for a two-token prompt.
 
     The model runs once eagerly (``torch.no_grad()``, ``use_cache=True``, an empty
-    ``DynamicCache`` passed as its cache, as :func:`export_causal_lm` does); nothing is guessed
-    from the config, so multi-query attention (one KV head), MLA (keys wider than values) and
-    per-layer differences come out as the model has them.
+    ``DynamicCache`` passed as its cache, as :func:`export_causal_lm` does) with the export
+    kernels that change what the cache holds (:func:`irkit.llm.kernels.layout_kernels`), so the
+    layout is the exported program's; nothing is guessed from the config, so multi-query
+    attention (one KV head), MLA (in absorbed form: one key and one value head of
+    ``kv_lora_rank + qk_rope_head_dim``) and per-layer differences come out as exported.
 
     Args:
         model: A transformers causal LM.
@@ -362,9 +364,12 @@ def cache_layout(model: Any) -> CacheLayout:
             return CacheLayout((), (), dtype=specs[0].dtype, states=specs)
         first = next(iter(model.parameters()), None)
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
+    from irkit.llm.kernels import layout_kernels
+
     weighted = not any(p.is_meta for p in model.parameters())
-    # a meta-device model runs on fake CPU tensors, and is left as it was
-    with torch.no_grad(), probe_mode(model), keep_module_states(model):
+    # a meta-device model runs on fake CPU tensors, and is left as it was; with the module
+    # kernels that change what the cache holds (MLA's absorbed form), as it is exported
+    with torch.no_grad(), probe_mode(model), keep_module_states(model), layout_kernels(model):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 2), dtype=torch.long, device=device)
         states = has_state_layers(model.config)
@@ -676,6 +681,10 @@ def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """The eager PyTorch outputs for ``feeds``, in the order of ``export_causal_lm``'s outputs.
 
+    The model runs with the module kernels that change what its cache holds
+    (:func:`irkit.llm.kernels.layout_kernels`: MLA in absorbed form), so the cache fed and
+    returned has the exported layout.
+
     Args:
         model: The transformers causal LM (put in eval mode by the caller).
         feeds: Inputs keyed by ONNX name (as from :func:`causal_lm_feeds`).
@@ -685,7 +694,10 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """
     import torch
 
-    with torch.no_grad(), keep_module_states(model):  # (module-held states: put back)
+    from irkit.llm.kernels import layout_kernels
+
+    # (module-held states: put back; the cache as exported, MLA's absorbed form included)
+    with torch.no_grad(), keep_module_states(model), layout_kernels(model):
         return _run_eager(model, feeds)
 
 
@@ -957,6 +969,8 @@ def export_causal_lm(
             f"export_causal_lm: example sizes batch={batch}, seq={seq}, past={past} would be "
             "specialized by torch.export; use distinct sizes >= 2 (e.g. batch=2, seq=3, past=5)"
         )
+    from irkit.llm.kernels import export_kernels
+
     binding = _bind(model)
     if position_ids is None:
         position_ids = binding.position_ids
@@ -994,7 +1008,12 @@ def export_causal_lm(
     try:
         # meta weights are exported as fake CPU tensors: what forward builds from Python data
         # (list indices, torch.tensor(...)) is lifted as a constant with its values
-        with _uncached_fake_dispatch(), fake_weights(model), _windows_by_position():
+        with (
+            _uncached_fake_dispatch(),
+            fake_weights(model),
+            _windows_by_position(),
+            export_kernels(model),
+        ):
             device = next(iter(model.parameters())).device
             inputs = _torch_inputs(model, feeds, lambda a: convert(a).to(device))
             program = _export_narrowing(model, inputs, dynamic)

@@ -527,7 +527,7 @@ def export(
         share_buffer: Keep the KV cache in one buffer of ``max_length`` positions shared by past
             and present, and write ``past_present_share_buffer: true`` (the default,
             ``None``, shares it): target ``"ort"`` writes ``GroupQueryAttention`` on the
-            buffer (a model whose attention none took, deepseek_v3's MLA, as target ``"onnx"``),
+            buffer (a model whose attention none took as target ``"onnx"``),
             target ``"onnx"`` rewrites to opset 24
             (:func:`irkit.rules.kv_buffer.share_kv_buffer`: ``TensorScatter``). ``False``: past and new keys
             concatenated (opset 23), ``past_present_share_buffer: false``.
@@ -603,7 +603,7 @@ def export(
         model, len(exported.cache.keys)
     )
     # (a pure state cache: no KV); under target ort a model no GroupQueryAttention took
-    # (deepseek_v3's MLA attends over its decompressed latent cache) shares it as onnx does
+    # shares it as onnx does
     standard = target == "onnx" or ort.attention.group_query_attentions(model) == 0
     if shares and not shared and standard and exported.cache.keys:
         from irkit.rules.kv_buffer import share_kv_buffer

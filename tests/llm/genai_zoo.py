@@ -11,8 +11,8 @@ the longrope phi3's ``original_max_position_embeddings``. genai's own tokenizer 
 folder's prompts as transformers does, and ``apply_chat_template`` must work on the folder.
 
 Mixture-of-experts folders (qwen3_moe, mixtral, deepseek_v3) hold one tensor per expert: the
-stacked expert weights are streamed as recipes over them. deepseek_v3's values (MLA) are
-narrower than its keys: the cache stores them padded. Constants that ``forward`` builds
+stacked expert weights are streamed as recipes over them. deepseek_v3's MLA is exported in
+absorbed form: one key and one value head of ``kv_lora_rank + qk_rope_head_dim``. Constants that ``forward`` builds
 (falcon's list indices, longrope's factors) are real although the model is built on ``meta``
 (``irkit.llm._meta.fake_weights``).
 """
@@ -79,10 +79,10 @@ def _before_eos(ids: list[int]) -> list[int]:
 TARGETS = ("ort", "onnx")
 """Part 0 (ALiBi, MLA, softcap, longrope, MoE, llama) runs on both; parts 1 and 2 on the default
 ``ort`` only, to keep the suite's time (every part on both targets: 114 cases, ~4 min more)."""
-#: Under target ``ort``, architectures whose attention ``GroupQueryAttention`` does not take:
-#: deepseek_v3's MLA attends over the latent cache decompressed each step (transformers caches
-#: the latent, not K and V), so it shares the buffer as target ``onnx`` does (``TensorScatter``).
-STANDARD_UNDER_ORT = frozenset({"deepseek_v3"})
+#: Under target ``ort``, architectures whose attention ``GroupQueryAttention`` does not take (they
+#: share the buffer as target ``onnx`` does, ``TensorScatter``): none now — deepseek_v3's MLA is
+#: exported in absorbed form (``irkit.llm.kernels.mla``), a cache the op owns.
+STANDARD_UNDER_ORT: frozenset[str] = frozenset()
 
 
 def check_shared_buffer(out: pathlib.Path, target: str = "onnx", name: str = "") -> None:

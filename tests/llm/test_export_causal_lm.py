@@ -140,9 +140,10 @@ def test_cache_is_bound_by_the_forward_signature():
 def test_cache_layout_is_the_models_own():
     falcon = cache_layout(BY_NAME["falcon"].model())  # multi-query: one KV head
     assert falcon.keys == falcon.values == ((1, 16), (1, 16))
-    deepseek = BY_NAME["deepseek_v3"].model()  # MLA: keys and values of different widths
+    deepseek = BY_NAME["deepseek_v3"].model()  # MLA, absorbed: one key and one value head
     layout = cache_layout(deepseek)
-    assert layout.keys[0] != layout.values[0]
+    config = deepseek.config
+    assert layout.keys[0] == layout.values[0] == (1, config.kv_lora_rank + config.qk_rope_head_dim)
     feeds = causal_lm_feeds(deepseek, batch=2, seq=1, past=3, layout=layout)
     assert feeds["past_key_values.1.key"].shape == (2, *layout.keys[1][:1], 3, layout.keys[1][1])
     assert feeds["past_key_values.1.value"].shape[-1] == layout.values[1][1]

@@ -316,17 +316,16 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
 # shared (flag true) for each.
 # - phi3_longrope: both factor sets; the caches of the short and the long set, switched on the
 #   total length (prompt + generation run past original_max_position_embeddings).
-# - deepseek_v3 (MLA): transformers 5.24 caches the compressed latent and rotated k_pe, not the
-#   attention's K and V; the Attention sees the whole decompressed K/V and has no past, so
-#   GroupQueryAttention cannot own the cache: standard Attention on the buffer through
-#   TensorScatter (as target onnx), exact.
+# - deepseek_v3 (MLA): exported in absorbed form (irkit.llm.kernels.mla): one KV head
+#   [latent | k_pe], values the latent padded to that width; GroupQueryAttention owns it on the
+#   buffer (the rotation stays outside: it turns only the k_pe part of the head).
 # - mpt, bloom (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
 # - gemma2 (eager attention, softcap, sliding window on alternate layers): GroupQueryAttention
 #   with softcap and local_window_size (FusedMatMul leaves attention scores alone), flag true.
 ZOO_ORT = {
     "gemma2": (True, True),
     "phi3_longrope": (True, True),
-    "deepseek_v3": (False, False),  # (standard Attention, TensorScatter)
+    "deepseek_v3": (True, False),
     "bloom": (True, False),
     "mpt": (True, False),
 }
@@ -451,13 +450,14 @@ def test_alibi_right_padded_batches(exported, tmp_path, target, shared):
 
 
 @pytest.mark.slow
-def test_mla_latent_cache_stays_standard_attention():
-    """deepseek_v3's MLA (transformers 5.24) caches the compressed latent (one head of
-    ``kv_lora_rank``) and the rotated ``k_pe`` (one head of ``qk_rope_head_dim``), not the
-    attention's per-head K and V: the ``Attention`` attends over the latent cache decompressed
-    every step, so it has no past and returns no present, and ``GroupQueryAttention``, which
-    must write the cache it attends over, cannot take it without the absorbed form. The ort
-    rules say so and leave the standard ``Attention``."""
+def test_mla_absorbed_cache_is_group_query_attention():
+    """deepseek_v3's MLA is exported in absorbed form (:mod:`irkit.llm.kernels.mla`): the cache
+    holds one key head ``[latent | k_pe]`` and one value head (the latent, zero-padded to the
+    same width), appended right before the attention, so the ``Attention`` has a past and
+    presents and ``GroupQueryAttention`` owns the shared buffer, one per layer, with no
+    standard ``Attention`` left. (transformers 5.24's own forward caches the latent and
+    ``k_pe`` and decompresses the whole cache each step: ``Attention has 1 outputs, pattern
+    uses 3``.)"""
     import irkit
     from irkit.llm import export_causal_lm
     from irkit.llm._causal_lm import cache_layout, pad_value_cache
@@ -466,10 +466,8 @@ def test_mla_latent_cache_stays_standard_attention():
     lm = BY_NAME["deepseek_v3"].model()
     config = lm.config
     layout = cache_layout(lm)
-    latent = (1, config.kv_lora_rank)
-    assert layout.keys == (latent,) * config.num_hidden_layers
-    assert layout.values == ((1, config.qk_rope_head_dim),) * config.num_hidden_layers
-    assert config.num_attention_heads > 1  # per-head K/V would have as many heads as Q
+    head = (1, config.kv_lora_rank + config.qk_rope_head_dim)
+    assert layout.keys == layout.values == (head,) * config.num_hidden_layers
     exported = export_causal_lm(lm)
     model = irkit.lower(exported.program, **exported.lower_kwargs())
     pad_value_cache(model, exported.cache)
@@ -481,6 +479,10 @@ def test_mla_latent_cache_stays_standard_attention():
         explain="GroupQueryAttentionKVCache",
         report=report,
     )
-    assert "Attention has 1 outputs, pattern uses 3" in report.explain(limit=100)
-    assert ort.attention.group_query_attentions(model) == 0
-    assert not ort.attention.runs_on_shared_buffer(model, config.num_hidden_layers)
+    assert "no near misses" in report.explain(limit=100)
+    assert ort.attention.group_query_attentions(model) == config.num_hidden_layers
+    assert ort.attention.runs_on_shared_buffer(model, config.num_hidden_layers)
+    ops = {n.op_type for n in model.graph} | {
+        n.op_type for f in model.functions.values() for n in f
+    }
+    assert "Attention" not in ops

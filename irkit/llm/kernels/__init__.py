@@ -25,6 +25,12 @@ module's ``METHODS`` table (:data:`METHODS`). The same ``with`` swaps both, and 
 A mixer whose recurrence is inline (no function to swap: MiniMax's lightning attention) gets
 its ``forward`` swapped instead, keyed by what the module is: a family's ``MODULE_KERNELS``
 pairs (predicate on the module, export forward).
+
+A module kernel may change what the model caches (MLA's absorbed form caches ``[latent | k_pe]``
+as one key head, not the latent and ``k_pe``): a family lists such forwards in ``CACHE_LAYOUT``
+(:data:`CACHE_LAYOUT`), and :func:`layout_kernels` swaps only those, for the eager runs that
+must see the cache the exported program has (:func:`irkit.llm.cache_layout`,
+:func:`irkit.llm.run_eager`).
 """
 
 from __future__ import annotations
@@ -36,16 +42,18 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, lightning, mamba, mamba2, rglru, wkv
+from irkit.llm.kernels import gated_delta, kda, lightning, mamba, mamba2, mla, rglru, wkv
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
+    "CACHE_LAYOUT",
     "KERNELS",
     "METHODS",
     "MODULE_KERNELS",
     "contract_name",
     "contract_functions",
     "export_kernels",
+    "layout_kernels",
     "enter_state",
     "layer_state",
     "leave_state",
@@ -53,7 +61,7 @@ __all__ = [
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, lightning, rglru, wkv)
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, lightning, mla, rglru, wkv)
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {
@@ -70,6 +78,11 @@ METHODS: Mapping[str, Callable[..., Any]] = {
 #: module is: ``(predicate on the module, forward)`` pairs, over every family module.
 MODULE_KERNELS: tuple[tuple[Callable[[Any], bool], Callable[..., Any]], ...] = tuple(
     pair for family in _FAMILIES for pair in getattr(family, "MODULE_KERNELS", ())
+)
+
+#: The forwards of :data:`MODULE_KERNELS` that change what the model's cache holds.
+CACHE_LAYOUT: frozenset[Callable[..., Any]] = frozenset(
+    forward for family in _FAMILIES for forward in getattr(family, "CACHE_LAYOUT", ())
 )
 
 
@@ -170,17 +183,55 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
             swapped.append((holder, attribute, vars(holder)[attribute]))
             setattr(holder, attribute, METHODS[qualified])
             names.add(qualified)
-        for submodule in model.modules():
-            forward = next((f for is_it, f in MODULE_KERNELS if is_it(submodule)), None)
-            if forward is not None:
-                forwards.append((submodule, vars(submodule).get("forward")))
-                submodule.forward = types.MethodType(forward, submodule)
-                names.add(forward.__name__)
+        names.update(_swap_forwards(model, MODULE_KERNELS, forwards))
         yield sorted(names)
     finally:
         for module, attribute, original in reversed(swapped):
             setattr(module, attribute, original)
-        for submodule, own in reversed(forwards):
-            del submodule.forward
-            if own is not None:
-                submodule.forward = own
+        _put_back(forwards)
+
+
+@contextlib.contextmanager
+def layout_kernels(model: Any) -> Iterator[list[str]]:
+    """Inside the ``with``, only the module kernels that change what the cache holds
+    (:data:`CACHE_LAYOUT`) are swapped in, as :func:`export_kernels` swaps them.
+
+    An eager run in it keeps the cache the exported program has (MLA: ``[latent | k_pe]`` as
+    one key head); every other module, contract and method is transformers' own.
+
+    Args:
+        model: A transformers model.
+
+    Yields:
+        The sorted names of the forwards swapped (empty for most models).
+    """
+    forwards: list[tuple[Any, Any]] = []
+    pairs = tuple((is_it, f) for is_it, f in MODULE_KERNELS if f in CACHE_LAYOUT)
+    try:
+        yield sorted(_swap_forwards(model, pairs, forwards))
+    finally:
+        _put_back(forwards)
+
+
+def _swap_forwards(
+    model: Any,
+    pairs: tuple[tuple[Callable[[Any], bool], Callable[..., Any]], ...],
+    forwards: list[tuple[Any, Any]],
+) -> set[str]:
+    """Set the forward of the first pair whose predicate accepts each submodule (appending
+    ``(submodule, its own instance forward or None)`` to ``forwards``); the names swapped."""
+    names = set()
+    for submodule in model.modules():
+        forward = next((f for is_it, f in pairs if is_it(submodule)), None)
+        if forward is not None:
+            forwards.append((submodule, vars(submodule).get("forward")))
+            submodule.forward = types.MethodType(forward, submodule)
+            names.add(forward.__name__)
+    return names
+
+
+def _put_back(forwards: list[tuple[Any, Any]]) -> None:
+    for submodule, own in reversed(forwards):
+        del submodule.forward
+        if own is not None:
+            submodule.forward = own
