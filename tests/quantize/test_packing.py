@@ -228,7 +228,7 @@ PIN_SHAPES = [(67, 5), (33, 7), (1, 3), (31, 1), (97, 301), (300, 6), (1000, 110
 
 @pytest.mark.parametrize(("bits", "block_size", "symmetric"), SETTINGS)
 def test_row_kernel_equals_the_column_packer(bits, block_size, symmetric):
-    """The RTN row kernel (``_rtn_transposed``: integer range keys, float16 bit conversion,
+    """The RTN row kernel (``irkit.weights._rtn_rows``: integer range keys, float16 bit conversion,
     ``floor(y + 0.49999997)``, threads) gives the old packer's bytes on random weights of odd
     shapes, float32 and float16, packed as their own dtype and float16 as float32, whether the
     weight is a transposed view (``Linear.weight.T``, the streamed case) or C-contiguous."""
