@@ -11,9 +11,10 @@ Then, each as a whole process on the same folder, under a memory cap:
 - ``irkit export FOLDER -o OUT --precision P`` (``--precision int4``, the default, or ``fp32``),
   in a small Python launcher that also reports the stage lines of ``irkit export``'s progress
   (written always, terminal or not) and the seconds spent in its parts (``torch.export``,
-  ``irkit.lower``, layer stamping, ``irkit.optimize``, the quantize rewrite, then inside
-  ``irkit.save``: reading + converting the checkpoint tensors, packing the int4 blocks, the rest:
-  writing the file);
+  ``irkit.lower``, layer stamping, ``irkit.optimize``, the quantize rewrite, ``irkit.save`` and
+  inside it: reading + converting the checkpoint tensors, packing the int4 blocks, the rest:
+  writing the file; the save computes a tensor on a worker thread while it writes the one
+  before, so these overlap);
 - with ``--builder``: ``python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p P -e cpu``.
 
 Each export's wall time and peak RSS are printed, and the ratio irkit/builder. The peak is the
@@ -475,8 +476,10 @@ def timers(log: str) -> dict[str, tuple[float, int]]:
 
 
 def parts(log: str) -> dict[str, float]:
-    """Where irkit's time goes: torch.export, lowering, stamping, optimize, quantize, and in
-    ``irkit.save``: reading + converting, packing, the rest (writing)."""
+    """Where irkit's time goes: torch.export, lowering, stamping, optimize, quantize, and
+    ``irkit.save`` with, inside it, reading + converting, packing and the rest (writing). The
+    save computes each tensor on a worker thread while the one before is written, so its
+    parts overlap: the rest is ``save - read - pack`` and negative where they did."""
     t = {k: v[0] for k, v in timers(log).items()}
     save = t.get("irkit.save", 0.0)
     read, pack = t.get("save: read + convert", 0.0), t.get("save: pack blocks", 0.0)
@@ -487,11 +490,12 @@ def parts(log: str) -> dict[str, float]:
         "stamp layers": t.get("stamp layers", 0.0),
         "irkit.optimize": t.get("irkit.optimize", 0.0),
         "quantize rewrite": t.get("quantize rewrite", 0.0),
-        "save: read + convert checkpoint": read,
-        "save: pack int4 blocks": pack,
-        "  of which codes + scales (quantize_blockwise)": t.get("pack: codes + scales", 0.0),
-        "  of which scales again (rtn_scales)": t.get("pack: scales alone", 0.0),
-        "save: write (the rest of irkit.save)": save - read - pack,
+        "irkit.save": save,
+        "  of which read + convert checkpoint": read,
+        "  of which pack int4 blocks (worker thread)": pack,
+        "    of which codes + scales (quantize_blockwise)": t.get("pack: codes + scales", 0.0),
+        "    of which scales again (rtn_scales)": t.get("pack: scales alone", 0.0),
+        "  the rest: writing (save - read - pack; < 0: overlapped)": save - read - pack,
     }
     known["other"] = t.get("total", 0.0) - sum(v for k, v in known.items() if not k.startswith(" "))
     return {k: round(v, 1) for k, v in known.items()}

@@ -214,3 +214,44 @@ def test_truncated_checkpoint_leaves_the_destination_as_it_was(checkpoint, tmp_p
                        align_threshold=4096)  # fmt: skip
     assert [p.name for p in out.iterdir()] == ["model.onnx.data"]
     assert (out / "model.onnx.data").read_bytes() == b"old"
+
+
+def _lazy(name: str, value: np.ndarray, log: list[str]) -> ir.LazyTensor:
+    def compute() -> ir.TensorProtocol:
+        log.append(name)
+        if name == "boom":
+            raise ValueError("boom is not computable")
+        return ir.Tensor(value, name=name)
+
+    return ir.LazyTensor(compute, ir.DataType.FLOAT, ir.Shape(value.shape), name=name)
+
+
+def test_computed_tensors_are_evaluated_ahead_in_order(tmp_path, monkeypatch):
+    """Lazy tensors (converted, derived, packed weights) are computed one ahead on a worker
+    while the one before is written: each once, in file order (a ``PackCache`` sees the same
+    sequence), the same bytes; a tensor over ``AHEAD_BYTES`` (or next to one) in its turn."""
+    monkeypatch.setattr(_writer, "AHEAD_BYTES", 1000)
+    values = [
+        RNG.standard_normal(shape).astype(np.float32) for shape in [(7, 9), (300,), (5,), (11, 3)]
+    ]
+    log: list[str] = []
+    tensors = [_lazy(f"t{i}", v, log) for i, v in enumerate(values)]
+    offsets, end = [], 0
+    for v in values:
+        offsets.append(end)
+        end += v.nbytes
+    path = tmp_path / "out.bin"
+    _writer.write_data_file(tensors, offsets, path)
+    assert log == ["t0", "t1", "t2", "t3"]
+    assert path.read_bytes() == b"".join(v.tobytes() for v in values)
+
+
+def test_a_failing_computed_tensor_fails_the_write(tmp_path):
+    """The worker's exception is raised by the writer; nothing is left at the destination."""
+    log: list[str] = []
+    values = [np.ones(4, np.float32)] * 3
+    tensors = [_lazy(name, v, log) for name, v in zip(("a", "boom", "c"), values, strict=True)]
+    path = tmp_path / "out.bin"
+    with pytest.raises(ValueError, match="boom is not computable"):
+        _writer.write_data_file(tensors, [0, 16, 32], path)
+    assert not path.exists() and list(tmp_path.iterdir()) == []

@@ -7,7 +7,8 @@ through their header (8-byte length, JSON, then raw little-endian data; the form
 its specification), and a tensor is copied from the checkpoint file into the destination by the
 kernel (``os.copy_file_range``) or in bounded chunks: the memory used does not grow with the
 tensor or the model. (``safetensors.safe_open`` memory-maps the whole shard; every page touched
-counts towards the process's resident memory until the map is closed.)
+counts towards the process's resident memory until the map is closed. A tensor read as values,
+:meth:`FileTensor.numpy`, maps its own bytes only, unmapped when the array goes.)
 
 This module imports no torch (a state_dict's torch tensors are adapted through onnx-ir).
 """
@@ -15,6 +16,7 @@ This module imports no torch (a state_dict's torch tensors are adapted through o
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import pathlib
 import struct
@@ -136,8 +138,33 @@ class FileTensor:
         return data
 
     def numpy(self) -> np.ndarray:
-        array = np.frombuffer(self.tobytes(), dtype=self._dtype.numpy())
+        """The values, read-only: the tensor's pages of the file mapped (no copy: a streamed
+        save packs or converts straight from the page cache; unmapped with the array), else
+        read.
+
+        Raises:
+            WeightsError: The file ends before the tensor does.
+        """
+        array = np.frombuffer(self._mapped(), dtype=self._dtype.numpy())
         return array.reshape(self._shape.numpy())
+
+    def _mapped(self) -> memoryview | bytes:
+        if self.length == 0:
+            return b""
+        with open(self.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < self.offset + self.length:
+                raise self.truncated()
+            start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
+            try:
+                mapped = mmap.mmap(
+                    f.fileno(), self.offset + self.length - start, offset=start,
+                    access=mmap.ACCESS_READ,
+                )  # fmt: skip
+            except (OSError, ValueError):  # (a file system that cannot map)
+                return self.tobytes()
+        if hasattr(mapped, "madvise"):  # (read ahead what is not in the page cache yet)
+            mapped.madvise(mmap.MADV_WILLNEED)
+        return memoryview(mapped)[self.offset - start :]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

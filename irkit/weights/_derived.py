@@ -611,32 +611,72 @@ def _evaluate(
     read: Callable[[Leaf], Array],
     packs: PackCache | None,
     read_stored: Callable[[Leaf], Array] | None,
+    packing: bool = False,
 ) -> Array:
+    """``recipe``'s value; ``packing``: for the packer, which takes any layout and dtype
+    (:func:`_concat`)."""
     if isinstance(recipe, Leaf):
         return read(recipe)
     if isinstance(recipe, Packed) and packs is not None:
         source = recipe.source
         stored = read_stored is not None and all(isinstance(n, _MOVES) for n in _nodes(source))
         reader = read_stored if stored and read_stored is not None else read
-        return packs.part(recipe, lambda: _evaluate(source, reader, packs, read_stored))
-    if isinstance(recipe, Concat):  # into the result part by part: one source read at a time
-        out = np.empty(recipe.shape, dtype=recipe.dtype.numpy())
-        index: list[slice] = [slice(None)] * len(recipe.shape)
-        start = 0
-        for part in recipe.parts:
-            value = _evaluate(part, read, packs, read_stored)
-            index[recipe.axis] = slice(start, start + value.shape[recipe.axis])
-            _assign(out[tuple(index)], value)
-            start += value.shape[recipe.axis]
-            del value
-        return out
-    args = [_evaluate(source, read, packs, read_stored) for source in recipe.sources()]
+        return packs.part(recipe, lambda: _evaluate(source, reader, packs, read_stored, True))
+    if isinstance(recipe, Concat):
+        return _concat(recipe, read, packs, read_stored, packing)
+    args = [_evaluate(source, read, packs, read_stored, packing) for source in recipe.sources()]
     return recipe.compute(args)
 
 
+def _concat(
+    recipe: Concat,
+    read: Callable[[Leaf], Array],
+    packs: PackCache | None,
+    read_stored: Callable[[Leaf], Array] | None,
+    packing: bool,
+) -> Array:
+    """The concatenation filled part by part: the result and one source read at a time.
+
+    For the packer (``packing``) a ``(K, N)`` concatenation of transposed matrices along ``N``
+    (packed Q/K/V, gate/up: ``Linear`` weights stacked) is filled as its transpose, each part a
+    contiguous copy of the stored rows, and returned as a view: the packer reads the rows of
+    ``Wᵀ`` (no transposed copy); and it keeps the parts' dtype while they all share one (the
+    float16 checkpoint tensors of a float32 weight, converted by the packer chunk by chunk),
+    else converts to the recipe's dtype.
+    """
+    rows_first = (
+        packing
+        and len(recipe.shape) == 2
+        and recipe.axis == 1
+        and all(isinstance(p, Transpose) and p.perm == (1, 0) for p in recipe.parts)
+    )
+    shape = recipe.shape[::-1] if rows_first else recipe.shape
+    axis = 0 if rows_first else recipe.axis
+    out: Array | None = None
+    index: list[slice] = [slice(None)] * len(shape)
+    start = 0
+    for part in recipe.parts:
+        value = _evaluate(part, read, packs, read_stored, packing)
+        if rows_first:
+            value = value.T
+        if out is None:
+            same = packing and value.dtype.kind == "f"
+            out = np.empty(shape, dtype=value.dtype if same else recipe.dtype.numpy())
+        elif value.dtype != out.dtype and not np.can_cast(value.dtype, out.dtype, "safe"):
+            out = out.astype(recipe.dtype.numpy())  # (parts of several dtypes: the recipe's)
+        index[axis] = slice(start, start + value.shape[axis])
+        _assign(out[tuple(index)], value)
+        start += value.shape[axis]
+        del value
+    if out is None:
+        raise WeightsError("concat: a concatenation of no tensors.")
+    return out.T if rows_first else out
+
+
 _MOVES = (Leaf, Transpose, Narrow, Reshape, Concat)
-"""Recipes that only move elements (a :class:`Concat` fills its result in its own dtype): over a
-narrower stored float tensor they give the same values, converted later."""
+"""Recipes that only move elements (a :class:`Concat` for the packer keeps its parts' dtype:
+:func:`_concat`): over a narrower stored float tensor they give the same values, converted
+later."""
 
 
 _BLOCK = 64  # columns of a transposed copy per step: its source rows stay in the cache

@@ -23,6 +23,7 @@ at most one chunk (16 MiB) or, for tensors held in memory, that tensor.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
@@ -246,17 +247,70 @@ def _write_all(
     for i in range(len(tensors) - 2, -1, -1):
         following = tensors[i + 1]
         ahead[i] = following if isinstance(following, FileTensor) else ahead[i + 1]
-    with os.fdopen(fd, "wb", closefd=False) as file:
-        for tensor, offset, next_one in zip(tensors, offsets, ahead, strict=True):
+    with os.fdopen(fd, "wb", closefd=False) as file, _Computed(tensors) as computed:
+        for i, (tensor, offset, next_one) in enumerate(zip(tensors, offsets, ahead, strict=True)):
             if isinstance(tensor, FileTensor):
                 copier.copy(tensor, offset, next_one)
             else:
                 file.seek(offset)
-                _write_in_memory(tensor, file)
+                _write_in_memory(computed.take(i), file)
                 file.flush()
                 behind.advance(offset + tensor.nbytes)
             if progress is not None:
                 progress(str(tensor.name), tensor.nbytes)
+
+
+AHEAD_BYTES = 256 << 20
+"""The largest computed tensor evaluated ahead (so at most two such are in memory at once)."""
+
+
+class _Computed:
+    """The computed tensors (``ir.LazyTensor``: converted, derived, packed weights) evaluated one
+    ahead on a worker thread, in file order, while the writer writes the one before: computing
+    (numpy, reading checkpoints: the GIL released) overlaps the disk's writeback waits.
+
+    One worker evaluates them one after another in their order, as the writer alone did (a
+    :class:`~irkit.weights._derived.PackCache` sees the same sequence). A tensor over
+    :data:`AHEAD_BYTES`, or next to one, is evaluated in its turn (memory stays one large tensor
+    beside the pipeline). :meth:`take` re-raises the worker's exception.
+    """
+
+    def __init__(self, tensors: Sequence[ir.TensorProtocol]) -> None:
+        self._tensors = tensors
+        self._lazy = [i for i, t in enumerate(tensors) if isinstance(t, ir.LazyTensor)]
+        self._next = {a: b for a, b in zip(self._lazy, self._lazy[1:], strict=False)}
+        self._pending: dict[int, concurrent.futures.Future[ir.TensorProtocol]] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> _Computed:
+        if len(self._lazy) > 1:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, "irkit-save")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _small(self, i: int) -> bool:
+        return self._tensors[i].nbytes <= AHEAD_BYTES
+
+    def take(self, i: int) -> ir.TensorProtocol:
+        """Tensor ``i``, evaluated (an ``ir.LazyTensor``'s value; any other tensor as is); the
+        next computed tensor starts on the worker."""
+        tensor = self._tensors[i]
+        if not isinstance(tensor, ir.LazyTensor):
+            return tensor
+        future = self._pending.pop(i, None)
+        following = self._next.get(i)
+        if self._pool is None or future is None and not self._small(i):
+            value = tensor.raw()  # (in its turn, nothing ahead)
+        else:
+            if future is None:
+                future = self._pool.submit(tensor.raw)
+            if following is not None and self._small(i) and self._small(following):
+                self._pending[following] = self._pool.submit(self._tensors[following].raw)
+            value = future.result()
+        return value
 
 
 def _write_in_memory(tensor: ir.TensorProtocol, file: BinaryIO) -> None:

@@ -27,12 +27,16 @@ for its codes, and keeps the candidate of least squared reconstruction error. RT
 candidates, so a block's error is never larger than RTN's (``tests/quantize/test_packing.py``
 measures how much smaller); the layout is the same, it just costs 25–120× RTN's time.
 
+RTN is computed by the row kernel of :mod:`irkit.weights._rtn_rows` (the rows of ``Wᵀ``, a
+few numpy passes per chunk, threaded); the column packer here (:func:`_quantize_columns`, the
+k-quant path) is the reference it is pinned to.
+
 :func:`quantize_columns_int8` is the other layout, ``com.microsoft.DynamicQuantizeMatMul``'s:
 int8 codes ``[K, N]`` with one symmetric float32 scale per column (the activations are quantized
 by the kernel at run time).
 
-This module imports nothing from irkit but :mod:`irkit.errors`: it is a leaf of the weights
-floor.
+This module imports nothing from irkit but :mod:`irkit.errors` and its own kernel
+(:mod:`irkit.weights._rtn_rows`): it is a leaf of the weights floor.
 """
 
 from __future__ import annotations
@@ -44,6 +48,13 @@ import numpy as np
 import numpy.typing as npt
 
 from irkit.errors import QuantizationError
+from irkit.weights._rtn_rows import (
+    extreme_scales,
+    pack_nibbles,
+    pack_zero_points,
+    range_params,
+    rtn_transposed,
+)
 
 __all__ = [
     "BITS",
@@ -145,12 +156,6 @@ def check_settings(bits: int, block_size: int) -> None:
         )
 
 
-def _round_half_away(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-    """C ``roundf``: halves away from zero (float64 holds ``x ± 0.5`` exactly)."""
-    wide = x.astype(np.float64)
-    return np.trunc(wide + np.copysign(0.5, wide))
-
-
 def _blocks(weight: npt.NDArray[np.floating], block_size: int) -> npt.NDArray[np.float32]:
     """The weight transposed to ``(N, n_blocks, block_size)`` float32, zero-padded along K."""
     k, n = weight.shape
@@ -174,10 +179,7 @@ def _finite_blocks(weight: npt.NDArray[np.floating], block_size: int) -> npt.NDA
 
 def _symmetric_scales(blocks: npt.NDArray[np.float32], bits: int) -> npt.NDArray[np.float32]:
     """Per block: the value of largest magnitude (the minimum on a tie) over ``-2^(bits-1)``."""
-    hi, lo = blocks.max(axis=2), blocks.min(axis=2)
-    extreme = np.where(np.abs(hi) > np.abs(lo), hi, lo)
-    scales: npt.NDArray[np.float32] = (extreme / np.float32(-(1 << (bits - 1)))).astype(np.float32)
-    return scales
+    return extreme_scales(blocks.max(axis=2), blocks.min(axis=2), bits)
 
 
 def _asymmetric_params(
@@ -185,14 +187,7 @@ def _asymmetric_params(
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
     """Per block: ``scale = (max - min) / (2^bits - 1)`` over the range widened to include 0, and
     the zero point ``round(-min / scale)`` clamped to the code range."""
-    top = (1 << bits) - 1
-    lo = np.minimum(blocks.min(axis=2), np.float32(0))
-    hi = np.maximum(blocks.max(axis=2), np.float32(0))
-    scales = ((hi - lo) / np.float32(top)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        zp_float = np.where(scales != 0, np.float32(0) - lo / scales, lo).astype(np.float32)
-    zero_points = np.clip(_round_half_away(zp_float), 0, top).astype(np.uint8)
-    return scales, zero_points
+    return range_params(blocks.max(axis=2), blocks.min(axis=2), bits)
 
 
 def _codes(
@@ -218,14 +213,6 @@ def _codes(
     return codes
 
 
-def _pack_nibbles(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    """Two 4-bit codes per byte along the last axis, the first in the low nibble."""
-    packed: npt.NDArray[np.uint8] = ((codes[..., 0::2] & 0xF) | (codes[..., 1::2] << 4)).astype(
-        np.uint8
-    )
-    return packed
-
-
 def _pack_codes(codes: npt.NDArray[np.uint8], k: int, bits: int) -> npt.NDArray[np.uint8]:
     """``B`` from the codes ``(N, n_blocks, block_size)``: padding rows are 0, except that for
     an odd ``K`` onnxruntime's kernel leaves the high nibble of the last byte holding the code of
@@ -237,18 +224,7 @@ def _pack_codes(codes: npt.NDArray[np.uint8], k: int, bits: int) -> npt.NDArray[
         return flat.reshape(n, n_blocks, block_size)
     if k % 2 and (k - 1) % (2 * block_size):
         flat[:, k] = flat[:, k - 2]
-    return _pack_nibbles(flat).reshape(n, n_blocks, block_size // 2)
-
-
-def _pack_zero_points(zero_points: npt.NDArray[np.uint8], bits: int) -> npt.NDArray[np.uint8]:
-    """``zero_points`` packed like ``B``; an odd block count's missing nibble is the mid value."""
-    if bits == 8:
-        return zero_points
-    n, n_blocks = zero_points.shape
-    if n_blocks % 2:
-        mid = np.full((n, 1), 1 << (bits - 1), dtype=np.uint8)
-        zero_points = np.concatenate([zero_points, mid], axis=1)
-    return _pack_nibbles(zero_points)
+    return pack_nibbles(flat).reshape(n, n_blocks, block_size // 2)
 
 
 def _checked_weight(weight: npt.ArrayLike) -> npt.NDArray[np.floating]:
@@ -401,6 +377,9 @@ def quantize_blockwise(
     array = _checked_weight(weight)
     as_dtype = _weight_dtype(array, dtype)
     k, n = array.shape
+    if chosen is Method.RTN:
+        data, scales, zero_points = rtn_transposed(array.T, bits, block_size, symmetric, as_dtype)
+        return PackedWeight(data, scales, zero_points, k, n, bits, block_size)
     step = max(1, _CHUNK_ELEMENTS // k)
     if step >= n:
         data, scales, zero_points = _quantize_columns(
@@ -452,7 +431,7 @@ def rtn_scales(
             scales32, zp = _asymmetric_params(blocks, bits)
             scales[start : start + step] = scales32
             if zero_points is not None:
-                zero_points[start : start + step] = _pack_zero_points(zp, bits)
+                zero_points[start : start + step] = pack_zero_points(zp, bits)
     return scales, zero_points
 
 
@@ -482,7 +461,7 @@ def _quantize_columns(
             scales32, zero_points = _asymmetric_params(blocks, bits)
         scales = scales32.astype(dtype)  # codes use the stored (rounded) scale, as the kernel
         codes = _codes(blocks, scales.astype(np.float32), zero_points, bits)
-    packed_zp = None if symmetric else _pack_zero_points(zero_points, bits)
+    packed_zp = None if symmetric else pack_zero_points(zero_points, bits)
     return _pack_codes(codes, k, bits), scales, packed_zp
 
 

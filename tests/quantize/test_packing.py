@@ -193,3 +193,71 @@ def test_float16_weight_packed_as_float32_equals_packing_its_float32_copy(symmet
     w16[3, 7] = np.inf
     with pytest.raises(QuantizationError, match="inf or NaN"):
         quantize_blockwise(w16, dtype=np.float32)
+
+
+def _column_rtn(w: np.ndarray, bits: int, block_size: int, symmetric: bool, dtype) -> list:
+    """The column-chunk RTN packer every RTN weight went through before the row kernel (still
+    :func:`quantize_blockwise`'s path for k-quants): the reference the row kernel is pinned to."""
+    from irkit.weights import packing
+
+    data, scales, zp = packing._quantize_columns(
+        w, bits, block_size, symmetric, Method.RTN, np.dtype(dtype)
+    )
+    return [data, scales] + ([] if zp is None else [zp])
+
+
+def _special_blocks(w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Blocks the kernel treats apart: all zero (both signs), a ±tie of the extreme, float16
+    subnormals, values that land on exact halves of the code grid, a constant block."""
+    k, n = w.shape
+    if k >= 64 and n >= 6:
+        w[:16, 0] = 0
+        w[:16, 1] = -0.0
+        w[16:32, 2] = 0
+        w[16, 2], w[20, 2] = 1.5, -1.5
+        w[32:48, 3] = rng.integers(-5, 5, 16) * np.float32(2.0**-24)  # float16 subnormals
+        w[:32, 4] = np.arange(-16, 16) / np.float32(16)  # (codes on .5: roundf vs rint)
+        w[32:64, 5] = 0.25
+    return w
+
+
+# rows not a multiple of any block, odd rows (the odd-K nibble rule), 1 column, a weight large
+# enough for the threads (2^20 elements), and a C-contiguous (K, N) array (no free transpose)
+PIN_SHAPES = [(67, 5), (33, 7), (1, 3), (31, 1), (97, 301), (300, 6), (1000, 1100), (2048, 520)]
+
+
+@pytest.mark.parametrize(("bits", "block_size", "symmetric"), SETTINGS)
+def test_row_kernel_equals_the_column_packer(bits, block_size, symmetric):
+    """The RTN row kernel (``irkit.weights._rtn_rows``: integer range keys, float16 bit conversion,
+    ``floor(y + 0.49999997)``, threads) gives the old packer's bytes on random weights of odd
+    shapes, float32 and float16, packed as their own dtype and float16 as float32, whether the
+    weight is a transposed view (``Linear.weight.T``, the streamed case) or C-contiguous."""
+    rng = np.random.default_rng(bits * 1000 + block_size + symmetric)
+    for k, n in PIN_SHAPES:
+        for dtype, as_dtype in ((np.float32, None), (np.float16, None), (np.float16, np.float32)):
+            scale = (0.02, 3.0, 1e-3)[int(rng.integers(3))]
+            base = _special_blocks(rng.standard_normal((k, n)).astype(np.float32) * scale, rng)
+            w16 = base.astype(dtype)
+            for w in (np.ascontiguousarray(w16.T).T, np.ascontiguousarray(w16)):
+                expected = _column_rtn(w, bits, block_size, symmetric, as_dtype or dtype)
+                packed = quantize_blockwise(
+                    w, bits=bits, block_size=block_size, symmetric=symmetric, dtype=as_dtype
+                )
+                got = [packed.data, packed.scales] + ([] if symmetric else [packed.zero_points])
+                names = ("B", "scales", "zp")[: len(got)]
+                for name, ours, theirs in zip(names, got, expected, strict=True):
+                    where = f"{name} of {k}x{n} {np.dtype(dtype).name} as {as_dtype}"
+                    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
+                    assert ours.tobytes() == theirs.tobytes(), where
+
+
+def test_row_kernel_refuses_inf_and_nan_in_any_block():
+    """The row kernel finds a non-finite value from the range keys (float16 bit conversion
+    would turn inf into a finite number): a ``QuantizationError``, whichever block holds it."""
+    for dtype in (np.float16, np.float32):
+        for bad in (np.inf, -np.inf, np.nan):
+            w = np.ones((64, 40), dtype)
+            w[37, 29] = bad
+            for symmetric in (True, False):
+                with pytest.raises(QuantizationError, match="inf or NaN"):
+                    quantize_blockwise(w, symmetric=symmetric, dtype=np.float32)
