@@ -124,6 +124,25 @@ def test_multi_head_attention_declines_a_mask_broadcast_over_queries():
     )
 
 
+def test_multi_head_attention_declines_a_minus_inf_mask():
+    # a boolean SDPA mask as irkit lowers it: onnxruntime's MultiHeadAttention gives NaN where
+    # a query's every key is -inf, Attention (and torch) 0; the Attention stays and keeps 0
+    m = parse("""g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v, bool[1,1,3,3] keep)
+      => (float[1,2,3,8] y) {
+        zero = Constant<value = float zero {0.0}>()
+        minus_inf = Constant<value = float minus_inf {-inf}>()
+        mask = Where(keep, zero, minus_inf)
+        y = Attention(q, k, v, mask) }""")
+    no_fire(m, "MultiHeadAttention", "the mask holds -inf (a boolean mask's fill)")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 3, 8), dtype=np.float32) for _ in range(3))
+    keep = np.ones((1, 1, 3, 3), dtype=bool)
+    keep[0, 0, 1] = False
+    for model in (m, irkit.optimize(clone(m), target="ort")):
+        (y,) = run_ort(model, [q, k, v, keep])
+        assert np.isfinite(y).all() and not y[0, :, 1].any()
+
+
 def test_multi_head_attention_declines_grouped_heads():
     no_fire(
         _gqa("float", 1, 4, 2, 3, 2, 8, causal=0),
