@@ -90,8 +90,8 @@ def _sdpa_masked(
     if attn_mask.dtype == ir.DataType.BOOL:
         minus_inf = op.Constant(value=ir.tensor(-math.inf, dtype=query.dtype))
         attn_mask = op.Where(attn_mask, zero, minus_inf)
-    root = op.Sqrt(scale)
-    scores = op.MatMul(op.Mul(query, root), op.Mul(_key_transposed(key), root))
+    key_transposed = _key_transposed(key)
+    scores = op.MatMul(op.Mul(query, op.Sqrt(scale)), op.Mul(key_transposed, op.Sqrt(scale)))
     probs = op.Softmax(op.Add(scores, attn_mask), axis=-1)
     probs = op.Where(op.IsNaN(probs), zero, probs)  # a row of -inf: 0, as torch
     if dropout_p != 0:
