@@ -484,6 +484,24 @@ def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
         np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
 
 
+def test_group_query_attention_masked_declines_a_minus_inf_mask():
+    # causal=0 (gqa_masked): onnxruntime's GroupQueryAttention gives NaN for a query whose every
+    # key is -inf, as MultiHeadAttention does; the Attention stays and gives 0
+    m = parse("""g (float[1,2,3,16] q, float[1,2,3,16] k, float[1,2,3,16] v, bool[1,1,3,3] keep)
+      => (float[1,2,3,16] y) {
+        zero = Constant<value = float zero {0.0}>()
+        minus_inf = Constant<value = float minus_inf {-inf}>()
+        mask = Where(keep, zero, minus_inf)
+        y = Attention(q, k, v, mask) }""")
+    report = RewriteReport()
+    irkit.rewrite(
+        m, ort.default_rules(gqa_masked=True), explain="GroupQueryAttention", report=report
+    )
+    assert not report.fired.get("GroupQueryAttention")
+    reason = "NaN in GroupQueryAttention with causal=0"
+    assert any(reason in r for r in report.rules["GroupQueryAttention"].failures)
+
+
 def test_group_query_attention_masked_declines_float16_batches_with_a_past():
     m = _gqa("float16", 2, 4, 2, 1, 2, 16, causal=0, mask=True)
     report = RewriteReport()

@@ -239,8 +239,9 @@ def _no_inf_bias(mask: ir.Value, op_type: str) -> Verdict:
     """A contrib op's ``attention_bias`` must not mask a query's every key with ``-inf``:
     onnxruntime 1.32's ``MultiHeadAttention`` returns NaN for such a row (measured), where the
     graph — torch's SDPA, ``Where(mask, 0, -inf)`` and the NaN guard — and the opset-23
-    ``Attention`` return 0 (so does ``GroupQueryAttention``: not needed there). A mask seen to
-    hold ``-inf`` (:func:`_holds_minus_inf`) keeps the ``Attention``."""
+    ``Attention`` return 0. ``GroupQueryAttention`` returns 0 there when causal, NaN with
+    ``causal=0`` (``gqa_masked``). A mask seen to hold ``-inf`` (:func:`_holds_minus_inf`) keeps
+    the ``Attention``."""
     if not _holds_minus_inf(mask):
         return True
     return fail(
