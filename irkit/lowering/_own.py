@@ -19,6 +19,7 @@ import torch
 from onnxscript import opset18 as op
 
 from irkit.lowering import (
+    _own_attention,
     _own_indexing,
     _own_integer,
     _own_ordering,
@@ -450,16 +451,9 @@ def _cross_entropy_gap(node: torch.fx.Node) -> bool:
     )
 
 
-@torchlib_gap(aten.scaled_dot_product_attention.default)
-def _not_4d(node: torch.fx.Node) -> bool:
-    """``scaled_dot_product_attention`` of query/key/value not all 4-D (NesT's and Twins'
-    ``(B, T, H, N, D)`` blocks): torchlib asserts 4-D; torch's math decomposition takes any rank."""
-    values = [a.meta.get("val") for a in node.args[:3] if isinstance(a, torch.fx.Node)]
-    return any(isinstance(v, torch.Tensor) and v.dim() != 4 for v in values)
-
-
 _MODULES = (
     sys.modules[__name__],
+    _own_attention,
     _own_indexing,
     _own_ordering,
     _own_pool,

@@ -14,8 +14,9 @@ Four rules, applied in stages (each fires on what the previous one produced):
 
 ``Attention``
     The attention core. Matched forms: torchlib's SDPA expansion (``(q·√s) @ (kᵀ·√s)``, the
-    additive mask — or the ``Where(bool_mask, 0, lowest)`` it builds from a boolean one — then
-    ``Softmax`` and the ``Where(IsNaN(p), 0, p)`` guard), and eager attention (``(q @ kᵀ) · s``
+    additive mask — or the ``Where(bool_mask, 0, -inf)`` irkit's lowering builds from a
+    boolean one (torchlib's ``lowest``: also matched) — then ``Softmax`` and the
+    ``Where(IsNaN(p), 0, p)`` guard), and eager attention (``(q @ kᵀ) · s``
     or ``/ c``, optionally capped ``Tanh(x / c) · c`` with ``c`` the same positive constant,
     ``+ mask``, ``Softmax``, optionally between ``Cast`` s as HF's fp16 eager code does).
     ``kᵀ`` is ``Transpose(k, perm=[0, 1, 3, 2])`` or torchlib's ``Reshape(Transpose(Reshape(k,
@@ -404,8 +405,8 @@ def _mask_floor(
     """The floor the mask is raised to, so that onnxruntime computes what the graph does.
 
     onnxruntime's CPU ``Attention`` returns 0 for a query whose every key is masked with the
-    dtype's lowest value (``finfo.min``, Hugging Face's fill and torchlib's for a boolean
-    mask; measured on 1.32) or ``-inf``, where ``softmax(scores + lowest)`` averages the values
+    dtype's lowest value (``finfo.min``, Hugging Face's fill; measured on 1.32) or ``-inf``
+    (irkit's fill for a boolean SDPA mask, zeroed by the NaN guard as torch does), where ``softmax(scores + lowest)`` averages the values
     (``lowest + score`` rounds to ``lowest``: a left-padded query, a padded patch). Raised to
     the next value up, the mask masks the same keys and such a row averages as in the graph.
     Findings: ``floor`` (``None``: none needed — no mask, torchlib's causal mask, a constant

@@ -18,15 +18,16 @@ table stops recomputing them. Identities:
 - ``x · Sigmoid(x) = com.microsoft.QuickGelu(x, alpha=1)`` (``SiLU``; float32, the op's CPU
   kernel). onnxruntime fuses it itself when it loads the model: one node less in the file, no
   change in kernel time.
-- The export's mask ``Where(causal ∧ padding, 0, lowest)``, with ``causal[i, j] = j ≤ P + i``
+- The export's mask ``Where(causal ∧ padding, 0, -inf)`` (``lowest``: also matched), with ``causal[i, j] = j ≤ P + i``
   (``Range`` over ``T = P + S`` against ``Range(S) + P``) and ``padding = attention_mask[:, :T] ≠ 0``,
   is ``Attention(is_causal=1)`` with the padding alone, ``Where(padding, 0, lowest)`` expanded
   to ``[B, 1, S, T]`` (``CausalPaddingMask``: 17 nodes → ``Cast``, ``Unsqueeze``, ``Where``,
   ``Shape``, ``Concat``, ``Expand``). onnxruntime 1.32's CPU ``Attention`` aligns ``is_causal``
   to the bottom right when it has a past (query ``i`` sees keys ``≤ P + i``), gives the
-  export's numbers but in the query rows whose every key is masked (left padding longer than
-  the past: 0 there, where the export — its mask floored by :mod:`irkit.rules.attention` —
-  averages the values; a padded token's row, tested), and
+  export's numbers, also in the query rows whose every key is masked (left padding longer than
+  the past: 0 there, as torch's SDPA and the export's NaN guard give for its ``-inf`` fill;
+  with a ``lowest`` fill the graph — floored by :mod:`irkit.rules.attention` — averages them
+  where the op gives 0; a padded token's row, tested), and
   refuses a mask whose query axis is 1 when ``S > 1`` (hence the ``Expand``). The mask stays
   float: a bool one gives the same numbers in onnxruntime, but the spec's −∞ for ``False``
   makes fully masked rows NaN, which the next layer's values spread to every row. An ``attention_mask`` wider than ``T`` was
@@ -40,7 +41,7 @@ Preconditions (``RotaryPositionTable``): opset ≥ 23; the ``RotaryEmbedding`` h
 Preconditions (``CausalPaddingMask``): opset ≥ 23; a 3-D float32 ``Attention`` with a past and
 present key/value, q, k and v of one sequence length, ``is_causal``, ``softcap`` and
 ``qk_matmul_output_mode`` unset or 0; its mask exactly the chain above with the fill float32's
-lowest; ``S`` and ``P`` read by ``Squeeze(Shape(x, start=a, end=a + 1))`` from dims equal (same
+lowest or ``-inf``; ``S`` and ``P`` read by ``Squeeze(Shape(x, start=a, end=a + 1))`` from dims equal (same
 int or symbol) to q's sequence and the past key's length; ``attention_mask`` 2-D.
 
 Measured (bench/bench_quantize.py's reference model, int4, decode@127, one thread, a busy
@@ -278,8 +279,8 @@ def _check_mask(
     if found["fill"].dtype != ir.DataType.FLOAT:
         return fail(f"the mask is {found['fill'].dtype}: the rule is proven on float32", mask)
     fill = scalar(found["fill"])
-    if fill is None or fill != float(np.finfo(np.float32).min):
-        return fail("the masked fill is not float32's lowest", found["fill"])
+    if fill is None or fill not in (float(np.finfo(np.float32).min), -np.inf):
+        return fail("the masked fill is not float32's lowest or -inf", found["fill"])
     seq, past = _length_source(found["S"]), _length_source(found["P"])
     if seq is None or not _same_dim(seq[0], seq[2], q, 1):
         return fail("S is not read from a dim equal to q's sequence length", found["S"])

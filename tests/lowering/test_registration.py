@@ -28,9 +28,12 @@ def test_the_table_holds_decorated_factory_made_and_delegating_lowerings():
     assert table[aten._is_all_true.default].fn is expected
     # A factory's product, registered by assignment (pooling per spatial rank).
     assert table[aten.avg_pool2d.default].fn is not table[aten.avg_pool3d.default].fn
-    # torchlib's gaps are records without a lowering of their own.
-    gap = table[aten.scaled_dot_product_attention.default]
+    # torchlib's gaps are records without a lowering of their own ...
+    gap = table[aten.cross_entropy_loss.default]
     assert gap.fn is None and gap.torchlib_gap is not None
+    # ... or with one for some nodes (a masked 4-D SDPA) and a gap for others (not 4-D).
+    sdpa = table[aten.scaled_dot_product_attention.default]
+    assert sdpa.fn is not None and sdpa.applies is not None and sdpa.torchlib_gap is not None
     assert all(record.target == target for target, record in table.items())
 
 

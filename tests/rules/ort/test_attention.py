@@ -124,6 +124,25 @@ def test_multi_head_attention_declines_a_mask_broadcast_over_queries():
     )
 
 
+def test_multi_head_attention_declines_a_minus_inf_mask():
+    # a boolean SDPA mask as irkit lowers it: onnxruntime's MultiHeadAttention gives NaN where
+    # a query's every key is -inf, Attention (and torch) 0; the Attention stays and keeps 0
+    m = parse("""g (float[1,2,3,8] q, float[1,2,3,8] k, float[1,2,3,8] v, bool[1,1,3,3] keep)
+      => (float[1,2,3,8] y) {
+        zero = Constant<value = float zero {0.0}>()
+        minus_inf = Constant<value = float minus_inf {-inf}>()
+        mask = Where(keep, zero, minus_inf)
+        y = Attention(q, k, v, mask) }""")
+    no_fire(m, "MultiHeadAttention", "the mask holds -inf (a boolean mask's fill)")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 3, 8), dtype=np.float32) for _ in range(3))
+    keep = np.ones((1, 1, 3, 3), dtype=bool)
+    keep[0, 0, 1] = False
+    for model in (m, irkit.optimize(clone(m), target="ort")):
+        (y,) = run_ort(model, [q, k, v, keep])
+        assert np.isfinite(y).all() and not y[0, :, 1].any()
+
+
 def test_multi_head_attention_declines_grouped_heads():
     no_fire(
         _gqa("float", 1, 4, 2, 3, 2, 8, causal=0),
@@ -463,6 +482,24 @@ def test_group_query_attention_masked_opt_in(b, heads, s, p, t, causal):
     inputs[-1] = np.where(rng.random(inputs[-1].shape) < 0.3, -1e4, 0).astype(TYPES[t])
     for a, e in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
         np.testing.assert_allclose(a, e, atol=ATOL[t], rtol=ATOL[t])
+
+
+def test_group_query_attention_masked_declines_a_minus_inf_mask():
+    # causal=0 (gqa_masked): onnxruntime's GroupQueryAttention gives NaN for a query whose every
+    # key is -inf, as MultiHeadAttention does; the Attention stays and gives 0
+    m = parse("""g (float[1,2,3,16] q, float[1,2,3,16] k, float[1,2,3,16] v, bool[1,1,3,3] keep)
+      => (float[1,2,3,16] y) {
+        zero = Constant<value = float zero {0.0}>()
+        minus_inf = Constant<value = float minus_inf {-inf}>()
+        mask = Where(keep, zero, minus_inf)
+        y = Attention(q, k, v, mask) }""")
+    report = RewriteReport()
+    irkit.rewrite(
+        m, ort.default_rules(gqa_masked=True), explain="GroupQueryAttention", report=report
+    )
+    assert not report.fired.get("GroupQueryAttention")
+    reason = "NaN in GroupQueryAttention with causal=0"
+    assert any(reason in r for r in report.rules["GroupQueryAttention"].failures)
 
 
 def test_group_query_attention_masked_declines_float16_batches_with_a_past():

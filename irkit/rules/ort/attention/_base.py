@@ -12,6 +12,7 @@ import onnx_ir as ir
 from irkit.rewriting import (
     MatchFailure,
     RewriteBuilder,
+    Verdict,
     attr,
     const_value,
     dims,
@@ -195,6 +196,59 @@ def _mask_rank(mask: ir.Value, q: ir.Value) -> int | MatchFailure:
     if rank is None or rank > 4:
         return fail(f"mask rank {rank} unknown or > 4", mask)
     return rank
+
+
+# Ops that pass their data input's values through (shape-only ops, casts).
+_VALUE_PRESERVING = frozenset(
+    {"Cast", "Expand", "Identity", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"}
+)
+
+
+def _keeps_minus_inf(where: ir.Node) -> bool:
+    """``Where(Equal(x, lowest), floor, x)``: the floor :mod:`irkit.rules.attention` raises a
+    mask to where ``-inf`` may occur (under torchlib's NaN guard, a mask of unknown fills)."""
+    cond, _, other = where.inputs
+    p = cond.producer() if cond is not None else None
+    return p is not None and p.op_type == "Equal" and other is not None and other in p.inputs
+
+
+def _holds_minus_inf(value: ir.Value | None, depth: int = 16) -> bool:
+    """Whether ``value`` (an additive mask) is seen to hold ``-inf``: a constant with one, a
+    ``Where`` with such a branch (the ``Where(mask, 0, -inf)`` of a boolean SDPA mask,
+    ``masked_fill(-inf)``) or the floor of :mod:`irkit.rules.attention` that keeps ``-inf``
+    (:func:`_keeps_minus_inf`), or a shape-only op or cast of one. A mask computed out of view
+    (a graph input of an ONNX file from elsewhere) is not."""
+    if value is None or depth == 0:
+        return False
+    arr = const_value(value)
+    if arr is not None:
+        return bool(arr.dtype.kind == "f" and np.any(np.isneginf(arr)))
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type == "Where":
+        if _keeps_minus_inf(node):
+            return True
+        return any(_holds_minus_inf(x, depth - 1) for x in node.inputs[1:])
+    if node.op_type in _VALUE_PRESERVING:
+        return _holds_minus_inf(node.inputs[0], depth - 1)
+    return False
+
+
+def _no_inf_bias(mask: ir.Value, op_type: str) -> Verdict:
+    """A contrib op's ``attention_bias`` must not mask a query's every key with ``-inf``:
+    onnxruntime 1.32's ``MultiHeadAttention`` returns NaN for such a row (measured), where the
+    graph — torch's SDPA, ``Where(mask, 0, -inf)`` and the NaN guard — and the opset-23
+    ``Attention`` return 0. ``GroupQueryAttention`` returns 0 there when causal, NaN with
+    ``causal=0`` (``gqa_masked``). A mask seen to hold ``-inf`` (:func:`_holds_minus_inf`) keeps
+    the ``Attention``."""
+    if not _holds_minus_inf(mask):
+        return True
+    return fail(
+        f"the mask holds -inf (a boolean mask's fill): a query masked at every key gives "
+        f"NaN in {op_type}, 0 in Attention and in torch",
+        mask,
+    )
 
 
 def _bias4(op: RewriteBuilder, mask: ir.Value | None, rank: int | None) -> ir.Value | None:

@@ -24,6 +24,7 @@ from irkit.rules.ort.attention._base import (
     _common,
     _Heads,
     _mask_rank,
+    _no_inf_bias,
     _to3,
     _to4,
 )
@@ -66,6 +67,10 @@ def _check_gqa(
     mask_rank = None if mask is None else _mask_rank(mask, q)
     if isinstance(mask_rank, MatchFailure):
         return mask_rank
+    if mask is not None and not is_causal:  # (causal: 0 for such a row, measured)
+        finite = _no_inf_bias(mask, "GroupQueryAttention with causal=0")
+        if finite is not True:
+            return finite
     if heads.head_size % 8:
         return fail(
             f"head size {heads.head_size} is not a multiple of 8 (onnxruntime CPU)", None, node

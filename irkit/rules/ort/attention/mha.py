@@ -24,6 +24,7 @@ from irkit.rules.ort.attention._base import (
     _Heads,
     _input,
     _mask_rank,
+    _no_inf_bias,
     _to3,
     _to4,
 )
@@ -72,6 +73,9 @@ def _check_mha(
     fits = True if mask is None else _bias_fits(mask, q, k, _input(node, 4))
     if fits is not True:
         return fits
+    finite = True if mask is None else _no_inf_bias(mask, "MultiHeadAttention")
+    if finite is not True:
+        return finite
     return {"heads": heads, "mask_rank": mask_rank}
 
 
