@@ -6,8 +6,8 @@ the same name as an extra output and runs in onnxruntime (optimizations off). Va
 compared in the program's order; the first that differ is where to look (the lowering of that
 node, or an op whose inputs tie as ``topk`` of equal scores does).
 
-Caveat: a value an in-place op mutates later (``embeddings += …``) is compared with its final
-torch value; such a node can show up as differing although its lowering is right.
+Each torch value is copied as its node computes it, so a value an in-place op mutates later
+(``embeddings += …``) is compared as it was.
 
 Usage::
 
@@ -68,7 +68,8 @@ def torch_values(ep: torch.export.ExportedProgram, args: Sequence[Any]) -> dict[
     class Recording(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             result = super().run_node(n)
-            values[n.name] = result
+            # a copy: an in-place op later must not change what this node computed
+            values[n.name] = result.clone() if isinstance(result, torch.Tensor) else result
             return result
 
     with torch.no_grad():

@@ -41,15 +41,19 @@ import numpy as np
 from irkit.errors import ExportError, LoweringOptionsError
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.llm._states import (
+    ListedStates,
     StateSpec,
     empty_cache,
     fill_cache,
+    find_listed_states,
     flat_model,
     has_state_layers,
+    keep_module_states,
     past_to_present,
     probe_states,
     read_states,
     typed_cache_layers,
+    widened,
 )
 
 __all__ = [
@@ -333,13 +337,17 @@ def cache_layout(model: Any) -> CacheLayout:
     import torch
 
     binding = _bind(model)
-    if not binding.cache:  # no cache: nothing carried between steps
-        import torch
+    if not binding.cache:  # no cache: nothing carried between steps, or a state list (RWKV)
+        from irkit.llm._stacked_states import stacked_states
 
+        specs = stacked_states(model)
+        if specs:
+            return CacheLayout((), (), dtype=specs[0].dtype, states=specs)
         first = next(iter(model.parameters()), None)
         return CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
+    weighted = not any(p.is_meta for p in model.parameters())
     # a meta-device model runs on fake CPU tensors, and is left as it was
-    with torch.no_grad(), probe_mode(model):
+    with torch.no_grad(), probe_mode(model), keep_module_states(model):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 2), dtype=torch.long, device=device)
         states = has_state_layers(model.config)
@@ -354,9 +362,13 @@ def cache_layout(model: Any) -> CacheLayout:
             output = model(**kwargs)
         except Exception as exc:
             name = type(model).__name__
+            own = _own_cache(model, kwargs, binding.cache, passed)
+            listed = None if own is None else find_listed_states(own, model.config)
+            if listed is not None:  # its states kept in a list of its own (MiniMaxCache)
+                return _state_layout(model, own, listed)
             raise (
                 _constraint_error(name, exc)
-                or _own_cache_error(model, kwargs, binding.cache, passed)
+                or _own_cache_error(model, own, passed)
                 or _own_layer_error(model)
                 or _export_error(f"running {name} on a 2-token prompt", exc)
             ) from exc
@@ -369,16 +381,17 @@ def cache_layout(model: Any) -> CacheLayout:
                 f"use_cache=True ({_versions()}); only models with a KV cache can be exported"
             )
         if states:
-            return _state_layout(model, cache)
+            layout = _state_layout(model, cache)
+            if weighted:  # numbers: which conv states the next step reads whole
+                specs = _whole_convs(model, binding, cache, layout.states)
+                layout = dataclasses.replace(layout, states=specs)
+            return layout
         return _layer_shapes(model, cache)
 
 
-def _own_cache_error(
-    model: Any, kwargs: dict[str, Any], argument: str, passed: Any
-) -> ExportError | None:
-    """Where the model refused the cache it was given: if, given none, it makes a cache of its
-    own class (MiniMax's ``MiniMaxCache``), the error naming that class and what it keeps
-    outside transformers' typed layers; else None."""
+def _own_cache(model: Any, kwargs: dict[str, Any], argument: str, passed: Any) -> Any:
+    """Where the model refused the cache it was given: the cache of its own class it makes
+    given none (MiniMax's ``MiniMaxCache``, xLSTM's ``xLSTMCache``), else None."""
     try:
         output = model(**{k: v for k, v in kwargs.items() if k != argument})
     except Exception:  # it fails without a cache too: the original error stands
@@ -390,7 +403,13 @@ def _own_cache_error(
              if output.get(k) is not None),
             None,
         )  # fmt: skip
-    if own is None or type(own) is type(passed):
+    return None if own is None or type(own) is type(passed) else own
+
+
+def _own_cache_error(model: Any, own: Any, passed: Any) -> ExportError | None:
+    """The error naming the model's own cache class (:func:`_own_cache`) and what it keeps
+    outside transformers' typed layers that no kind reads; None where there is none."""
+    if own is None:
         return None
     extra = sorted(
         name
@@ -428,8 +447,81 @@ def _own_layer_error(model: Any) -> ExportError | None:
     )
 
 
-def _state_layout(model: Any, cache: Any) -> CacheLayout:
-    specs = tuple(probe_states(cache))
+def _whole_convs(
+    model: Any, binding: _Binding, cache: Any, specs: tuple[StateSpec, ...]
+) -> tuple[StateSpec, ...]:
+    """``specs`` with each convolution state whose oldest column the model reads carried whole.
+
+    A convolution of width ``K`` over ``cat(state, new)`` never reads the oldest of the ``K``
+    columns transformers keeps, and irkit carries ``K - 1`` (genai's ``conv_cache_size``). A
+    model whose convolutions read all of them (stacked kernels keeping exactly their joint left
+    context) would be silently wrong with that. Checked, not assumed: one more token after the
+    probe's prompt with a NaN in the oldest column of every conv state. A NaN is read wherever
+    it reaches the logits or an attention's inputs (attention kernels may drop a NaN score; a
+    NaN times a zero weight stays NaN, so a zero-initialized scale does not hide a read); then
+    each state is tried alone. The model runs 1 + (number of conv states, only where one is
+    read) one-token steps.
+    """
+    import torch
+
+    convs = [i for i, spec in enumerate(specs) if spec.kind.name == "conv"]
+    if not convs or any(spec.kind.on_module for spec in specs):
+        return specs  # (states a module holds: its export kernel reads what it carries)
+    whole = [
+        widened(spec, cache.layers[spec.layer]) if i in convs else spec
+        for i, spec in enumerate(specs)
+    ]
+    tensors = [spec.kind.read(cache.layers[spec.layer], spec.index) for spec in whole]
+    ids = torch.ones((1, 1), dtype=torch.long, device=tensors[0].device)
+    grown = [t for s, t in zip(whole, tensors, strict=True) if s.kind.sequence_axis]
+    past = int(grown[0].shape[2]) if grown else 2
+
+    def reads(marked: list[int]) -> bool:
+        fed = [t.clone() for t in tensors]
+        for i in marked:
+            fed[i][..., 0] = float("nan")
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            binding.cache: fill_cache(model.config, whole, fed),
+        }
+        if binding.attention_mask:
+            kwargs["attention_mask"] = torch.ones((1, past + 1), dtype=torch.long)
+        if binding.use_cache:
+            kwargs["use_cache"] = True
+        with _nan_at_attention() as seen:
+            logits = model(**kwargs).logits
+        return seen.found or bool(torch.isnan(logits).any())
+
+    if not reads(convs):
+        return specs
+    return tuple(whole[i] if i in convs and reads([i]) else s for i, s in enumerate(specs))
+
+
+def _nan_at_attention() -> Any:
+    """A ``TorchFunctionMode`` noting (``.found``) whether a NaN reaches
+    ``scaled_dot_product_attention``'s query, key or value."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class NaNAtAttention(TorchFunctionMode):  # type: ignore[misc]
+        found = False
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                tensors = [*args[:3], *(kwargs.get(k) for k in ("query", "key", "value"))]
+                self.found = self.found or any(
+                    isinstance(t, torch.Tensor) and bool(torch.isnan(t).any()) for t in tensors
+                )
+            return func(*args, **kwargs)
+
+    return NaNAtAttention()
+
+
+def _state_layout(model: Any, cache: Any, listed: ListedStates | None = None) -> CacheLayout:
+    specs = tuple(probe_states(cache, model, listed))
     if not specs:
         raise ExportError(
             f"export_causal_lm: {type(model).__name__} returned a cache with no tensors of a "
@@ -517,11 +609,19 @@ def _torch_inputs(
         k: convert(feeds[k]) for k in ("input_ids", "attention_mask", "position_ids") if k in feeds
     }
     if not binding.cache:
+        from irkit.llm._stacked_states import STATE_ARGUMENT, stacked_list
+
+        specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
+        if specs:
+            inputs[STATE_ARGUMENT] = stacked_list(
+                specs, [convert(feeds[s.past_name]) for s in specs]
+            )
+            inputs["use_cache"] = True
         return inputs
     if has_state_layers(model.config):
         specs = cache_layout(model).states
         tensors = [convert(feeds[spec.past_name]) for spec in specs]
-        inputs[binding.cache] = fill_cache(model.config, specs, tensors)
+        inputs[binding.cache] = fill_cache(model.config, specs, tensors, model)
         attends = any(spec.kind.sequence_axis is not None for spec in specs)
         if not attends and "attention_mask" in inputs:  # (as the exported model reads it)
             inputs["attention_mask"] = inputs["attention_mask"][:, -feeds["input_ids"].shape[1] :]
@@ -548,6 +648,8 @@ def torch_inputs(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
     Returns:
         ``{"input_ids": tensor, ..., <cache argument>: DynamicCache, "use_cache": True}``, the
         cache under the name ``model.forward`` gives it (``cache`` or ``past_key_values``).
+        States a model keeps on its modules (RecurrentGemma's) are set as those modules'
+        attributes (:func:`irkit.llm._states.keep_module_states` puts them back).
     """
     import torch
 
@@ -566,16 +668,24 @@ def run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """
     import torch
 
+    with torch.no_grad(), keep_module_states(model):  # (module-held states: put back)
+        return _run_eager(model, feeds)
+
+
+def _run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     inputs = torch_inputs(model, feeds)
-    with torch.no_grad():
-        out = model(**inputs)
+    out = model(**inputs)
     if not _bind(model).cache:
-        return [out.logits.float().numpy()]
+        from irkit.llm._stacked_states import STATE_ARGUMENT, read_stacked
+
+        specs = cache_layout(model).states  # a state list of its own (RWKV), or no cache
+        states = read_stacked(out[STATE_ARGUMENT], specs) if specs else []
+        return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
     if has_state_layers(model.config):
-        states = read_states(cache, cache_layout(model).states)
+        states = read_states(cache, cache_layout(model).states, model)
         return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     keys = [layer.keys.float().numpy() for layer in cache.layers]
     values = [layer.values.float().numpy() for layer in cache.layers]
@@ -834,7 +944,7 @@ def export_causal_lm(
     if position_ids is None:
         position_ids = binding.position_ids
     layout = cache_layout(model)
-    if not binding.cache:
+    if not binding.cache and not layout.states:
         return _export_uncached(model, binding, layout, batch, seq, position_ids, max_sequence)
     if layout.states:
         return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
@@ -976,6 +1086,7 @@ def _export_states(
     """
     import torch
 
+    from irkit.llm._stacked_states import flat_stacked_model
     from irkit.llm.kernels import export_kernels
 
     d_batch, d_seq, d_past, d_total = _dims(model, max_sequence)
@@ -995,7 +1106,11 @@ def _export_states(
     }
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
-    flat = flat_model(model, layout.states, binding.cache, binding.use_cache)
+    flat = (
+        flat_model(model, layout.states, binding.cache, binding.use_cache)
+        if binding.cache
+        else flat_stacked_model(model, layout.states)  # a state list of its own (RWKV)
+    )
     try:
         with (
             _uncached_fake_dispatch(),
@@ -1186,9 +1301,12 @@ def _empty_past(session: Any, batch: int) -> dict[str, np.ndarray]:
 def _past_name(present: str) -> str:
     """The input a present output is fed back to (``present.3.conv`` → ``past.3.conv``,
     ``present.3.conv.1`` → ``past.3.conv.1``)."""
+    from irkit.llm._stacked_states import STACKED_KINDS
+
     _, layer, rest = present.split(".", 2)
     kind, dot, index = rest.partition(".")
-    for present_format, past_format in past_to_present().items():
+    formats = {**past_to_present(), **{k.present_format: k.past_format for k in STACKED_KINDS}}
+    for present_format, past_format in formats.items():
         if present_format == f"present.%d.{kind}":
             return past_format % int(layer) + dot + index
     return present.replace("present.", "past_key_values.", 1)

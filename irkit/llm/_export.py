@@ -207,12 +207,16 @@ def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, precision
 def _genai_layer_types(model_type: str, layout: Any, text_config: Any) -> tuple[str, ...]:
     """genai's ``layer_types`` for a cache with state kinds: per layer, from the kinds it holds.
 
+    Every key/value layer is ``full_attention``, a sliding-window one too: the exported keys and
+    values grow with the sequence and the window is the graph's own mask, which is what genai
+    0.18 carries as ``full_attention`` (it knows no other attention type there: a
+    ``sliding_attention`` layer is read as a state layer, ``past.N.conv``).
+
     Raises:
         LoweringOptionsError: A layer holds keys/values and a state (one hybrid layer), a
             recurrent state without a convolution state, or several states of one kind:
             onnxruntime-genai 0.18 has no such layer type.
     """
-    configured = list(getattr(text_config, "layer_types", None) or [])
     kinds: dict[int, set[str]] = {}
     for spec in layout.states:
         kinds.setdefault(spec.layer, set()).add(spec.kind.name)
@@ -221,9 +225,8 @@ def _genai_layer_types(model_type: str, layout: Any, text_config: Any) -> tuple[
     types = []
     for layer in range(layout.num_layers):
         held = kinds.get(layer, set())
-        if held == {"key", "value"}:
-            sliding = layer < len(configured) and configured[layer] == "sliding_attention"
-            types.append("sliding_attention" if sliding else "full_attention")
+        if held == {"key", "value"}:  # (a sliding layer too: see the docstring)
+            types.append("full_attention")
         elif held == {"conv"}:
             types.append("conv")
         elif held == {"conv", "recurrent"}:
@@ -272,6 +275,11 @@ def _check_state_kinds(source: _Source) -> None:
     from irkit.llm._states import has_state_layers
 
     if not _bind(source.model).cache:
+        layout = cache_layout(source.model)  # a state list of its own (RWKV): no genai kinds
+        if layout.states:
+            _genai_layer_types(
+                str(source.config.model_type), layout, source.config.get_text_config()
+            )
         raise LoweringOptionsError(
             f"export: {type(source.model).__name__} ({source.config.model_type!r}) has no cache "
             "(its forward takes no past_key_values): onnxruntime-genai carries a cache between "

@@ -22,26 +22,43 @@ indexer_key  ``past.N.indexer_key``       ``present.N.indexer_key``  (batch, pas
 
 The convolution state is the last ``K - 1`` inputs of a width-``K`` causal convolution (what
 genai allocates, ``conv_cache_size``); transformers keeps ``K`` columns, whose oldest no output
-reads, so it is padded by one zero column on the way in and dropped on the way out. A layer
+reads, so it is padded by one zero column on the way in and dropped on the way out. That is
+probed, not assumed: where the model's output reads the oldest column too (ZAYA's stacked
+convolutions keep exactly their joint left context), the state is carried whole
+(:func:`widened`); ``export_causal_lm`` checks it with a NaN in that column on a model with
+weights. A layer
 that keeps several states of one kind (transformers' ``state_idx``: a convolution per
 projection) names the later ones with a suffix, ``past.N.conv.1``; genai maps one per layer.
+
+A model may keep its states on its modules instead (RecurrentGemma: ``conv1d_state`` on each
+recurrent block, ``recurrent_states`` on its RG-LRU; no transformers cache layer holds them).
+Those are kinds with :attr:`StateKind.on_module` set, under the same ``conv`` / ``recurrent``
+names: read and written as the attribute of the module of decoder layer ``N`` (the ``N``-th
+module of the model's list of decoder layers, or a submodule of it, that defines the
+attribute), given already in the ONNX layout. Every function taking ``model`` reaches them; :func:`keep_module_states` puts the
+attributes back after a probe or a trace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 __all__ = [
     "KINDS",
+    "ListedStates",
     "StateKind",
     "StateSpec",
     "has_state_layers",
     "probe_states",
+    "widened",
     "fill_cache",
     "read_states",
     "past_to_present",
+    "module_holders",
+    "keep_module_states",
 ]
 
 
@@ -55,6 +72,8 @@ class StateKind:
     genai_output: ClassVar[str]
     #: The axis that grows by the new tokens (KV), or ``None`` for a fixed-size state.
     sequence_axis: ClassVar[int | None] = None
+    #: Held by a module of the layer (its attribute), not by a transformers cache layer.
+    on_module: ClassVar[bool] = False
 
     def read(self, layer: Any, index: int = 0) -> Any:
         """The tensor of this kind in a transformers cache layer, as ONNX carries it, or None.
@@ -146,6 +165,26 @@ class _Conv(StateKind):
         return len(getattr(layer, "conv_states", None) or ())
 
 
+class _WholeConv(_Conv):
+    """A convolution state carried with all the columns transformers keeps: for a layer whose
+    convolutions read its oldest column too (ZAYA's CCA: two stacked kernels whose joint
+    left context is the whole state). :func:`widened` makes a conv spec one of these."""
+
+    def read(self, layer: Any, index: int = 0) -> Any:
+        states = getattr(layer, "conv_states", None)
+        return states.get(index) if states else None
+
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
+        layer.conv_states[index] = tensor.clone()  # updated in place by the model
+        layer.conv_kernel_size[index] = int(tensor.shape[-1])
+        layer.is_conv_states_initialized[index] = True
+        layer.has_previous_state[index] = True
+        layer.dtype, layer.device = tensor.dtype, tensor.device
+
+
+_WHOLE_CONV = _WholeConv()
+
+
 class _Recurrent(StateKind):
     name = "recurrent"
     past_format = "past.%d.recurrent"
@@ -191,8 +230,208 @@ class _IndexerKey(StateKind):
         return int(hasattr(layer, "indexer_keys"))
 
 
+class _ModuleState(StateKind):
+    """A state its mixer module keeps as an attribute (module docstring), in the ONNX layout;
+    ``read``/``write``/``count`` take that module as ``layer``."""
+
+    on_module = True
+    attribute: ClassVar[str]
+
+    def read(self, layer: Any, index: int = 0) -> Any:
+        tensor = vars(layer).get(self.attribute)
+        return tensor if hasattr(tensor, "ndim") else None
+
+    def write(self, layer: Any, tensor: Any, index: int = 0) -> None:
+        setattr(layer, self.attribute, tensor)
+
+    def count(self, layer: Any) -> int:
+        return int(self.attribute in vars(layer))
+
+
+class _ModuleConv(_ModuleState, _Conv):
+    """The last ``K - 1`` inputs of a recurrent block's convolution (RecurrentGemma's
+    ``conv1d_state``, ``(batch, channels, K - 1)``)."""
+
+    attribute = "conv1d_state"
+
+
+class _ModuleRecurrent(_ModuleState, _Recurrent):
+    """An RG-LRU's state (RecurrentGemma's ``recurrent_states``, ``(batch, width)`` float32)."""
+
+    attribute = "recurrent_states"
+
+
 #: Every kind, in the order of the ONNX inputs/outputs (all of one kind, then the next).
 KINDS: tuple[StateKind, ...] = (_Key(), _Value(), _Conv(), _Recurrent(), _IndexerKey())
+KINDS += (_ModuleConv(), _ModuleRecurrent())
+
+
+def module_holders(model: Any, kind: StateKind) -> dict[int, Any]:
+    """Decoder layer index → the module holding ``kind``'s attribute (an ``on_module`` kind).
+
+    Args:
+        model: The transformers model, or None (no holders).
+        kind: The kind.
+
+    Returns:
+        For each decoder layer (the modules of the model's first ``ModuleList`` with one module
+        per ``num_hidden_layers`` of its text config), its first submodule (itself included)
+        that defines the attribute.
+    """
+    holders: dict[int, Any] = {}
+    if model is None or not kind.on_module:
+        return holders
+    for index, layer in enumerate(_decoder_layers(model)):
+        holder = next((sub for sub in layer.modules() if kind.count(sub)), None)
+        if holder is not None:
+            holders[index] = holder
+    return holders
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    """The model's decoder layers: its first ``ModuleList`` of ``num_hidden_layers`` modules."""
+    import torch
+
+    config = getattr(model, "config", None)
+    try:
+        count = config.get_text_config(decoder=True).num_hidden_layers  # type: ignore[union-attr]
+    except AttributeError:
+        return []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return list(module)
+    return []
+
+
+@contextlib.contextmanager
+def keep_module_states(model: Any) -> Iterator[None]:
+    """Inside the ``with``, the module-held states may change; on exit they are put back.
+
+    A probe leaves the model as it was, and a trace assigns no tensor attribute
+    (``torch.export`` refuses a forward that does).
+
+    Args:
+        model: The transformers model.
+
+    Yields:
+        Nothing.
+    """
+    kept = [
+        (holder, kind.attribute, vars(holder)[kind.attribute])  # type: ignore[attr-defined]
+        for kind in KINDS
+        for holder in module_holders(model, kind).values()
+    ]
+    try:
+        yield
+    finally:
+        for holder, attribute, value in kept:
+            setattr(holder, attribute, value)
+
+
+def _holder(cache: Any, model: Any, spec: StateSpec) -> Any:
+    """The cache layer or module holding ``spec``'s tensor."""
+    if not spec.kind.on_module:
+        return cache.layers[spec.layer]
+    holder = module_holders(model, spec.kind).get(spec.layer)
+    if holder is None:
+        from irkit.errors import ExportError
+
+        raise ExportError(
+            f"cache kind {spec.kind.name!r} of layer {spec.layer} is held by a module "
+            f"(attribute {getattr(spec.kind, 'attribute', '?')!r}), and "
+            f"{type(model).__name__} has no module of layer_idx {spec.layer} defining it; "
+            "pass the model the layout was probed from"
+        )
+    return holder
+
+
+_RECURRENT = _Recurrent()
+
+
+@dataclasses.dataclass(frozen=True)
+class ListedStates:
+    """A model's own cache class that keeps each layer's recurrent state in a list of its own.
+
+    MiniMax's ``MiniMaxCache`` is a ``DynamicCache`` whose layers hold the attention layers'
+    keys and values, and whose ``linear_cache`` list, indexed by decoder layer (``[]`` where a
+    layer has none), the lightning-attention states; the model refuses any other cache class.
+    Such a cache is found by what it holds (:func:`find_listed_states`), not by its class, and
+    its states are the ``recurrent`` kind: :meth:`wrap` makes one of a typed cache filled by
+    :func:`fill_cache` (sharing its layers), :meth:`unwrap` reads one as typed layers.
+
+    Attributes:
+        cls: The cache class (made with no arguments).
+        attribute: The name of its per-layer list of recurrent states.
+    """
+
+    cls: type
+    attribute: str
+
+    def wrap(self, cache: Any) -> Any:
+        """An instance of :attr:`cls` with ``cache``'s layers and their recurrent states listed.
+
+        Args:
+            cache: A typed ``DynamicCache`` (:func:`fill_cache`).
+
+        Returns:
+            The model's own cache, whose layers are ``cache``'s (keys and values updated there).
+        """
+        own = self.cls()
+        own.layers = cache.layers
+        states = [None if layer is None else _RECURRENT.read(layer) for layer in cache.layers]
+        setattr(own, self.attribute, [[] if state is None else state for state in states])
+        return own
+
+    def unwrap(self, own: Any) -> Any:
+        """A view of the model's own cache whose ``layers`` hold its listed states as typed
+        layers do (``recurrent_states``), for the kinds to read.
+
+        Args:
+            own: An instance of :attr:`cls` after a forward.
+
+        Returns:
+            An object with ``layers``: the cache's own layers, with a transformers
+            ``LinearAttentionLayer`` holding the state at each listed layer.
+        """
+        import types
+
+        from transformers.cache_utils import LinearAttentionLayer
+
+        listed = getattr(own, self.attribute)
+        layers = list(own.layers) + [None] * (len(listed) - len(own.layers))
+        for number, state in enumerate(listed):
+            if getattr(state, "ndim", 0) == 0:
+                continue
+            if not hasattr(layers[number], "recurrent_states"):
+                layers[number] = LinearAttentionLayer()
+            layers[number].recurrent_states[0] = state
+        return types.SimpleNamespace(layers=layers)
+
+
+def find_listed_states(cache: Any, config: Any) -> ListedStates | None:
+    """How ``cache``, a model's own cache class, keeps its recurrent states, if as a list.
+
+    A list attribute of the cache (besides ``layers``) qualifies when it holds a tensor at
+    exactly the decoder layers that transformers types with a recurrent state for ``config``
+    (``DynamicCache(config=…)``'s ``LinearAttentionLayer`` layers).
+
+    Args:
+        cache: The cache the model made itself (given none).
+        config: The model's config.
+
+    Returns:
+        The :class:`ListedStates`, or ``None`` where no attribute qualifies.
+    """
+    recurrent = {
+        number for number, layer in enumerate(_typed_layers(config)) if _RECURRENT.count(layer)
+    }
+    for attribute, value in vars(cache).items():
+        if attribute == "layers" or not isinstance(value, list) or not recurrent:
+            continue
+        held = {number for number, entry in enumerate(value) if getattr(entry, "ndim", 0) >= 2}
+        if held == recurrent:
+            return ListedStates(type(cache), attribute)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +456,9 @@ class StateSpec:
     #: Makes an empty transformers cache layer of the holder's class, for a layer the config
     #: does not type (a looped model appends cache layers for its later passes itself).
     blank: Any = dataclasses.field(default=None, compare=False, repr=False)
+    #: The model's own cache class, where it keeps recurrent states outside transformers'
+    #: layers (:class:`ListedStates`); ``None`` for transformers' typed ``DynamicCache``.
+    listed: ListedStates | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def past_name(self) -> str:
@@ -316,25 +558,55 @@ def empty_cache(config: Any) -> Any:
     return cache
 
 
-def probe_states(cache: Any) -> list[StateSpec]:
+def probe_states(
+    cache: Any, model: Any = None, listed: ListedStates | None = None
+) -> list[StateSpec]:
     """The cache tensors of every layer of a cache the model returned, kind by kind.
 
     Args:
         cache: The ``DynamicCache`` after a forward.
+        model: The model after that forward, for the module-held kinds (None: none).
+        listed: How the model's own cache class keeps its recurrent states, where ``cache`` is
+            one (:func:`find_listed_states`).
 
     Returns:
         The specs, in the ONNX order (every layer's keys, then values, conv, recurrent).
     """
+    if listed is not None:
+        cache = listed.unwrap(cache)
     specs = []
     for kind in KINDS:
+        if kind.on_module:
+            for number, holder in sorted(module_holders(model, kind).items()):
+                tensor = kind.read(holder)
+                if tensor is not None:
+                    specs.append(StateSpec(kind, number, tuple(tensor.shape[1:]), tensor.dtype))
+            continue
         for number, layer in enumerate(cache.layers):
             for index in range(kind.count(layer)):
                 tensor = kind.read(layer, index)
                 if tensor is not None:
                     shape = tuple(tensor.shape[1:])
                     blank = _blank_layer(layer)
-                    specs.append(StateSpec(kind, number, shape, tensor.dtype, index, blank))
+                    spec = StateSpec(kind, number, shape, tensor.dtype, index, blank, listed)
+                    specs.append(spec)
     return specs
+
+
+def widened(spec: StateSpec, layer: Any) -> StateSpec:
+    """``spec`` (a conv state) carried whole: all the columns ``layer`` keeps, not the last
+    ``K - 1``; same names. For a model found to read the oldest column (see the module
+    docstring).
+
+    Args:
+        spec: A conv state's spec.
+        layer: The transformers cache layer holding it after a forward.
+
+    Returns:
+        The spec with the whole state's shape.
+    """
+    tensor = _WHOLE_CONV.read(layer, spec.index)
+    return dataclasses.replace(spec, kind=_WHOLE_CONV, shape=tuple(tensor.shape[1:]))
 
 
 def _blank_layer(layer: Any) -> Callable[[], Any]:
@@ -347,39 +619,49 @@ def _blank_layer(layer: Any) -> Callable[[], Any]:
     return blank
 
 
-def fill_cache(config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any]) -> Any:
+def fill_cache(
+    config: Any, specs: Sequence[StateSpec], tensors: Sequence[Any], model: Any = None
+) -> Any:
     """A cache of the config's layer types holding ``tensors`` as the past states.
 
     Args:
         config: The model's config.
         specs: What each tensor is.
         tensors: The tensors, in the order of ``specs``.
+        model: The model whose modules take the module-held kinds (set as their attributes).
 
     Returns:
         The ``DynamicCache``.
     """
     cache = empty_cache(config)
     for spec in specs:  # layers past the config's: the model would append them itself
+        if spec.kind.on_module:
+            continue
         while len(cache.layers) <= spec.layer:
             cache.layers.append(None)
         if cache.layers[spec.layer] is None and spec.blank is not None:
             cache.layers[spec.layer] = spec.blank()
     for spec, tensor in zip(specs, tensors, strict=True):
-        spec.kind.write(cache.layers[spec.layer], tensor, spec.index)
-    return cache
+        spec.kind.write(_holder(cache, model, spec), tensor, spec.index)
+    listed = next((spec.listed for spec in specs if spec.listed is not None), None)
+    return cache if listed is None else listed.wrap(cache)
 
 
-def read_states(cache: Any, specs: Sequence[StateSpec]) -> list[Any]:
+def read_states(cache: Any, specs: Sequence[StateSpec], model: Any = None) -> list[Any]:
     """The present tensors of ``specs`` from the cache the model returned.
 
     Args:
         cache: The ``DynamicCache`` after the forward.
         specs: The specs.
+        model: The model, for the module-held kinds.
 
     Returns:
         The tensors, in the order of ``specs``.
     """
-    return [spec.kind.read(cache.layers[spec.layer], spec.index) for spec in specs]
+    listed = next((spec.listed for spec in specs if spec.listed is not None), None)
+    if listed is not None and isinstance(cache, listed.cls):
+        cache = listed.unwrap(cache)
+    return [spec.kind.read(_holder(cache, model, spec), spec.index) for spec in specs]
 
 
 def past_to_present() -> dict[str, str]:
@@ -398,9 +680,12 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     padded copy) up to the last new column ``m ≤ S`` whose mask is 1 (``m = 0``: all pads, the
     past kept), i.e. columns ``m … m + K - 2``. The gather is traced when the state is read,
     after the forward: onnxruntime-genai may give a present state the buffer of its past, so
-    the new state is written after every read of the past (in the graph's node order).
+    the new state is written after every read of the past (in the graph's node order). A
+    model that passes its new state rather than the new inputs (ZAYA: the last ``K`` columns it
+    computed itself) is left as it is: its right-padded rows keep pad columns.
     """
     import torch
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     update = layer.update_conv_state
 
@@ -410,6 +695,8 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
         if past is None:  # (no past given: nothing to hold)
             return full
         keep, new = past.shape[-1], conv_states.shape[-1]
+        if not statically_known_true(new == mask.shape[-1]):
+            return full  # the model passed its new state, not the new inputs (ZAYA): kept as is
         steps = torch.arange(1, new + 1, device=mask.device)
         last = (mask.to(steps.dtype) * steps).amax(-1)  # (batch,): m
         index = last[:, None] + torch.arange(keep, device=mask.device)
@@ -441,6 +728,18 @@ def _state_hooks(model: Any, cache: Any) -> list[Any]:
         hooks.append(module.register_forward_pre_hook(enter_state(state)))
         hooks.append(module.register_forward_hook(leave_state))
     return hooks
+
+
+def _keeping_module_states(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` inside :func:`keep_module_states` of its module."""
+    import functools
+
+    @functools.wraps(forward)
+    def kept(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with keep_module_states(self):
+            return forward(self, *args, **kwargs)
+
+    return kept
 
 
 def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_cache: bool) -> Any:
@@ -476,7 +775,7 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         position_ids: Any = None,
         states: Sequence[Any] = (),
     ) -> tuple[Any, ...]:
-        cache = fill_cache(self.config, specs, states)
+        cache = fill_cache(self.config, specs, states, self)
         mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :]
         if mask is not None:
             for layer in cache.layers:
@@ -499,10 +798,10 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         returned = next(
             (v for v in output.values() if v is not None and hasattr(v, "layers")), None
         )
-        return (output.logits, *read_states(returned or cache, specs))
+        return (output.logits, *read_states(returned or cache, specs, self))
 
     namespace = {
-        "forward": forward,
+        "forward": _keeping_module_states(forward),
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
     }

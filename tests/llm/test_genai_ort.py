@@ -448,3 +448,39 @@ def test_alibi_right_padded_batches(exported, tmp_path, target, shared):
         got = [_until_eos(ids) for ids in _genai_ids(out, prompts)]
         want = [_until_eos(ids) for ids in _reference_ids(folder, prompts)]
         assert got == want, (target, shared, prompts)
+
+
+@pytest.mark.slow
+def test_mla_latent_cache_stays_standard_attention():
+    """deepseek_v3's MLA (transformers 5.24) caches the compressed latent (one head of
+    ``kv_lora_rank``) and the rotated ``k_pe`` (one head of ``qk_rope_head_dim``), not the
+    attention's per-head K and V: the ``Attention`` attends over the latent cache decompressed
+    every step, so it has no past and returns no present, and ``GroupQueryAttention``, which
+    must write the cache it attends over, cannot take it without the absorbed form. The ort
+    rules say so and leave the standard ``Attention``."""
+    import irkit
+    from irkit.llm import export_causal_lm
+    from irkit.llm._causal_lm import cache_layout, pad_value_cache
+    from tests.llm_zoo import BY_NAME
+
+    lm = BY_NAME["deepseek_v3"].model()
+    config = lm.config
+    layout = cache_layout(lm)
+    latent = (1, config.kv_lora_rank)
+    assert layout.keys == (latent,) * config.num_hidden_layers
+    assert layout.values == ((1, config.qk_rope_head_dim),) * config.num_hidden_layers
+    assert config.num_attention_heads > 1  # per-head K/V would have as many heads as Q
+    exported = export_causal_lm(lm)
+    model = irkit.lower(exported.program, **exported.lower_kwargs())
+    pad_value_cache(model, exported.cache)
+    report = irkit.RewriteReport()
+    irkit.optimize(
+        model,
+        target="ort",
+        rules=ort.default_rules(gqa_shared_buffer=MAX_LENGTH),
+        explain="GroupQueryAttentionKVCache",
+        report=report,
+    )
+    assert "Attention has 1 outputs, pattern uses 3" in report.explain(limit=100)
+    assert ort.attention.group_query_attentions(model) == 0
+    assert not ort.attention.runs_on_shared_buffer(model, config.num_hidden_layers)

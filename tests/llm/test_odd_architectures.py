@@ -124,14 +124,12 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        # a recurrence written as a Python loop over the tokens: the sequence becomes a constant
-        ("rwkv", r"forward of RwkvForCausalLM specializes sequence \(to 3, the example size\)"),
         # skips an expert no token chose: `if count == 0` on a tensor's value
         ("longcat_flash", r"forward of LongcatFlashForCausalLM branches on tensor values"),
-        # MiniMaxCache: lightning-attention states in a list beside transformers' layers
-        ("minimax", r"MiniMaxForCausalLM keeps its cache in a class of its own, MiniMaxCache"),
         # xLSTMCache: a class outside transformers' Cache, its RNN states in a dict
         ("xlstm", r"xLSTMForCausalLM keeps its cache in a class of its own, xLSTMCache"),
+        # `cat([state, v[:, :-1]])`: torch's stride check guards the sequence ≠ 2
+        ("zaya", r"forward of ZayaForCausalLM holds only under a guard on sequence"),
         # compressor buffers of a varying length and Python counters in its own layer classes
         (
             "deepseek_v4",
@@ -147,3 +145,24 @@ def test_what_cannot_export_is_one_error_with_its_reason(model_type, reason):
     with pytest.raises(ExportError, match=reason) as caught:
         export_causal_lm(tiny_model(model_type))
     assert "Remedy:" in str(caught.value)
+
+
+@pytest.mark.parametrize(("model_type", "whole"), [("zaya", True), ("mamba2", False)])
+def test_a_conv_state_is_carried_whole_only_where_its_oldest_column_is_read(model_type, whole):
+    """ZAYA's two stacked width-2 convolutions keep exactly their joint left context (2
+    columns) and read both; Mamba2's width-K convolution never reads the oldest of the K columns
+    transformers keeps, and irkit carries K - 1 (genai's ``conv_cache_size``). Probed with a
+    NaN, even through ZAYA's zero-initialized key scale and an attention kernel that drops
+    NaN scores."""
+    from bench.tiny_config import tiny_model
+    from irkit.llm import cache_layout
+
+    model = tiny_model(model_type)
+    convs = [spec for spec in cache_layout(model).states if spec.kind.name == "conv"]
+    assert convs
+    kept = {m.conv_kernel_size if isinstance(m.conv_kernel_size, int) else None
+            for m in model.modules() if hasattr(m, "conv_kernel_size")} - {None}  # fmt: skip
+    assert len(kept) == 1
+    width = kept.pop()
+    assert {spec.shape[-1] for spec in convs} == {width if whole else width - 1}
+    assert {type(spec.kind).__name__ for spec in convs} == {"_WholeConv" if whole else "_Conv"}

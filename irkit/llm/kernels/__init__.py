@@ -15,21 +15,34 @@ token, the state as the carry), which ``torch.export`` keeps as a higher-order o
 ``irkit.lower`` writes as an ONNX ``Scan``. One kernel serves every model of the contract; a new
 family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space and
 linear-attention models").
+
+A recurrence no contract covers (RecurrentGemma's RG-LRU: a method looping over the tokens;
+RWKV's ``rwkv_linear_attention``: a module-level function) is
+swapped by the *qualified name* of the function or method it replaces, ``"Class.method"`` or
+``"function"`` as ``__qualname__`` spells it inside one of the model's modeling modules: a family
+module's ``METHODS`` table (:data:`METHODS`). The same ``with`` swaps both, and puts both back.
+
+A mixer whose recurrence is inline (no function to swap: MiniMax's lightning attention) gets
+its ``forward`` swapped instead, keyed by what the module is: a family's ``MODULE_KERNELS``
+pairs (predicate on the module, export forward).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, mamba, mamba2
+from irkit.llm.kernels import gated_delta, kda, lightning, mamba, mamba2, rglru, wkv
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
     "KERNELS",
+    "METHODS",
+    "MODULE_KERNELS",
     "contract_name",
     "contract_functions",
     "export_kernels",
@@ -40,12 +53,24 @@ __all__ = [
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda)
+_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, lightning, rglru, wkv)
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {
-    name: kernel for family in _FAMILIES for name, kernel in family.KERNELS.items()
+    name: kernel for family in _FAMILIES for name, kernel in getattr(family, "KERNELS", {}).items()
 }
+
+#: Export kernel by the qualified name of the module-level function or method it replaces
+#: (``"Class.method"`` or ``"function"``, as ``__qualname__`` spells it in a modeling module).
+METHODS: Mapping[str, Callable[..., Any]] = {
+    name: kernel for family in _FAMILIES for name, kernel in getattr(family, "METHODS", {}).items()
+}
+
+#: Export ``forward`` of a module that calls no contract (its recurrence is inline), by what the
+#: module is: ``(predicate on the module, forward)`` pairs, over every family module.
+MODULE_KERNELS: tuple[tuple[Callable[[Any], bool], Callable[..., Any]], ...] = tuple(
+    pair for family in _FAMILIES for pair in getattr(family, "MODULE_KERNELS", ())
+)
 
 
 def contract_name(function: Any) -> str | None:
@@ -99,21 +124,40 @@ def contract_functions(model: Any) -> list[tuple[ModuleType, str, str]]:
     return found
 
 
+def _method_targets(model: Any) -> list[tuple[Any, str, str]]:
+    """``(owner, attribute, qualified name)`` of each :data:`METHODS` entry the model's modeling
+    modules define (the owner a class or the module, defining the attribute itself)."""
+    found = []
+    for module in _modeling_modules(model):
+        for qualified in METHODS:
+            *path, attribute = qualified.split(".")
+            owner: Any = module
+            for part in path:
+                owner = vars(owner).get(part) if hasattr(owner, "__dict__") else None
+            if owner is not None and attribute in getattr(owner, "__dict__", {}):
+                found.append((owner, attribute, qualified))
+    return found
+
+
 @contextlib.contextmanager
 def export_kernels(model: Any) -> Iterator[list[str]]:
-    """Inside the ``with``, the model's contract functions are irkit's export kernels.
+    """Inside the ``with``, the model's contract functions (and the functions and methods of
+    :data:`METHODS`) are irkit's export kernels.
 
-    Only the modeling modules of ``model``'s own module classes are touched, and every global is
-    put back on exit (also on error). Contracts without an export kernel are left as they are.
+    Only the modeling modules of ``model``'s own module classes are touched, and every global or
+    class attribute is put back on exit (also on error). Contracts without an export kernel are
+    left as they are. Each submodule that a predicate of :data:`MODULE_KERNELS` accepts gets that
+    export ``forward`` as an instance attribute, removed on exit.
 
     Args:
         model: A transformers model.
 
     Yields:
-        The sorted contract names that were swapped.
+        The sorted contract names, qualified names and module forwards that were swapped.
     """
     swapped: list[tuple[ModuleType, str, Any]] = []
     names = set()
+    forwards: list[tuple[Any, Any]] = []  # (module, its own instance `forward` or None)
     try:
         for module, attribute, contract in contract_functions(model):
             kernel = KERNELS.get(contract)
@@ -122,7 +166,21 @@ def export_kernels(model: Any) -> Iterator[list[str]]:
             swapped.append((module, attribute, getattr(module, attribute)))
             setattr(module, attribute, kernel)
             names.add(contract)
+        for holder, attribute, qualified in _method_targets(model):
+            swapped.append((holder, attribute, vars(holder)[attribute]))
+            setattr(holder, attribute, METHODS[qualified])
+            names.add(qualified)
+        for submodule in model.modules():
+            forward = next((f for is_it, f in MODULE_KERNELS if is_it(submodule)), None)
+            if forward is not None:
+                forwards.append((submodule, vars(submodule).get("forward")))
+                submodule.forward = types.MethodType(forward, submodule)
+                names.add(forward.__name__)
         yield sorted(names)
     finally:
         for module, attribute, original in reversed(swapped):
             setattr(module, attribute, original)
+        for submodule, own in reversed(forwards):
+            del submodule.forward
+            if own is not None:
+                submodule.forward = own

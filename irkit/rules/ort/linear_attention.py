@@ -7,6 +7,14 @@ axis, ``to3(t) = Reshape(t, [0, 0, -1])`` over ``(B, T, H, D)``)::
       = to4(LinearAttention(to3(q), to3(k), to3(v), state, decay, beta, q_num_heads=Hq,
                             kv_num_heads=H, update_rule="gated_delta", scale=1))
 
+    irkit_kernels::gated_linear(q, k, v, decay, state)
+      = to4(LinearAttention(to3(q), to3(k), to3(v), state, decay, q_num_heads=H,
+                            kv_num_heads=H, update_rule="gated", scale=1))
+
+``irkit_kernels::gated_linear`` (MiniMax's lightning attention,
+:mod:`irkit.llm.kernels.lightning`) is ``S = exp(g)·S + k ⊗ v``, ``o = Sᵀq``, one head count
+for all operands: the contrib op's ``gated`` rule at scale 1, the same preconditions.
+
 ``irkit_kernels::gated_delta`` is the local function ``irkit.lower`` makes of the export kernel's
 custom op (:mod:`irkit.llm.kernels._ops`): per token ``S = exp(g)·S``,
 ``S = S + k ⊗ (β·(v − Sᵀk))``, ``o = Sᵀq`` with the query scaled already — exactly the
@@ -37,6 +45,7 @@ KERNELS = "irkit_kernels"
 
 q, k, v, decay, beta, state = (var(n) for n in ("q", "k", "v", "decay", "beta", "state"))
 _GATED_DELTA = op.domain(KERNELS).gated_delta(q, k, v, decay, beta, state, _outputs=2)
+_GATED_LINEAR = op.domain(KERNELS).gated_linear(q, k, v, decay, state, _outputs=2)
 
 
 def _check(
@@ -59,26 +68,40 @@ def _check(
     return True
 
 
+def _check_gated(
+    q: ir.Value, k: ir.Value, v: ir.Value, decay: ir.Value, state: ir.Value
+) -> Verdict:
+    return _check(q, k, v, decay, decay, state)  # (no β: the decay's checks stand for it)
+
+
+def _gated_linear_attention(
+    op: RewriteBuilder, q: ir.Value, k: ir.Value, v: ir.Value, decay: ir.Value, state: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """gated_linear(q, k, v, decay, state) → to4(LinearAttention(…, update_rule="gated"))"""
+    return _linear_attention(op, q, k, v, decay, None, state)
+
+
 def _linear_attention(
     op: RewriteBuilder,
     q: ir.Value,
     k: ir.Value,
     v: ir.Value,
     decay: ir.Value,
-    beta: ir.Value,
+    beta: ir.Value | None,
     state: ir.Value,
 ) -> tuple[ir.Value, ir.Value]:
-    """gated_delta(q, k, v, decay, beta, state) → to4(LinearAttention(to3 q, to3 k, to3 v, …))"""
+    """gated_delta(q, k, v, decay, beta, state) → to4(LinearAttention(to3 q, to3 k, to3 v, …));
+    without ``beta``, the ``gated`` rule."""
     _, _, q_heads, _ = dims(q) or ()
     _, _, heads, v_dim = dims(v) or ()
     out, final = op.domain(MS).LinearAttention(
         *(_to3(op, x) for x in (q, k, v)),
         state,
         decay,
-        beta,
+        *(() if beta is None else (beta,)),
         q_num_heads=q_heads,
         kv_num_heads=heads,
-        update_rule="gated_delta",
+        update_rule="gated" if beta is None else "gated_delta",
         scale=1.0,
         _outputs=2,
     )
@@ -113,7 +136,13 @@ rules = RuleSet(
             (_GATED_DELTA[0], _GATED_DELTA[1]),
             check=_check,
             rewrite=_linear_attention,
-        )
+        ),
+        Rule(  # gated_linear(q, k, v, g, S) = LinearAttention(q, k, v, S, g, "gated")
+            "GatedLinearAttention",
+            (_GATED_LINEAR[0], _GATED_LINEAR[1]),
+            check=_check_gated,
+            rewrite=_gated_linear_attention,
+        ),
     ],
 )
 """The linear-attention rules."""
