@@ -129,6 +129,12 @@ class _Value(_Key):
     attribute = "values"
 
 
+#: Attributes of a transformers cache layer that irkit's conv state uses while tracing: the
+#: past state as given (``K - 1`` columns) and the new one held at the pads
+#: (:func:`_hold_conv_state_at_pads`).
+_PAST, _HELD = "irkit_conv_past", "irkit_conv_held"
+
+
 class _Conv(StateKind):
     name = "conv"
     past_format = "past.%d.conv"
@@ -137,6 +143,9 @@ class _Conv(StateKind):
     genai_output = "present_conv_names"
 
     def read(self, layer: Any, index: int = 0) -> Any:
+        held = getattr(layer, _HELD, {}).get(index)  # (gathered at the last real tokens)
+        if held is not None:
+            return held()
         states = getattr(layer, "conv_states", None)
         tensor = states.get(index) if states else None
         return None if tensor is None else tensor[..., 1:]
@@ -145,6 +154,7 @@ class _Conv(StateKind):
         import torch
 
         full = torch.nn.functional.pad(tensor, (1, 0))  # the column no output reads
+        setattr(layer, _PAST, {**getattr(layer, _PAST, {}), index: tensor})
         layer.conv_states[index] = full
         layer.conv_kernel_size[index] = int(full.shape[-1])
         layer.is_conv_states_initialized[index] = True
@@ -665,7 +675,12 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     transformers keeps the last ``K`` columns of ``cat(state, new inputs)``; where a row ends in
     pads (onnxruntime-genai right-pads a batch's shorter prompts) those are pads, and the next
     token's convolution would read zeros instead of the prompt's last inputs. The state is
-    gathered at the row's last real token instead (the same columns without right pads). A
+    gathered at the row's last real token instead (the same columns without right pads): the
+    ``K - 1`` columns of ``cat(past state, new inputs)`` (the past as given, not transformers'
+    padded copy) up to the last new column ``m ≤ S`` whose mask is 1 (``m = 0``: all pads, the
+    past kept), i.e. columns ``m … m + K - 2``. The gather is traced when the state is read,
+    after the forward: onnxruntime-genai may give a present state the buffer of its past, so
+    the new state is written after every read of the past (in the graph's node order). A
     model that passes its new state rather than the new inputs (ZAYA: the last ``K`` columns it
     computed itself) is left as it is: its right-padded rows keep pad columns.
     """
@@ -676,14 +691,21 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
 
     def held(conv_states: Any, state_idx: int = 0, **kwargs: Any) -> Any:
         full = update(conv_states, state_idx, **kwargs)
-        width, new = layer.conv_kernel_size[state_idx], conv_states.shape[-1]
+        past = getattr(layer, _PAST, {}).get(state_idx)
+        if past is None:  # (no past given: nothing to hold)
+            return full
+        keep, new = past.shape[-1], conv_states.shape[-1]
         if not statically_known_true(new == mask.shape[-1]):
             return full  # the model passed its new state, not the new inputs (ZAYA): kept as is
         steps = torch.arange(1, new + 1, device=mask.device)
-        end = full.shape[-1] - new + (mask.to(steps.dtype) * steps).amax(-1)  # (batch,)
-        index = end[:, None] - width + torch.arange(width, device=mask.device)
-        index = index[:, None, :].expand(full.shape[0], full.shape[1], width)
-        layer.conv_states[state_idx] = torch.gather(full, -1, index)
+        last = (mask.to(steps.dtype) * steps).amax(-1)  # (batch,): m
+        index = last[:, None] + torch.arange(keep, device=mask.device)
+        index = index[:, None, :].expand(past.shape[0], past.shape[1], keep)
+
+        def state() -> Any:  # (traced when read: after every layer has read its past state)
+            return torch.gather(torch.cat([past, conv_states], -1), -1, index)
+
+        setattr(layer, _HELD, {**getattr(layer, _HELD, {}), state_idx: state})
         return full
 
     layer.update_conv_state = held

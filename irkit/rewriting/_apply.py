@@ -4,7 +4,7 @@ Every graph-like (the main graph, each local function body once, each If/Loop/Sc
 rewritten by one worklist pass: nodes are visited in graph order; each node tries only the rules
 whose pattern root has its ``(domain, op_type)`` (plus the few rules that may anchor anywhere);
 after a rewrite the neighbourhood — the new nodes, the producers of their inputs and the
-consumers of their outputs — is re-enqueued. Work is proportional to the graph size times the
+consumers of their outputs and those consumers' consumers — is re-enqueued. Work is proportional to the graph size times the
 (bounded) pattern size, so time per node stays flat as models grow.
 """
 
@@ -305,8 +305,9 @@ class _Worklist:
                 continue
             if (p := v.producer()) is not None:
                 push.append(p)
-            for use in v.uses():
+            for use in v.uses():  # (and theirs: a pattern may reach two nodes down)
                 push.append(use.node)
+                push.extend(u.node for out in use.node.outputs for u in out.uses())
         for n in push:
             if n not in self.queued:
                 self.queued.add(n)

@@ -84,6 +84,25 @@ def test_each_form_becomes_matmulnbits_and_computes_with_the_packed_weight(form,
         }  # the float weight is gone
 
 
+def test_fused_matmul_transposing_a_becomes_transpose_and_matmulnbits():
+    """``FusedMatMul(A, Wᵀ, transA=1, transB=1)`` (LFM2's conv ``out_proj`` over its
+    channels-first output): a ``Transpose`` of A's last two axes, then ``MatMulNBits``;
+    onnxruntime's numbers are the fake-quantized product."""
+    (w,) = support.weights((K, N))
+    node = helper.make_node(
+        "FusedMatMul", ["xt", "wt"], ["y"], domain="com.microsoft", transA=1, transB=1
+    )
+    model = support.model([node], {"xt": (FLOAT, [2, K, 3])}, ["y"], {"wt": w.T.copy()})
+    xt = np.random.default_rng(4).standard_normal((2, K, 3)).astype(np.float32)
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, bits=4, accuracy_level=0, report=report)
+    assert op_histogram(model.graph) == {"Transpose": 1, "com.microsoft::MatMulNBits": 1}
+    assert len(report.quantized) == 1 and report.skipped == []
+    (y,) = run_ort(model, [xt])
+    expected = xt.transpose(0, 2, 1) @ fake_quant(w, bits=4, symmetric=True)
+    np.testing.assert_allclose(y, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_shared_function_body_is_quantized_once_and_stays_shared():
     model, inits = support.shared_blocks()
     x = np.random.default_rng(3).standard_normal((2, 3, 64)).astype(np.float32)

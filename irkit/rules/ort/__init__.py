@@ -19,7 +19,8 @@ module                                     identity
                                            (``irkit_kernels::gated_delta``) → ``LinearAttention``
 :mod:`irkit.rules.ort.causal_conv`         ``Slice(Slice(Conv(cat(state, x), pads=K−1)))`` →
                                            ``CausalConvWithState`` (+ SiLU)
-:mod:`irkit.rules.ort.gate`                ``n · Softplus(a + d)`` → ``LinearAttentionGate``
+:mod:`irkit.rules.ort.gate`                ``n · Softplus(a + d)`` → ``LinearAttentionGate``;
+                                           the ``Sigmoid`` of β beside it → its second output
 :mod:`irkit.rules.ort.gated_norm`          RMS norm · SiLU(gate) → ``GatedRMSNorm``
 :mod:`irkit.rules.ort.softplus`            torch's thresholded softplus → ``Softplus``
 =========================================  =========================================================

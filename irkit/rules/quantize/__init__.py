@@ -12,8 +12,9 @@ each call: every product is an int8 GEMM, the fast prefill on CPU.
 Which nodes (each one not taken is reported with why, see :class:`QuantizeReport`):
 
 - ``MatMul(A, W)``, ``MatMul(A, Transpose(W))`` (irkit lowers every ``Linear`` so),
-  ``com.microsoft.FusedMatMul`` (``alpha = 1``, no ``transA``/batch transposes; ``transB`` is the
-  ``Transpose``), ``Gemm`` (``alpha = beta = 1``, ``transA = 0``, a 1-D ``C`` of ``N`` values
+  ``com.microsoft.FusedMatMul`` (``alpha = 1``, no batch transposes; ``transB`` is the
+  ``Transpose``, ``transA`` becomes a ``Transpose`` of ``A``'s last two axes before the
+  ``MatMulNBits``: LFM2's conv ``out_proj`` over the channels-first conv output), ``Gemm`` (``alpha = beta = 1``, ``transA = 0``, a 1-D ``C`` of ``N`` values
   becomes MatMulNBits' ``bias``);
 - the weight is a 2-D float32/float16 constant (an initializer that is not a graph input, or a
   ``Constant``) of the activation's dtype, with ``K >= block_size`` (dynamic int8: float32, any

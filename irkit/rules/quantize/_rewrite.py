@@ -75,11 +75,22 @@ def replace_site(site: Site, packed: PackedValues, settings: Settings, bits: int
     q, scales, zp = packed
     old = site.node
     name = f"{old.name}_Q{bits}" if old.name else None
+    before: list[ir.Node] = []
+    activation = site.activation
+    if site.activation_transposed:  # (FusedMatMul's transA: the swap as its own Transpose)
+        rank = len(activation.shape or ())
+        perm = [*range(rank - 2), rank - 1, rank - 2]
+        before.append(ir.node("Transpose", [activation], {"perm": perm}))
+        activation = before[0].outputs[0]
+        activation.dtype = site.activation.dtype
+        if site.activation.shape is not None:
+            dims = list(site.activation.shape)
+            activation.shape = ir.Shape([*dims[:-2], dims[-1], dims[-2]])
     if settings.activations.dynamic:  # (A, B, b_scale, b_zero_point, bias)
-        inputs: list[ir.Value | None] = [site.activation, q, scales, zp, site.bias]
+        inputs: list[ir.Value | None] = [activation, q, scales, zp, site.bias]
         attributes: dict[str, int] = {}
     else:
-        inputs = [site.activation, q, scales, zp, None, site.bias]
+        inputs = [activation, q, scales, zp, None, site.bias]
         attributes = {
             "K": site.k,
             "N": site.n,
@@ -90,10 +101,11 @@ def replace_site(site: Site, packed: PackedValues, settings: Settings, bits: int
     while inputs[-1] is None:
         inputs.pop()
     new = ir.node(settings.op_type, inputs, attributes, domain=MS, name=name)
-    new.metadata_props.update(old.metadata_props)
-    new.metadata_props[metadata.REWRITE_RULE] = "Quantize"
+    for node in (*before, new):
+        node.metadata_props.update(old.metadata_props)
+        node.metadata_props[metadata.REWRITE_RULE] = "Quantize"
     ir.convenience.replace_nodes_and_values(
-        site.owner, old, [old], [new], [old.outputs[0]], [new.outputs[0]]
+        site.owner, old, [old], [*before, new], [old.outputs[0]], [new.outputs[0]]
     )
 
 

@@ -34,6 +34,7 @@ class Site:
     k: int
     n: int
     dtype: np.dtype
+    activation_transposed: bool = False  # (FusedMatMul's transA: A's last two axes swapped)
 
 
 def int_attr(node: ir.Node, name: str, default: int) -> int:
@@ -54,24 +55,27 @@ def _is_candidate(node: ir.Node) -> bool:
 
 def _operands(
     node: ir.Node,
-) -> tuple[ir.Value | None, ir.Value | None, bool, ir.Value | None] | str:
-    """``(A, B, transB, bias)`` of a candidate, or why its form is not MatMulNBits'."""
+) -> tuple[ir.Value | None, ir.Value | None, bool, ir.Value | None, bool] | str:
+    """``(A, B, transB, bias, transA)`` of a candidate, or why its form is not MatMulNBits'."""
     a = node.inputs[0] if node.inputs else None
     b = node.inputs[1] if len(node.inputs) > 1 else None
     if node.op_type == "MatMul":
-        return a, b, False, None
+        return a, b, False, None, False
     if node.op_type == "FusedMatMul":
         if float_attr(node, "alpha", 1.0) != 1.0:
             return "FusedMatMul with alpha != 1"
-        if any(int_attr(node, n, 0) for n in ("transA", "transBatchA", "transBatchB")):
-            return "FusedMatMul transposes A or a batch dimension"
-        return a, b, bool(int_attr(node, "transB", 0)), None
+        if any(int_attr(node, n, 0) for n in ("transBatchA", "transBatchB")):
+            return "FusedMatMul transposes a batch dimension"
+        trans_a = bool(int_attr(node, "transA", 0))
+        if trans_a and (a is None or a.shape is None or len(a.shape) < 2):
+            return "FusedMatMul transposes an A of unknown rank (the Transpose needs its perm)"
+        return a, b, bool(int_attr(node, "transB", 0)), None, trans_a
     if float_attr(node, "alpha", 1.0) != 1.0 or float_attr(node, "beta", 1.0) != 1.0:
         return "Gemm with alpha or beta != 1"
     if int_attr(node, "transA", 0):
         return "Gemm with transA = 1"
     c = node.inputs[2] if len(node.inputs) > 2 else None
-    return a, b, bool(int_attr(node, "transB", 0)), c
+    return a, b, bool(int_attr(node, "transB", 0)), c, False
 
 
 def _through_transpose(b: ir.Value, transposed: bool) -> tuple[ir.Value, bool]:
@@ -190,7 +194,7 @@ def find_site(owner: Owner, node: ir.Node, calls: Calls, settings: Settings) -> 
     operands = _operands(node)
     if isinstance(operands, str):
         return operands
-    a, b, transposed, bias = operands
+    a, b, transposed, bias, activation_transposed = operands
     if a is None or b is None:
         return "an input is missing"
     weight, transposed = _through_transpose(b, transposed)
@@ -217,7 +221,9 @@ def find_site(owner: Owner, node: ir.Node, calls: Calls, settings: Settings) -> 
         return f"K={k} is smaller than one block ({settings.block_size})"
     if bias is not None and (bias.shape is None or list(bias.shape.dims) != [n]):
         return f"Gemm's C has shape {bias.shape}, {op}'s bias must be [{n}]"
-    return Site(owner, node, a, weight, transposed, transpose, bias, k, n, dtype.numpy())
+    site = Site(owner, node, a, weight, transposed, transpose, bias, k, n, dtype.numpy())
+    site.activation_transposed = activation_transposed
+    return site
 
 
 def _is_gather(node: ir.Node) -> bool:

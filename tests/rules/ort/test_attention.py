@@ -678,13 +678,19 @@ def test_shared_buffer_declines_a_bias_in_the_mask():
 _SHORT = [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0]
 _LONG = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]
 _ORIGINAL = 4  # longrope's original_max_position_embeddings in _rotary_model
+_INV_FREQ = [1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001]
 
 
-def _rotary_model(dynamic: bool = False, longrope: bool = False) -> ir.Model:
+def _rotary_model(
+    dynamic: bool = False, longrope: bool = False, rotary_dim: int = 16, head: int = 16
+) -> ir.Model:
     """Hugging Face's rotary before the attention: angles ``position · inv_freq`` (``dynamic``:
     also scaled by the largest position, as dynamic NTK does; ``longrope``: divided by the
     short factors, or the long ones once the largest position + 1 passes :data:`_ORIGINAL`),
-    ``RotaryEmbedding`` on Q and K."""
+    ``RotaryEmbedding`` on Q and K (heads of ``head``, their first ``rotary_dim`` features
+    rotated: partial when less)."""
+    freqs = ", ".join(str(f) for f in _INV_FREQ[: rotary_dim // 2])
+    partial = "" if rotary_dim == head else f"<rotary_embedding_dim={rotary_dim}>"
     scale = "\n        angles = Identity(raw)"
     if dynamic:
         scale = """
@@ -706,32 +712,39 @@ def _rotary_model(dynamic: bool = False, longrope: bool = False) -> ir.Model:
         long_factor = Constant<value=float[8] {{{long}}}>()
         factor = Where(is_long, long_factor, short_factor)
         angles = Div(raw, factor)"""
-    return parse(f"""g (float[B,4,S,16] q, float[B,2,S,16] k, float[B,2,S,16] v,
-          float[B,2,P,16] pk, float[B,2,P,16] pv, int64[B,T] attention_mask,
+    h = head
+    return parse(f"""g (float[B,4,S,{h}] q, float[B,2,S,{h}] k, float[B,2,S,{h}] v,
+          float[B,2,P,{h}] pk, float[B,2,P,{h}] pv, int64[B,T] attention_mask,
           int64[B,S] position_ids)
-      => (float[B,4,S,16] y, float[B,2,T2,16] ko, float[B,2,T2,16] vo) {{{_mask_text("float")}
+      => (float[B,4,S,{h}] y, float[B,2,T2,{h}] ko, float[B,2,T2,{h}] vo) {{{_mask_text("float")}
         pos_f = Cast<to=1>(position_ids)
         last = Constant<value=int64[1] {{-1}}>()
         pos3 = Unsqueeze(pos_f, last)
-        inv_freq = Constant<value=float[8] {{1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001}}>()
+        inv_freq = Constant<value=float[{rotary_dim // 2}] {{{freqs}}}>()
         raw = Mul(pos3, inv_freq){scale}
         cos = Cos(angles)
         sin = Sin(angles)
-        qr = RotaryEmbedding(q, cos, sin)
-        kr = RotaryEmbedding(k, cos, sin)
+        qr = RotaryEmbedding{partial}(q, cos, sin)
+        kr = RotaryEmbedding{partial}(k, cos, sin)
         y, ko, vo = Attention<is_causal=1>(qr, kr, v, m, pk, pv)
       }}""")
 
 
-def _rotate(x: np.ndarray, positions: np.ndarray, factors: list[float] | None = None) -> np.ndarray:
-    inv_freq = np.array([1, 0.5, 0.25, 0.125, 0.0625, 0.03, 0.01, 0.001]).astype(np.float32)
+def _rotate(
+    x: np.ndarray,
+    positions: np.ndarray,
+    factors: list[float] | None = None,
+    rotary_dim: int = 16,
+) -> np.ndarray:
+    inv_freq = np.array(_INV_FREQ[: rotary_dim // 2]).astype(np.float32)
     if factors is not None:
         inv_freq = inv_freq / np.array(factors, np.float32)
     angles = positions[:, None] * inv_freq.astype(np.float64)
     cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
-    half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
+    head, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = np.concatenate([-head[..., half:], head[..., :half]], -1)
+    return np.concatenate([head * cos + rotated * sin, rest], -1)
 
 
 def test_rotary_moves_into_the_op_on_the_shared_buffer():
@@ -767,6 +780,62 @@ def test_rotary_moves_into_the_op_on_the_shared_buffer():
     (node,) = [n for n in dynamic.graph if n.op_type == "GroupQueryAttention"]
     assert "do_rotary" not in node.attributes
     assert ops(dynamic)["RotaryEmbedding"] == 2
+
+
+def test_partial_rotary_moves_into_the_op_on_the_shared_buffer():
+    """A rotation of the first 16 of 32 features (``rotary_embedding_dim=16``: Qwen3.5's
+    partial rotary) becomes ``do_rotary`` with caches of 8 columns: onnxruntime's numbers
+    before and after the rewrite (prefill of right-padded prompts, then a step) agree, and
+    equal the rotated attention (numpy)."""
+    before = _rotary_model(rotary_dim=16, head=32)
+    model = _rotary_model(rotary_dim=16, head=32)
+    irkit.optimize(model, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert node.attributes["do_rotary"].value == 1
+    assert "RotaryEmbedding" not in ops(model)
+    assert list(node.inputs[7].shape) == [8, 8]  # (the cos cache: rotary_dim / 2 columns)
+    rng, lengths = np.random.default_rng(3), [3, 5]
+    q = rng.standard_normal((2, 4, 5, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 5, 32)).astype(np.float32) for _ in "kv")
+    buffer = np.zeros((2, 2, 8, 32), np.float32)
+    mask = np.array([[1] * n + [0] * (5 - n) for n in lengths], np.int64)
+    feeds = {"q": q, "k": k, "v": v, "pk": buffer, "pv": buffer, "attention_mask": mask}
+    positions = np.tile(np.arange(5), (2, 1))
+    y, ko, vo = run_ort(model, {**feeds, "position_ids": positions})
+    for r, n in enumerate(lengths):  # (the padded rows' outputs are not compared)
+        want = _attend(
+            _rotate(q[r, :, :n], np.arange(n), rotary_dim=16),
+            _rotate(k[r, :, :n], np.arange(n), rotary_dim=16),
+            v[r, :, :n],
+            None,
+        )
+        np.testing.assert_allclose(y[r, :, :n], want, atol=1e-4, rtol=1e-4)
+    q1 = rng.standard_normal((2, 4, 1, 32)).astype(np.float32)
+    k1, v1 = (rng.standard_normal((2, 2, 1, 32)).astype(np.float32) for _ in "kv")
+    mask1 = np.array([[1] * (n + 1) + [0] * (5 - n) for n in lengths], np.int64)
+    step = {"q": q1, "k": k1, "v": v1, "pk": ko, "pv": vo, "attention_mask": mask1}
+    y1, _, _ = run_ort(model, {**step, "position_ids": np.array([[3], [5]])})
+    for r, n in enumerate(lengths):
+        keys = np.concatenate([k[r, :, :n], k1[r]], 1)
+        keys = _rotate(keys, np.arange(n + 1), rotary_dim=16)
+        values = np.concatenate([v[r, :, :n], v1[r]], 1)
+        want1 = _attend(_rotate(q1[r], np.array([n]), rotary_dim=16), keys, values, None)
+        np.testing.assert_allclose(y1[r], want1, atol=1e-4, rtol=1e-4)
+        # the graph before the rewrite, on this row's unpadded cache (rotated keys, as stored)
+        row = {"q": q1[r : r + 1], "k": k1[r : r + 1], "v": v1[r : r + 1]}
+        row |= {"pk": ko[r : r + 1, :, :n], "pv": vo[r : r + 1, :, :n]}
+        row |= {"attention_mask": np.ones((1, n + 1), np.int64), "position_ids": np.array([[n]])}
+        np.testing.assert_allclose(y1[r], run_ort(before, row)[0][0], atol=1e-5, rtol=1e-5)
+
+
+def test_partial_rotary_of_a_width_onnxruntime_refuses_stays_unfused():
+    """A rotated width that is not a multiple of 16 (onnxruntime: "cos_cache dimension 1 must
+    be … a multiple of 8"): the ``RotaryEmbedding`` stays, the attention still fuses."""
+    model = _rotary_model(rotary_dim=8)
+    irkit.optimize(model, "ort", rules=ort.default_rules(gqa_shared_buffer=8))
+    (node,) = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert "do_rotary" not in node.attributes
+    assert ops(model)["RotaryEmbedding"] == 2
 
 
 def test_longrope_caches_switch_with_the_total_length_on_the_shared_buffer():

@@ -173,8 +173,10 @@ class RotaryCaches:
     Attributes:
         q: The un-rotated query.
         k: The un-rotated key.
-        cos: ``(max_positions, head_size / 2)``: the angles' cosines at positions
-            ``0 … max_positions - 1`` (those of the long regime when ``switch`` is set).
+        cos: ``(max_positions, rotary_dim / 2)``: the angles' cosines at positions
+            ``0 … max_positions - 1`` (those of the long regime when ``switch`` is set);
+            ``rotary_dim`` is the head size, or less for a partial rotation (the rest of each
+            head passes unrotated).
         sin: The sines, likewise.
         interleaved: The rotation's ``interleaved``.
         switch: ``None``, or the total length from which ``cos``/``sin`` hold; below it
@@ -256,8 +258,16 @@ def _rotary_caches(
     if pq is None or pk is None or pq[1] is not None or pk[1] is not None:
         return fail("Q or K rotated with position ids (constant caches)", q)
     attributes = pq[4]
-    if attributes != pk[4] or set(attributes) - {"interleaved"}:
+    if attributes != pk[4] or set(attributes) - {"interleaved", "rotary_embedding_dim"}:
         return fail(f"rotary attributes {attributes} / {pk[4]}", q)
+    # partial rotary: GroupQueryAttention rotates the first ``2 · cos.shape[1]`` of each head
+    width = int(attributes.get("rotary_embedding_dim", 0)) or head_size
+    if width % 16 or not 0 < width <= head_size:
+        return fail(
+            f"rotary_embedding_dim {width}: onnxruntime's GroupQueryAttention rotates a "
+            f"multiple of 16 up to the head size {head_size}",
+            q,
+        )
     positions = _graph_input(node, shared.position_input)
     if positions is None:
         return fail(f"the graph has no input {shared.position_input!r}", q)
@@ -275,10 +285,8 @@ def _rotary_caches(
 
     try:
         full = at(total)
-        if any(a.shape != (1, total, head_size // 2) for a in full):
-            return fail(
-                f"cos/sin of shape {full[0].shape}, not (1, {total}, {head_size // 2})", cos
-            )
+        if any(a.shape != (1, total, width // 2) for a in full):
+            return fail(f"cos/sin of shape {full[0].shape}, not (1, {total}, {width // 2})", cos)
         if not (np.array_equal(full[0], full[2]) and np.array_equal(full[1], full[3])):
             return fail("Q and K rotated by different angles", k)
         switch = _switch(at, full, total)
