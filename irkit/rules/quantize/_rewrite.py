@@ -82,7 +82,8 @@ def replace_site(site: Site, packed: PackedValues, settings: Settings, bits: int
         perm = [*range(rank - 2), rank - 1, rank - 2]
         before.append(ir.node("Transpose", [activation], {"perm": perm}))
         activation = before[0].outputs[0]
-        activation.dtype = site.activation.dtype
+        if site.activation.dtype is not None:
+            activation.dtype = site.activation.dtype
         if site.activation.shape is not None:
             dims = list(site.activation.shape)
             activation.shape = ir.Shape([*dims[:-2], dims[-1], dims[-2]])
