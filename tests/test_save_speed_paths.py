@@ -6,6 +6,7 @@ window sizes are shrunk so that small tensors cross many chunk and window bounda
 
 from __future__ import annotations
 
+import inspect
 import os
 import pathlib
 
@@ -57,6 +58,9 @@ def _tensors(checkpoint: pathlib.Path) -> list[ir.TensorProtocol]:
 
 def _onnx_ir_files(tensors, directory, max_shard, alignment, threshold) -> dict[str, bytes]:
     """What the previous write_external wrote: onnx-ir's writer, one call per shard."""
+    writer = inspect.signature(ir.external_data.convert_tensors_to_external).parameters
+    if "alignment" not in writer:  # (onnx-ir before 1.1: the reference writer cannot align)
+        pytest.skip("the installed onnx-ir's convert_tensors_to_external takes no alignment")
     groups = _shards(tensors, max_shard, alignment, threshold)
     out = {}
     for group, name in zip(groups, shard_names("model.onnx.data", len(groups)), strict=True):

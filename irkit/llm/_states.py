@@ -500,12 +500,14 @@ def _typed_layers(config: Any) -> list[Any]:
     A sliding-window layer's transformers cache keeps only the window; an exported model's
     present holds every token (the window is the mask's), as for the other layers.
     """
-    from transformers.cache_utils import (
-        DYNAMIC_LAYER_TYPE_MAPPING,
-        DynamicLayer,
-        get_layer_types_and_kwargs,
-    )
-
+    try:
+        from transformers.cache_utils import (
+            DYNAMIC_LAYER_TYPE_MAPPING,
+            DynamicLayer,
+            get_layer_types_and_kwargs,
+        )
+    except ImportError:  # older transformers (4.54): no typed layers, plain attention layers
+        return []
     try:
         types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     except Exception:  # a config transformers cannot type: plain attention layers

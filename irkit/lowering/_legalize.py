@@ -57,11 +57,13 @@ _Constraints = Mapping[str, frozenset[ir.DataType]]
 
 @functools.cache
 def _onnx_names() -> Mapping[str, ir.DataType]:
-    """``"float"`` → ``DataType.FLOAT`` (the spelling of ``tensor(float)``)."""
+    """``"float"`` → ``DataType.FLOAT`` (the spelling of ``tensor(float)``), for the types both
+    the installed onnx and onnx-ir know (onnx-ir may know newer ones than onnx 1.18 names)."""
+    named = set(onnx.TensorProto.DataType.values())
     return {
         onnx.TensorProto.DataType.Name(int(d)).lower(): d
         for d in ir.DataType
-        if d != ir.DataType.UNDEFINED
+        if d != ir.DataType.UNDEFINED and int(d) in named
     }
 
 
