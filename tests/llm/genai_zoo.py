@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -110,9 +111,58 @@ def check_shared_buffer(out: pathlib.Path, target: str = "onnx", name: str = "")
     assert ops["GroupQueryAttention"] == 0
 
 
+#: Under target ``ort``, what the folder's ``GroupQueryAttention`` takes over beyond the shared
+#: buffer (:func:`check_ort_attention`), by architecture: the rotation folded into the op
+#: (``do_rotary``)? Not for deepseek_v3 (MLA: the rotation turns only the k_pe part of the head)
+#: nor bloom and mpt (ALiBi: ``attention_bias``).
+ORT_ATTENTION: dict[str, bool] = {
+    "gemma2": True,  # eager attention, softcap, a sliding window on alternate layers
+    "phi3_longrope": True,  # both factor sets: the short and the long caches, switched
+    "deepseek_v3": False,
+    "bloom": False,
+    "mpt": False,
+}
+
+
+def _attributes(node: Any) -> dict[str, Any]:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def check_ort_attention(out: pathlib.Path, name: str, model: Any) -> None:
+    """Under target ``ort``, architecture ``name``'s attention is all ``GroupQueryAttention``:
+    the rotation inside the op where :data:`ORT_ATTENTION` says so (no ``RotaryEmbedding``
+    left), gemma2's softcap on every layer and its window on the sliding ones, the longrope
+    phi3's cos/sin caches chosen by a ``Where`` on the total length."""
+    import onnx
+
+    proto = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert gqa, name
+    assert not [n for n in nodes if n.op_type in ("Attention", "Softmax")], name
+    if ORT_ATTENTION[name]:
+        assert not [n for n in nodes if n.op_type == "RotaryEmbedding"], name
+        assert {_attributes(n).get("do_rotary") for n in gqa} == {1}, name
+    if name == "gemma2":
+        assert {_attributes(n).get("softcap") for n in gqa} == {model.config.attn_logit_softcapping}
+        windows = {_attributes(n).get("local_window_size") for n in gqa}
+        assert windows == {model.config.sliding_window, None}, windows
+    if name == "phi3_longrope":
+        producers = {o: n for n in nodes for o in n.output}
+        for value, node in list(producers.items()):  # computed once (irkit.rules.hoist)
+            if value.startswith("hoist/"):
+                producers["hoisted." + value.split("/", 3)[3]] = node
+        for node in gqa:  # cos, sin: the short or the long caches
+            assert [producers[node.input[i]].op_type for i in (7, 8)] == ["Where"] * 2
+
+
 def check_generator(exported, name: str, target: str = "onnx") -> None:
     folder, out, model = exported(name)
     check_shared_buffer(out, target, name)
+    if target == "ort" and name in ORT_ATTENTION:
+        check_ort_attention(out, name, model)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     shortest = min(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
     assert shortest + NEW_TOKENS > SLIDING_WINDOW  # windowed layers see a full window

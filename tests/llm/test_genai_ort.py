@@ -16,11 +16,8 @@ import pathlib
 import onnx
 import pytest
 
-from irkit.cli import main
 from irkit.llm import export
 from irkit.rules import ort
-from tests.llm import genai_support as gs
-from tests.llm import genai_zoo as zoo
 
 og = pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
@@ -311,107 +308,9 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
     assert len(caches) == len(windows)
 
 
-# The genai zoo's folders (tests/llm/genai_zoo.py: meta model, weights streamed) with --target ort:
-# arch → (GroupQueryAttention on the shared buffer?, rotary folded into the op?); the buffer is
-# shared (flag true) for each.
-# - phi3_longrope: both factor sets; the caches of the short and the long set, switched on the
-#   total length (prompt + generation run past original_max_position_embeddings).
-# - deepseek_v3 (MLA): exported in absorbed form (irkit.llm.kernels.mla): one KV head
-#   [latent | k_pe], values the latent padded to that width; GroupQueryAttention owns it on the
-#   buffer (the rotation stays outside: it turns only the k_pe part of the head).
-# - mpt, bloom (ALiBi, eager attention): GroupQueryAttention with attention_bias, flag true.
-# - gemma2 (eager attention, softcap, sliding window on alternate layers): GroupQueryAttention
-#   with softcap and local_window_size (FusedMatMul leaves attention scores alone), flag true.
-ZOO_ORT = {
-    "gemma2": (True, True),
-    "phi3_longrope": (True, True),
-    "deepseek_v3": (True, False),
-    "bloom": (True, False),
-    "mpt": (True, False),
-}
-
-
-@pytest.fixture(scope="module")
-def zoo_exported(tmp_path_factory: pytest.TempPathFactory):
-    """arch → (HF folder, folder written by ``irkit export --target ort``, the HF model)."""
-    root = tmp_path_factory.mktemp("genai-zoo-ort")
-    tokenizer = gs.tokenizer(vocab_size=zoo.VOCAB, specials=zoo.SPECIALS)
-    done: dict[str, tuple[pathlib.Path, pathlib.Path, object]] = {}
-
-    def get(name: str) -> tuple[pathlib.Path, pathlib.Path, object]:
-        if name not in done:
-            import torch
-
-            arch = zoo.ARCHS[name]
-            config = arch.config()
-            config.vocab_size = zoo.VOCAB
-            torch.manual_seed(0)
-            model = getattr(transformers, arch.model_class)(config).eval()
-            folder = gs.save_folder(root / f"{name}-hf", model, tokenizer)
-            out = root / f"{name}-ort"
-            argv = ["export", str(folder), "-o", str(out), "-q", "--target", "ort"]
-            assert main([*argv, "--max-length", str(zoo.MAX_LENGTH)]) == 0
-            done[name] = (folder, out, model)
-        return done[name]
-
-    return get
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(ZOO_ORT))
-def test_zoo_folder_target_ort(zoo_exported, arch):
-    """genai's Generator on the --target ort folder: the reference ids (batch 1 and a
-    right-padded batch of 2); GroupQueryAttention once per layer and the flag true exactly where
-    the cache is the attention's own K and V."""
-    import onnx_ir as ir
-
-    shared, rotary = ZOO_ORT[arch]
-    folder, out, model = zoo_exported(arch)
-    config = json.loads((out / "genai_config.json").read_text())
-    assert config["search"]["past_present_share_buffer"] is True
-    layers = config["model"]["decoder"]["num_hidden_layers"]
-    assert ort.attention.runs_on_shared_buffer(ir.load(out / "model.onnx"), layers) is shared
-    ops = _ops(out)
-    if shared:
-        assert ops[("", "Attention")] == ops[("", "Softmax")] == 0
-    else:
-        assert ops[("com.microsoft", "GroupQueryAttention")] == 0
-        assert ops[("", "TensorScatter")] >= 2
-    if rotary:
-        assert ops[("", "RotaryEmbedding")] == ops[("com.microsoft", "RotaryEmbedding")] == 0
-        proto = onnx.load(out / "model.onnx", load_external_data=False)
-        for node in _nodes(proto, "GroupQueryAttention"):
-            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            assert attributes.get("do_rotary") == 1, attributes
-    if arch == "gemma2":  # softcapped on every layer, windowed on the sliding ones
-        proto = onnx.load(out / "model.onnx", load_external_data=False)
-        caps, windows = set(), set()
-        for node in _nodes(proto, "GroupQueryAttention"):
-            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            caps.add(attributes.get("softcap"))
-            windows.add(attributes.get("local_window_size"))
-        assert caps == {model.config.attn_logit_softcapping}, caps
-        assert windows == {model.config.sliding_window, None}, windows
-    if arch == "phi3_longrope":
-        zoo.check_longrope(zoo_exported)  # the prompt short, the last tokens long
-        proto = onnx.load(out / "model.onnx", load_external_data=False)
-        nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
-        producers = {o: n for n in nodes for o in n.output}
-        for name, node in list(producers.items()):  # computed once (irkit.rules.hoist)
-            if name.startswith("hoist/"):
-                producers["hoisted." + name.split("/", 3)[3]] = node
-        for node in _nodes(proto, "GroupQueryAttention"):  # cos, sin: the short or long caches
-            assert [producers[node.input[i]].op_type for i in (7, 8)] == ["Where"] * 2
-    lengths = []
-    for prompts in (zoo.PROMPTS[:1], zoo.PROMPTS):
-        got = [gs.until_eos(ids, zoo.EOS) for ids in gs.genai_ids(out, prompts, zoo.NEW_TOKENS)]
-        want = [
-            gs.until_eos(ids, zoo.EOS)
-            for ids in gs.reference_ids(folder, prompts, zoo.NEW_TOKENS, model)
-        ]
-        assert got == want, (arch, prompts)
-        lengths += [len(ids) for ids in want]
-    assert max(lengths) >= 8  # the comparison is not only an early eos
+# The zoo's ALiBi, MLA, softcap and longrope architectures under --target ort (GroupQueryAttention
+# on the shared buffer, genai's ids equal transformers'): tests/llm/test_genai_zoo_0.py, with
+# genai_zoo.check_ort_attention on the same folders.
 
 
 ALIBI_PROMPTS = [
