@@ -108,3 +108,32 @@ def op_histogram(graph) -> dict[str, int]:
         (f"{n.domain}::{n.op_type}" if n.domain else n.op_type) for n in graph
     )
     return dict(sorted(counts.items()))
+
+
+#: fp32 tolerance of :func:`assert_optimize_keeps_numbers`: kernels that sum in another order.
+OPTIMIZE_RTOL, OPTIMIZE_ATOL = 1e-4, 2e-5
+
+
+def assert_optimize_keeps_numbers(model: ir.Model, feeds: Sequence[Any]) -> None:
+    """``irkit.optimize`` for both targets keeps ``model`` runnable with the same outputs.
+
+    The bug class of issue 32 (a rewrite that makes a model onnxruntime ran refuse, or compute
+    something else): each optimized copy runs in onnxruntime and is compared with the
+    unoptimized model (not with eager), so that only what the rewrite changed counts. ``model``
+    itself is not modified.
+    """
+    import irkit
+
+    before = run_ort(model, feeds)
+    for target in ("onnx", "ort"):
+        copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+        after = run_ort(irkit.optimize(copy, target), feeds)  # raises where it became unrunnable
+        assert len(after) == len(before), f"target {target!r}"
+        for i, (a, b) in enumerate(zip(after, before, strict=True)):
+            np.testing.assert_allclose(
+                a,
+                b,
+                rtol=OPTIMIZE_RTOL,
+                atol=OPTIMIZE_ATOL,
+                err_msg=f"target {target!r}, output {i}",
+            )

@@ -123,3 +123,18 @@ def test_zoo_exports_as_users_do_so_rotary_models_keep_their_grad_region():
     assert (region in targets) == decorated
     no_grad = {n.target for n in arch_zoo.export("llama", no_grad=True).graph.nodes}
     assert region not in no_grad
+
+
+# One entry per attention form and mask layout (issue 32's bug class: a rewrite that makes a
+# runnable model fail or compute something else): encoders with extended masks, ALBERT's shared
+# layers, DeBERTa's disentangled attention, encoder-decoders (cross attention, T5's position
+# bias), vision, a decoder, MoE. Here, not in tests/rewriting/test_optimize_keeps_runnable.py,
+# so that the programs this file exported above are reused (one process per file).
+KEEPS_NUMBERS = ("distilbert", "albert", "deberta_v2", "t5", "bart", "whisper", "vit", "qwen3")
+
+
+@pytest.mark.parametrize("name", KEEPS_NUMBERS)
+def test_optimize_keeps_the_model_runnable_and_its_numbers(name):
+    zm = arch_zoo.load(name)
+    model = _lower(name, "functions")
+    helpers.assert_optimize_keeps_numbers(model, [t.numpy() for t in zm.feeds(zm.inputs)])

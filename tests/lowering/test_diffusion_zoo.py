@@ -38,3 +38,17 @@ def test_diffusion_zoo_lowers_and_optimizes_to_eager_numbers(name):
     assert report.fired.get("AttentionKVCache", 0) == 0  # no cache in these models
     assert report.fired.get("Attention", 0) >= 1  # the attention is fused...
     _check(name, model)  # ...and onnxruntime runs it (no past inputs without presents)
+
+
+def test_optimize_keeps_sd3_runnable_and_its_numbers():
+    """SD3's joint attention over image and text tokens: ``irkit.optimize`` for both targets
+    keeps the numbers of the lowered model (:func:`tests.helpers.assert_optimize_keeps_numbers`,
+    issue 32's bug class; here to reuse this file's export)."""
+    zm = diffusion_zoo.load("sd3")
+    model = irkit.lower(
+        diffusion_zoo.export("sd3"),
+        input_names=zm.input_names,
+        output_names=zm.output_names,
+        **zm.lower_options,
+    )
+    helpers.assert_optimize_keeps_numbers(model, [t.numpy() for t in zm.feeds(zm.inputs)])
