@@ -10,9 +10,22 @@ move the mark into those files (``@pytest.mark.slow``) when convenient and short
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from hypothesis import settings
+
+# torch.export's fake-tensor dispatch cache off in the suite and the commands it starts: with
+# dynamic shapes a cache hit rebuilds the op's output from symbolic sizes, which costs more than
+# the meta function it memoizes (a 2-layer Llama of the arch zoo exports in ~35% less time). It
+# only memoizes, so the programs are the ones users get: export_causal_lm turns it off itself,
+# tests/llm/test_export_causal_lm.py compares both programs, and the arch zoo's t5, wav2vec2,
+# qwen2_moe and swin gave the same graph, signature and ranges on and off (2026-11-28).
+os.environ.setdefault("TORCH_FAKE_TENSOR_DISPATCH_CACHE", "0")
+if "torch._dynamo.config" in sys.modules:  # imported before this file: the flag was read
+    sys.modules["torch._dynamo.config"].fake_tensor_cache_enabled = (
+        os.environ["TORCH_FAKE_TENSOR_DISPATCH_CACHE"] == "1"
+    )
 
 # Under pytest-xdist the workers share the cores: torch's intra-op pool sized for every core in
 # each worker would oversubscribe them (workers × cores threads), so each gets its share.

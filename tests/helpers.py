@@ -17,10 +17,15 @@ def ort_session(model: ir.Model | str | os.PathLike) -> ort.InferenceSession:
     """An onnxruntime CPU session with graph optimizations disabled.
 
     ORT's own fusions must not hide a wrong graph, so nothing is optimized. A path is loaded by
-    ORT itself (external data next to it is found).
+    ORT itself (external data next to it is found). Under pytest-xdist each worker's session
+    takes its share of the cores, as torch does (tests/conftest.py): a pool of every core per
+    worker would spin against the other workers.
     """
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        opts.intra_op_num_threads = max(1, (os.cpu_count() or 1) // workers)
     opts.log_severity_level = 3
     source = (
         str(model)

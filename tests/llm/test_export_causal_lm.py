@@ -344,13 +344,15 @@ def _graph_text(program) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "mistral"])
+@pytest.mark.parametrize("name", ["llama"])
 def test_program_is_the_same_with_torchs_fake_tensor_cache(name, monkeypatch):
-    """export_causal_lm turns the fake-tensor dispatch cache off (speed): same program."""
+    """export_causal_lm turns the fake-tensor dispatch cache off (speed): same program. (The
+    suite runs with it off too, tests/conftest.py: here it is on, as users have it.)"""
     import torch._dynamo.config as dynamo_config
 
     from irkit.llm import _causal_lm
 
+    monkeypatch.setattr(dynamo_config, "fake_tensor_cache_enabled", True)
     lm = BY_NAME[name].model()
     assert dynamo_config.fake_tensor_cache_enabled
     fast = export_causal_lm(lm).program
