@@ -594,7 +594,7 @@ def export(
         stacked_weights(model, source.model, source.shapes)
     _fill_buffers(model, source.buffers)
     rules = (
-        ort.default_rules(gqa_shared_buffer=length if shares else False, skip_norm=True)
+        ort.default_rules(gqa_shared_buffer=length if shares else False)
         if target == "ort"
         else None
     )
