@@ -23,18 +23,23 @@ the folder as is once, prints the refusal, then gives the builder the same folde
 ``architectures`` changed (a sibling folder of links). A builder that still refuses gets its
 reason printed as its figure, with irkit's absolute figures and no ratio.
 
-``--profile`` prints ORT's kernel time by op type of one more generation of each folder (nodes
-inside a ``Scan`` body are counted on their own and inside the ``Scan``: read the ``Scan`` row
-as the whole recurrence).
+``--profile`` prints, from onnxruntime's profiler over ``--profile-rounds`` more generations of
+each folder (interleaved), the kernels one decode step runs and, per op type, the median over
+decode steps of its kernel time in a step, the median prefill kernel time, and both totals,
+irkit's beside the builder's (nodes inside a ``Scan`` body are counted on their own and inside
+the ``Scan``: read the ``Scan`` row as the whole recurrence). Per-step medians, not sums: on a
+loaded machine one descheduled kernel would swamp a sum.
 
 Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--precision fp32 int4]
-[--target ort|onnx] [--rounds 5] [--export-rounds 5] [--profile] [--workdir DIR]`` (run with
-``PYTHONPATH=$PWD``).
+[--target ort|onnx] [--rounds 5] [--export-rounds 5] [--profile] [--profile-rounds 3]
+[--workdir DIR]`` (run with ``PYTHONPATH=$PWD``).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
 import dataclasses
 import json
 import pathlib
@@ -161,6 +166,70 @@ def compare_ids(a: Sequence[int], b: Sequence[int]) -> str:
 
 
 @dataclasses.dataclass
+class StepProfile:
+    """Kernel times (µs) by op type of the prefill and of each decode step of generations."""
+
+    prefill: list[collections.Counter[str]] = dataclasses.field(default_factory=list)
+    decode: list[collections.Counter[str]] = dataclasses.field(default_factory=list)
+    kernels: int = 0  # kernels in a decode step (the most common count)
+
+
+def profile_steps(folder: pathlib.Path, prompt: Sequence[int], into: StepProfile) -> None:
+    """One generation under onnxruntime's profiler, split into its runs (``model_run`` events):
+    the first is the prefill, the others decode steps."""
+    import onnxruntime_genai as og
+
+    for old in folder.glob("ort_profile*.json"):
+        old.unlink()
+    bg.set_session_options(folder, profile=str(folder / "ort_profile"))
+    model = og.Model(str(folder))
+    bg.timed_generation(model, prompt)
+    del model
+    bg.set_session_options(folder)
+    found = [*folder.glob("ort_profile*.json"), *pathlib.Path.cwd().glob("ort_profile*.json")]
+    if not found:
+        sys.exit(f"onnxruntime wrote no profile under {folder} or {pathlib.Path.cwd()}")
+    path = max(found, key=lambda p: p.stat().st_mtime)
+    events = json.loads(path.read_text())
+    path.unlink()
+    starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    runs: list[collections.Counter[str]] = [collections.Counter() for _ in starts]
+    counts = [0] * len(starts)
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            run = bisect.bisect_right(starts, event["ts"]) - 1
+            runs[run][event.get("args", {}).get("op_name", "?")] += int(event.get("dur", 0))
+            counts[run] += 1
+    into.prefill.append(runs[0])
+    into.decode.extend(runs[1:])
+    into.kernels = collections.Counter(counts[1:]).most_common(1)[0][0]
+
+
+def _median(steps: Sequence[collections.Counter[str]], op: str | None = None) -> float:
+    return statistics.median(sum(c.values()) if op is None else c.get(op, 0) for c in steps)
+
+
+def profile_table(profiles: dict[str, StepProfile]) -> str:
+    """Per op type: median µs per decode step and median prefill ms, each kind side by side."""
+    kinds = list(profiles)
+    ops: collections.Counter[str] = collections.Counter()
+    for profile in profiles.values():
+        for step in profile.decode:
+            ops.update(step)
+    head = " | ".join(f"{k} decode µs/step, prefill ms" for k in kinds)
+    lines = [f"| op | {head} |", "|---|" + "---|" * len(kinds)]
+    rows = [(None, "**all kernels**"), *((op, op) for op, _ in ops.most_common())]
+    for op, label in rows:
+        cells = [
+            f"{_median(profiles[k].decode, op):.0f}, {_median(profiles[k].prefill, op) / 1e3:.2f}"
+            for k in kinds
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    kernels = ", ".join(f"{k} {profiles[k].kernels}" for k in kinds)
+    return f"kernels per decode step: {kernels}\n" + "\n".join(lines)
+
+
+@dataclasses.dataclass
 class Case:
     """The outcome of one model and precision."""
 
@@ -215,9 +284,12 @@ def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Names
         print(f"greedy ids, irkit vs transformers generate: {reference}")
     if args.profile:
         del models
-        for kind in kinds:
-            print(f"ORT profile, {arch} {precision} {kind} (kernel time by op type):")
-            print(bg.profile_summary(outs[kind], prompt), flush=True)
+        profiles = {kind: StepProfile() for kind in kinds}
+        for i in range(args.profile_rounds):
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                profile_steps(outs[kind], prompt, profiles[kind])
+        print(f"onnxruntime profile, {arch} {precision}, {args.profile_rounds} generations each:")
+        print(profile_table(profiles), flush=True)
     return Case(arch, precision, figures, refused, note, same, reference)
 
 
@@ -264,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
     parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
     parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
+    parser.add_argument(
+        "--profile-rounds", type=int, default=3, help="profiled generations of each (--profile)"
+    )
     parser.add_argument("--workdir", type=pathlib.Path, help="keep the folders here")
     args = parser.parse_args(argv)
 

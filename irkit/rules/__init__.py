@@ -20,6 +20,8 @@ module                        identity
 :mod:`irkit.rules.index`       ``Slice(GatherElements(d, i))`` → ``GatherElements(d, Slice(i))``
 :mod:`irkit.rules.arith`       ``x + 0``, ``x · 1`` … → ``x``; a per-column scale folded into a weight
 :mod:`irkit.rules.glue`        shape-keeping ``Reshape`` → ``x``; head reshapes → 3-D ``Attention``
+:mod:`irkit.rules.unit_axes`   a ``Reshape`` appending unit dims → ``Unsqueeze``; an ``Unsqueeze``
+                              of a ``keepdims=0`` reduction → ``keepdims=1`` (``"ort"`` target)
 :mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, gate/up)
 :mod:`irkit.rules.quantize`    constant-weight MatMul/FusedMatMul/Gemm → ``MatMulNBits`` (a pass:
                               :func:`irkit.quantize`, not in any default rule set)
@@ -54,6 +56,7 @@ from irkit.rules import (
     rms_norm,
     rotary,
     uniform,
+    unit_axes,
 )
 
 __all__ = [
@@ -71,6 +74,7 @@ __all__ = [
     "rms_norm",
     "rotary",
     "uniform",
+    "unit_axes",
     "default_rules",
     "fusion_rules",
     "onnx_target_rules",

@@ -143,3 +143,46 @@ def test_fusion_with_the_only_call_of_its_class_is_allowed():
     assert collections.Counter(n.op_type for n in model.graph) == {"Block": 2}
     inputs = [np.random.default_rng(2).standard_normal((2, 3, D)).astype(np.float32)]
     np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)
+
+
+def test_a_norm_whose_scale_is_computed_in_its_call_fuses_whole():
+    """``1 + w`` computed inside each of a block's two norm calls (Gemma's, Qwen3.5's norms; the
+    weights are inputs, as streamed weights are: nothing folds the ``Add``): the residual
+    ``Add`` and the second norm fuse with that ``Add``, so the norm's call is replaced whole
+    and the guard lets it (the blocks' bodies change alike: one fusion in each)."""
+    b = Builder(opset=23)
+    h = b.input("x", [2, 3, D])
+    scales = [b.input(f"w{i}", [D]) for i in range(4)]
+
+    def norm(path: str, x: ir.Value, w: ir.Value) -> ir.Value:
+        with b.module(path, NORM):
+            one = b.op("Constant", value=ir.tensor(np.array(1.0, np.float32)))
+            return b.op("RMSNormalization", x, b.op("Add", w, one), axis=-1, epsilon=1e-5)
+
+    for i in range(2):
+        with b.module(f"layers.{i}", BLOCK):
+            y = b.op(
+                "MatMul", norm(f"layers.{i}.norm1", h, scales[2 * i]), b.weight(f"w{i}a", [D, D])
+            )
+            h = b.op("Add", h, y)
+            y = b.op(
+                "MatMul",
+                norm(f"layers.{i}.norm2", h, scales[2 * i + 1]),
+                b.weight(f"w{i}b", [D, D]),
+            )
+            h = b.op("Add", h, y)
+    model = irkit.outline(b.model([h]))
+    before = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    report = RewriteReport()
+    irkit.optimize(model, target="ort", rules=ort.default_rules(skip_norm=True), report=report)
+    assert report.fired["SkipSimplifiedLayerNormalizationOffset"] == 2
+    blocks = [f for f in model.functions.values() if f.name.startswith("Block")]
+    norms = [f for f in model.functions.values() if f.name.startswith("RMSNorm")]
+    for f in blocks:  # (the first block reads a graph input: outlined apart, as without offsets)
+        ops = collections.Counter(n.op_type for n in f)
+        assert ops["SkipSimplifiedLayerNormalization"] == 1 and ops["Add"] == 2, ops
+    assert sum(n.op_type == "RMSNormalization" for f in norms for n in f) == 2  # the norm1s
+    rng = np.random.default_rng(2)
+    inputs = [rng.standard_normal((2, 3, D)).astype(np.float32)]
+    inputs += [rng.standard_normal(D).astype(np.float32) for _ in scales]
+    np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from irkit import rules as library
 from irkit.rewriting import RuleSet
-from irkit.rules import glue
+from irkit.rules import glue, unit_axes
 from irkit.rules.ort import (
     attention,
     causal_conv,
@@ -113,10 +113,16 @@ def contrib_rules(
         members.append(_SKIP_NORM_RULES)
     # the head reshapes the attention fusions leave around the 3-D contrib ops (``to3``/``to4``)
     # meet the model's own: the chains that come back to their input's shape are identities
-    # and the rotary tables sliced to their first half by the rotary fusions, Slice(Concat(f, f))
+    # and the rotary tables sliced to their first half by the rotary fusions, Slice(Concat(f, f));
+    # the unit axes of the state models' padding-mask glue (irkit.rules.unit_axes)
     shapes = RuleSet(
         "ort_shapes",
-        [glue.ShapeKeepingReshape(), glue.ShapeKeepingExpand(), glue.SliceOfConcat()],
+        [
+            glue.ShapeKeepingReshape(),
+            glue.ShapeKeepingExpand(),
+            glue.SliceOfConcat(),
+            unit_axes.rules,
+        ],
     )
     return RuleSet(
         "ort_contrib",

@@ -5,6 +5,9 @@ residual stream the next block adds to):
 
 - ``RMSNormalization(a + b, w, axis=-1, eps) , a + b
   = SkipSimplifiedLayerNormalization(a, b, w, epsilon=eps)`` outputs 0 and 3
+- ``RMSNormalization(a + b, w₀ + c, …) , a + b
+  = SkipSimplifiedLayerNormalization(a, b, w₀ + c, …)`` (a scale computed as ``1 + w``,
+  ``c`` a constant of one element or ``w₀``'s shape: the ``Add`` is rewritten with the norm)
 - ``LayerNormalization(a + b, w, bias, axis=-1, eps) , a + b
   = SkipLayerNormalization(a, b, w, bias, epsilon=eps)`` outputs 0 and 3
 
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from irkit.errors import RewriteError
 from irkit.rewriting import (
     RewriteBuilder,
     Rule,
     RuleSet,
     Verdict,
     attr,
+    const_value,
     dims,
     fail,
     op,
@@ -41,6 +46,14 @@ MS = "com.microsoft"
 a, b, w, bias = var("a"), var("b"), var("w"), var("bias")
 _SUM = a + b
 _RMS = op.RMSNormalization(_SUM, w, axis=attr("axis"), epsilon=attr("epsilon"), stash_type=1)
+#: The same norm whose scale is computed right before it (``1 + w``: Gemma's, Qwen3.5's and
+#: Qwen3-Next's norms, ``Add`` of the weight and a constant inside the norm's module call):
+#: rewritten with that ``Add`` too, so the norm's module call is replaced whole and the fusion
+#: keeps sibling calls of the norm's class alike (onnxruntime folds the ``Add`` at load).
+w0, offset = var("w0"), var("offset")
+_RMS_OFFSET = op.RMSNormalization(
+    _SUM, op.Add(w0, offset), axis=attr("axis"), epsilon=attr("epsilon"), stash_type=1
+)
 _LN = op.LayerNormalization(
     _SUM, w, optional(bias), axis=attr("axis"), epsilon=attr("epsilon"), stash_type=1
 )  # (every attribute of the op listed: the contrib op computes in float32, as stash_type=1)
@@ -48,6 +61,17 @@ _LN = op.LayerNormalization(
 
 def _check_rms(a: ir.Value, b: ir.Value, w: ir.Value, axis: int) -> Verdict:
     return _check(a, b, w, axis, None)
+
+
+def _check_rms_offset(
+    a: ir.Value, b: ir.Value, w0: ir.Value, offset: ir.Value, axis: int
+) -> Verdict:
+    constant = const_value(offset)
+    if constant is None:
+        return fail("the scale's offset is not a constant", offset)
+    if constant.size != 1 and constant.shape != dims(w0):
+        return fail(f"the scale's offset of shape {constant.shape} broadcasts the weight", offset)
+    return _check(a, b, w0, axis, None)
 
 
 def _check_ln(a: ir.Value, b: ir.Value, w: ir.Value, axis: int, bias: ir.Value | None) -> Verdict:
@@ -82,6 +106,18 @@ def _skip_simplified(
     return y, total
 
 
+def _skip_simplified_offset(
+    op: RewriteBuilder, a: ir.Value, b: ir.Value, w0: ir.Value, offset: ir.Value, epsilon: float
+) -> tuple[ir.Value, ir.Value]:
+    """SkipSimplifiedLayerNormalization(a, b, w0 + offset) → (normalized, a + b)"""
+    # (the offset as a constant of the rewrite's own: the old one, read by the replaced Add
+    # only, goes with the norm's module call, which is then replaced whole)
+    constant = const_value(offset)
+    if constant is None:  # (the check saw a constant)
+        raise RewriteError(f"the offset {offset.name!r} of a norm's scale is not a constant")
+    return _skip_simplified(op, a, b, op.Add(w0, op.const(constant)), epsilon)
+
+
 def _skip_layer_norm(
     op: RewriteBuilder,
     a: ir.Value,
@@ -100,6 +136,12 @@ def _skip_layer_norm(
 rules = RuleSet(
     "ort_skip_norm",
     [
+        Rule(  # RMSNorm(a + b, w0 + c), a + b = SkipSimplifiedLayerNormalization(a, b, w0 + c)
+            "SkipSimplifiedLayerNormalizationOffset",
+            (_RMS_OFFSET, _SUM),
+            check=_check_rms_offset,
+            rewrite=_skip_simplified_offset,
+        ),
         Rule(  # RMSNorm(a + b, w), a + b = SkipSimplifiedLayerNormalization(a, b, w)
             "SkipSimplifiedLayerNormalization",
             (_RMS, _SUM),

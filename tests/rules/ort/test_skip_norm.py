@@ -73,3 +73,23 @@ def test_skip_layer_norm_declines_another_stash_type():
     m = parse("""g (float[2,3,8] x, float[2,3,8] r, float[8] w) => (float[2,3,8] y, float[2,3,8] z) {
       z = Add(x, r)  y = LayerNormalization<axis=-1, epsilon=1e-5, stash_type=0>(z, w) }""")
     no_fire(m, "SkipLayerNormalization", "attribute stash_type=0, pattern requires 1")
+
+
+def test_skip_simplified_with_a_computed_scale():
+    """``1 + w`` (Gemma's, Qwen3.5's norms): the ``Add`` of the scale is rewritten with the norm."""
+    m = parse("""g (float[2,3,8] x, float[2,3,8] r, float[8] w) => (float[2,3,8] y, float[2,3,8] z) {
+      z = Add(x, r)  one = Constant<value=float {1.0}>()  w1 = Add(w, one)
+      y = RMSNormalization<axis=-1, epsilon=1e-5>(z, w1) }""")
+    report = fire(
+        m,
+        "SkipSimplifiedLayerNormalizationOffset",
+        {"Add": 1, "Constant": 1, "SkipSimplifiedLayerNormalization": 1},
+    )
+    assert "SkipSimplifiedLayerNormalization" not in report.fired
+
+
+def test_skip_simplified_declines_an_offset_that_broadcasts_the_scale():
+    m = parse("""g (float[2,3,8] x, float[2,3,8] r, float[1] w) => (float[2,3,8] y, float[2,3,8] z) {
+      z = Add(x, r)  c = Constant<value=float[8] {1, 1, 1, 1, 1, 1, 1, 1}>()  w1 = Add(w, c)
+      y = RMSNormalization<axis=-1, epsilon=1e-5>(z, w1) }""")
+    no_fire(m, "SkipSimplifiedLayerNormalizationOffset", "broadcasts the weight")
