@@ -1083,19 +1083,26 @@ def _check_one_token_step(model: Any, binding: _Binding) -> None:
     """Run the model on a 2-token prompt, then on one new token with the cache it returned,
     as :func:`generate_greedy` drives the exported program; a model that fails there takes
     another calling convention (CPM-Ant: the whole sequence at every step, the cached prefix
-    sliced off inside), which a cached program would compute wrong. Skipped for weights on
-    the meta device (nothing to run: the weightless export of a large folder).
+    sliced off inside), which a cached program would compute wrong. Weights on the meta device
+    run on fake tensors (:func:`irkit.llm._meta.probe_mode`: shapes only, which is where such a
+    convention fails); there a value the fake run cannot compute (a data-dependent op) is no
+    verdict.
 
     Raises:
         ExportError: The one-token step fails (the model's error chained).
     """
     import torch
+    from torch._subclasses import fake_tensor
 
     from irkit.llm.kernels import layout_kernels
 
-    if any(p.is_meta for p in model.parameters()):
-        return
-    with torch.no_grad(), keep_module_states(model), layout_kernels(model):
+    no_verdict = (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+        torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode,
+    )
+    with torch.no_grad(), probe_mode(model), keep_module_states(model), layout_kernels(model):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 3), dtype=torch.long, device=device)
         kwargs: dict[str, Any] = {"input_ids": ids[:, :2], binding.cache: _cache([])}
@@ -1112,6 +1119,8 @@ def _check_one_token_step(model: Any, binding: _Binding) -> None:
             kwargs["attention_mask"] = torch.ones_like(ids)
         try:
             model(**kwargs)
+        except no_verdict:
+            return
         except Exception as exc:
             name = type(model).__name__
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
