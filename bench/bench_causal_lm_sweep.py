@@ -29,7 +29,8 @@ Each result is classified by the first stage that fails:
   onnxruntime's ids (a model whose one-token and multi-token paths differ in transformers); for
   a type exported without a cache, also where onnxruntime's ids equal transformers' own greedy
   loop without a cache (the whole sequence at every step, as ``generate_greedy`` drives it) and
-  ``generate``'s do not (a model not causal over its sequence, CPM-Ant);
+  ``generate``'s do not (CPM-Ant, whose mask is not causal: a teacher-forced forward differs
+  from both);
 - ``ids``: onnxruntime's ids differ from the reference (the detail gives the first differing
   new token, and the largest logits difference between onnxruntime and eager PyTorch on random
   inputs, which tells a real difference from a near-tie of the arg-max);
@@ -378,8 +379,8 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
             return None
         return (
             "transformers' generate (cached) differs from its own greedy loop without a cache "
-            "(the whole sequence at every step; not causal over it: a teacher-forced forward "
-            "differs too), which onnxruntime's ids of the cacheless export equal"
+            "(the whole sequence at every step; a teacher-forced forward differs from both), "
+            "which onnxruntime's ids of the cacheless export equal"
         )
 
     for target in targets:
