@@ -1281,7 +1281,7 @@ def _export_uncached(
     except Exception as exc:
         name = type(model).__name__
         raise _constraint_error(name, exc) or _export_error(
-            f"torch.export.export of {name} without a cache", exc
+            f"torch.export.export of {name}", exc
         ) from exc
     return CausalLMExport(
         program=program,
