@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
+from irkit.llm._guards import RELAXATIONS, backed_assertions
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.llm._states import (
     ListedStates,
@@ -866,17 +867,17 @@ def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any, relaxed:
     taken (the error stands): the program must serve every length.
 
     A guard torch cannot prove and suggests nothing for is retried under each of
-    :data:`_RELAXATIONS` in turn (``relaxed``: how many are tried already); where every retry
+    :data:`irkit.llm._guards.RELAXATIONS` in turn (``relaxed``: how many are tried already); where every retry
     fails, the first error stands."""
     import torch
 
-    relax = _RELAXATIONS[relaxed - 1] if relaxed else contextlib.nullcontext
+    relax = RELAXATIONS[relaxed - 1] if relaxed else contextlib.nullcontext
     try:
         with relax():
             program = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
     except torch._dynamo.exc.UserError as exc:
         if "Suggested fixes" not in str(exc):
-            if relaxed == len(_RELAXATIONS) or not any(map(_GUARDED.search, str(exc).splitlines())):
+            if relaxed == len(RELAXATIONS) or not any(map(_GUARDED.search, str(exc).splitlines())):
                 raise
             try:
                 return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
@@ -894,81 +895,10 @@ def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any, relaxed:
             raise _NarrowedError(cut) from exc
         with relax():
             program = torch.export.export(model, (), kwargs, dynamic_shapes=refined)
-    assumed = _backed_assertions(program) if relaxed else []
+    assumed = backed_assertions(program) if relaxed else []
     if assumed:
         raise ExportError(f"the relaxed export assumes {'; '.join(assumed)}")
     return program
-
-
-@contextlib.contextmanager
-def _layout_checks_oblivious() -> Iterator[None]:
-    """Inside the ``with``, torch's contiguity check of sizes and strides
-    (``torch._prims_common.check_contiguous_sizes_strides``) decides what it cannot prove
-    without adding a guard (``backed_size_oblivious`` for that call only).
-
-    torch asks, for every traced tensor's metadata, whether its strides are contiguous, and
-    guards on the dynamic sizes where it cannot tell: ``torch.cat([state, v[:, :-1]])`` makes it
-    guard ``sequence - 1 != 1`` (ZAYA). Such a guard is about memory layout only: an ONNX
-    tensor has no strides, so no answer of this check changes a value the program computes,
-    and the guard only narrows the range the export serves.
-    """
-    import torch._prims_common as prims
-    from torch.fx.experimental import _config
-
-    check = prims.check_contiguous_sizes_strides
-
-    def oblivious(*args: Any, **kwargs: Any) -> Any:
-        with _config.patch(backed_size_oblivious=True):
-            return check(*args, **kwargs)
-
-    prims.check_contiguous_sizes_strides = oblivious
-    try:
-        yield
-    finally:
-        prims.check_contiguous_sizes_strides = check
-
-
-@contextlib.contextmanager
-def _sizes_oblivious() -> Iterator[None]:
-    """Inside the ``with``, torch decides every size question it cannot prove on the dynamic
-    dims as for sizes it knows nothing about (``backed_size_oblivious``): the general case,
-    with a runtime assertion where the general case is not the same program.
-
-    Aria's ``view`` back from ``(batch·sequence, hidden)`` and the ``reshape`` of its
-    ``matmul`` make torch guard ``sequence·min(64, 64·sequence) == 64·sequence`` (true for
-    every length, which its solver cannot show): a view-or-copy decision. A program exported
-    so is kept only without a runtime assertion on an input's dims
-    (:func:`_backed_assertions`), i.e. where the general case assumed nothing.
-    """
-    from torch.fx.experimental import _config
-
-    with _config.patch(backed_size_oblivious=True):
-        yield
-
-
-#: What :func:`_export_narrowing` relaxes, in turn, for a guard torch cannot prove.
-_RELAXATIONS: tuple[Callable[[], contextlib.AbstractContextManager[None]], ...] = (
-    _layout_checks_oblivious,
-    _sizes_oblivious,
-)
-
-
-def _backed_assertions(program: Any) -> list[str]:
-    """The runtime assertions of ``program`` on the sizes of its inputs (backed symbols:
-    ``s0``, not the ``u0`` of a data-dependent value), as text."""
-    import torch
-
-    checks = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default)
-    found = []
-    for node in program.graph.nodes:
-        if node.op != "call_function" or node.target not in checks or not node.args:
-            continue
-        value = getattr(node.args[0], "meta", {}).get("val")
-        expr = getattr(getattr(value, "node", None), "expr", None)
-        symbols = getattr(expr, "free_symbols", ())
-        if any(str(symbol).startswith("s") for symbol in symbols):
-            found.append(str(expr))
-    return found
 
 
 class _NarrowedError(Exception):
