@@ -24,6 +24,12 @@ cache it returns, so multi-query (one KV head), MLA (keys and values of differen
 fp16 models get the right example cache. :func:`generate_greedy` drives the exported model in
 onnxruntime (prefill, then one decode step per token, present fed back as past).
 
+``export_causal_lm(model, cache=False)`` exports a model with a cache without one (ids in,
+logits out; :func:`generate_greedy` re-feeds the whole sequence), for a model whose cached step
+cannot be captured: every ``ExportError`` of a cached export names it as the remedy. Before a
+KV-cache export the one-token step is probed (:func:`_check_one_token_step`), and a guard
+torch cannot prove is retried under ``irkit.llm._guards.RELAXATIONS``.
+
 torch and transformers are imported on first call only. See ``docs/llm.md``.
 """
 
