@@ -9,9 +9,12 @@ from its config class's defaults by :func:`bench.tiny_config.tiny_config` (rando
    1, 6 tokens) and a left-padded batch of two prompts (6 and 3 tokens), with a fresh
    ``GenerationConfig`` whose ``eos_token_id`` is unset, so that 12 tokens always come (prompt
    ids are drawn from the vocabulary without the config's special token ids);
-2. ``irkit.llm.export_causal_lm``, ``irkit.lower``, ``irkit.optimize(target)``, ``irkit.save`` to
-   a temporary folder, an onnxruntime CPU session (graph optimizations off), and
-   ``irkit.llm.generate_greedy`` on the same prompts, 12 new tokens.
+2. ``irkit.llm.export_causal_lm`` (where the cached export fails, again with ``cache=False``:
+   the whole sequence at every step, the type marked ``(no cache)`` and counted apart in the
+   summary, the cached export's error kept as ``cached_error``), ``irkit.lower``,
+   ``irkit.optimize(target)``, ``irkit.save`` to a temporary folder, an onnxruntime CPU session
+   (graph optimizations off), and ``irkit.llm.generate_greedy`` on the same prompts, 12 new
+   tokens.
 
 Each result is classified by the first stage that fails:
 
@@ -23,7 +26,11 @@ Each result is classified by the first stage that fails:
 - ``reference``: the ids differ, but transformers disagrees with itself: its ``generate``
   (prefill, then one token at a time with its cache) gives other ids than the arg-max of its own
   forward over the whole sequence without a cache, and that forward's arg-max equals
-  onnxruntime's ids (a model whose one-token and multi-token paths differ in transformers);
+  onnxruntime's ids (a model whose one-token and multi-token paths differ in transformers); for
+  a type exported without a cache, also where onnxruntime's ids equal transformers' own greedy
+  loop without a cache (the whole sequence at every step, as ``generate_greedy`` drives it) and
+  ``generate``'s do not (CPM-Ant, whose mask is not causal: a teacher-forced forward differs
+  from both);
 - ``ids``: onnxruntime's ids differ from the reference (the detail gives the first differing
   new token, and the largest logits difference between onnxruntime and eager PyTorch on random
   inputs, which tells a real difference from a near-tie of the arg-max);
@@ -271,10 +278,20 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
     start = time.perf_counter()
     try:
         exported = export_causal_lm(lm)
-    except Exception as error:
-        progress.fail(error)
-        return
+    except Exception as cached_error:
+        # the cached step cannot be captured: the model without a cache (the whole sequence
+        # at every step), reported as such (``cache: false``, the cached export's error kept)
+        progress.info["cached_error"] = f"{type(cached_error).__name__}: {cached_error}"
+        try:
+            exported = export_causal_lm(lm, cache=False)
+        except Exception as error:
+            progress.fail(cached_error)
+            progress.info["uncached_error"] = f"{type(error).__name__}: {error}"
+            progress.write()
+            return
+        progress.info["cache"] = False
     progress.time("export", start)
+    uncached = progress.info.get("cache")  # False: exported without a cache
 
     progress.stage("lower")
     start = time.perf_counter()
@@ -289,14 +306,20 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
         """Logits of onnxruntime against eager PyTorch on random inputs (past 5, 3 new tokens):
         tells a real difference from a near-tie the greedy arg-max fell on."""
         try:
-            feeds = causal_lm_feeds(lm, batch=2, seq=3, past=5, layout=exported.cache)
+            past = 0 if uncached is False else 5  # (without a cache: the whole sequence)
+            feeds = causal_lm_feeds(lm, batch=2, seq=8 - past, past=past, layout=exported.cache)
             names = {arg.name for arg in session.get_inputs()}
             got = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
-            want = run_eager(lm, feeds)[0]
+            if uncached is False:  # (the model's forward as the cacheless program runs it)
+                kwargs = {k: torch.from_numpy(feeds[k]) for k in names if k in feeds}
+                with torch.no_grad():
+                    want = lm(**kwargs, use_cache=False).logits.float().numpy()
+            else:
+                want = run_eager(lm, feeds)[0]
             diff = float(np.abs(got - want).max())
             return f"logits max |diff| {diff:.2g} (max |logit| {float(np.abs(want).max()):.2g})"
         except Exception as error:
-            return f"logits not compared: {type(error).__name__}"
+            return f"logits not compared: {type(error).__name__}: {str(error).strip()[:160]}"
 
     def uncached_agrees(sequences: list[Any]) -> bool:
         """Whether each sequence's new tokens are the arg-max of transformers' own forward over
@@ -317,16 +340,47 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
                     return False
         return True
 
+    def uncached_loop(ids: Any, mask: Any) -> Any:
+        """transformers' own greedy loop without a cache: the whole sequence at every step (as
+        ``generate_greedy`` drives a program exported with ``cache=False``)."""
+        sequence, grown = ids, mask
+        with torch.no_grad():
+            for _ in range(NEW_TOKENS):
+                kwargs: dict[str, Any] = {
+                    "input_ids": torch.from_numpy(sequence),
+                    "attention_mask": torch.from_numpy(grown),
+                    "use_cache": False,
+                }
+                if "position_ids" in inspect.signature(lm.forward).parameters:
+                    positions = np.maximum(np.cumsum(grown, axis=-1) - 1, 0)
+                    kwargs["position_ids"] = torch.from_numpy(positions)
+                token = lm(**kwargs).logits[:, -1].argmax(-1).numpy()[:, None]
+                sequence = np.concatenate([sequence, token], axis=1)
+                grown = np.concatenate([grown, np.ones_like(token)], axis=1)
+        return sequence
+
     def reference_problem(got: list[Any]) -> str | None:
         """The reason the reference, not irkit, is inconsistent, or None (see ``reference``)."""
         try:
-            if uncached_agrees(expected) or not uncached_agrees(got):
+            if uncached_agrees(expected):
+                return None
+            if uncached_agrees(got):
+                return (
+                    "transformers' generate (cached, one token at a time) differs from its own "
+                    "uncached forward over the whole sequence, which onnxruntime's ids equal"
+                )
+            if uncached is not False:
+                return None
+            loops = [uncached_loop(ids, mask) for ids, mask in cases]
+            same = all(np.array_equal(a, b) for a, b in zip(loops, got, strict=True))
+            if not same or all(np.array_equal(a, b) for a, b in zip(loops, expected, strict=True)):
                 return None
         except Exception:  # no uncached forward: no verdict
             return None
         return (
-            "transformers' generate (cached, one token at a time) differs from its own uncached "
-            "forward over the whole sequence, which onnxruntime's ids equal"
+            "transformers' generate (cached) differs from its own greedy loop without a cache "
+            "(the whole sequence at every step; a teacher-forced forward differs from both), "
+            "which onnxruntime's ids of the cacheless export equal"
         )
 
     for target in targets:
@@ -435,7 +489,12 @@ def summarize(results: list[dict[str, Any]], targets: list[str]) -> list[str]:
         mine = [r for r in results if r["target"] == target]
         built = [r for r in mine if r["stage"] != "config"]
         exact = [r for r in mine if r["stage"] == "exact"]
-        lines.append(f"[{target}] exact {len(exact)}/{len(built)} ({len(mine)} types mapped)")
+        uncached = sorted(r["type"] for r in exact if r.get("cache") is False)
+        lines.append(
+            f"[{target}] exact {len(exact)}/{len(built)} ({len(mine)} types mapped): "
+            f"with cache {len(exact) - len(uncached)}, without {len(uncached)}"
+            + (f" (no cache: {', '.join(uncached)})" if uncached else "")
+        )
         stages = collections.Counter(r["stage"] for r in mine)
         lines.append("  stages: " + ", ".join(f"{s} {stages[s]}" for s in STAGES if stages[s]))
         groups: dict[str, list[str]] = collections.defaultdict(list)
@@ -488,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in future.result():
                 results.append(r)
                 detail = r.get("detail") or normalize(r.get("error") or "")
+                if r.get("cache") is False:
+                    detail = f"(no cache) {detail}"
                 print(
                     f"[{done}/{len(types)}] {r['type']:28s} {r['target']:4s} {r['stage']:8s} "
                     f"{r.get('wall', 0):6.1f}s  {detail[:110]}",

@@ -37,13 +37,15 @@ def test_normalize_drops_versions_and_quoted_names():
 def test_summary_counts_exact_over_built_and_groups():
     results = [
         {"type": "llama", "target": "ort", "stage": "exact"},
+        {"type": "xlm", "target": "ort", "stage": "exact", "cache": False},
         {"type": "gpt2", "target": "ort", "stage": "ids", "detail": "batch 1: …"},
         {"type": "lfm2", "target": "ort", "stage": "export", "error": "ExportError: layer 0 x"},
         {"type": "mamba", "target": "ort", "stage": "export", "error": "ExportError: layer 1 x"},
         {"type": "dbrx", "target": "ort", "stage": "config", "error": "AttributeError: no"},
     ]
     lines = sweep.summarize(results, ["ort"])
-    assert lines[0] == "[ort] exact 1/4 (5 types mapped)"
+    # a type exported without a cache (the cached export failed) is counted apart, by name
+    assert lines[0] == ("[ort] exact 2/5 (6 types mapped): with cache 1, without 1 (no cache: xlm)")
     assert "  export: ExportError: layer N x (2 types: lfm2, mamba)" in lines
     assert "  ids (1 types: gpt2)" in lines
     groups = [line for line in lines if "types:" in line]
@@ -57,6 +59,6 @@ def test_a_reference_problem_is_grouped_by_its_reason():
         {"type": "gpt2", "target": "ort", "stage": "ids", "detail": "batch 1: …"},
     ]
     lines = sweep.summarize(results, ["ort"])
-    assert lines[0] == "[ort] exact 0/2 (2 types mapped)"
+    assert lines[0] == "[ort] exact 0/2 (2 types mapped): with cache 0, without 0"
     assert f"  reference: {sweep.normalize(reason)} (1 types: zamba2)" in lines
     assert lines.index("  ids (1 types: gpt2)") > 2  # after the reference problems

@@ -24,6 +24,12 @@ cache it returns, so multi-query (one KV head), MLA (keys and values of differen
 fp16 models get the right example cache. :func:`generate_greedy` drives the exported model in
 onnxruntime (prefill, then one decode step per token, present fed back as past).
 
+``export_causal_lm(model, cache=False)`` exports a model with a cache without one (ids in,
+logits out; :func:`generate_greedy` re-feeds the whole sequence), for a model whose cached step
+cannot be captured: every ``ExportError`` of a cached export names it as the remedy. Before a
+KV-cache export the one-token step is probed (:func:`_check_one_token_step`), and a guard
+torch cannot prove is retried under ``irkit.llm._guards.RELAXATIONS``.
+
 torch and transformers are imported on first call only. See ``docs/llm.md``.
 """
 
@@ -39,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
+from irkit.llm._guards import RELAXATIONS, backed_assertions
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.llm._states import (
     ListedStates,
@@ -859,18 +866,29 @@ def _has_int_where_dim(before: Any, after: Any) -> bool:
     return before is not None and isinstance(after, int)
 
 
-def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
+def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any, relaxed: int = 0) -> Any:
     """``torch.export.export``; where torch proves a dim's range narrower than asked (GPT-Neo:
     ``past + new ≤ max positions`` makes each ≤ max - 2) and suggests the narrower ranges, they
     are taken and the export is run again. A suggestion that fixes a dim to one size is not
-    taken (the error stands): the program must serve every length."""
+    taken (the error stands): the program must serve every length.
+
+    A guard torch cannot prove and suggests nothing for is retried under each of
+    :data:`irkit.llm._guards.RELAXATIONS` in turn (``relaxed``: how many are tried already); where every retry
+    fails, the first error stands."""
     import torch
 
+    relax = RELAXATIONS[relaxed - 1] if relaxed else contextlib.nullcontext
     try:
-        return torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
+        with relax():
+            program = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
     except torch._dynamo.exc.UserError as exc:
         if "Suggested fixes" not in str(exc):
-            raise
+            if relaxed == len(RELAXATIONS) or not any(map(_GUARDED.search, str(exc).splitlines())):
+                raise
+            try:
+                return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
+            except Exception:
+                raise exc from None
         from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
 
         fixes = str(exc).split("Suggested fixes:", 1)[1].strip().split("\n\n", 1)[0]
@@ -881,7 +899,12 @@ def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
         cut = _narrowed_below_half(dynamic, refined)
         if cut:
             raise _NarrowedError(cut) from exc
-        return torch.export.export(model, (), kwargs, dynamic_shapes=refined)
+        with relax():
+            program = torch.export.export(model, (), kwargs, dynamic_shapes=refined)
+    assumed = backed_assertions(program) if relaxed else []
+    if assumed:
+        raise ExportError(f"the relaxed export assumes {'; '.join(assumed)}")
+    return program
 
 
 class _NarrowedError(Exception):
@@ -924,6 +947,7 @@ def export_causal_lm(
     past: int = 5,
     position_ids: bool | None = None,
     max_sequence: int | None = None,
+    cache: bool = True,
 ) -> CausalLMExport:
     """Export a transformers causal LM with its KV cache as inputs and outputs.
 
@@ -941,6 +965,13 @@ def export_causal_lm(
         position_ids: Add a ``position_ids`` input (default: if ``model.forward`` takes it).
         max_sequence: Upper bound of the sequence dims (default:
             ``config.max_position_embeddings``).
+        cache: ``False`` exports the model **without a cache**, as a model without a cache
+            argument (GPT-1) is always exported: ``input_ids``, ``attention_mask`` (and
+            ``position_ids``) of the whole sequence in, ``logits`` out, ``use_cache=False``;
+            :func:`generate_greedy` re-feeds the whole sequence at every step (quadratic in
+            the length, exact). For a model whose cached step cannot be captured (its own
+            calling convention, a cache class of its own, a guard on the new tokens); not for
+            onnxruntime-genai, which carries a cache between steps.
 
     Returns:
         A :class:`CausalLMExport`: the program and the names for :func:`irkit.lower`.
@@ -969,18 +1000,112 @@ def export_causal_lm(
             f"export_causal_lm: example sizes batch={batch}, seq={seq}, past={past} would be "
             "specialized by torch.export; use distinct sizes >= 2 (e.g. batch=2, seq=3, past=5)"
         )
-    from irkit.llm.kernels import export_kernels
-
     binding = _bind(model)
     if position_ids is None:
         position_ids = binding.position_ids
+    if not cache:  # (no cache probe: the model's cache may be what cannot be captured)
+        first = next(iter(model.parameters()), None)
+        layout = CacheLayout((), (), dtype=torch.float32 if first is None else first.dtype)
+        return _export_uncached(model, binding, layout, batch, seq, position_ids, max_sequence)
+    try:
+        return _export_cached(model, binding, batch, seq, past, position_ids, max_sequence)
+    except ExportError as exc:
+        if not binding.cache:  # (no cache to leave out: the error stands)
+            raise
+        raise _without_cache_remedy(exc) from (exc.__cause__ or exc)
+
+
+def _check_one_token_step(model: Any, binding: _Binding) -> None:
+    """Run the model on a 2-token prompt, then on one new token with the cache it returned,
+    as :func:`generate_greedy` drives the exported program; a model that fails there takes
+    another calling convention (CPM-Ant: the whole sequence at every step, the cached prefix
+    sliced off inside), which a cached program would compute wrong. Weights on the meta device
+    run on fake tensors (:func:`irkit.llm._meta.probe_mode`: shapes only, which is where such a
+    convention fails); there a value the fake run cannot compute (a data-dependent op) is no
+    verdict.
+
+    Raises:
+        ExportError: The one-token step fails (the model's error chained).
+    """
+    import torch
+    from torch._subclasses import fake_tensor
+
+    from irkit.llm.kernels import layout_kernels
+
+    no_verdict = (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+        torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode,
+    )
+    with torch.no_grad(), probe_mode(model), keep_module_states(model), layout_kernels(model):
+        device = next(iter(model.parameters())).device
+        ids = torch.ones((1, 3), dtype=torch.long, device=device)
+        kwargs: dict[str, Any] = {"input_ids": ids[:, :2], binding.cache: _cache([])}
+        if binding.use_cache:
+            kwargs["use_cache"] = True
+        if binding.attention_mask:
+            kwargs["attention_mask"] = torch.ones_like(ids[:, :2])
+        try:
+            cache = _returned_cache(model(**kwargs)) or kwargs[binding.cache]
+        except Exception:  # (cache_layout ran this prompt: a failure is not the step's)
+            return
+        kwargs.update({"input_ids": ids[:, 2:], binding.cache: cache})
+        if binding.attention_mask:
+            kwargs["attention_mask"] = torch.ones_like(ids)
+        try:
+            model(**kwargs)
+        except no_verdict:
+            return
+        except Exception as exc:
+            name = type(model).__name__
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            where = _model_line(exc)
+            raise ExportError(
+                f"export_causal_lm: {name} fails on one new token with the cache of the tokens "
+                f"before ({type(exc).__name__}{f': {first}' if first else ''}"
+                f"{f' at {where}' if where else ''}; {_versions()}): its forward does not take "
+                "the new tokens alone with its cache (a calling convention of its own, e.g. the "
+                "whole sequence at every step with the cached prefix sliced off inside), so a "
+                "cached step exported from it would compute something else. Remedy: none with a "
+                "cache in irkit"
+            ) from exc
+
+
+def _without_cache_remedy(exc: ExportError) -> ExportError:
+    """``exc`` (a cached export's failure) with the remedy of exporting without a cache."""
+    return ExportError(
+        f"{exc}\nRemedy without a cache: the failure may be the cached step's alone (a calling "
+        "convention of the model's own: the whole sequence at every step, a cache class or "
+        "layers of its own, one new token at a time, a guard on the new tokens); "
+        "export_causal_lm(model, cache=False) exports ids in, logits out, and "
+        "irkit.llm.generate_greedy re-feeds the whole sequence at every step (exact, "
+        "quadratic in the length; not for onnxruntime-genai, which needs a cache)"
+    )
+
+
+def _export_cached(
+    model: Any,
+    binding: _Binding,
+    batch: int,
+    seq: int,
+    past: int,
+    position_ids: bool,
+    max_sequence: int | None,
+) -> CausalLMExport:
+    """:func:`export_causal_lm` with the model's cache: a KV cache, or states of several kinds."""
+    import torch
+
     layout = cache_layout(model)
     if not binding.cache and not layout.states:
         return _export_uncached(model, binding, layout, batch, seq, position_ids, max_sequence)
+    if not layout.states:
+        _check_one_token_step(model, binding)
     if layout.states:
         return _export_states(model, binding, layout, batch, seq, past, position_ids, max_sequence)
-    _register_cache_pytree()
+    from irkit.llm.kernels import export_kernels
 
+    _register_cache_pytree()
     limit = max_sequence or _positions_limit(model)
     d_batch = torch.export.Dim("batch", max=4096)
     d_seq = torch.export.Dim("sequence", max=limit)
@@ -1065,9 +1190,12 @@ def _export_uncached(
     position_ids: bool,
     max_sequence: int | None,
 ) -> CausalLMExport:
-    """:func:`export_causal_lm` for a model without a cache: ids (and mask) in, logits out;
-    each step reads the whole sequence (:func:`generate_greedy` feeds it so)."""
+    """:func:`export_causal_lm` without a cache: ids (and mask) in, logits out; each step
+    reads the whole sequence (:func:`generate_greedy` feeds it so). A model with a cache
+    argument runs with ``use_cache=False`` (``cache=False``) through :func:`_logits_model`."""
     import torch
+
+    from irkit.llm.kernels import export_kernels
 
     limit = max_sequence or _positions_limit(model)
     # (below the table's length: learned position tables guard sequence != their length)
@@ -1081,11 +1209,11 @@ def _export_uncached(
     if position_ids:
         dynamic["position_ids"] = {0: d_batch, 1: d_seq}
     try:
-        with _uncached_fake_dispatch(), fake_weights(model):
+        with _uncached_fake_dispatch(), fake_weights(model), export_kernels(model):
             first = next(iter(model.parameters()), None)
             device = first.device if first is not None else torch.device("cpu")
             kwargs = {name: torch.from_numpy(feeds[name]).to(device) for name in dynamic}
-            program = _export_narrowing(model, kwargs, dynamic)
+            program = _export_narrowing(_logits_model(model, binding), kwargs, dynamic)
     except Exception as exc:
         name = type(model).__name__
         raise _constraint_error(name, exc) or _export_error(
@@ -1099,6 +1227,42 @@ def _export_uncached(
         position_ids=bool(position_ids),
         dynamic_shapes=dynamic,
     )
+
+
+def _logits_model(model: Any, binding: _Binding) -> Any:
+    """``model`` with a forward ``(input_ids, attention_mask, position_ids) → logits`` that
+    passes ``use_cache=False`` where ``forward`` takes it (nothing cached, nothing returned
+    but the logits: ProphetNet's n-gram logits, a cache built anyway are left out).
+
+    A shallow copy of ``model`` (same parameters, buffers and submodules: weight names and
+    module paths are the model's own) whose class subclasses the model's under its name, as
+    :func:`irkit.llm._states.flat_model` does; ``model`` is not changed.
+    """
+    import copy
+
+    base = type(model)
+
+    def forward(
+        self: Any, input_ids: Any, attention_mask: Any = None, position_ids: Any = None
+    ) -> Any:
+        kwargs: dict[str, Any] = {"input_ids": input_ids}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if binding.use_cache:
+            kwargs["use_cache"] = False
+        output = base.forward(self, **kwargs)
+        return output["logits"] if isinstance(output, Mapping) else output[0]
+
+    namespace = {
+        "forward": forward,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+    }
+    logits = copy.copy(model)
+    logits.__class__ = type(base.__name__, (base,), namespace)
+    return logits
 
 
 def _export_states(

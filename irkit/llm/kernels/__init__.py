@@ -42,7 +42,18 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from irkit.llm.kernels import gated_delta, kda, lightning, mamba, mamba2, mla, rglru, wkv
+from irkit.llm.kernels import (
+    experts,
+    gated_delta,
+    kda,
+    lightning,
+    mamba,
+    mamba2,
+    mla,
+    ranges,
+    rglru,
+    wkv,
+)
 from irkit.llm.kernels._mask import enter_state, layer_state, leave_state, padding_mask, step_mask
 
 __all__ = [
@@ -61,7 +72,9 @@ __all__ = [
     "step_mask",
 ]
 
-_FAMILIES: tuple[ModuleType, ...] = (gated_delta, mamba, mamba2, kda, lightning, mla, rglru, wkv)
+_FAMILIES: tuple[ModuleType, ...] = (
+    gated_delta, mamba, mamba2, kda, lightning, mla, rglru, wkv, experts, ranges,
+)  # fmt: skip
 
 #: Export kernel by hub-kernel contract name, over every family module.
 KERNELS: Mapping[str, Callable[..., Any]] = {

@@ -1,0 +1,89 @@
+"""Relaxations of ``torch.export`` for a guard on the dynamic dims it cannot prove.
+
+``torch.export`` stops where the model's code makes it guard a dynamic dim with a condition it
+cannot show over the whole range and has no narrower range to suggest (ZAYA: ``sequence - 1 !=
+1`` from the contiguity check of a ``cat`` then ``view``; Aria: ``sequence·min(64, 64·sequence)
+== 64·sequence``, true for every length). ``export_causal_lm`` then retries under each of
+:data:`RELAXATIONS` in turn (``_export_narrowing`` in ``irkit/llm/_causal_lm.py``), and keeps a
+program exported with the second only where :func:`backed_assertions` finds no runtime
+assertion on an input's dims. See ``docs/llm.md`` ("Models without a cache").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["RELAXATIONS", "backed_assertions"]
+
+
+@contextlib.contextmanager
+def _layout_checks_oblivious() -> Iterator[None]:
+    """Inside the ``with``, torch's contiguity check of sizes and strides
+    (``torch._prims_common.check_contiguous_sizes_strides``) decides what it cannot prove
+    without adding a guard (``backed_size_oblivious`` for that call only).
+
+    torch asks, for every traced tensor's metadata, whether its strides are contiguous, and
+    guards on the dynamic sizes where it cannot tell: ``torch.cat([state, v[:, :-1]])`` makes it
+    guard ``sequence - 1 != 1`` (ZAYA). Such a guard is about memory layout only: an ONNX
+    tensor has no strides, so no answer of this check changes a value the program computes,
+    and the guard only narrows the range the export serves.
+    """
+    import torch._prims_common as prims
+    from torch.fx.experimental import _config
+
+    check = prims.check_contiguous_sizes_strides
+
+    def oblivious(*args: Any, **kwargs: Any) -> Any:
+        with _config.patch(backed_size_oblivious=True):
+            return check(*args, **kwargs)
+
+    prims.check_contiguous_sizes_strides = oblivious
+    try:
+        yield
+    finally:
+        prims.check_contiguous_sizes_strides = check
+
+
+@contextlib.contextmanager
+def _sizes_oblivious() -> Iterator[None]:
+    """Inside the ``with``, torch decides every size question it cannot prove on the dynamic
+    dims as for sizes it knows nothing about (``backed_size_oblivious``): the general case,
+    with a runtime assertion where the general case is not the same program.
+
+    Aria's ``view`` back from ``(batch·sequence, hidden)`` and the ``reshape`` of its
+    ``matmul`` make torch guard ``sequence·min(64, 64·sequence) == 64·sequence`` (true for
+    every length, which its solver cannot show): a view-or-copy decision. A program exported
+    so is kept only without a runtime assertion on an input's dims
+    (:func:`backed_assertions`), i.e. where the general case assumed nothing.
+    """
+    from torch.fx.experimental import _config
+
+    with _config.patch(backed_size_oblivious=True):
+        yield
+
+
+#: What ``irkit.llm._causal_lm._export_narrowing`` relaxes, in turn, for a guard torch cannot prove.
+RELAXATIONS: tuple[Callable[[], contextlib.AbstractContextManager[None]], ...] = (
+    _layout_checks_oblivious,
+    _sizes_oblivious,
+)
+
+
+def backed_assertions(program: Any) -> list[str]:
+    """The runtime assertions of ``program`` on the sizes of its inputs (backed symbols:
+    ``s0``, not the ``u0`` of a data-dependent value), as text."""
+    import torch
+
+    checks = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default)
+    found = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target not in checks or not node.args:
+            continue
+        value = getattr(node.args[0], "meta", {}).get("val")
+        expr = getattr(getattr(value, "node", None), "expr", None)
+        symbols = getattr(expr, "free_symbols", ())
+        if any(str(symbol).startswith("s") for symbol in symbols):
+            found.append(str(expr))
+    return found

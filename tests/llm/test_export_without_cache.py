@@ -1,0 +1,104 @@
+"""``export_causal_lm(model, cache=False)``: the cached export's refusal of a model whose
+one-token step fails (CPM-Ant: the whole sequence at every step) naming that remedy, the model
+exported without a cache (ids in, logits out, :func:`irkit.llm.generate_greedy` re-feeding the
+whole sequence), and the export-only mechanisms of the same work: the layout guard
+relaxation (``_export_narrowing``) and the expert-loop kernel (``kernels.experts``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from irkit.errors import ExportError  # noqa: E402
+from irkit.llm import export_causal_lm  # noqa: E402
+
+
+def _cpmant() -> object:
+    torch.manual_seed(0)
+    config = transformers.CpmAntConfig(
+        vocab_size=120, hidden_size=32, num_attention_heads=2, dim_head=16, dim_ff=64,
+        num_hidden_layers=1, prompt_length=4, position_bias_num_buckets=16,
+        position_bias_max_distance=64, init_std=0.3, prompt_types=4, segment_types=4,
+    )  # fmt: skip
+    return transformers.CpmAntForCausalLM(config).eval()
+
+
+def test_cached_export_refuses_a_whole_sequence_convention_and_names_cache_false() -> None:
+    model = _cpmant()
+    with pytest.raises(ExportError) as info:
+        export_causal_lm(model)
+    message = str(info.value)
+    assert "fails on one new token with the cache" in message
+    assert "export_causal_lm(model, cache=False)" in message
+    # without a cache: ids and mask in, logits out (its Python range over the tokens an
+    # arange: kernels.ranges), for the whole sequence at every step
+    exported = export_causal_lm(model, cache=False)
+    assert exported.input_names == ["input_ids", "attention_mask"]
+    assert exported.output_names == ["logits"]
+    assert exported.cache.keys == () and not exported.cache.states
+    program = exported.program.module()
+    rng = np.random.default_rng(0)
+    for length in (1, 6, 11):  # one program, every length (onnxruntime: the sweep, GPT-1's test)
+        ids = torch.from_numpy(rng.integers(1, 120, (2, length)))
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        torch.testing.assert_close(program(input_ids=ids, attention_mask=mask), want)
+
+
+class _Delayed(torch.nn.Module):
+    """ZAYA's delayed values: ``cat([state, v[:, :-1]])`` then a view, which makes torch's
+    contiguity check guard ``sequence - 1 != 1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.proj(x)
+        v = torch.cat([torch.zeros_like(d[:, :1]), d[:, :-1]], dim=1)
+        return torch.cat([x, v], dim=-1).view(x.shape[0], x.shape[1], 2, 8)
+
+
+def test_a_layout_guard_is_relaxed_and_the_program_serves_every_length() -> None:
+    from irkit.llm._causal_lm import _export_narrowing
+
+    torch.manual_seed(0)
+    model = _Delayed().eval()
+    kwargs = {"x": torch.randn(2, 5, 8)}
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("sequence", max=64)}
+    with pytest.raises(torch._dynamo.exc.UserError, match="satisfy the generated guard"):
+        torch.export.export(model, (), kwargs, dynamic_shapes={"x": dims})
+    program = _export_narrowing(model, kwargs, {"x": dims})
+    for length in (1, 2, 3, 7):
+        x = torch.randn(3, length, 8)
+        torch.testing.assert_close(program.module()(x=x), model(x))
+
+
+def test_expert_loop_kernel_equals_the_loop_and_keeps_to_its_layout() -> None:
+    from irkit.llm.kernels.experts import gathered_experts, is_expert_loop
+
+    modeling = pytest.importorskip("transformers.models.longcat_flash.modeling_longcat_flash")
+    config = transformers.LongcatFlashConfig(
+        hidden_size=16, expert_ffn_hidden_size=8, n_routed_experts=4, zero_expert_num=2,
+        moe_topk=2, hidden_act="silu",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    experts = modeling.LongcatFlashExperts(config)
+    torch.nn.init.normal_(experts.gate_up_proj, std=0.3)
+    torch.nn.init.normal_(experts.down_proj, std=0.3)
+    assert is_expert_loop(experts)
+    x = torch.randn(9, 16)
+    index = torch.randint(0, 6, (9, 2))  # 4 and 5: zero-computation (identity) experts
+    weights = torch.rand(9, 2)
+    assert bool((index >= 4).any()) and bool((index < 4).any())
+    with torch.no_grad():
+        torch.testing.assert_close(
+            gathered_experts(experts, x, index, weights), experts(x, index, weights)
+        )
+    mixtral = transformers.MixtralConfig(hidden_size=16, intermediate_size=8, num_local_experts=4)
+    switched = transformers.models.mixtral.modeling_mixtral.MixtralExperts(mixtral)
+    assert not is_expert_loop(switched)  # under transformers' experts switch: not this kernel
