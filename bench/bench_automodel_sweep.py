@@ -295,23 +295,33 @@ class _Row:
         tmp.replace(self.path)
 
 
+def _draws(node: Any) -> bool:
+    """Whether an FX node draws random numbers: a seeded random op (``torch.Tag.
+    nondeterministic_seeded``) other than a dropout that is off (``train=False``, ``p=0``,
+    ``dropout_p=0``: ``dropout`` and ``scaled_dot_product_attention`` in eval mode)."""
+    import torch
+
+    target = node.target
+    if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(
+        target, "tags", ()
+    ):
+        return False
+    arguments = target._schema.arguments
+    bound = {a.name: a.default_value for a in arguments if a.has_default_value()}
+    bound |= dict(zip([a.name for a in arguments], node.args, strict=False)) | dict(node.kwargs)
+    if bound.get("train", True) is False:
+        return False
+    return all(bound.get(name, 1) != 0 for name in ("p", "dropout_p"))
+
+
 def random_ops(program: Any) -> list[str]:
-    """The seeded random ops ``program`` calls (``torch.Tag.nondeterministic_seeded``).
+    """The ops of ``program`` that draw random numbers (:func:`_draws`), sorted by name.
 
     A forward that draws random numbers (``torch.rand`` noise for random masking, a sampled
     duration) draws different ones in eager PyTorch and in onnxruntime, so its numbers cannot be
     compared; the summary groups such a ``compare`` row by these ops.
     """
-    import torch
-
-    return sorted(
-        {
-            str(node.target)
-            for node in program.graph.nodes
-            if node.op == "call_function"
-            and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
-        }
-    )
+    return sorted({str(node.target) for node in program.graph.nodes if _draws(node)})
 
 
 def _eager(model: Any, feeds: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
