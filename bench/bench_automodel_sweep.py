@@ -65,14 +65,18 @@ SEQ = 8
 DECODER_SEQ = 4
 SEED = 0
 RTOL = 1e-3
+RANDOM = "the program draws random numbers"  # a compare row's mechanism (random_ops)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODAL = ("input_ids", "pixel_values", "input_values", "input_features", "visual_feats", "bbox")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m")
 
 
 def group_key(stage: str, error: str | None) -> str:
-    """``stage: normalized error`` (the stage alone for ``compare``: its detail is numbers)."""
+    """``stage: normalized error`` (the stage alone for ``compare``: its detail is numbers;
+    ``compare: the program draws random numbers (…)`` for a program with seeded random ops)."""
     text = _ANSI.sub("", error or "")
+    if stage.endswith("compare"):
+        return f"{stage}: {text}" if text.startswith(RANDOM) else stage
     if "Status Message:" in text:  # onnxruntime: the node kind and the failed check, no C++
         message = text.split("Status Message:", 1)[1]
         message = message.split(" was false. ")[-1] if " was false. " in message else message
@@ -291,6 +295,35 @@ class _Row:
         tmp.replace(self.path)
 
 
+def _draws(node: Any) -> bool:
+    """Whether an FX node draws random numbers: a seeded random op (``torch.Tag.
+    nondeterministic_seeded``) other than a dropout that is off (``train=False``, ``p=0``,
+    ``dropout_p=0``: ``dropout`` and ``scaled_dot_product_attention`` in eval mode)."""
+    import torch
+
+    target = node.target
+    if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(
+        target, "tags", ()
+    ):
+        return False
+    arguments = target._schema.arguments
+    bound = {a.name: a.default_value for a in arguments if a.has_default_value()}
+    bound |= dict(zip([a.name for a in arguments], node.args, strict=False)) | dict(node.kwargs)
+    if bound.get("train", True) is False:
+        return False
+    return all(bound.get(name, 1) != 0 for name in ("p", "dropout_p"))
+
+
+def random_ops(program: Any) -> list[str]:
+    """The ops of ``program`` that draw random numbers (:func:`_draws`), sorted by name.
+
+    A forward that draws random numbers (``torch.rand`` noise for random masking, a sampled
+    duration) draws different ones in eager PyTorch and in onnxruntime, so its numbers cannot be
+    compared; the summary groups such a ``compare`` row by these ops.
+    """
+    return sorted({str(node.target) for node in program.graph.nodes if _draws(node)})
+
+
 def _eager(model: Any, feeds: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """The keyword arguments (tensors, ``use_cache=False``) and the eager tensor outputs."""
     import torch
@@ -353,6 +386,9 @@ def _prepare(model_type: str, row: _Row) -> Any:
         row.fail(error)
         return None
     row.time("export", start)
+    drawn = random_ops(program)
+    if drawn:
+        row.result["random_ops"] = drawn
     return program, feeds, expected
 
 
@@ -467,6 +503,9 @@ def _run_one(model_type: str, timeout: float) -> dict[str, Any]:
 
 
 def _why(result: dict[str, Any], prefix: str = "") -> str | None:
+    stage = result.get("stock" if prefix else "stage") or ""
+    if stage.endswith("compare") and result.get("random_ops"):
+        return f"{RANDOM} ({', '.join(result['random_ops'])})"
     return result.get(f"{prefix}cause") or result.get(f"{prefix}error")
 
 

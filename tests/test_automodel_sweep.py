@@ -134,3 +134,30 @@ def test_layoutlm_runs_in_onnxruntime():
     result = sweep._run_one("layoutlm", timeout=240)
     assert result["stock"] == "ok", result.get("stock_error")
     assert result["stage"] == "ok", result.get("error")
+
+
+def test_a_program_that_draws_random_numbers_groups_its_compare_row_by_the_ops():
+    import torch
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.nn.functional.dropout(x, 0.1, training=False)  # off: no draw
+            x = torch.nn.functional.scaled_dot_product_attention(x, x, x)  # dropout_p 0
+            return x + torch.rand(x.shape)
+
+    program = torch.export.export(Noisy(), (torch.zeros(1, 2, 3),), strict=False)
+    assert sweep.random_ops(program) == ["aten.rand.default"]
+    rows = [
+        {"type": "vit_mae", "stage": "compare", "stock": "stock-compare", "random_ops": ["aten.rand.default"]},
+        {"type": "gpt2", "stage": "compare", "stock": "ok"},
+    ]  # fmt: skip
+    lines = sweep.summarize(rows)
+    assert (
+        "  compare: the program draws random numbers (aten.rand.default) (1 types: vit_mae)"
+        in lines
+    )
+    assert "  compare (1 types: gpt2)" in lines
+    assert (
+        "  stock-compare: the program draws random numbers (aten.rand.default) (1 types: vit_mae)"
+        in lines
+    )
