@@ -1015,6 +1015,21 @@ def export_causal_lm(
         raise _without_cache_remedy(exc) from (exc.__cause__ or exc)
 
 
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Logger ``name`` silent inside the ``with`` only: a probe's failure on fake tensors is
+    irkit's verdict (an ``ExportError``, or none), not a traceback torch logs on stderr."""
+    import logging
+
+    logger = logging.getLogger(name)
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 def _check_one_token_step(model: Any, binding: _Binding) -> None:
     """Run the model on a 2-token prompt, then on one new token with the cache it returned,
     as :func:`generate_greedy` drives the exported program; a model that fails there takes
@@ -1038,7 +1053,13 @@ def _check_one_token_step(model: Any, binding: _Binding) -> None:
         fake_tensor.UnsupportedOperatorException,
         torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode,
     )
-    with torch.no_grad(), probe_mode(model), keep_module_states(model), layout_kernels(model):
+    with (
+        torch.no_grad(),
+        probe_mode(model),
+        keep_module_states(model),
+        layout_kernels(model),
+        _quiet_logger("torch._subclasses.fake_tensor"),
+    ):
         device = next(iter(model.parameters())).device
         ids = torch.ones((1, 3), dtype=torch.long, device=device)
         kwargs: dict[str, Any] = {"input_ids": ids[:, :2], binding.cache: _cache([])}
