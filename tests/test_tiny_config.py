@@ -8,31 +8,15 @@ from __future__ import annotations
 import pytest
 
 from bench import tiny_config as tc
+from tests.capabilities import require_model_types as _require
+from tests.capabilities import require_typed_cache_layers as _require_typed_layer_kinds
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-cache_utils = pytest.importorskip("transformers.cache_utils")
-configuration_auto = pytest.importorskip("transformers.models.auto.configuration_auto")
 
 
 def _types(config) -> set[str]:
     return set(config.layer_types)
-
-
-def _require(*model_types: str) -> None:
-    """Skips where the installed transformers has no config class for a model type (a model
-    family newer than the ``transformers`` floor)."""
-    missing = [t for t in model_types if t not in configuration_auto.CONFIG_MAPPING_NAMES]
-    if missing:
-        pytest.skip(f"transformers {transformers.__version__} has no {', '.join(missing)}")
-
-
-def _require_typed_layer_kinds() -> None:
-    """Skips where transformers names no layer kinds of its own (``linear_attention``,
-    ``full_attention``: ``cache_utils.DYNAMIC_LAYER_TYPE_MAPPING``, transformers 5), the kinds the
-    hybrid rules read and write; older configs spell them per model (``mamba``, ``attention``)."""
-    if not hasattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING"):
-        pytest.skip(f"transformers {transformers.__version__} types no cache-layer kinds")
 
 
 def test_llama_widths():
