@@ -95,8 +95,9 @@ SHAPES = {
 HIDDEN, INTERMEDIATE = SHAPES["7b"].hidden, SHAPES["7b"].intermediate
 
 # The launcher of ``irkit export``: the CLI, with timers around its parts and its progress stage
-# lines written always (``STAGE seconds text``); at exit ``TIMER name seconds calls`` lines and
-# the process's own peak RSS (``VMHWM bytes``).
+# lines written always (``STAGE seconds text``); after the imports (torch, transformers,
+# onnxruntime, irkit.llm) and before the export, the resident set (``IMPORTS_RSS bytes``); at
+# exit ``TIMER name seconds calls`` lines and the process's own peak RSS (``VMHWM bytes``).
 _IRKIT_CHILD = """
 import functools, sys, time
 T0 = time.monotonic()
@@ -149,6 +150,12 @@ try:
     timed(derived.Packed, "compute", "save: pack blocks")
     timed(derived, "quantize_blockwise", "pack: codes + scales")
     timed(derived, "rtn_scales", "pack: scales alone")
+    # The baseline: what the imports alone hold (the export imports these lazily; imported here
+    # first, the peak counts them all the same), before any export work.
+    import onnxruntime, torch, transformers
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            sys.stderr.write(f"IMPORTS_RSS {int(line.split()[1]) * 1024}\\n")
     TIMES["imports"] = [time.monotonic() - T0, 1]
     rc = main(sys.argv[1:])
 finally:
@@ -315,6 +322,12 @@ class Run:
         return int(found[-1]) if found else None
 
     @property
+    def imports_rss(self) -> int | None:
+        """The resident set after the imports, before any export work (None if not reported)."""
+        found = re.findall(r"^IMPORTS_RSS (\d+)$", self.log, re.M)
+        return int(found[-1]) if found else None
+
+    @property
     def peak(self) -> int:
         """The peak RSS: the process's own ``VmHWM``, else the largest the watchdog saw."""
         return self.vmhwm if self.vmhwm is not None else self.polled_peak
@@ -330,7 +343,8 @@ class Run:
         if self.killed:
             return f"killed {self.killed} after {self.wall:.0f} s"
         lines = [line.strip() for line in self.log.splitlines() if line.strip()]
-        lines = [line for line in lines if not line.startswith(("VMHWM", "TIMER", "STAGE"))]
+        tags = ("VMHWM", "TIMER", "STAGE", "IMPORTS_RSS")
+        lines = [line for line in lines if not line.startswith(tags)]
         errors = [line for line in lines if "Error" in line or "Exception" in line]
         last = (errors or lines or ["?"])[-1][:300]
         return f"failed (exit {self.returncode}) after {self.wall:.0f} s: {last}"
@@ -622,6 +636,7 @@ def main(argv: list[str] | None = None) -> None:
             export_seconds=round(mine.wall, 1),
             peak_rss_bytes=mine.peak,
             polled_peak_rss_bytes=mine.polled_peak,
+            imports_rss_bytes=mine.imports_rss,
             stages=[(text, round(s, 1)) for text, s in stages(mine.log)],
             parts=parts(mine.log),
             load_after_irkit=_load(),

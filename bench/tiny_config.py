@@ -107,6 +107,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # xLSTM's config rounds its query/key and value widths (hidden × qk_dim_factor 0.5, × 1.0) up
     # to multiples of 64 while the model does not: a hidden size of 64 gives states of two shapes.
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
+    # Jamba's default asks for the CUDA Mamba kernels, and transformers 4.x then refuses the CPU;
+    # 5.x ignores the field (with a warning) and picks the PyTorch scan where no kernels load.
+    "jamba": {"use_mamba_kernels": False},
 }
 
 
@@ -851,8 +854,13 @@ def _compared_state_kinds(config: Any) -> list[str]:
     import importlib
     import inspect
 
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, LinearAttentionCacheLayerMixin
+    from transformers import cache_utils
 
+    # transformers 4.x types no cache layers by kind: no kind is known to be a state kind.
+    mapping = getattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING", None)
+    state_layer = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    if mapping is None or state_layer is None:
+        return []
     module_name = type(config).__module__.replace(".configuration_", ".modeling_")
     try:
         source = inspect.getsource(importlib.import_module(module_name))
@@ -862,8 +870,7 @@ def _compared_state_kinds(config: Any) -> list[str]:
     return [
         kind
         for kind in dict.fromkeys(literals)
-        if kind in DYNAMIC_LAYER_TYPE_MAPPING
-        and issubclass(DYNAMIC_LAYER_TYPE_MAPPING[kind], LinearAttentionCacheLayerMixin)
+        if kind in mapping and issubclass(mapping[kind], state_layer)
     ]
 
 

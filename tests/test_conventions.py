@@ -154,8 +154,36 @@ def test_ruff_format_check_is_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# irkit's annotations lean on its dependencies' type stubs: numpy's generics without parameters
+# (their TypeVar defaults, numpy >= 2.3's stubs), ``onnx.__version__`` exported. Older stubs (the
+# oldest lane's numpy 1.26 and onnx 1.18: 73 errors, 61 of them ``type-arg``) cannot check it.
+_STUB_PROBE = """
+import numpy as np
+import onnx
+
+
+def probe(dtype: np.dtype, array: np.ndarray) -> str:
+    return onnx.__version__
+"""
+
+
+def _skip_unless_the_stubs_type_irkit(tmp_path: pathlib.Path) -> None:
+    """Skips where mypy, strict, rejects :data:`_STUB_PROBE` (the idioms above) with the
+    installed numpy and onnx; a missing mypy still fails (the probe reports no ``error:``)."""
+    (tmp_path / "probe.py").write_text(_STUB_PROBE)
+    (tmp_path / "mypy.ini").write_text("[mypy]\n")
+    result = _run(
+        "mypy", "--strict", "--config-file", "mypy.ini", "--cache-dir", "cache", "probe.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    if result.returncode != 0 and errors:
+        pytest.skip("the installed numpy/onnx stubs cannot type irkit: " + "; ".join(errors))
+
+
 @pytest.mark.slow
-def test_mypy_strict_on_the_torch_free_packages():
+def test_mypy_strict_on_the_torch_free_packages(tmp_path):
+    _skip_unless_the_stubs_type_irkit(tmp_path)
     result = _run("mypy", "--cache-dir", str(ROOT / ".mypy_cache"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("Success: no issues found")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from bench import tiny_config as tc
+from tests.capabilities import require_model_types as _require
+from tests.capabilities import require_typed_cache_layers as _require_typed_layer_kinds
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -42,6 +44,7 @@ def test_kv_heads(default_kv, expected):
 
 
 def test_hybrid_keeps_both_layer_kinds():
+    _require("qwen3_next", "nemotron_h")
     default = transformers.AutoConfig.for_model("qwen3_next")
     cfg = tc.tiny_config("qwen3_next")
     assert _types(cfg) == _types(default) == {"linear_attention", "full_attention"}
@@ -56,17 +59,21 @@ def test_hybrid_keeps_both_layer_kinds():
 def test_all_state_defaults_get_an_attention_layer(model_type):
     """Bamba's and GraniteMoeHybrid's defaults are all Mamba layers (their checkpoints are not):
     the last layer becomes full attention, through the config's own field."""
+    _require_typed_layer_kinds()
     cfg = tc.tiny_config(model_type)
     assert cfg.layers_block_type == ["linear_attention", "full_attention"]
 
 
 def test_pure_state_models_stay_pure():
+    if not hasattr(transformers.Mamba2Config(), "layer_types"):
+        pytest.skip(f"transformers {transformers.__version__}'s Mamba2Config has no layer_types")
     assert _types(tc.tiny_config("mamba2")) == {"linear_attention"}  # no attention heads
 
 
 def test_underived_layer_types_from_the_model_comparisons():
     """LFM2-MoE leaves ``layer_types`` ``None`` (its defaults do not build): the state kind its
     modeling module compares the list with (``!= "conv"``), then full attention."""
+    _require("lfm2_moe")
     cfg = tc.tiny_config("lfm2_moe")
     assert cfg.layer_types == ["conv", "full_attention"]
     assert cfg.num_dense_layers == 1  # one dense layer, one MoE layer
@@ -109,6 +116,7 @@ def test_thresholds_and_shared_layers_keep_both_sides():
 
 
 def test_per_layer_overrides_keep_their_ratio():
+    _require("gemma4_text")
     cfg = tc.tiny_config("gemma4_text")  # full-attention layers: head_dim 512 against 256
     assert cfg.to_dict()["per_layer_config"]
     full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
@@ -119,6 +127,7 @@ def test_per_layer_overrides_keep_their_ratio():
 
 @pytest.mark.parametrize("model_type", ["olmo_hybrid", "kimi_linear", "gemma3", "gpt2", "whisper"])
 def test_token_ids_inside_the_vocabulary(model_type):
+    _require(model_type)
     cfg = tc.tiny_config(model_type)
     text = cfg.get_text_config()
     vocab = text.vocab_size
@@ -134,6 +143,7 @@ def test_token_ids_inside_the_vocabulary(model_type):
 
 
 def test_distinct_special_ids_stay_distinct():
+    _require("kimi_linear")
     default = transformers.AutoConfig.for_model("kimi_linear")
     cfg = tc.tiny_config("kimi_linear")
     names = ("pad_token_id", "bos_token_id", "eos_token_id")
@@ -181,6 +191,7 @@ def test_overrides_name_known_types():
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "jamba", "mamba2", "gemma3"])
 def test_tiny_models_build_and_run(model_type):
+    _require(model_type)
     lm = tc.tiny_model(model_type)
     assert sum(p.numel() for p in lm.parameters()) < 1_000_000
     with torch.no_grad():

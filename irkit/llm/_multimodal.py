@@ -204,8 +204,17 @@ def export_vision(model: Any, *, num_images: int = 2) -> PartExport:
     channels = int(getattr(vision, "num_channels", 3))
     dtype = next(iter(model.parameters())).dtype
 
+    # transformers 5 returns the vision tower's output with the projected features as its
+    # pooler_output (return_dict=True); 4.5x's takes pixel_values alone and returns them
+    options = (
+        {"return_dict": True}
+        if "return_dict" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        else {}
+    )
+
     def forward(self: Any, pixel_values: Any) -> Any:
-        features = self.model.get_image_features(pixel_values, return_dict=True).pooler_output
+        output = self.model.get_image_features(pixel_values, **options)
+        features = output if isinstance(output, torch.Tensor) else output.pooler_output
         return features.reshape(-1, features.shape[-1])
 
     pixels = torch.randn(num_images, channels, size, size, dtype=dtype)

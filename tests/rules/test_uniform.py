@@ -145,10 +145,11 @@ def test_a_scatter_that_adds_is_not_a_write_back():
 
 @pytest.fixture(scope="module")
 def rotary():
-    import torch
-    import transformers
+    torch = pytest.importorskip("torch")
+    # Qwen3.5 is newer than transformers' floor (4.54 has none)
+    modeling = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
-    config = transformers.Qwen3_5TextConfig(
+    config = modeling.Qwen3_5TextConfig(
         hidden_size=64,
         num_attention_heads=2,
         num_key_value_heads=1,
@@ -158,7 +159,7 @@ def rotary():
     )
     config.rope_parameters["mrope_section"] = [3, 3, 2]
     config.rope_parameters["partial_rotary_factor"] = 0.5
-    return transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5TextRotaryEmbedding(config), torch
+    return modeling.Qwen3_5TextRotaryEmbedding(config), torch
 
 
 @pytest.mark.parametrize("rows", [2, 3], ids=["text", "mrope"])

@@ -1,0 +1,61 @@
+"""Skips by capability: what a test needs from the installed transformers, checked by looking.
+
+The oldest lane (``bash .ci/setup --oldest``) runs the suite with transformers at its floor
+(4.54), older than several model families and APIs the suite exercises. A test that needs one
+of them skips where it is absent, saying what is missing; never by comparing version numbers
+(docs/development.md). Each helper calls :func:`pytest.skip` where the capability is absent and
+returns otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+def _transformers() -> object:
+    return pytest.importorskip("transformers")
+
+
+def _version() -> str:
+    return str(getattr(_transformers(), "__version__", "?"))
+
+
+def require_model_types(*model_types: str) -> None:
+    """Skips where transformers has no config class for one of ``model_types``.
+
+    Args:
+        model_types: Model types (``"qwen3_next"``), as ``AutoConfig.for_model`` takes them.
+    """
+    auto = pytest.importorskip("transformers.models.auto.configuration_auto")
+    missing = [t for t in model_types if t not in auto.CONFIG_MAPPING_NAMES]
+    if missing:
+        pytest.skip(f"transformers {_version()} has no {', '.join(missing)}")
+
+
+def has_typed_cache_layers() -> bool:
+    """Whether transformers types cache layers by kind (``linear_attention`` …:
+    ``cache_utils.DYNAMIC_LAYER_TYPE_MAPPING``, transformers 5), what irkit reads to find which
+    layers hold recurrent states (``irkit/llm/_states.py``)."""
+    _transformers()
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    return hasattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING")
+
+
+def require_typed_cache_layers() -> None:
+    """Skips where transformers types no cache layers by kind (:func:`has_typed_cache_layers`):
+    irkit then finds no recurrent state of a hybrid model, and its configs spell layer kinds per
+    model (``mamba``, ``attention``)."""
+    if not has_typed_cache_layers():
+        pytest.skip(f"transformers {_version()} types no cache layers by kind")
+
+
+def require_config_dtype() -> None:
+    """Skips where a transformers config has no ``dtype`` field (before 4.56: ``torch_dtype``),
+    so that ``from_config``/``_from_config`` pass a ``dtype`` argument on to the model's
+    ``__init__`` (a ``TypeError``): what ``irkit export``'s meta-device build
+    (``irkit.llm._meta.meta_causal_lm``) passes. The ``llm`` extra asks for
+    ``transformers>=4.56``."""
+    if not hasattr(_transformers().PretrainedConfig(), "dtype"):
+        pytest.skip(f"transformers {_version()}'s configs have no dtype (irkit export's build)")
