@@ -338,8 +338,8 @@ def quantized_rules(*, max_positions: int | None = None) -> RuleSet:
     ``is_causal=1`` with the padding mask alone, and with ``max_positions`` the rotary tables.
 
     >>> quantized_rules(max_positions=1024).names()  # doctest: +NORMALIZE_WHITESPACE
-    ['SkipSimplifiedLayerNormalization', 'SkipLayerNormalization', 'SiLU', 'CausalPaddingMask',
-     'RotaryPositionTable']
+    ['SkipSimplifiedLayerNormalizationOffset', 'SkipSimplifiedLayerNormalization',
+     'SkipLayerNormalization', 'SiLU', 'CausalPaddingMask', 'RotaryPositionTable']
     """
     from irkit.rules.ort import skip_norm  # (lazy: irkit.rules.ort imports irkit.rules)
 

@@ -352,13 +352,15 @@ def test_program_is_the_same_with_torchs_fake_tensor_cache(name, monkeypatch):
 
     from irkit.llm import _causal_lm
 
-    monkeypatch.setattr(dynamo_config, "fake_tensor_cache_enabled", True)
     lm = BY_NAME[name].model()
-    assert dynamo_config.fake_tensor_cache_enabled
-    fast = export_causal_lm(lm).program
-    assert dynamo_config.fake_tensor_cache_enabled  # restored on exit
-    monkeypatch.setattr(_causal_lm, "_uncached_fake_dispatch", contextlib.nullcontext)
-    cached = export_causal_lm(lm).program
+    # (dynamo's config.patch, not monkeypatch: monkeypatch's undo deletes a config key it did
+    # not find in the module's __dict__, which hides it from every later patch)
+    with dynamo_config.patch(fake_tensor_cache_enabled=True):
+        assert dynamo_config.fake_tensor_cache_enabled
+        fast = export_causal_lm(lm).program
+        assert dynamo_config.fake_tensor_cache_enabled  # restored on exit
+        monkeypatch.setattr(_causal_lm, "_uncached_fake_dispatch", contextlib.nullcontext)
+        cached = export_causal_lm(lm).program
     assert _graph_text(fast) == _graph_text(cached)
     assert str(fast.graph_signature) == str(cached.graph_signature)
     assert str(fast.range_constraints) == str(cached.range_constraints)

@@ -41,7 +41,7 @@ providers whose kernels gain from them (CUDA).
 >>> [n for n in default_rules().names() if n.startswith("Skip")]
 []
 >>> [n for n in default_rules(skip_norm=True).names() if n.startswith("Skip")]
-['SkipSimplifiedLayerNormalization', 'SkipLayerNormalization']
+['SkipSimplifiedLayerNormalizationOffset', 'SkipSimplifiedLayerNormalization', 'SkipLayerNormalization']
 """
 
 from __future__ import annotations
