@@ -186,6 +186,7 @@ def test_causal_padding_mask_needs_the_lowest_fill():
 
 def test_quantized_rules_names():
     assert quantized_rules().names() == [
+        "SkipSimplifiedLayerNormalizationOffset",
         "SkipSimplifiedLayerNormalization",
         "SkipLayerNormalization",
         "SiLU",
