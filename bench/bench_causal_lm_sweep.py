@@ -321,21 +321,26 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
         except Exception as error:
             return f"logits not compared: {type(error).__name__}: {str(error).strip()[:160]}"
 
+    def whole_sequence_logits(ids: Any, mask: Any) -> Any:
+        """transformers' forward over the whole sequence at once (no cache; positions from the
+        mask, as ``generate`` makes them)."""
+        kwargs: dict[str, Any] = {
+            "input_ids": torch.from_numpy(ids),
+            "attention_mask": torch.from_numpy(mask),
+            "use_cache": False,
+        }
+        if "position_ids" in inspect.signature(lm.forward).parameters:
+            positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0)
+            kwargs["position_ids"] = torch.from_numpy(positions)
+        return lm(**kwargs).logits
+
     def uncached_agrees(sequences: list[Any]) -> bool:
         """Whether each sequence's new tokens are the arg-max of transformers' own forward over
         the whole sequence at once (no cache; positions from the mask, as generate makes)."""
         with torch.no_grad():
             for full, (ids, mask) in zip(sequences, cases, strict=True):
                 grown = np.concatenate([mask, np.ones_like(full[:, ids.shape[1] :])], axis=1)
-                kwargs: dict[str, Any] = {
-                    "input_ids": torch.from_numpy(full),
-                    "attention_mask": torch.from_numpy(grown),
-                    "use_cache": False,
-                }
-                if "position_ids" in inspect.signature(lm.forward).parameters:
-                    positions = np.maximum(np.cumsum(grown, axis=-1) - 1, 0)
-                    kwargs["position_ids"] = torch.from_numpy(positions)
-                logits = lm(**kwargs).logits[:, ids.shape[1] - 1 : -1]
+                logits = whole_sequence_logits(full, grown)[:, ids.shape[1] - 1 : -1]
                 if not np.array_equal(logits.argmax(-1).numpy(), full[:, ids.shape[1] :]):
                     return False
         return True
@@ -346,15 +351,7 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
         sequence, grown = ids, mask
         with torch.no_grad():
             for _ in range(NEW_TOKENS):
-                kwargs: dict[str, Any] = {
-                    "input_ids": torch.from_numpy(sequence),
-                    "attention_mask": torch.from_numpy(grown),
-                    "use_cache": False,
-                }
-                if "position_ids" in inspect.signature(lm.forward).parameters:
-                    positions = np.maximum(np.cumsum(grown, axis=-1) - 1, 0)
-                    kwargs["position_ids"] = torch.from_numpy(positions)
-                token = lm(**kwargs).logits[:, -1].argmax(-1).numpy()[:, None]
+                token = whole_sequence_logits(sequence, grown)[:, -1].argmax(-1).numpy()[:, None]
                 sequence = np.concatenate([sequence, token], axis=1)
                 grown = np.concatenate([grown, np.ones_like(token)], axis=1)
         return sequence
