@@ -22,6 +22,7 @@ examples:
   irkit export path/to/Qwen2.5-0.5B-Instruct -o qwen-onnx
   irkit export path/to/llama -o llama-onnx --max-length 2048 --overwrite
   irkit export path/to/llama -o llama-int4 --precision int4
+  irkit export path/to/llama -o llama-cuda-int4 --precision int4 -e cuda
 
 MODEL_DIR is a local Hugging Face folder (config.json, *.safetensors, tokenizer files); nothing
 is downloaded. OUT_DIR gets model.onnx + model.onnx.data, genai_config.json, config.json,
@@ -32,6 +33,7 @@ errors). Needs the irkit[llm] extra (pip install 'irkit[llm]')."""
 
 _PRECISIONS = ("fp32", "fp16", "int4", "int8")  # irkit.llm._export.PRECISIONS, without torch
 _TARGETS = ("onnx", "ort")
+_PROVIDERS = ("cpu", "cuda")  # irkit.llm._provider.ExecutionProvider, without torch
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +52,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         default="ort",
         help="irkit.optimize target: onnxruntime's contrib ops (default: GroupQueryAttention, "
         "as genai's builder writes) or standard ONNX only",
+    )
+    p.add_argument(
+        "-e",
+        "--execution-provider",
+        choices=_PROVIDERS,
+        default="cpu",
+        help="where onnxruntime-genai runs the folder (written into genai_config.json): cpu "
+        "(default) or cuda (float16 compute: int4/int8 pack float16 matmuls; fp32 is refused)",
     )
     p.add_argument(
         "--max-length",
@@ -101,6 +111,7 @@ def _export(args: argparse.Namespace) -> int:
         args.output,
         precision=args.precision,
         target=args.target,
+        execution_provider=args.execution_provider,
         max_length=args.max_length,
         share_buffer=args.kv_buffer == "shared",
         overwrite=args.overwrite,

@@ -29,6 +29,7 @@ from irkit.llm._genai_config import (
     token_ids,
 )
 from irkit.llm._progress import Progress
+from irkit.llm._provider import ExecutionProvider
 
 __all__ = ["PRECISIONS", "TARGETS", "ExportedFolder", "export", "tokenizer_files"]
 
@@ -142,12 +143,6 @@ def _check_options(precision: str, target: str) -> None:
 _QUANTIZED_BITS = {"int4": 4, "int8": 8}
 
 
-def _dtype(precision: str) -> str:
-    """The float type the graph computes in: fp16 for ``fp16``, else fp32 (int4/int8 quantize
-    an fp32 model)."""
-    return "fp16" if precision == "fp16" else "fp32"
-
-
 def _quantize(model: Any, precision: str, say: Callable[[str], None]) -> None:
     import irkit
 
@@ -190,11 +185,11 @@ def _config(folder: pathlib.Path, raw: dict[str, Any], trust_remote_code: bool) 
         ) from exc
 
 
-def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, precision: str) -> Any:
+def _build(folder: pathlib.Path, config: Any, trust_remote_code: bool, dtype: str) -> Any:
     from irkit.llm._precision import meta_model
 
     try:
-        return meta_model(config, _dtype(precision), trust_remote_code=trust_remote_code)
+        return meta_model(config, dtype, trust_remote_code=trust_remote_code)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelLoadError(
@@ -396,15 +391,12 @@ def _folder_source(
     folder: pathlib.Path,
     raw: dict[str, Any],
     trust_remote_code: bool,
-    precision: str,
+    dtype: str,
     say: Callable[[str], None],
 ) -> _Source:
     config = _config(folder, raw, trust_remote_code)
-    say(
-        f"building {config.model_type} from {folder}/config.json on the meta device "
-        f"({_dtype(precision)})"
-    )
-    meta = _build(folder, config, trust_remote_code, precision)
+    say(f"building {config.model_type} from {folder}/config.json on the meta device ({dtype})")
+    meta = _build(folder, config, trust_remote_code, dtype)
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None
     from irkit.llm._meta import checkpoint_names
@@ -429,7 +421,7 @@ def _folder_source(
     )
 
 
-def _model_source(model: Any, precision: str) -> _Source:
+def _model_source(model: Any, dtype: str) -> _Source:
     from irkit.llm._precision import convert_model
 
     config = getattr(model, "config", None)
@@ -441,7 +433,7 @@ def _model_source(model: Any, precision: str) -> _Source:
     generation = getattr(model, "generation_config", None)
     name = pathlib.Path(str(getattr(config, "_name_or_path", "") or ""))
     return _Source(
-        model=convert_model(model.eval(), _dtype(precision)),
+        model=convert_model(model.eval(), dtype),
         config=config,
         generation=generation.to_diff_dict() if generation is not None else None,
         weights=None,
@@ -493,6 +485,7 @@ def export(
     *,
     precision: str = "fp32",
     target: str = "ort",
+    execution_provider: str | ExecutionProvider = "cpu",
     max_length: int | None = None,
     share_buffer: bool | None = None,
     overwrite: bool = False,
@@ -517,12 +510,15 @@ def export(
         out_dir: The folder to write (created; must be empty or absent unless ``overwrite``).
         precision: ``"fp32"``; ``"fp16"`` (fp16 weights, compute and KV cache:
             ``irkit.llm._precision``; the checkpoint converted while streamed);
-            ``"int4"``/``"int8"`` (fp32 model whose matmul weights ``irkit.quantize`` packs
-            into ``MatMulNBits``).
+            ``"int4"``/``"int8"`` (matmul weights ``irkit.quantize`` packs into
+            ``MatMulNBits``; float32 activations on the CPU, float16 on CUDA).
         target: ``irkit.optimize`` target: ``"ort"`` (the default: onnxruntime's contrib ops,
             ``GroupQueryAttention`` on the shared buffer, as genai's own builder writes; a genai
             folder only ever runs in onnxruntime) or ``"onnx"`` (standard ops only: opset-23
             ``Attention``, ``TensorScatter`` on the shared buffer).
+        execution_provider: ``"cpu"`` (the default) or ``"cuda"``: written into
+            ``genai_config.json``; on CUDA the graph computes in float16
+            (:class:`~irkit.llm._provider.ExecutionProvider`; ``fp32`` is refused there).
         max_length: ``search.max_length`` (default: ``min(max_position_embeddings, 4096)``).
         share_buffer: Keep the KV cache in one buffer of ``max_length`` positions shared by past
             and present, and write ``past_present_share_buffer: true`` (the default,
@@ -550,7 +546,8 @@ def export(
             ``trust_remote_code``, a config transformers cannot build.
         SaveError: ``out_dir`` is not empty (without ``overwrite``) or cannot be written (a
             full disk, …); nothing is left behind.
-        LoweringOptionsError: An unknown precision or target, an unusable ``max_length``,
+        LoweringOptionsError: An unknown precision, target or execution provider, ``fp32`` on
+            CUDA, an unusable ``max_length``,
             a cache genai cannot hold, neither a folder nor a transformers model.
         ExportError: ``torch.export`` failed.
         WeightsError: The shards lack a weight or have the wrong shape, or an fp16 export
@@ -561,6 +558,8 @@ def export(
     note = progress.note if progress is not None else quiet
     out = pathlib.Path(out_dir)
     _check_options(precision, target)
+    provider = ExecutionProvider.parse(execution_provider)
+    dtype = provider.compute_dtype(precision)
     shares = share_buffer is not False
     is_folder = isinstance(model_or_dir, (str, os.PathLike))
     raw = _check_folder(pathlib.Path(model_or_dir)) if is_folder else {}
@@ -571,13 +570,13 @@ def export(
     from irkit.llm._meta import stacked_weights
 
     source = (
-        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, precision, stage)
+        _folder_source(pathlib.Path(model_or_dir), raw, trust_remote_code, dtype, stage)
         if is_folder
-        else _model_source(model_or_dir, precision)
+        else _model_source(model_or_dir, dtype)
     )
     _check_state_kinds(source)
     tokens = _tokens(source, note)  # (before the trace: a model genai cannot stop is refused now)
-    if precision == "fp16":
+    if dtype == "fp16":
         from irkit.llm._precision import check_half_range
 
         check_half_range(source.model, weights=source.weights)
@@ -633,6 +632,7 @@ def export(
         max_length=length,
         input_names=exported.input_names,
         share_buffer=shared,
+        provider_options=provider.provider_options(),
     )
     files = _write_folder(model, source, content, out, stage, note, progress)
     kv = decoder.kv_bytes(length)

@@ -228,6 +228,7 @@ def genai_config(
     max_length: int,
     share_buffer: bool = False,
     input_names: Sequence[str] = ("input_ids", "attention_mask"),
+    provider_options: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The ``genai_config.json`` content for a decoder exported by :func:`irkit.llm.export`.
 
@@ -239,6 +240,8 @@ def genai_config(
         max_length: ``search.max_length`` (prompt + generated tokens).
         share_buffer: ``search.past_present_share_buffer``.
         input_names: The ONNX model's non-cache inputs (``position_ids`` is mapped when present).
+        provider_options: ``session_options.provider_options`` (none: the CPU; ``[{"cuda":
+            {}}]``: :meth:`irkit.llm._provider.ExecutionProvider.provider_options`).
 
     Returns:
         The JSON object (a dict).
@@ -263,7 +266,10 @@ def genai_config(
         "pad_token_id": tokens.pad,
         "decoder": {
             "filename": decoder.filename,
-            "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+            "session_options": {
+                "log_id": "onnxruntime-genai",
+                "provider_options": [dict(p) for p in provider_options],
+            },
             "head_size": decoder.head_size,
             "hidden_size": decoder.hidden_size,
             "num_attention_heads": decoder.num_attention_heads,

@@ -172,3 +172,65 @@ def test_int4_on_the_shared_buffer_generates_as_concatenated(folder, tmp_path):
     config = json.loads((tmp_path / "shared" / "genai_config.json").read_text())
     assert config["search"]["past_present_share_buffer"] is True
     assert _generates(tmp_path / "shared") == _generates(tmp_path / "concat")
+
+
+def test_execution_provider_choices():
+    """fp32 on CUDA is refused before anything is read (its attention would run on the CPU);
+    the command line offers the same providers as the API."""
+    from irkit.cli._export import _PROVIDERS
+    from irkit.llm._provider import ExecutionProvider
+
+    assert tuple(p.value for p in ExecutionProvider) == _PROVIDERS
+    absent = pathlib.Path("absent")
+    with pytest.raises(LoweringOptionsError, match="GroupQueryAttention computes in float16"):
+        export(absent, "out", execution_provider="cuda")
+    with pytest.raises(LoweringOptionsError, match="execution provider 'rocm' is not one of"):
+        export(absent, "out", execution_provider="rocm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int4", "fp16"])
+def test_cuda_folders_compute_in_fp16(folder, tmp_path, precision):
+    """``execution_provider="cuda"``: genai_config names CUDA and the graph is float16 (int4:
+    float16 activations and scales beside the packed weights; the ops of the CPU's model).
+    Run here on the CPU (genai's providers cleared): near eager, and genai generates."""
+    cpu = export(folder, tmp_path / "cpu", precision=precision, share_buffer=False)
+    cuda = export(
+        folder,
+        tmp_path / "cuda",
+        precision=precision,
+        share_buffer=False,
+        execution_provider="cuda",
+    )
+    options = cuda.genai_config["model"]["decoder"]["session_options"]["provider_options"]
+    assert options == [{"cuda": {}}]
+    assert cpu.genai_config["model"]["decoder"]["session_options"]["provider_options"] == []
+    ops, cpu_ops = (_histogram(tmp_path / name / "model.onnx") for name in ("cuda", "cpu"))
+    # the same ops, but for the Casts of float16's float32 islands (the norms' statistics)
+    assert {op for op in ops.keys() | cpu_ops.keys() if ops.get(op) != cpu_ops.get(op)} <= {
+        "Cast"
+    }, (ops, cpu_ops)
+    proto = onnx.inliner.inline_local_functions(
+        onnx.load(str(tmp_path / "cuda" / "model.onnx"), load_external_data=False)
+    )
+    inputs = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
+    assert inputs["past_key_values.0.key"] == onnx.TensorProto.FLOAT16
+    dtypes = {i.name: i.data_type for i in proto.graph.initializer}
+    weights = {
+        dtypes[n.input[2 if n.op_type == "MatMulNBits" else 1]]
+        for n in proto.graph.node
+        if n.op_type in ("MatMulNBits", "MatMul") and n.input[-1] in dtypes
+    }
+    assert weights == {onnx.TensorProto.FLOAT16}  # MatMulNBits' scales (int4), MatMul's weights
+    error, _ = _ort_vs_eager(folder, tmp_path / "cuda")
+    assert error < (0.1 if precision == "int4" else 0.01), error
+    config = og.Config(str(tmp_path / "cuda"))
+    config.clear_providers()
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=12, min_length=12)
+    generator = og.Generator(model, params)
+    generator.append_tokens([3, 17, 42, 99])
+    while not generator.is_done():
+        generator.generate_next_token()
+    assert len(generator.get_sequence(0)) == 12

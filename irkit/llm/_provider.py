@@ -1,0 +1,92 @@
+"""The execution provider an ``irkit export`` folder is written for (``--execution-provider``).
+
+onnxruntime-genai reads the provider from ``genai_config.json``
+(``model.decoder.session_options.provider_options``: empty for the CPU, ``[{"cuda": {}}]`` for
+CUDA), and the provider decides the float type the graph computes in:
+
+- **cpu**: as ``--precision`` says (``int4``/``int8``: float32 activations beside the packed
+  weights, what the CPU's ``MatMulNBits`` and ``GroupQueryAttention`` run fastest).
+- **cuda**: float16 everywhere: onnxruntime's CUDA ``GroupQueryAttention`` takes float16 and
+  bfloat16 only, so ``int4``/``int8`` export a float16 model whose matmul weights are packed
+  (genai's builder does the same for ``-e cuda``) and ``fp32`` is refused (its attention would
+  fall back to the CPU, copying every layer's activations between the devices).
+
+torch-free. See ``docs/gpu.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from irkit.errors import LoweringOptionsError
+
+__all__ = ["ExecutionProvider"]
+
+_QUANTIZED = ("int4", "int8")
+
+
+class ExecutionProvider(enum.Enum):
+    """Where onnxruntime-genai runs the exported folder (the ``--execution-provider`` choices)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+    @classmethod
+    def parse(cls, name: str | ExecutionProvider) -> ExecutionProvider:
+        """The provider named ``name`` (``"cpu"``, ``"cuda"``; an :class:`ExecutionProvider` as
+        is).
+
+        Raises:
+            LoweringOptionsError: Not one of the names.
+
+        Example:
+            >>> ExecutionProvider.parse("cuda").provider_options()
+            [{'cuda': {}}]
+        """
+        if isinstance(name, ExecutionProvider):
+            return name
+        try:
+            return cls(name)
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            raise LoweringOptionsError(
+                f"execution provider {name!r} is not one of {choices}"
+            ) from None
+
+    def compute_dtype(self, precision: str) -> str:
+        """The float type (``"fp32"`` or ``"fp16"``) a ``precision`` export computes in here.
+
+        Args:
+            precision: One of ``irkit.llm._export.PRECISIONS`` (checked by the caller).
+
+        Returns:
+            ``"fp16"`` for ``fp16``, and on CUDA for ``int4``/``int8`` too; else ``"fp32"``.
+
+        Raises:
+            LoweringOptionsError: ``fp32`` on CUDA, with the choices that run there.
+
+        Example:
+            >>> ExecutionProvider.CUDA.compute_dtype("int4")
+            'fp16'
+            >>> ExecutionProvider.CPU.compute_dtype("int4")
+            'fp32'
+        """
+        if precision == "fp16":
+            return "fp16"
+        if self is ExecutionProvider.CUDA:
+            if precision in _QUANTIZED:
+                return "fp16"
+            raise LoweringOptionsError(
+                f"precision {precision!r} on the cuda execution provider: onnxruntime's CUDA "
+                "GroupQueryAttention computes in float16 or bfloat16 only, so a float32 graph "
+                "would run its attention on the CPU. Use --precision fp16, int4 or int8 (all "
+                "float16 compute on cuda), or --execution-provider cpu"
+            )
+        return "fp32"
+
+    def provider_options(self) -> list[dict[str, Any]]:
+        """``session_options.provider_options`` of ``genai_config.json`` (the CPU: none)."""
+        if self is ExecutionProvider.CUDA:
+            return [{"cuda": {}}]
+        return []
