@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -106,13 +106,16 @@ def make_folder(folder: pathlib.Path, size: Size = SIZES["ref"]) -> None:
     save_folder(folder, config)
 
 
-def save_folder(folder: pathlib.Path, config: object) -> None:
+def save_folder(
+    folder: pathlib.Path, config: object, edit: Callable[[object], None] | None = None
+) -> None:
     """``save_pretrained`` of a random-weight model of ``config`` (seed 0) and a local tokenizer.
 
     Args:
         folder: The folder written.
         config: A transformers config (its ``vocab_size`` sizes the word-level tokenizer:
             ``t0`` … ``t{vocab - 1}``; ``t0`` unk/pad, ``t1`` bos, ``t2`` eos).
+        edit: Called with the model before it is saved (to set its weights otherwise).
     """
     import torch
     import transformers
@@ -120,6 +123,8 @@ def save_folder(folder: pathlib.Path, config: object) -> None:
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    if edit is not None:
+        edit(model)
     model.save_pretrained(folder)
     del model
     vocab = config.vocab_size  # type: ignore[attr-defined]
@@ -149,13 +154,15 @@ def export_command(
     precision: str,
     target: str = "onnx",
     builder_options: Sequence[str] = (),
+    provider: str = "cpu",
 ) -> list[str]:
     """The whole-process export command of ``kind`` (``irkit`` or ``builder``; the builder's
-    ``--extra_options`` are ``builder_options``, ``key=value`` each)."""
+    ``--extra_options`` are ``builder_options``, ``key=value`` each), for execution provider
+    ``provider`` (``-e`` of both)."""
     if kind == "irkit":
         return [
             *(sys.executable, "-m", "irkit.cli", "export", str(folder), "-o", str(out), "-q"),
-            *("--precision", precision, "--target", target),
+            *("--precision", precision, "--target", target, "-e", provider),
         ]
     cache = out.parent / f"{out.name}-cache"
     return [
@@ -169,7 +176,7 @@ def export_command(
         "-p",
         precision,
         "-e",
-        "cpu",
+        provider,
         "-c",
         str(cache),
         *(("--extra_options", *builder_options) if builder_options else ()),
@@ -213,15 +220,17 @@ def run_export(
     precision: str,
     target: str,
     builder_options: Sequence[str] = (),
+    provider: str = "cpu",
 ) -> tuple[float, int]:
-    """Export into ``out`` (replaced): (the process wall time in seconds, its peak RSS in bytes).
+    """Export into ``out`` (replaced): (the process wall time in seconds, its peak RSS in bytes),
+    for execution provider ``provider``.
 
     Raises:
         ExportFailed: The export process exited non-zero.
     """
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
-    command = export_command(kind, folder, out, precision, target, builder_options)
+    command = export_command(kind, folder, out, precision, target, builder_options, provider)
     cmd = [sys.executable, "-c", _LAUNCHER, *command]
     proc = subprocess.run(
         cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False

@@ -174,24 +174,45 @@ class StepProfile:
     kernels: int = 0  # kernels in a decode step (the most common count)
 
 
-def profile_steps(folder: pathlib.Path, prompt: Sequence[int], into: StepProfile) -> None:
-    """One generation under onnxruntime's profiler, split into its runs (``model_run`` events):
-    the first is the prefill, the others decode steps."""
+def profiled_events(
+    folder: pathlib.Path, prompt: Sequence[int], threads: int | None = 1
+) -> list[dict[str, object]]:
+    """The events of onnxruntime's profile of one greedy generation of ``folder``.
+
+    ``threads``: the session's intra/inter-op threads while profiled (``None``: the folder's
+    own options are kept, the profiler added).
+    """
     import onnxruntime_genai as og
 
     for old in folder.glob("ort_profile*.json"):
         old.unlink()
-    bg.set_session_options(folder, profile=str(folder / "ort_profile"))
-    model = og.Model(str(folder))
-    bg.timed_generation(model, prompt)
-    del model
-    bg.set_session_options(folder)
+    config = folder / "genai_config.json"
+    original = config.read_text()
+    edited = json.loads(original)
+    options = edited["model"]["decoder"].setdefault("session_options", {})
+    options["enable_profiling"] = str(folder / "ort_profile")
+    if threads is not None:
+        options["intra_op_num_threads"] = options["inter_op_num_threads"] = threads
+    config.write_text(json.dumps(edited, indent=2))
+    try:
+        model = og.Model(str(folder))
+        bg.timed_generation(model, prompt)
+        del model
+    finally:
+        config.write_text(original)
     found = [*folder.glob("ort_profile*.json"), *pathlib.Path.cwd().glob("ort_profile*.json")]
     if not found:
         sys.exit(f"onnxruntime wrote no profile under {folder} or {pathlib.Path.cwd()}")
     path = max(found, key=lambda p: p.stat().st_mtime)
-    events = json.loads(path.read_text())
+    events: list[dict[str, object]] = json.loads(path.read_text())
     path.unlink()
+    return events
+
+
+def profile_steps(folder: pathlib.Path, prompt: Sequence[int], into: StepProfile) -> None:
+    """One generation under onnxruntime's profiler, split into its runs (``model_run`` events):
+    the first is the prefill, the others decode steps."""
+    events: list[dict] = profiled_events(folder, prompt)  # type: ignore[type-arg]
     starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
     runs: list[collections.Counter[str]] = [collections.Counter() for _ in starts]
     counts = [0] * len(starts)
