@@ -366,7 +366,7 @@ def run(
             _set_provider(folder, provider)
         try:
             result = run_case(entry, folders, prompts, rounds)
-        except Exception as error:  # a bench: report the case, run the next
+        except (Exception, SystemExit) as error:  # a bench: report the case, run the next
             traceback.print_exc()
             result = {
                 "shape": entry["shape"],
