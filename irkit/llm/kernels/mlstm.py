@@ -70,7 +70,7 @@ def mlstm_scan(
         token, in ``dtype_state``)``.
     """
     import torch
-    from torch._higher_order_ops.scan import scan
+    from torch._higher_order_ops.scan import scan_op
 
     acc = torch.float32 if dtype_state is None else dtype_state
     dtype = query.dtype
@@ -82,12 +82,12 @@ def mlstm_scan(
             zeros(batch, heads, qk_dim, dtype=torch.float32),
             zeros(batch, heads, 1, dtype=torch.float32),
         )
-    init = tuple(s.to(acc).contiguous() for s in state)  # (the scan's carry: contiguous)
+    # (no alias of a state the caller keeps: the model copies the new state into it after)
+    init = [(s if s.dtype == acc else s.to(acc)).contiguous() for s in state]
     operands = [query, key, value, igate[..., None], fgate[..., None]]
 
-    def step(carry: list[torch.Tensor], x: list[torch.Tensor]) -> tuple[State, torch.Tensor]:
-        c_old, n_old, m_old = carry
-        q, k, v, i, f = x
+    def step(*operands: torch.Tensor) -> list[torch.Tensor]:
+        c_old, n_old, m_old, q, k, v, i, f = operands
         f_log = torch.nn.functional.logsigmoid(f)
         m_new = torch.max(f_log + m_old, i)
         f_act = torch.exp(f_log + m_old - m_new)
@@ -101,10 +101,12 @@ def mlstm_scan(
         qn = (q_scaled[:, :, None, :] @ n_new[:, :, :, None].to(dtype)).squeeze(2)
         h_denom = (torch.maximum(qn.abs(), torch.exp(-m_new)) + eps).to(acc)
         h = (h_num / h_denom).to(dtype)
-        return (c_new.to(acc), n_new.to(acc), m_new.to(acc)), h
+        return [c_new.to(acc), n_new.to(acc), m_new.to(acc), h]
 
-    (c, n, m), h = scan(step, init, operands, dim=2)
-    return h, (c, n, m)
+    # torch's scan operator itself, token-major (the ``scan`` function would compile the body
+    # with dynamo first: seconds per layer)
+    c, n, m, h = scan_op(step, init, [x.movedim(2, 0) for x in operands], ())
+    return h.movedim(0, 2), (c, n, m)
 
 
 def backend_forward(
