@@ -491,8 +491,14 @@ def find_listed_states(cache: Any, config: Any) -> ListedStates | None:
         config: The model's config.
 
     Returns:
-        The :class:`ListedStates`, or ``None`` where no attribute qualifies.
+        The :class:`ListedStates`, or ``None`` where no attribute qualifies, or where
+        transformers has no ``LinearAttentionLayer`` (before its typed cache layers), which
+        :meth:`ListedStates.unwrap` holds the states in.
     """
+    try:
+        from transformers.cache_utils import LinearAttentionLayer  # noqa: F401
+    except ImportError:
+        return None
     recurrent = {
         number for number, layer in enumerate(_typed_layers(config)) if _RECURRENT.count(layer)
     }
