@@ -630,6 +630,12 @@ def _num_layers(feeds: Mapping[str, Any]) -> int:
     return sum(1 for name in feeds if name.startswith("past_key_values.") and name.endswith(".key"))
 
 
+def _carries_states(model: Any, feeds: Mapping[str, Any]) -> bool:
+    """Whether the model's cache holds state kinds: typed by its config, or fed (``past.*``:
+    states its own cache class keeps, xLSTM's, which the config does not type)."""
+    return has_state_layers(model.config) or any(name.startswith("past.") for name in feeds)
+
+
 def _torch_inputs(
     model: Any, feeds: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any]
 ) -> dict[str, Any]:
@@ -647,7 +653,7 @@ def _torch_inputs(
             )
             inputs["use_cache"] = True
         return inputs
-    if has_state_layers(model.config):
+    if _carries_states(model, feeds):
         specs = cache_layout(model).states
         tensors = [convert(feeds[spec.past_name]) for spec in specs]
         inputs[binding.cache] = fill_cache(model.config, specs, tensors, model)
@@ -720,7 +726,7 @@ def _run_eager(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     cache = _returned_cache(out)
     if cache is None:  # older transformers may return legacy tuples; the passed cache was updated
         cache = inputs[_bind(model).cache]
-    if has_state_layers(model.config):
+    if _carries_states(model, feeds):
         states = read_states(cache, cache_layout(model).states, model)
         return [out.logits.float().numpy(), *(t.float().numpy() for t in states)]
     keys = [layer.keys.float().numpy() for layer in cache.layers]

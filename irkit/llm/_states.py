@@ -349,37 +349,90 @@ _RECURRENT = _Recurrent()
 
 
 @dataclasses.dataclass(frozen=True)
+class _Zeros:
+    """A tensor attribute of a model's own cache, made again as zeros (its shape and dtype)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    def make(self, device: Any) -> Any:
+        import torch
+
+        return torch.zeros(self.shape, dtype=self.dtype, device=device)
+
+
+@dataclasses.dataclass(frozen=True)
 class ListedStates:
-    """A model's own cache class that keeps each layer's recurrent state in a list of its own.
+    """A model's own cache class that keeps each layer's recurrent states in a container of its
+    own: a list indexed by decoder layer, or a dict keyed by it.
 
     MiniMax's ``MiniMaxCache`` is a ``DynamicCache`` whose layers hold the attention layers'
     keys and values, and whose ``linear_cache`` list, indexed by decoder layer (``[]`` where a
     layer has none), the lightning-attention states; the model refuses any other cache class.
-    Such a cache is found by what it holds (:func:`find_listed_states`), not by its class, and
-    its states are the ``recurrent`` kind: :meth:`wrap` makes one of a typed cache filled by
+    xLSTM's ``xLSTMCache`` is no transformers ``Cache`` at all: its ``rnn_state`` dict maps
+    every decoder layer to a tuple of three tensors (the mLSTM's ``C``, ``n``, ``m``). Such a
+    cache is found by what it holds (:func:`find_listed_states`), not by its class, and its
+    states are the ``recurrent`` kind, one per tuple position (``past.N.recurrent``,
+    ``past.N.recurrent.1``, …): :meth:`wrap` makes one of a typed cache filled by
     :func:`fill_cache` (sharing its layers), :meth:`unwrap` reads one as typed layers.
 
     Attributes:
-        cls: The cache class (made with no arguments).
-        attribute: The name of its per-layer list of recurrent states.
+        cls: The cache class.
+        attribute: The name of its per-layer container of recurrent states.
+        keyed: The container is a dict keyed by layer index (else a list indexed by it).
+        width: ``0``: each layer's entry is one tensor; ``n``: a tuple of ``n`` tensors.
+        made: The cache's other attributes as the model made them, ``(name, value)``, a tensor
+            among them as :class:`_Zeros` (xLSTM's token counter ``seqlen_offset``): a wrapped
+            cache starts from them. ``layers`` is named with the value ``None``: the typed
+            cache's layers are shared.
     """
 
     cls: type
     attribute: str
+    keyed: bool = False
+    width: int = 0
+    made: tuple[tuple[str, Any], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def wrap(self, cache: Any) -> Any:
-        """An instance of :attr:`cls` with ``cache``'s layers and their recurrent states listed.
+        """An instance of :attr:`cls` with ``cache``'s layers and their recurrent states held.
+
+        Made without calling the class (its arguments are the model's business): its
+        attributes are :attr:`made`'s, tensors as zeros, containers copied.
 
         Args:
             cache: A typed ``DynamicCache`` (:func:`fill_cache`).
 
         Returns:
-            The model's own cache, whose layers are ``cache``'s (keys and values updated there).
+            The model's own cache, whose layers are ``cache``'s (keys and values updated there)
+            and whose container holds the very tensors of their recurrent states.
         """
-        own = self.cls()
-        own.layers = cache.layers
-        states = [None if layer is None else _RECURRENT.read(layer) for layer in cache.layers]
-        setattr(own, self.attribute, [[] if state is None else state for state in states])
+        import copy
+
+        count = max(self.width, 1)
+        states = [
+            None if layer is None else tuple(_RECURRENT.read(layer, i) for i in range(count))
+            for layer in cache.layers
+        ]
+        entries = {
+            number: (state if self.width else state[0])
+            for number, state in enumerate(states)
+            if state is not None and all(t is not None for t in state)
+        }
+        device = next((t.device for state in entries.values() for t in _tensors(state)), None)
+        own: Any = object.__new__(self.cls)
+        for name, value in self.made:
+            if name == "layers":
+                value = cache.layers
+            elif isinstance(value, _Zeros):
+                value = value.make(device)
+            elif isinstance(value, (list, dict, set)):
+                value = copy.copy(value)
+            own.__dict__[name] = value
+        if self.keyed:
+            held: Any = entries
+        else:
+            held = [entries.get(number, []) for number in range(len(states))]
+        setattr(own, self.attribute, held)
         return own
 
     def unwrap(self, own: Any) -> Any:
@@ -390,48 +443,104 @@ class ListedStates:
             own: An instance of :attr:`cls` after a forward.
 
         Returns:
-            An object with ``layers``: the cache's own layers, with a transformers
-            ``LinearAttentionLayer`` holding the state at each listed layer.
+            An object with ``layers``: the cache's own layers (none for a cache without), with
+            a transformers ``LinearAttentionLayer`` holding the states at each listed layer.
         """
         import types
 
         from transformers.cache_utils import LinearAttentionLayer
 
         listed = getattr(own, self.attribute)
-        layers = list(own.layers) + [None] * (len(listed) - len(own.layers))
-        for number, state in enumerate(listed):
-            if getattr(state, "ndim", 0) == 0:
+        entries = dict(listed.items() if self.keyed else enumerate(listed))
+        count = max([len(getattr(own, "layers", ())), *(n + 1 for n in entries)])
+        layers = list(getattr(own, "layers", ())) + [None] * count
+        for number, entry in entries.items():
+            tensors = _tensors(entry)
+            if not tensors:
                 continue
             if not hasattr(layers[number], "recurrent_states"):
-                layers[number] = LinearAttentionLayer()
-            layers[number].recurrent_states[0] = state
-        return types.SimpleNamespace(layers=layers)
+                layers[number] = LinearAttentionLayer(number_of_states=len(tensors))
+            for index, tensor in enumerate(tensors):
+                layers[number].recurrent_states[index] = tensor
+        return types.SimpleNamespace(layers=layers[:count])
+
+
+def _tensors(entry: Any) -> tuple[Any, ...]:
+    """The state tensors of one layer's entry: a tensor of 2 dims or more, or a tuple (list) of
+    them; ``()`` for anything else (MiniMax's ``[]`` at an attention layer)."""
+    if getattr(entry, "ndim", 0) >= 2:
+        return (entry,)
+    listed = isinstance(entry, (tuple, list)) and bool(entry)
+    if listed and all(getattr(t, "ndim", 0) >= 2 for t in entry):
+        return tuple(entry)
+    return ()
 
 
 def find_listed_states(cache: Any, config: Any) -> ListedStates | None:
-    """How ``cache``, a model's own cache class, keeps its recurrent states, if as a list.
+    """How ``cache``, a model's own cache class, keeps its recurrent states, if in a list or a
+    dict of its own by decoder layer.
 
-    A list attribute of the cache (besides ``layers``) qualifies when it holds a tensor at
-    exactly the decoder layers that transformers types with a recurrent state for ``config``
-    (``DynamicCache(config=…)``'s ``LinearAttentionLayer`` layers).
+    A list attribute of the cache (besides ``layers``), or a dict keyed by layer index,
+    qualifies when it holds states (a tensor, or a tuple of as many tensors at every layer) at
+    exactly the decoder layers that hold a recurrent state: those transformers types with one
+    for ``config`` (``DynamicCache(config=…)``'s ``LinearAttentionLayer`` layers), or, where it
+    types none (a config of attention layers only, xLSTM's), every decoder layer.
 
     Args:
         cache: The cache the model made itself (given none).
         config: The model's config.
 
     Returns:
-        The :class:`ListedStates`, or ``None`` where no attribute qualifies.
+        The :class:`ListedStates`, or ``None`` where no attribute qualifies, or where
+        transformers has no ``LinearAttentionLayer`` (before its typed cache layers), which
+        :meth:`ListedStates.unwrap` holds the states in.
     """
+    try:
+        from transformers.cache_utils import LinearAttentionLayer  # noqa: F401
+    except ImportError:
+        return None
     recurrent = {
         number for number, layer in enumerate(_typed_layers(config)) if _RECURRENT.count(layer)
     }
+    try:
+        layers = int(config.get_text_config(decoder=True).num_hidden_layers)
+    except (AttributeError, TypeError, ValueError):
+        layers = 0
+    expected = recurrent or set(range(layers))
     for attribute, value in vars(cache).items():
-        if attribute == "layers" or not isinstance(value, list) or not recurrent:
+        if attribute == "layers" or not expected:
             continue
-        held = {number for number, entry in enumerate(value) if getattr(entry, "ndim", 0) >= 2}
-        if held == recurrent:
-            return ListedStates(type(cache), attribute)
+        if isinstance(value, list):
+            entries, keyed = dict(enumerate(value)), False
+        elif isinstance(value, dict) and all(type(key) is int for key in value):
+            entries, keyed = dict(value), True
+        else:
+            continue
+        held = {number: entry for number, entry in entries.items() if _tensors(entry)}
+        bare = {getattr(entry, "ndim", 0) >= 2 for entry in held.values()}
+        widths = {len(_tensors(entry)) for entry in held.values()}
+        if set(held) != expected or len(bare) != 1 or len(widths) != 1:
+            continue
+        width = 0 if bare == {True} else widths.pop()
+        return ListedStates(type(cache), attribute, keyed, width, _made(cache, attribute))
     return None
+
+
+def _made(cache: Any, attribute: str) -> tuple[tuple[str, Any], ...]:
+    """``cache``'s attributes but ``attribute``, for :attr:`ListedStates.made` (tensors as
+    their shapes and dtypes: the probe's may be fake tensors; ``layers`` as ``None``)."""
+    import torch
+
+    made: list[tuple[str, Any]] = []
+    for name, value in vars(cache).items():
+        if name == attribute:
+            continue
+        if name == "layers":
+            value = None
+        elif isinstance(value, torch.Tensor):
+            value = _Zeros(tuple(int(n) for n in value.shape), value.dtype)
+        made.append((name, value))
+    return tuple(made)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -641,7 +750,11 @@ def fill_cache(
             continue
         while len(cache.layers) <= spec.layer:
             cache.layers.append(None)
-        if cache.layers[spec.layer] is None and spec.blank is not None:
+        layer = cache.layers[spec.layer]
+        # the config types no layer, or one that cannot hold the state the model's own cache
+        # keeps there (xLSTM's config types attention layers): the probed layer's class
+        unfit = layer is None or spec.index >= spec.kind.count(layer)
+        if unfit and spec.blank is not None:
             cache.layers[spec.layer] = spec.blank()
     for spec, tensor in zip(specs, tensors, strict=True):
         spec.kind.write(_holder(cache, model, spec), tensor, spec.index)
@@ -719,11 +832,12 @@ def _state_hooks(model: Any, cache: Any) -> list[Any]:
     from irkit.llm.kernels import enter_state, leave_state
 
     hooks = []
+    layers = getattr(cache, "layers", ())  # (xLSTM's own cache has none)
     for module in model.modules():
         index = getattr(module, "layer_idx", None)
-        if not isinstance(index, int) or not 0 <= index < len(cache.layers):
+        if not isinstance(index, int) or not 0 <= index < len(layers):
             continue
-        states = getattr(cache.layers[index], "recurrent_states", None)
+        states = getattr(layers[index], "recurrent_states", None)
         state = states.get(0) if states else None
         if state is None:
             continue
@@ -780,7 +894,7 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         cache = fill_cache(self.config, specs, states, self)
         mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :]
         if mask is not None:
-            for layer in cache.layers:
+            for layer in getattr(cache, "layers", ()):  # (xLSTM's own cache has none)
                 if getattr(layer, "conv_states", None) is not None:
                     _hold_conv_state_at_pads(layer, mask)
         kwargs: dict[str, Any] = {"input_ids": input_ids, cache_argument: cache}

@@ -124,8 +124,6 @@ def test_doge_cache_fusion_is_refused_as_a_cycle():
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        # xLSTMCache: a class outside transformers' Cache, its RNN states in a dict
-        ("xlstm", r"xLSTMForCausalLM keeps its cache in a class of its own, xLSTMCache"),
         # takes the whole sequence each step: a bare assert of the model, named by file and line
         (
             "xlm",

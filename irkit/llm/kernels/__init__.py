@@ -17,7 +17,8 @@ family is one module with a ``KERNELS`` table. See ``docs/llm.md`` ("State-space
 linear-attention models").
 
 A recurrence no contract covers (RecurrentGemma's RG-LRU: a method looping over the tokens;
-RWKV's ``rwkv_linear_attention``: a module-level function) is
+RWKV's ``rwkv_linear_attention``: a module-level function; xLSTM's ``xLSTMBackend.forward``,
+whose chunk and step loops a partial built with the module calls) is
 swapped by the *qualified name* of the function or method it replaces, ``"Class.method"`` or
 ``"function"`` as ``__qualname__`` spells it inside one of the model's modeling modules: a family
 module's ``METHODS`` table (:data:`METHODS`). The same ``with`` swaps both, and puts both back.
@@ -50,6 +51,7 @@ from irkit.llm.kernels import (
     mamba,
     mamba2,
     mla,
+    mlstm,
     ranges,
     rglru,
     wkv,
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 _FAMILIES: tuple[ModuleType, ...] = (
-    gated_delta, mamba, mamba2, kda, lightning, mla, rglru, wkv, experts, ranges,
+    gated_delta, mamba, mamba2, kda, lightning, mla, mlstm, rglru, wkv, experts, ranges,
 )  # fmt: skip
 
 #: Export kernel by hub-kernel contract name, over every family module.
