@@ -593,7 +593,9 @@ def export(
         stacked_weights(model, source.model, source.shapes)
     _fill_buffers(model, source.buffers)
     rules = (
-        ort.default_rules(gqa_shared_buffer=length if shares else False)
+        ort.default_rules(
+            gqa_shared_buffer=length if shares else False, skip_norm=provider.skip_norm
+        )
         if target == "ort"
         else None
     )

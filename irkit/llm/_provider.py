@@ -9,7 +9,8 @@ CUDA), and the provider decides the float type the graph computes in:
 - **cuda**: float16 everywhere: onnxruntime's CUDA ``GroupQueryAttention`` takes float16 and
   bfloat16 only, so ``int4``/``int8`` export a float16 model whose matmul weights are packed
   (genai's builder does the same for ``-e cuda``) and ``fp32`` is refused (its attention would
-  fall back to the CPU, copying every layer's activations between the devices).
+  fall back to the CPU, copying every layer's activations between the devices); and the
+  residual add + norm pairs become ``SkipSimplifiedLayerNormalization`` (:attr:`skip_norm`).
 
 torch-free. See ``docs/gpu.md``.
 """
@@ -84,6 +85,17 @@ class ExecutionProvider(enum.Enum):
                 "float16 compute on cuda), or --execution-provider cpu"
             )
         return "fp32"
+
+    @property
+    def skip_norm(self) -> bool:
+        """Fuse residual add + norm into ``SkipSimplifiedLayerNormalization`` (``--target ort``).
+
+        On CUDA: one kernel instead of two per fusion (a decode step is bound by kernel
+        launches: the Llama-3.2-1B shape runs 32 fewer per step). Not on the CPU, whose kernels
+        for the fused op are slower than ``Add`` + ``RMSNormalization`` on many rows
+        (:mod:`irkit.rules.ort`).
+        """
+        return self is ExecutionProvider.CUDA
 
     def provider_options(self) -> list[dict[str, Any]]:
         """``session_options.provider_options`` of ``genai_config.json`` (the CPU: none)."""

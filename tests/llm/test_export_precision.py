@@ -192,7 +192,8 @@ def test_execution_provider_choices():
 @pytest.mark.parametrize("precision", ["int4", "fp16"])
 def test_cuda_folders_compute_in_fp16(folder, tmp_path, precision):
     """``execution_provider="cuda"``: genai_config names CUDA and the graph is float16 (int4:
-    float16 activations and scales beside the packed weights; the ops of the CPU's model).
+    float16 activations and scales beside the packed weights; the ops of the CPU's model but
+    for the residual adds fused into the norms).
     Run here on the CPU (genai's providers cleared): near eager, and genai generates."""
     cpu = export(folder, tmp_path / "cpu", precision=precision, share_buffer=False)
     cuda = export(
@@ -206,10 +207,15 @@ def test_cuda_folders_compute_in_fp16(folder, tmp_path, precision):
     assert options == [{"cuda": {}}]
     assert cpu.genai_config["model"]["decoder"]["session_options"]["provider_options"] == []
     ops, cpu_ops = (_histogram(tmp_path / name / "model.onnx") for name in ("cuda", "cpu"))
-    # the same ops, but for the Casts of float16's float32 islands (the norms' statistics)
-    assert {op for op in ops.keys() | cpu_ops.keys() if ops.get(op) != cpu_ops.get(op)} <= {
-        "Cast"
-    }, (ops, cpu_ops)
+    # for CUDA the residual add + RMS norm inside each layer is one
+    # SkipSimplifiedLayerNormalization (those across layers stay apart: the layers share a
+    # function, docs/fusion_across_modules.md)
+    assert ops.get("SkipSimplifiedLayerNormalization") == LAYERS, ops
+    assert cpu_ops["Add"] - ops.get("Add", 0) == LAYERS, (ops, cpu_ops)
+    assert cpu_ops["RMSNormalization"] - ops.get("RMSNormalization", 0) == LAYERS
+    # else the same ops, but for the Casts of float16's float32 islands (the norms' statistics)
+    fused = {"SkipSimplifiedLayerNormalization", "Add", "RMSNormalization", "Cast"}
+    assert {op for op in ops.keys() | cpu_ops.keys() if ops.get(op) != cpu_ops.get(op)} <= fused
     proto = onnx.inliner.inline_local_functions(
         onnx.load(str(tmp_path / "cuda" / "model.onnx"), load_external_data=False)
     )
