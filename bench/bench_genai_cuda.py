@@ -8,7 +8,12 @@ time (greedy; ``min_length`` holds eos off). Rounds are interleaved (irkit, buil
 irkit, …) after a warm-up; each figure is the median [min..max], and the ratio irkit/builder of
 the medians (target <= 1.0). One more profiled generation of each folder gives the kernels a
 decode step runs per execution provider, and the op types of those not on CUDA (a node that
-falls back to the CPU costs two copies between the devices).
+falls back to the CPU costs two copies between the devices). Correctness on the GPU: each
+folder's logits of the last position of a 32-token prompt against transformers' float32 forward
+on the same folder (computed by ``build``, shipped as ``reference-<shape>.npy``), and against
+the same folder run on onnxruntime's CPU: max |diff| / max |logit| (int4 against transformers
+measures the quantization, so read it beside the builder's). (Greedy ids are printed too, irkit's against the builder's; the tiled weights make
+near-ties between tokens, so float16 rounding can flip one: the logits check is the measure.)
 
 Shapes (``--shapes``; real models' shapes, not their weights):
 
@@ -58,6 +63,8 @@ from collections.abc import Callable, Sequence
 from subprocess import PIPE
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import bench_genai as bg
@@ -67,6 +74,7 @@ PRECISIONS = ("int4", "fp16")
 KINDS = ("irkit", "builder")
 BLOCK = 64
 WINDOW_LOG = 27  # zstd's window: 128 MiB
+CHECK_PROMPT = 32  # prompt of the logits check
 
 
 def _llama1b() -> Any:
@@ -184,6 +192,39 @@ def tile_weights(model: Any) -> None:
             flat.copy_(block.repeat(*reps)[:rows, :cols] / math.sqrt(reps[0] * reps[1]))
 
 
+def reference_logits(folder: pathlib.Path, prompt: Sequence[int]) -> Any:
+    """transformers' float32 logits of the last prompt position (the correctness anchor)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([list(prompt)])).logits
+    return logits[0, -1].numpy()
+
+
+def last_logits(folder: pathlib.Path, prompt: Sequence[int], cpu: bool = False) -> Any:
+    """genai's float32 logits of the last position of ``prompt`` (``folder`` on its own
+    execution provider, or on the CPU)."""
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    if cpu:
+        config.clear_providers()
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(list(prompt))
+    logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
+    return logits.reshape(-1, logits.shape[-1])[-1]
+
+
+def relative_error(got: Any, reference: Any) -> float:
+    """max |``got`` − ``reference``| / max |``reference``|."""
+    return float(np.abs(got - reference).max() / np.abs(reference).max())
+
+
 def _pack(folder: pathlib.Path, archive: pathlib.Path) -> None:
     """``folder`` as a zstd-compressed tar (the ``zstd`` command, a 128 MiB window: the tiled
     weights repeat every 64 rows)."""
@@ -197,8 +238,11 @@ def _pack(folder: pathlib.Path, archive: pathlib.Path) -> None:
         sys.exit(f"tar of {folder} failed")
 
 
-def build(out: pathlib.Path, work: pathlib.Path, shapes: Sequence[str]) -> None:
-    """The folders, the exports and the archives of ``shapes`` (see the module docstring)."""
+def build(
+    out: pathlib.Path, work: pathlib.Path, shapes: Sequence[str], kinds: Sequence[str] = KINDS
+) -> None:
+    """The folders, the exports (of ``kinds``; the others' kept from an earlier build into
+    ``out``) and the archives of ``shapes`` (see the module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else []
@@ -211,9 +255,19 @@ def build(out: pathlib.Path, work: pathlib.Path, shapes: Sequence[str]) -> None:
             print(f"{shape}: folder in {time.perf_counter() - t0:.0f} s", flush=True)
         builder_folder = bgs.builder_view(folder, architecture) if architecture else folder
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        reference = out / f"reference-{shape}.npy"
+        if not reference.exists():
+            np.save(reference, reference_logits(folder, bg.make_prompt(vocab, CHECK_PROMPT)))
         for precision in PRECISIONS:
-            entry: dict[str, Any] = {"shape": shape, "precision": precision, "vocab": vocab}
-            for kind in KINDS:
+            earlier = [e for e in manifest if (e["shape"], e["precision"]) == (shape, precision)]
+            entry: dict[str, Any] = {
+                **(earlier[0] if earlier else {}),
+                "shape": shape,
+                "precision": precision,
+                "vocab": vocab,
+                "reference": reference.name,
+            }
+            for kind in kinds:
                 name = f"{kind}-{shape}-{precision}"
                 source = folder if kind == "irkit" else builder_folder
                 try:
@@ -297,9 +351,14 @@ def _median_ms(values: Sequence[float]) -> str:
 
 
 def run_case(
-    entry: dict[str, Any], folders: dict[str, pathlib.Path], prompts: Sequence[int], rounds: int
+    entry: dict[str, Any],
+    folders: dict[str, pathlib.Path],
+    prompts: Sequence[int],
+    rounds: int,
+    references: Any = None,
 ) -> dict[str, Any]:
-    """Time and profile one shape and precision; prints its lines, returns its figures."""
+    """Time, check (against ``references``: :func:`reference_logits`) and profile one shape and
+    precision; prints its lines, returns its figures."""
     import onnxruntime_genai as og
 
     kinds = [kind for kind in KINDS if kind in folders]
@@ -333,6 +392,20 @@ def run_case(
             )
         result[f"prompt_{length}"] = row
     del models
+    if references is not None:
+        prompt = bg.make_prompt(entry["vocab"], CHECK_PROMPT)
+        for kind in kinds:
+            here = last_logits(folders[kind], prompt)
+            error = relative_error(here, references)
+            cpu = relative_error(here, last_logits(folders[kind], prompt, cpu=True))
+            result[f"logits_error_{kind}"] = error
+            result[f"logits_vs_cpu_{kind}"] = cpu
+            print(
+                f"{label} {kind} logits (prompt {CHECK_PROMPT}, last position), max |diff| / "
+                f"max |logit|: vs transformers float32 {error:.2e}, vs the same folder on "
+                f"onnxruntime's CPU {cpu:.2e}",
+                flush=True,
+            )
     for kind in kinds:
         events = bgs.profiled_events(folders[kind], bg.make_prompt(entry["vocab"]), threads=None)
         result[f"placement_{kind}"] = placement(events)
@@ -365,7 +438,14 @@ def run(
         for folder in folders.values():
             _set_provider(folder, provider)
         try:
-            result = run_case(entry, folders, prompts, rounds)
+            reference = models / entry["reference"] if "reference" in entry else None
+            result = run_case(
+                entry,
+                folders,
+                prompts,
+                rounds,
+                np.load(reference) if reference is not None and reference.exists() else None,
+            )
         except (Exception, SystemExit) as error:  # a bench: report the case, run the next
             traceback.print_exc()
             result = {
@@ -387,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--shapes", nargs="+", choices=sorted(SHAPES), default=["llama1b", "qwen35", "lfm2"]
     )
     b.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("bench-cuda-work"))
+    b.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="exported")
     r = sub.add_parser("run", help="time the archives' folders")
     r.add_argument("--models", type=pathlib.Path, required=True, help="build's --out")
     r.add_argument("--out", type=pathlib.Path, required=True, help="where results.json goes")
@@ -396,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.step == "build":
         args.workdir.mkdir(parents=True, exist_ok=True)
-        build(args.out, args.workdir, args.shapes)
+        build(args.out, args.workdir, args.shapes, args.kinds)
     else:
         run(args.models, args.out, args.prompts, args.rounds, args.provider)
     shutil.rmtree(pathlib.Path("/tmp/bench_genai_cuda"), ignore_errors=True)
