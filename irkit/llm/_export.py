@@ -143,12 +143,14 @@ def _check_options(precision: str, target: str) -> None:
 _QUANTIZED_BITS = {"int4": 4, "int8": 8}
 
 
-def _quantize(model: Any, precision: str, say: Callable[[str], None]) -> None:
+def _quantize(
+    model: Any, precision: str, say: Callable[[str], None], accuracy_level: int | None = None
+) -> None:
     import irkit
 
     bits = _QUANTIZED_BITS[precision]
     report = irkit.QuantizeReport()
-    irkit.quantize(model, bits=bits, report=report)
+    irkit.quantize(model, bits=bits, report=report, accuracy_level=accuracy_level)
     say(
         f"{precision}: {len(report.quantized)} matmul(s) → MatMulNBits ({bits} bits), "
         f"{len(report.skipped)} left in float"
@@ -618,7 +620,7 @@ def export(
         alibi_by_position(model)
     if precision in _QUANTIZED_BITS:
         stage(f"quantizing to {precision} (irkit.quantize)")
-        _quantize(model, precision, note)
+        _quantize(model, precision, note, provider.accuracy_level)
         if target == "onnx":  # the model needs contrib ops now: their decode fusions pay
             from irkit.rules.decode import quantized_rules
 

@@ -97,6 +97,14 @@ class ExecutionProvider(enum.Enum):
         """
         return self is ExecutionProvider.CUDA
 
+    @property
+    def accuracy_level(self) -> int | None:
+        """``MatMulNBits``' ``accuracy_level`` for ``int4``/``int8`` (``None``: irkit.quantize's
+        default, 4: activations quantized to int8 inside the CPU kernel, its fast path; CUDA:
+        0, unset, as the builder's ``-e cuda`` writes — the CUDA kernels compute in float16,
+        and the folder run on a CPU then computes in float too)."""
+        return 0 if self is ExecutionProvider.CUDA else None
+
     def provider_options(self) -> list[dict[str, Any]]:
         """``session_options.provider_options`` of ``genai_config.json`` (the CPU: none)."""
         if self is ExecutionProvider.CUDA:

@@ -227,6 +227,14 @@ def test_cuda_folders_compute_in_fp16(folder, tmp_path):
         if n.op_type in ("MatMulNBits", "MatMul") and n.input[-1] in dtypes
     }
     assert weights == {onnx.TensorProto.FLOAT16}  # MatMulNBits' scales (int4), MatMul's weights
+    levels = {
+        a.i
+        for n in proto.graph.node
+        if n.op_type == "MatMulNBits"
+        for a in n.attribute
+        if a.name == "accuracy_level"
+    }
+    assert levels <= {0}, levels  # unset, as the builder's -e cuda (the CPU's default is 4)
     error, _ = _ort_vs_eager(folder, tmp_path / "cuda")
     assert error < 0.1, error
     config = og.Config(str(tmp_path / "cuda"))
