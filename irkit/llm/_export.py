@@ -596,7 +596,9 @@ def export(
     _fill_buffers(model, source.buffers)
     rules = (
         ort.default_rules(
-            gqa_shared_buffer=length if shares else False, skip_norm=provider.skip_norm
+            gqa_shared_buffer=length if shares else False,
+            skip_norm=provider.skip_norm,
+            gqa_qk_norm=provider.gqa_qk_norm,
         )
         if target == "ort"
         else None

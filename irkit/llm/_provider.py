@@ -10,7 +10,8 @@ CUDA), and the provider decides the float type the graph computes in:
   bfloat16 only, so ``int4``/``int8`` export a float16 model whose matmul weights are packed
   (genai's builder does the same for ``-e cuda``) and ``fp32`` is refused (its attention would
   fall back to the CPU, copying every layer's activations between the devices); and the
-  residual add + norm pairs become ``SkipSimplifiedLayerNormalization`` (:attr:`skip_norm`).
+  residual add + norm pairs become ``SkipSimplifiedLayerNormalization`` (:attr:`skip_norm`)
+  and per-head Q/K norms move into ``GroupQueryAttention`` (:attr:`gqa_qk_norm`).
 
 torch-free. See ``docs/gpu.md``.
 """
@@ -94,6 +95,16 @@ class ExecutionProvider(enum.Enum):
         launches: the Llama-3.2-1B shape runs 32 fewer per step). Not on the CPU, whose kernels
         for the fused op are slower than ``Add`` + ``RMSNormalization`` on many rows
         (:mod:`irkit.rules.ort`).
+        """
+        return self is ExecutionProvider.CUDA
+
+    @property
+    def gqa_qk_norm(self) -> bool:
+        """Move per-head Q/K RMS norms into ``GroupQueryAttention`` (``--target ort``).
+
+        onnxruntime's CUDA kernel normalizes Q and K itself (``q_norm_weight``,
+        ``k_norm_weight``: :mod:`irkit.rules.ort.attention.qk_norm`); its CPU kernel refuses
+        them, so a CUDA folder of a model with Q/K norms (Qwen3, LFM2, …) runs on CUDA only.
         """
         return self is ExecutionProvider.CUDA
 

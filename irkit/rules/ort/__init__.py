@@ -8,6 +8,9 @@ module                                     identity
 :mod:`irkit.rules.ort.attention`           opset-23 ``Attention`` / ``RotaryEmbedding`` →
                                            ``GroupQueryAttention`` (``do_rotary``),
                                            ``MultiHeadAttention``, contrib ``RotaryEmbedding``
+:mod:`irkit.rules.ort.attention.qk_norm`   per-head Q/K RMS norms → ``GroupQueryAttention``'s
+                                           ``q_norm_weight``/``k_norm_weight`` (CUDA/WebGPU
+                                           only: opt-in, ``gqa_qk_norm=True``)
 :mod:`irkit.rules.ort.packed`              ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split``
                                            (Q/K/V, gate/up)
 :mod:`irkit.rules.ort.skip_norm`           residual add + RMS / layer norm →
@@ -61,6 +64,7 @@ from irkit.rules.ort import (
     skip_norm,
     softplus,
 )
+from irkit.rules.ort.attention import qk_norm
 
 __all__ = [
     "attention",
@@ -86,6 +90,7 @@ def contrib_rules(
     gqa_masked: bool = False,
     gqa_shared_buffer: bool | int = False,
     skip_norm: bool = False,
+    gqa_qk_norm: bool = False,
 ) -> RuleSet:
     """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
 
@@ -102,6 +107,9 @@ def contrib_rules(
         skip_norm: Fuse residual add + norm into ``SkipLayerNormalization`` /
             ``SkipSimplifiedLayerNormalization`` (slower than the standard ops on
             onnxruntime's CPU kernels; see the module docstring).
+        gqa_qk_norm: Move per-head Q/K RMS norms into ``GroupQueryAttention``
+            (:mod:`irkit.rules.ort.attention.qk_norm`; onnxruntime's CUDA and WebGPU kernels
+            only: the CPU's refuses the inputs).
     """
     shared = None
     if gqa_shared_buffer is True:
@@ -111,6 +119,8 @@ def contrib_rules(
     members = [attention.attention_rules(gqa_dynamic_past, gqa_masked, shared), packed.rules]
     if skip_norm:
         members.append(_SKIP_NORM_RULES)
+    if gqa_qk_norm:
+        members.append(qk_norm.rules)
     # the head reshapes the attention fusions leave around the 3-D contrib ops (``to3``/``to4``)
     # meet the model's own: the chains that come back to their input's shape are identities
     # and the rotary tables sliced to their first half by the rotary fusions, Slice(Concat(f, f));
@@ -146,6 +156,7 @@ def default_rules(
     gqa_masked: bool = False,
     gqa_shared_buffer: bool | int = False,
     skip_norm: bool = False,
+    gqa_qk_norm: bool = False,
 ) -> RuleSet:
     """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.
 
@@ -154,7 +165,8 @@ def default_rules(
     its attention mask use ``GroupQueryAttention`` on a recent onnxruntime (prefill with an
     empty past and one-token decoding work at any batch size; see
     :func:`irkit.rules.ort.attention.group_query_attention`). ``skip_norm=True`` adds the
-    residual-add + norm fusions (for CUDA; see the module docstring). ``gqa_shared_buffer=True``
+    residual-add + norm fusions (for CUDA; see the module docstring), ``gqa_qk_norm=True`` the
+    Q/K norms inside ``GroupQueryAttention`` (CUDA/WebGPU only). ``gqa_shared_buffer=True``
     is what ``irkit export --target ort`` uses (onnxruntime-genai's shared KV buffer).
     """
     return RuleSet(
@@ -166,6 +178,7 @@ def default_rules(
                 gqa_masked=gqa_masked,
                 gqa_shared_buffer=gqa_shared_buffer,
                 skip_norm=skip_norm,
+                gqa_qk_norm=gqa_qk_norm,
             ),
         ],
     )
