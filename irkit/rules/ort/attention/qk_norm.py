@@ -34,7 +34,9 @@ _Q_NORM, _K_NORM = 14, 15  # the op's inputs (after k_scale, v_scale: 12, 13)
 def _head_norm(value: ir.Value | None, heads: int) -> tuple[ir.Value, ir.Value, float] | str:
     """``(x, w, eps)`` when ``value = Reshape(RMSNormalization(Reshape(x, [.., heads, D]), w),
     dims(x))``, else why not."""
-    outer = value.producer() if value is not None else None
+    if value is None:
+        return "absent"
+    outer = value.producer()
     if outer is None or (outer.domain, outer.op_type) != ("", "Reshape"):
         return "not a Reshape"
     norm = outer.inputs[0].producer() if outer.inputs[0] is not None else None
@@ -51,6 +53,8 @@ def _head_norm(value: ir.Value | None, heads: int) -> tuple[ir.Value, ir.Value, 
     if inner is None or (inner.domain, inner.op_type) != ("", "Reshape"):
         return "the norm's input is not a Reshape"
     source = inner.inputs[0]
+    if source is None:
+        return "the head split has no input"
     head_dims, out_dims, source_dims = dims(split), dims(value), dims(source)
     if head_dims is None or source_dims is None or out_dims != source_dims:
         return "the outer Reshape does not give the head split's input shape back"
