@@ -62,6 +62,14 @@ def folder(tmp_path_factory) -> pathlib.Path:
     return _folder(tmp_path_factory.mktemp("precision"))
 
 
+@pytest.fixture(scope="module")
+def int4_concat(folder, tmp_path_factory) -> tuple[pathlib.Path, dict]:
+    """The default int4 export (target ort) on the concatenated cache: its folder and
+    genai_config (two tests read it)."""
+    out = tmp_path_factory.mktemp("int4") / "concat"
+    return out, export(folder, out, precision="int4", share_buffer=False).genai_config
+
+
 def _histogram(path: pathlib.Path) -> dict[str, int]:
     """Op counts of the model with its local functions inlined (every call counted)."""
     model = onnx.inliner.inline_local_functions(onnx.load(str(path), load_external_data=False))
@@ -164,14 +172,13 @@ def test_fp16_export(folder, tmp_path):
 
 
 @pytest.mark.slow
-def test_int4_on_the_shared_buffer_generates_as_concatenated(folder, tmp_path):
+def test_int4_on_the_shared_buffer_generates_as_concatenated(folder, tmp_path, int4_concat):
     """The default (target ort, shared KV buffer) quantized: genai's ids equal the concatenated
     cache's, token for token."""
     export(folder, tmp_path / "shared", precision="int4")
-    export(folder, tmp_path / "concat", precision="int4", share_buffer=False)
     config = json.loads((tmp_path / "shared" / "genai_config.json").read_text())
     assert config["search"]["past_present_share_buffer"] is True
-    assert _generates(tmp_path / "shared") == _generates(tmp_path / "concat")
+    assert _generates(tmp_path / "shared") == _generates(int4_concat[0])
 
 
 def test_execution_provider_choices():
@@ -189,12 +196,12 @@ def test_execution_provider_choices():
 
 
 @pytest.mark.slow
-def test_cuda_folders_compute_in_fp16(folder, tmp_path):
+def test_cuda_folders_compute_in_fp16(folder, tmp_path, int4_concat):
     """``execution_provider="cuda"``: genai_config names CUDA and the graph is float16 (int4:
     float16 activations and scales beside the packed weights; the ops of the CPU's model but
     for the residual adds fused into the norms; ``fp16`` takes the same path).
     Run here on the CPU (genai's providers cleared): near eager, and genai generates."""
-    cpu = export(folder, tmp_path / "cpu", precision="int4", share_buffer=False)
+    cpu_folder, cpu_config = int4_concat
     cuda = export(
         folder,
         tmp_path / "cuda",
@@ -204,8 +211,9 @@ def test_cuda_folders_compute_in_fp16(folder, tmp_path):
     )
     options = cuda.genai_config["model"]["decoder"]["session_options"]["provider_options"]
     assert options == [{"cuda": {}}]
-    assert cpu.genai_config["model"]["decoder"]["session_options"]["provider_options"] == []
-    ops, cpu_ops = (_histogram(tmp_path / name / "model.onnx") for name in ("cuda", "cpu"))
+    assert cpu_config["model"]["decoder"]["session_options"]["provider_options"] == []
+    ops = _histogram(tmp_path / "cuda" / "model.onnx")
+    cpu_ops = _histogram(cpu_folder / "model.onnx")
     # for CUDA the residual add + RMS norm inside each layer is one
     # SkipSimplifiedLayerNormalization (those across layers stay apart: the layers share a
     # function, docs/fusion_across_modules.md)
