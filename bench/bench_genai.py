@@ -88,9 +88,14 @@ class Figures:
 
 def make_folder(folder: pathlib.Path, size: Size = SIZES["ref"]) -> None:
     """The Llama-shaped random-weight folder, with a local tokenizer."""
+    save_folder(folder, llama_config(size))
+
+
+def llama_config(size: Size = SIZES["ref"]) -> object:
+    """The transformers ``LlamaConfig`` of ``size`` (untied embeddings, 2048 positions)."""
     import transformers
 
-    config = transformers.LlamaConfig(
+    return transformers.LlamaConfig(
         hidden_size=size.hidden,
         intermediate_size=size.intermediate,
         num_hidden_layers=size.layers,
@@ -103,7 +108,6 @@ def make_folder(folder: pathlib.Path, size: Size = SIZES["ref"]) -> None:
         pad_token_id=0,
         tie_word_embeddings=False,
     )
-    save_folder(folder, config)
 
 
 def save_folder(

@@ -150,21 +150,7 @@ def _lfm2() -> Any:
 
 
 def _ref() -> Any:
-    import transformers
-
-    size = bg.SIZES["ref"]
-    return transformers.LlamaConfig(
-        hidden_size=size.hidden,
-        intermediate_size=size.intermediate,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads,
-        vocab_size=size.vocab,
-        max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    return bg.llama_config(bg.SIZES["ref"])
 
 
 #: Shape name → (its config, the architecture the builder is given or None: the folder's own).
