@@ -1,0 +1,251 @@
+"""Float32 RMS-norm islands of a float16 graph → the float16 norm (computes in float32 itself).
+
+Identity (``x`` float16, ``w`` float16 of the normalized size, ``c`` a constant)::
+
+    Cast(RMSNormalization(Cast(x, to=float), Cast(w, to=float), eps), to=float16)
+      = RMSNormalization(x, w, eps, stash_type=1)
+    Cast(RMSNormalization(Cast(x, to=float), Cast(w, to=float) + c, eps), to=float16)
+      = RMSNormalization(x, w + float16(c), eps, stash_type=1)
+
+Hugging Face's half models that upcast the whole norm (``Qwen3_5RMSNorm``,
+``Qwen3NextRMSNorm``, Gemma's: ``self._norm(x.float()) * (1.0 + self.weight.float())``,
+rounded to half once at the end) lower to the left side: three kernels (two ``Cast`` and the
+norm) where the right side runs one, and the ``Cast`` between the residual ``Add`` and the norm
+keeps :mod:`irkit.rules.ort.skip_norm` from fusing the pair (the scale ``w + c`` is the form
+its ``SkipSimplifiedLayerNormalizationOffset`` rule reads).
+
+Why the right side gives the left's numbers (up to float rounding): onnxruntime's CUDA
+``RMSNormalization`` for float16 is its layer-norm kernel ``RMSNorm<MLFloat16, float,
+MLFloat16, simplified=true>`` (``core/providers/cuda/nn/rms_norm.cc``): the statistics and the
+product ``x · rsqrt(mean(x²) + eps) · w`` are computed in float32 (``U = float``) from the half
+inputs, then rounded to float16 once, as the left side's final ``Cast`` does; likewise the
+fused ``SkipSimplifiedLayerNormalization`` the skip rule makes of it. ``Cast(w, to=float)`` of a
+float16 ``w`` is exact, so the first form differs in no operand; in the second, ``w + c`` is
+computed in float16 (rounded once, where the left side keeps ``w + c`` in float32): a
+relative difference of at most 2⁻¹¹ in the scale, the size of the output's own rounding. The
+CPU's float16 kernels do not all compute in float32, so the rule is for CUDA
+(:class:`irkit.llm._provider.ExecutionProvider`'s ``half_norms``).
+
+Preconditions (each declined with the reason, ``irkit.explain``): ``x`` float16 and the outer
+``Cast`` back to float16; the norm's ``stash_type`` float32; the scale (or the scale minus a
+constant offset ``c``) a ``Cast`` of a float16 value or a float32 constant whose every element
+float16 holds exactly (the export folds ``Cast(w, to=float)`` of a float16 weight into such a
+constant); ``c`` too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from irkit.errors import RewriteError
+from irkit.rewriting import (
+    Pattern,
+    RewriteBuilder,
+    Rule,
+    RuleSet,
+    Verdict,
+    attr,
+    cast_weight,
+    const_tensor,
+    dims,
+    fail,
+    op,
+    var,
+    weight_constant,
+)
+from irkit.rules.ort import skip_norm
+from irkit.weights import Cast as CastRecipe
+from irkit.weights import as_recipe, has_data
+
+__all__ = ["rules", "skip_rules"]
+
+_FLOAT = int(ir.DataType.FLOAT)
+_HALF = ir.DataType.FLOAT16
+
+x, s, c, a, b = var("x"), var("s"), var("c"), var("a"), var("b")
+_SUM = a + b
+
+
+def _island(normed: Pattern, scale: Pattern) -> Pattern:
+    return op.Cast(
+        op.RMSNormalization(
+            op.Cast(normed, to=_FLOAT),
+            scale,
+            axis=attr("axis"),
+            epsilon=attr("epsilon"),
+            stash_type=1,
+        ),
+        to=attr("to"),
+    )
+
+
+_PLAIN = _island(x, s)
+_OFFSET = _island(x, op.Add(s, c))
+_SKIP = (_island(_SUM, s), _SUM)
+_SKIP_OFFSET = (_island(_SUM, op.Add(s, c)), _SUM)
+
+
+def _exact_half(value: ir.Value) -> ir.TensorProtocol | None:
+    """``value``'s constant in float16 if float16 holds every element exactly, else None.
+
+    A weight without data (a lowered model's weights stream in at save) is exact when it is a
+    ``Cast`` to float32 of a float16 weight (the export folds ``Cast(w, to=float)``): its
+    float16 twin is then the derived ``Cast`` back, which gives ``w`` again.
+    """
+    tensor = const_tensor(value)
+    if tensor is None or tensor.dtype != ir.DataType.FLOAT:
+        return None
+    if not has_data(tensor):
+        recipe = as_recipe(tensor)
+        exact = isinstance(recipe, CastRecipe) and recipe.source.dtype == _HALF
+        return cast_weight(tensor, _HALF) if exact else None
+    array = tensor.numpy()
+    with np.errstate(over="ignore"):
+        half = array.astype(np.float16)
+    return ir.tensor(half) if np.array_equal(half.astype(np.float32), array) else None
+
+
+def _half_source(s: ir.Value) -> ir.Value | None:
+    """The float16 value ``s`` is a ``Cast`` of, or None."""
+    node = s.producer()
+    if node is None or node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+        return None
+    source = node.inputs[0]
+    return source if source is not None and source.dtype == _HALF else None
+
+
+def _check(x: ir.Value, s: ir.Value, to: int) -> Verdict:
+    if x.dtype != _HALF:
+        return fail(f"x is {x.dtype}, not float16", x)
+    if to != _HALF:
+        return fail(f"the norm is cast to {ir.DataType(to)}, not back to float16", x)
+    if _half_source(s) is None and _exact_half(s) is None:
+        return fail("the scale is neither a Cast of float16 nor a constant float16 holds", s)
+    return True
+
+
+def _check_offset(x: ir.Value, s: ir.Value, c: ir.Value, to: int) -> Verdict:
+    if _exact_half(c) is None:
+        return fail("the scale's offset is no float32 constant that float16 holds exactly", c)
+    offset = const_tensor(c)
+    size = 1 if offset is None else int(np.prod(offset.shape.numpy()))
+    if size != 1 and (offset is None or list(offset.shape.numpy()) != _scale_dims(s)):
+        return fail("the scale's offset broadcasts the weight", c)
+    return _check(x, s, to)
+
+
+def _scale_dims(s: ir.Value) -> list[int] | None:
+    """``s``'s dims: its constant's, else its value's (a parsed ``Constant`` has none)."""
+    tensor = const_tensor(s)
+    if tensor is not None:
+        return [int(d) for d in tensor.shape.numpy()]
+    found = dims(s)
+    return None if found is None else list(found)  # type: ignore[arg-type]
+
+
+def _check_skip(a: ir.Value, b: ir.Value, s: ir.Value, to: int, axis: int) -> Verdict:
+    verdict = _check(a, s, to)
+    if verdict is not True:
+        return verdict
+    return skip_norm.check_skip(a, b, s, axis, None)
+
+
+def _check_skip_offset(
+    a: ir.Value, b: ir.Value, s: ir.Value, c: ir.Value, to: int, axis: int
+) -> Verdict:
+    verdict = _check_offset(a, s, c, to)
+    if verdict is not True:
+        return verdict
+    return skip_norm.check_skip(a, b, s, axis, None)
+
+
+def _half(op: RewriteBuilder, value: ir.Value) -> ir.Value:
+    """``value`` in float16: the ``Cast``'s source, or the constant converted (both exact)."""
+    source = _half_source(value)
+    if source is not None:
+        return source
+    tensor = _exact_half(value)
+    if tensor is None:  # (the check saw one or the other)
+        raise RewriteError(f"{value.name!r} is neither a Cast of float16 nor a float16 constant")
+    return weight_constant(op, tensor)
+
+
+def _norm(op: RewriteBuilder, x: ir.Value, scale: ir.Value, axis: int, epsilon: float) -> ir.Value:
+    out: ir.Value = op.RMSNormalization(x, scale, axis=axis, epsilon=epsilon, stash_type=1)
+    out.type, out.shape = x.type, x.shape
+    return out
+
+
+def _plain(op: RewriteBuilder, x: ir.Value, s: ir.Value, axis: int, epsilon: float) -> ir.Value:
+    """RMSNormalization(x, float16(s)) in float16"""
+    return _norm(op, x, _half(op, s), axis, epsilon)
+
+
+def _offset_scale(op: RewriteBuilder, s: ir.Value, c: ir.Value) -> ir.Value:
+    w = _half(op, s)
+    scale = op.Add(w, _half(op, c))
+    scale.type, scale.shape = w.type, s.shape
+    return scale
+
+
+def _offset(
+    op: RewriteBuilder, x: ir.Value, s: ir.Value, c: ir.Value, axis: int, epsilon: float
+) -> ir.Value:
+    """RMSNormalization(x, float16(s) + float16(c)) in float16"""
+    return _norm(op, x, _offset_scale(op, s, c), axis, epsilon)
+
+
+def _skip(
+    op: RewriteBuilder, a: ir.Value, b: ir.Value, s: ir.Value, epsilon: float
+) -> tuple[ir.Value, ir.Value]:
+    """SkipSimplifiedLayerNormalization(a, b, float16(s)) → (normalized, a + b)"""
+    return skip_norm.skip_simplified(op, a, b, _half(op, s), epsilon)
+
+
+def _skip_offset(
+    op: RewriteBuilder, a: ir.Value, b: ir.Value, s: ir.Value, c: ir.Value, epsilon: float
+) -> tuple[ir.Value, ir.Value]:
+    """SkipSimplifiedLayerNormalization(a, b, float16(s) + float16(c)) → (normalized, a + b)"""
+    return skip_norm.skip_simplified(op, a, b, _offset_scale(op, s, c), epsilon)
+
+
+rules = RuleSet(
+    "ort_half_norm",
+    [
+        Rule(  # Cast(RMSNorm(Cast(x, f32), Cast(w, f32) + c), f16) = RMSNorm(x, w + c)
+            "HalfRMSNormalizationOffset",
+            _OFFSET,
+            check=_check_offset,
+            rewrite=_offset,
+        ),
+        Rule(  # Cast(RMSNorm(Cast(x, f32), Cast(w, f32)), f16) = RMSNorm(x, w)
+            "HalfRMSNormalization",
+            _PLAIN,
+            check=_check,
+            rewrite=_plain,
+        ),
+    ],
+)
+"""The float16 RMS-norm rules (for CUDA)."""
+
+skip_rules = RuleSet(
+    "ort_half_skip_norm",
+    [
+        Rule(  # the offset island of a + b, a + b = SkipSimplifiedLayerNormalization(a, b, w + c)
+            "HalfSkipSimplifiedLayerNormalizationOffset",
+            _SKIP_OFFSET,
+            check=_check_skip_offset,
+            rewrite=_skip_offset,
+        ),
+        Rule(  # the island of a + b, a + b = SkipSimplifiedLayerNormalization(a, b, w)
+            "HalfSkipSimplifiedLayerNormalization",
+            _SKIP,
+            check=_check_skip,
+            rewrite=_skip,
+        ),
+    ],
+)
+"""The same islands of a residual sum, fused with it as :mod:`irkit.rules.ort.skip_norm` does
+(in one rewrite: the float16 scale's constants are the rewrite's own, so the norm's module call
+is replaced whole). Before :data:`rules`."""
