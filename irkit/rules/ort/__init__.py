@@ -181,7 +181,8 @@ def default_rules(
     residual-add + norm fusions (for CUDA; see the module docstring), ``gqa_qk_norm=True`` the
     Q/K norms inside ``GroupQueryAttention`` (CUDA/WebGPU only). ``gqa_shared_buffer=True``
     is what ``irkit export --target ort`` uses (onnxruntime-genai's shared KV buffer).
-    ``half_norms=True`` adds :mod:`irkit.rules.ort.half_norm` (for CUDA).
+    ``half_norms=True`` adds :mod:`irkit.rules.ort.half_norm` (for CUDA: float16 norms, gated
+    norms and their skip fusions).
     """
     return RuleSet(
         "ort",

@@ -15,22 +15,39 @@ keeps :mod:`irkit.rules.ort.skip_norm` from fusing the pair (the scale ``w + c``
 its ``SkipSimplifiedLayerNormalizationOffset`` rule reads).
 
 Why the right side gives the left's numbers (up to float rounding): onnxruntime's CUDA
-``RMSNormalization`` for float16 is its layer-norm kernel ``RMSNorm<MLFloat16, float,
-MLFloat16, simplified=true>`` (``core/providers/cuda/nn/rms_norm.cc``): the statistics and the
-product ``x · rsqrt(mean(x²) + eps) · w`` are computed in float32 (``U = float``) from the half
-inputs, then rounded to float16 once, as the left side's final ``Cast`` does; likewise the
+``RMSNormalization`` for float16 is registered as its layer-norm kernel ``RMSNorm<MLFloat16,
+float, MLFloat16, simplified=true>`` (``U = float``, onnxruntime's CUDA provider): the
+statistics and the product ``x · rsqrt(mean(x²) + eps) · w`` are computed in float32 from the
+half inputs, then rounded to float16 once, as the left side's final ``Cast`` does; likewise the
 fused ``SkipSimplifiedLayerNormalization`` the skip rule makes of it. ``Cast(w, to=float)`` of a
 float16 ``w`` is exact, so the first form differs in no operand; in the second, ``w + c`` is
 computed in float16 (rounded once, where the left side keeps ``w + c`` in float32): a
 relative difference of at most 2⁻¹¹ in the scale, the size of the output's own rounding. The
-CPU's float16 kernels do not all compute in float32, so the rule is for CUDA
-(:class:`irkit.llm._provider.ExecutionProvider`'s ``half_norms``).
+kernels read are CUDA's, so the rules are turned on for CUDA only
+(:class:`irkit.llm._provider.ExecutionProvider`'s ``half_norms``); CPU graphs stay as they were.
+
+The gated output norm of the gated delta net (``Qwen3_5RMSNormGated``: the norm in half, then
+``· silu(gate.float())`` in float32, rounded to half at the end)::
+
+    Cast(Cast(RMSNormalization(x, w), to=float) · silu(Cast(g, to=float)), to=float16)
+      = GatedRMSNorm(x, w, g, activation="silu")
+
+written as ``Cast(GatedRMSNorm(…), to=float)`` for the float32 product (the rule is anchored at
+the product, two nodes from the norm, so the engine retries it once the norm fuses) when only
+``Cast`` to float16 reads that product; the round trip ``Cast(Cast(h, to=float),
+to=float16) = h`` of a float16 ``h`` (exact: float32 holds every float16) then removes the pair.
+onnxruntime documents the contrib op's arithmetic (its schema, 1.32): "All arithmetic including
+gate activation is done in float32 regardless of the tensor type", so the difference is the
+float16 rounding of the norm before the gate, which the fused op skips.
+:mod:`irkit.rules.ort.gated_norm`'s ``GatedRMSNormPacked`` then drops the per-head reshapes
+where the shapes allow.
 
 Preconditions (each declined with the reason, ``irkit.explain``): ``x`` float16 and the outer
 ``Cast`` back to float16; the norm's ``stash_type`` float32; the scale (or the scale minus a
 constant offset ``c``) a ``Cast`` of a float16 value or a float32 constant whose every element
 float16 holds exactly (the export folds ``Cast(w, to=float)`` of a float16 weight into such a
-constant); ``c`` too.
+constant); ``c`` too. The gated form: ``x`` float16, the float32 product read only by ``Cast``
+to float16 (not a graph output), and :mod:`irkit.rules.ort.gated_norm`'s preconditions.
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ import onnx_ir as ir
 
 from irkit.errors import RewriteError
 from irkit.rewriting import (
+    Match,
     Pattern,
     RewriteBuilder,
     Rule,
@@ -54,7 +72,7 @@ from irkit.rewriting import (
     var,
     weight_constant,
 )
-from irkit.rules.ort import skip_norm
+from irkit.rules.ort import gated_norm, skip_norm
 from irkit.weights import Cast as CastRecipe
 from irkit.weights import as_recipe, has_data
 
@@ -81,6 +99,14 @@ def _island(normed: Pattern, scale: Pattern) -> Pattern:
 
 
 _PLAIN = _island(x, s)
+g, h = var("g"), var("h")
+_GATE = op.Cast(g, to=_FLOAT)
+#: (anchored at the product, two nodes from the norm: the engine retries it when the norm fuses)
+_GATED = op.Cast(
+    op.RMSNormalization(x, var("w"), axis=attr("axis"), epsilon=attr("epsilon"), stash_type=1),
+    to=_FLOAT,
+) * (_GATE * op.Sigmoid(_GATE))
+_ROUND_TRIP = op.Cast(op.Cast(h, to=_FLOAT), to=attr("to"))
 _OFFSET = _island(x, op.Add(s, c))
 _SKIP = (_island(_SUM, s), _SUM)
 _SKIP_OFFSET = (_island(_SUM, op.Add(s, c)), _SUM)
@@ -182,6 +208,38 @@ def _plain(op: RewriteBuilder, x: ir.Value, s: ir.Value, axis: int, epsilon: flo
     return _norm(op, x, _half(op, s), axis, epsilon)
 
 
+def _check_gated(x: ir.Value, w: ir.Value, g: ir.Value, axis: int, match: Match) -> Verdict:
+    if x.dtype != _HALF:
+        return fail(f"x is {x.dtype}, not float16", x)
+    product = match.outputs[0]
+    if product.is_graph_output():
+        return fail("the float32 product is read by more than Casts to float16", product)
+    for use in product.uses():
+        node = use.node
+        if node.op_type != "Cast" or node.attributes.get_int("to") != _HALF:
+            return fail("the float32 product is read by more than Casts to float16", product)
+    return gated_norm.check_gated(x, w, g, axis)
+
+
+def _gated(op: RewriteBuilder, x: ir.Value, w: ir.Value, g: ir.Value, epsilon: float) -> ir.Value:
+    """Cast(GatedRMSNorm(x, w, g, activation="silu"), to=float), read by Casts to float16"""
+    out = gated_norm.gated_rms_norm(op, x, w, g, epsilon)
+    wide: ir.Value = op.Cast(out, to=_FLOAT)
+    wide.dtype, wide.shape = ir.DataType.FLOAT, out.shape
+    return wide
+
+
+def _check_round_trip(h: ir.Value, to: int) -> Verdict:
+    if h.dtype != _HALF or to != _HALF:
+        return fail(f"casts {h.dtype} to float32 and to {ir.DataType(to)}: not float16 both", h)
+    return True
+
+
+def _round_trip(op: RewriteBuilder, h: ir.Value) -> ir.Value:
+    """h (float16 → float32 → float16 is exact)"""
+    return h
+
+
 def _offset_scale(op: RewriteBuilder, s: ir.Value, c: ir.Value) -> ir.Value:
     w = _half(op, s)
     scale = op.Add(w, _half(op, c))
@@ -224,6 +282,18 @@ rules = RuleSet(
             _PLAIN,
             check=_check,
             rewrite=_plain,
+        ),
+        Rule(  # Cast(RMSNorm(x, w), f32) · silu(Cast(g, f32)) = Cast(GatedRMSNorm(x, w, g), f32)
+            "HalfGatedRMSNorm",
+            _GATED,
+            check=_check_gated,
+            rewrite=_gated,
+        ),
+        Rule(  # Cast(Cast(h, f32), f16) = h  (h float16)
+            "HalfRoundTripCast",
+            _ROUND_TRIP,
+            check=_check_round_trip,
+            rewrite=_round_trip,
         ),
     ],
 )

@@ -105,3 +105,29 @@ def test_half_island_of_a_cast_weight_fires():
     assert report.fired.get("HalfRMSNormalization") == 1, str(report)
     assert ops(model) == {"RMSNormalization": 1}
     _same_numbers(before, model)
+
+
+GATED = """g (float16[2,5,16] x, float16[16] w, float16[2,5,16] g) => (float16[2,5,16] y) {
+  n = RMSNormalization<axis=-1, epsilon=1e-6>(x, w)  n32 = Cast<to=1>(n)  g32 = Cast<to=1>(g)
+  sg = Sigmoid(g32)  silu = Mul(g32, sg)  m = Mul(n32, silu)  y = Cast<to=10>(m) }"""
+
+
+def test_half_gated_norm_fires():
+    """Qwen3.5's gated output norm in half (the gate's SiLU in float32): ``GatedRMSNorm`` in
+    float16, which computes in float32 inside; the Cast pair after it goes too."""
+    model = parse(GATED)
+    before = clone(model)
+    report = _rewrite(model)
+    assert report.fired.get("HalfGatedRMSNorm") == 1, str(report)
+    assert report.fired.get("HalfRoundTripCast") == 1, str(report)
+    assert ops(model) == {"GatedRMSNorm": 1}
+    _same_numbers(before, model)
+
+
+def test_half_gated_norm_declines_a_float32_reader():
+    """The float32 product read as float32 (not rounded to half): the fused op would round it."""
+    model = parse(GATED.replace("(float16[2,5,16] y)", "(float16[2,5,16] y, float[2,5,16] m)"))
+    report = _rewrite(model, explain="HalfGatedRMSNorm")
+    stats = report.rules["HalfGatedRMSNorm"]
+    assert stats.fired == 0
+    assert any("read by more than Casts to float16" in r for r in stats.failures), stats.failures
