@@ -5,14 +5,14 @@ Identity (``x`` float16, ``w`` float16 of the normalized size, ``c`` a constant)
     Cast(RMSNormalization(Cast(x, to=float), Cast(w, to=float), eps), to=float16)
       = RMSNormalization(x, w, eps, stash_type=1)
     Cast(RMSNormalization(Cast(x, to=float), Cast(w, to=float) + c, eps), to=float16)
-      = RMSNormalization(x, w + float16(c), eps, stash_type=1)
+      = RMSNormalization(x, Cast(Cast(w, to=float) + c, to=float16), eps, stash_type=1)
 
 Hugging Face's half models that upcast the whole norm (``Qwen3_5RMSNorm``,
 ``Qwen3NextRMSNorm``, Gemma's: ``self._norm(x.float()) * (1.0 + self.weight.float())``,
 rounded to half once at the end) lower to the left side: three kernels (two ``Cast`` and the
 norm) where the right side runs one, and the ``Cast`` between the residual ``Add`` and the norm
-keeps :mod:`irkit.rules.ort.skip_norm` from fusing the pair (the scale ``w + c`` is the form
-its ``SkipSimplifiedLayerNormalizationOffset`` rule reads).
+keeps :mod:`irkit.rules.ort.skip_norm` from fusing the pair: with ``skip_rules`` the island of a
+residual sum becomes ``SkipSimplifiedLayerNormalization`` in the same rewrite.
 
 Why the right side gives the left's numbers (up to float rounding): onnxruntime's CUDA
 ``RMSNormalization`` for float16 is registered as its layer-norm kernel ``RMSNorm<MLFloat16,
@@ -20,9 +20,10 @@ float, MLFloat16, simplified=true>`` (``U = float``, onnxruntime's CUDA provider
 statistics and the product ``x · rsqrt(mean(x²) + eps) · w`` are computed in float32 from the
 half inputs, then rounded to float16 once, as the left side's final ``Cast`` does; likewise the
 fused ``SkipSimplifiedLayerNormalization`` the skip rule makes of it. ``Cast(w, to=float)`` of a
-float16 ``w`` is exact, so the first form differs in no operand; in the second, ``w + c`` is
-computed in float16 (rounded once, where the left side keeps ``w + c`` in float32): a
-relative difference of at most 2⁻¹¹ in the scale, the size of the output's own rounding. The
+float16 ``w`` is exact, so the first form differs in no operand; in the second, the scale
+``w + c`` is computed in float32 as before and rounded to float16 once (a constant expression
+onnxruntime folds at load): a relative difference of at most 2⁻¹¹ in the scale, the size of the
+output's own rounding. The
 kernels read are CUDA's, so the rules are turned on for CUDA only
 (:class:`irkit.llm._provider.ExecutionProvider`'s ``half_norms``); CPU graphs stay as they were.
 
@@ -241,9 +242,17 @@ def _round_trip(op: RewriteBuilder, h: ir.Value) -> ir.Value:
 
 
 def _offset_scale(op: RewriteBuilder, s: ir.Value, c: ir.Value) -> ir.Value:
-    w = _half(op, s)
-    scale = op.Add(w, _half(op, c))
-    scale.type, scale.shape = w.type, s.shape
+    """``Cast(s + c, to=float16)``: the sum in float32 (onnxruntime folds it at load; its CPU
+    kernels, which fold, have no float16 ``Add``), rounded once."""
+    offset = const_tensor(c)
+    if offset is None:  # (the check saw a constant)
+        raise RewriteError(f"the offset {c.name!r} of a norm's scale is not a constant")
+    # (the offset as a constant of the rewrite's own, as skip_norm's rules write it: the old one,
+    # shared by the norms of every layer, stays outside the replaced module call)
+    total = op.Add(s, weight_constant(op, offset))
+    total.dtype, total.shape = ir.DataType.FLOAT, s.shape
+    scale: ir.Value = op.Cast(total, to=int(_HALF))
+    scale.dtype, scale.shape = _HALF, s.shape
     return scale
 
 
