@@ -43,7 +43,8 @@ Usage: ``python bench/bench_genai_cuda.py build --out DIR [--shapes …] [--work
 ``python bench/bench_genai_cuda.py run --models DIR --out OUT [--rounds 5] [--prompts 128
 1024]`` (run with ``PYTHONPATH=$PWD``). Figures: docs/gpu.md.
 
-``count`` (no GPU: a kernel per node, so the node counts predict a decode step's launches):
+``count`` (no GPU: a kernel per node, so the node counts predict a decode step's launches;
+constant expressions, which onnxruntime folds at load, counted apart):
 small 4-layer configs of the three shapes (``ref``: the reference Llama; ``lfm2`` and
 ``qwen35``: ``bench/bench_genai_states.py``'s ``make_config``) exported by both with ``-e
 cuda``, and the op histograms of their ``model.onnx`` with every local function inlined, side by
@@ -478,13 +479,24 @@ COUNT_SHAPES: dict[str, tuple[Callable[[], Any], str | None]] = {
 }
 
 
-def op_histogram(path: pathlib.Path) -> collections.Counter[str]:
-    """The op types of ``path``'s graph with every local function inlined (no weights read)."""
+def op_histogram(path: pathlib.Path) -> tuple[collections.Counter[str], int]:
+    """The op types of ``path``'s graph with every local function inlined (no weights read),
+    less the constant expressions (nodes reading only initializers and constants: onnxruntime
+    folds them at load), and how many of those there were."""
     import onnx
     import onnx.inliner
 
     model = onnx.inliner.inline_local_functions(onnx.load(str(path), load_external_data=False))
-    return collections.Counter(node.op_type for node in model.graph.node)
+    constant = {i.name for i in model.graph.initializer} | {""}
+    ops: collections.Counter[str] = collections.Counter()
+    folded = 0
+    for node in model.graph.node:
+        if all(name in constant for name in node.input):
+            constant.update(node.output)
+            folded += 1
+        else:
+            ops[node.op_type] += 1
+    return ops, folded
 
 
 def count(work: pathlib.Path, shapes: Sequence[str], precisions: Sequence[str]) -> None:
@@ -497,6 +509,7 @@ def count(work: pathlib.Path, shapes: Sequence[str], precisions: Sequence[str]) 
         builder_folder = bgs.builder_view(folder, architecture) if architecture else folder
         for precision in precisions:
             counts: dict[str, collections.Counter[str]] = {}
+            folded: dict[str, int] = {}
             for kind in KINDS:
                 out = work / f"count-{kind}-{shape}-{precision}"
                 source = folder if kind == "irkit" else builder_folder
@@ -505,12 +518,13 @@ def count(work: pathlib.Path, shapes: Sequence[str], precisions: Sequence[str]) 
                 except bg.ExportFailed as error:
                     print(f"{shape} {precision} {kind}: FAILED: {error.reason()}", flush=True)
                     continue
-                counts[kind] = op_histogram(out / "model.onnx")
+                counts[kind], folded[kind] = op_histogram(out / "model.onnx")
             ops = sorted(
                 set().union(*counts.values()), key=lambda o: (-counts.get("irkit", {}).get(o, 0), o)
             )
             totals = "  ".join(f"{k} {sum(c.values())}" for k, c in counts.items())
-            print(f"\n{shape} {precision}: nodes {totals}", flush=True)
+            constants = ", ".join(f"{k} {n}" for k, n in folded.items())
+            print(f"\n{shape} {precision}: nodes {totals} (+ constant: {constants})", flush=True)
             for op in ops:
                 row = [counts[k].get(op, 0) for k in counts]
                 mark = "" if len(set(row)) == 1 else "  *"
