@@ -47,7 +47,7 @@ Preconditions (each declined with the reason, ``irkit.explain``): ``x`` float16 
 ``Cast`` back to float16; the norm's ``stash_type`` float32; the scale (or the scale minus a
 constant offset ``c``) a ``Cast`` of a float16 value or a float32 constant whose every element
 float16 holds exactly (the export folds ``Cast(w, to=float)`` of a float16 weight into such a
-constant); ``c`` too. The gated form: ``x`` float16, the float32 product read only by ``Cast``
+constant); ``c`` a float32 constant of one element or the scale's shape. The gated form: ``x`` float16, the float32 product read only by ``Cast``
 to float16 (not a graph output), and :mod:`irkit.rules.ort.gated_norm`'s preconditions.
 """
 
@@ -153,11 +153,11 @@ def _check(x: ir.Value, s: ir.Value, to: int) -> Verdict:
 
 
 def _check_offset(x: ir.Value, s: ir.Value, c: ir.Value, to: int) -> Verdict:
-    if _exact_half(c) is None:
-        return fail("the scale's offset is no float32 constant that float16 holds exactly", c)
     offset = const_tensor(c)
-    size = 1 if offset is None else int(np.prod(offset.shape.numpy()))
-    if size != 1 and (offset is None or list(offset.shape.numpy()) != _scale_dims(s)):
+    if offset is None or offset.dtype != ir.DataType.FLOAT:
+        return fail("the scale's offset is no float32 constant", c)
+    size = int(np.prod(offset.shape.numpy()))
+    if size != 1 and list(offset.shape.numpy()) != _scale_dims(s):
         return fail("the scale's offset broadcasts the weight", c)
     return _check(x, s, to)
 
