@@ -42,6 +42,13 @@ they can travel to a GPU machine. So the bench has two steps:
 Usage: ``python bench/bench_genai_cuda.py build --out DIR [--shapes …] [--workdir W]`` then
 ``python bench/bench_genai_cuda.py run --models DIR --out OUT [--rounds 5] [--prompts 128
 1024]`` (run with ``PYTHONPATH=$PWD``). Figures: docs/gpu.md.
+
+``count`` (no GPU: a kernel per node, so the node counts predict a decode step's launches;
+constant expressions, which onnxruntime folds at load, counted apart):
+small 4-layer configs of the three shapes (``ref``: the reference Llama; ``lfm2`` and
+``qwen35``: ``bench/bench_genai_states.py``'s ``make_config``) exported by both with ``-e
+cuda``, and the op histograms of their ``model.onnx`` with every local function inlined, side by
+side (``python bench/bench_genai_cuda.py count [--precisions int4 fp16] [--shapes …]``).
 """
 
 from __future__ import annotations
@@ -450,6 +457,66 @@ def run(
         (out / "results.json").write_text(json.dumps(results, indent=2))
 
 
+#: ``count``'s configs: 4 layers of each shape (the layer mix of the real ones).
+COUNT_SHAPES: dict[str, tuple[Callable[[], Any], str | None]] = {
+    "ref": (_ref, None),
+    "lfm2": (lambda: bgs.make_config("lfm2"), None),
+    "qwen35": (lambda: bgs.make_config("qwen35"), bgs.QWEN35_BUILDER_ARCH),
+}
+
+
+def op_histogram(path: pathlib.Path) -> tuple[collections.Counter[str], int]:
+    """The op types of ``path``'s graph with every local function inlined (no weights read),
+    less the constant expressions (nodes reading only initializers and constants: onnxruntime
+    folds them at load), and how many of those there were."""
+    import onnx
+    import onnx.inliner
+
+    model = onnx.inliner.inline_local_functions(onnx.load(str(path), load_external_data=False))
+    constant = {i.name for i in model.graph.initializer} | {""}
+    ops: collections.Counter[str] = collections.Counter()
+    folded = 0
+    for node in model.graph.node:
+        if all(name in constant for name in node.input):
+            constant.update(node.output)
+            folded += 1
+        else:
+            ops[node.op_type] += 1
+    return ops, folded
+
+
+def count(work: pathlib.Path, shapes: Sequence[str], precisions: Sequence[str]) -> None:
+    """Print irkit's and the builder's ``-e cuda`` op histograms per shape and precision."""
+    for shape in shapes:
+        make, architecture = COUNT_SHAPES[shape]
+        folder = work / f"count-{shape}"
+        if not (folder / "config.json").exists():
+            bg.save_folder(folder, make())
+        builder_folder = bgs.builder_view(folder, architecture) if architecture else folder
+        for precision in precisions:
+            counts: dict[str, collections.Counter[str]] = {}
+            folded: dict[str, int] = {}
+            for kind in KINDS:
+                out = work / f"count-{kind}-{shape}-{precision}"
+                source = folder if kind == "irkit" else builder_folder
+                try:
+                    bg.run_export(kind, source, out, precision, "ort", provider="cuda")
+                except bg.ExportFailed as error:
+                    print(f"{shape} {precision} {kind}: FAILED: {error.reason()}", flush=True)
+                    continue
+                counts[kind], folded[kind] = op_histogram(out / "model.onnx")
+            ops = sorted(
+                set().union(*counts.values()), key=lambda o: (-counts.get("irkit", {}).get(o, 0), o)
+            )
+            totals = "  ".join(f"{k} {sum(c.values())}" for k, c in counts.items())
+            constants = ", ".join(f"{k} {n}" for k, n in folded.items())
+            print(f"\n{shape} {precision}: nodes {totals} (+ constant: {constants})", flush=True)
+            for op in ops:
+                row = [counts[k].get(op, 0) for k in counts]
+                mark = "" if len(set(row)) == 1 else "  *"
+                print(f"  {op:36}" + "".join(f"{n:7d}" for n in row) + mark, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -466,8 +533,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--prompts", type=int, nargs="+", default=[bg.PROMPT, 1024])
     r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    c = sub.add_parser("count", help="inlined op histograms of small -e cuda exports")
+    c.add_argument("--shapes", nargs="+", choices=sorted(COUNT_SHAPES), default=list(COUNT_SHAPES))
+    c.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    c.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("bench-cuda-count"))
     args = parser.parse_args(argv)
-    if args.step == "build":
+    if args.step == "count":
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        count(args.workdir, args.shapes, args.precisions)
+    elif args.step == "build":
         args.workdir.mkdir(parents=True, exist_ok=True)
         build(args.out, args.workdir, args.shapes, args.kinds)
     else:

@@ -599,6 +599,7 @@ def export(
             gqa_shared_buffer=length if shares else False,
             skip_norm=provider.skip_norm,
             gqa_qk_norm=provider.gqa_qk_norm,
+            half_norms=provider.half_norms,
         )
         if target == "ort"
         else None

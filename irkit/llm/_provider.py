@@ -116,6 +116,19 @@ class ExecutionProvider(enum.Enum):
         and the folder run on a CPU then computes in float too)."""
         return 0 if self is ExecutionProvider.CUDA else None
 
+    @property
+    def half_norms(self) -> bool:
+        """Compute the float32 RMS-norm islands of a float16 graph in float16
+        (:mod:`irkit.rules.ort.half_norm`).
+
+        On CUDA: the float16 ``RMSNormalization`` kernel computes in float32 itself, so the
+        ``Cast`` pair around a norm Hugging Face upcasts whole (Qwen3.5's, Gemma's) is two
+        kernels for nothing, and it kept the residual add from fusing with the norm
+        (:attr:`skip_norm`). Not on the CPU: the kernels read are CUDA's; CPU graphs keep their
+        islands.
+        """
+        return self is ExecutionProvider.CUDA
+
     def provider_options(self) -> list[dict[str, Any]]:
         """``session_options.provider_options`` of ``genai_config.json`` (the CPU: none)."""
         if self is ExecutionProvider.CUDA:

@@ -255,3 +255,56 @@ def test_cuda_folders_compute_in_fp16(folder, tmp_path, int4_concat):
     while not generator.is_done():
         generator.generate_next_token()
     assert len(generator.get_sequence(0)) == 12
+
+
+def _qwen35_folder(root: pathlib.Path) -> pathlib.Path:
+    """A tiny Qwen3.5 (one gated-delta-net layer, one attention layer), the llama folder's
+    tokenizer."""
+    import torch
+
+    folder = root / "qwen35-hf"
+    config = transformers.Qwen3_5TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=300,
+        layer_types=["linear_attention", "full_attention"], bos_token_id=0, eos_token_id=1,
+        pad_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    llama = _folder(root)
+    for path in llama.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens")):
+            (folder / path.name).write_bytes(path.read_bytes())
+    return folder
+
+
+@pytest.mark.slow  # (two Qwen3.5 exports: ~35 s on two shared cores)
+def test_cuda_qwen35_norms_compute_in_fp16(tmp_path):
+    """Qwen3.5's norms upcast whole (``x.float()``, ``1 + w.float()``) and its gated output norm
+    (the gate's SiLU in float32): on CUDA the float16 fused ops, which compute in float32
+    inside (``irkit.rules.ort.half_norm``); the CPU's fp16 graph keeps the float32 islands."""
+    folder = _qwen35_folder(tmp_path)
+    for name, provider in (("cpu", "cpu"), ("cuda", "cuda")):
+        export(
+            folder, tmp_path / name, precision="fp16", share_buffer=False,
+            execution_provider=provider,
+        )  # fmt: skip
+    ops, cpu_ops = (_histogram(tmp_path / name / "model.onnx") for name in ("cuda", "cpu"))
+    changed = {op: (cpu_ops.get(op, 0), ops.get(op, 0)) for op in ops.keys() | cpu_ops.keys()}
+    changed = {op: counts for op, counts in changed.items() if counts[0] != counts[1]}
+    # per layer: the post-attention norm with its residual add (2 Casts, the Add, the norm → 1);
+    # the input norms and the final one alone (2 Casts each); the gated norm (Cast ×3, Mul ×2,
+    # Sigmoid, the norm → 1); the attention layer's q/k norms (2 Casts each)
+    assert changed == {
+        "Add": (cpu_ops["Add"], cpu_ops["Add"] - LAYERS),
+        # (+ the seven scales Cast(1 + w, to=float16): constants onnxruntime folds at load)
+        "Cast": (cpu_ops["Cast"], cpu_ops["Cast"] - 2 * (2 * LAYERS + 1) - 3 - 4 + 7),
+        "GatedRMSNorm": (0, 1),
+        "Mul": (cpu_ops["Mul"], cpu_ops["Mul"] - 2),
+        "RMSNormalization": (cpu_ops["RMSNormalization"], cpu_ops["RMSNormalization"] - 3),
+        "Sigmoid": (cpu_ops["Sigmoid"], cpu_ops["Sigmoid"] - 1),
+        "SkipSimplifiedLayerNormalization": (0, LAYERS),
+    }, changed
+    error, _ = _ort_vs_eager(folder, tmp_path / "cuda")
+    assert error < 0.01, error

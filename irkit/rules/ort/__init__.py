@@ -16,6 +16,8 @@ module                                     identity
 :mod:`irkit.rules.ort.skip_norm`           residual add + RMS / layer norm →
                                            ``SkipSimplifiedLayerNormalization`` /
                                            ``SkipLayerNormalization`` (the sum is an output too)
+:mod:`irkit.rules.ort.half_norm`           a float16 graph's float32 RMS-norm island
+                                           ``Cast(RMSNorm(Cast(x)))`` → the float16 norm (CUDA)
 :mod:`irkit.rules.ort.matmul`              ``MatMul`` with transposed operands → ``FusedMatMul``
 :mod:`irkit.rules.ort.gelu`                ``Gelu`` (+ bias) → ``BiasGelu`` / ``FastGelu``
 :mod:`irkit.rules.ort.linear_attention`    irkit's state-mixer kernel functions
@@ -58,6 +60,7 @@ from irkit.rules.ort import (
     gate,
     gated_norm,
     gelu,
+    half_norm,
     linear_attention,
     matmul,
     packed,
@@ -72,6 +75,7 @@ __all__ = [
     "gate",
     "gated_norm",
     "gelu",
+    "half_norm",
     "linear_attention",
     "matmul",
     "packed",
@@ -91,6 +95,7 @@ def contrib_rules(
     gqa_shared_buffer: bool | int = False,
     skip_norm: bool = False,
     gqa_qk_norm: bool = False,
+    half_norms: bool = False,
 ) -> RuleSet:
     """The ``com.microsoft`` fusions, in priority order (packing before ``FusedMatMul``).
 
@@ -110,6 +115,9 @@ def contrib_rules(
         gqa_qk_norm: Move per-head Q/K RMS norms into ``GroupQueryAttention``
             (:mod:`irkit.rules.ort.attention.qk_norm`; onnxruntime's CUDA and WebGPU kernels
             only: the CPU's refuses the inputs).
+        half_norms: Compute a float16 graph's float32 RMS-norm islands in float16
+            (:mod:`irkit.rules.ort.half_norm`: exact where the kernel computes in float32
+            itself, as onnxruntime's CUDA one does), before the skip fusion that then takes them.
     """
     shared = None
     if gqa_shared_buffer is True:
@@ -117,6 +125,10 @@ def contrib_rules(
     elif gqa_shared_buffer:
         shared = attention.SharedBuffer(max_positions=gqa_shared_buffer)
     members = [attention.attention_rules(gqa_dynamic_past, gqa_masked, shared), packed.rules]
+    if half_norms and skip_norm:
+        members.append(half_norm.skip_rules)
+    if half_norms:
+        members.append(half_norm.rules)
     if skip_norm:
         members.append(_SKIP_NORM_RULES)
     if gqa_qk_norm:
@@ -157,6 +169,7 @@ def default_rules(
     gqa_shared_buffer: bool | int = False,
     skip_norm: bool = False,
     gqa_qk_norm: bool = False,
+    half_norms: bool = False,
 ) -> RuleSet:
     """The ``"onnx"`` target's rules (cleanup, standard fusions), then :func:`contrib_rules`.
 
@@ -168,6 +181,8 @@ def default_rules(
     residual-add + norm fusions (for CUDA; see the module docstring), ``gqa_qk_norm=True`` the
     Q/K norms inside ``GroupQueryAttention`` (CUDA/WebGPU only). ``gqa_shared_buffer=True``
     is what ``irkit export --target ort`` uses (onnxruntime-genai's shared KV buffer).
+    ``half_norms=True`` adds :mod:`irkit.rules.ort.half_norm` (for CUDA: float16 norms, gated
+    norms and their skip fusions).
     """
     return RuleSet(
         "ort",
@@ -179,6 +194,7 @@ def default_rules(
                 gqa_shared_buffer=gqa_shared_buffer,
                 skip_norm=skip_norm,
                 gqa_qk_norm=gqa_qk_norm,
+                half_norms=half_norms,
             ),
         ],
     )

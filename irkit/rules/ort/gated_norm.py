@@ -53,7 +53,8 @@ _NORM = op.RMSNormalization(x, w, axis=attr("axis"), epsilon=attr("epsilon"), st
 _GATED = _NORM * (g * op.Sigmoid(g))
 
 
-def _check(x: ir.Value, w: ir.Value, g: ir.Value, axis: int) -> Verdict:
+def check_gated(x: ir.Value, w: ir.Value, g: ir.Value, axis: int) -> Verdict:
+    """The preconditions of the module docstring (for :mod:`irkit.rules.ort.half_norm` too)."""
     dx, dg, dw = dims(x), dims(g), dims(w)
     if dx is None or dg is None:
         return fail("input ranks unknown", x if dx is None else g)
@@ -68,7 +69,7 @@ def _check(x: ir.Value, w: ir.Value, g: ir.Value, axis: int) -> Verdict:
     return True
 
 
-def _gated_rms_norm(
+def gated_rms_norm(
     op: RewriteBuilder, x: ir.Value, w: ir.Value, g: ir.Value, epsilon: float
 ) -> ir.Value:
     """GatedRMSNorm(x, w, g, activation="silu", epsilon=eps)"""
@@ -119,8 +120,8 @@ rules = RuleSet(
         Rule(  # RMSNorm(x, w) · silu(g) = GatedRMSNorm(x, w, g)
             "GatedRMSNorm",
             _GATED,
-            check=_check,
-            rewrite=_gated_rms_norm,
+            check=check_gated,
+            rewrite=gated_rms_norm,
         ),
         Rule(  # Reshape(GatedRMSNorm(rows(x), w, rows(g)), shape(x)) = GatedRMSNorm(x, w, g)
             "GatedRMSNormPacked",

@@ -79,6 +79,25 @@ def _check_ln(a: ir.Value, b: ir.Value, w: ir.Value, axis: int, bias: ir.Value |
 
 
 def _check(a: ir.Value, b: ir.Value, w: ir.Value, axis: int, bias: ir.Value | None) -> Verdict:
+    return check_skip(a, b, w, axis, bias)
+
+
+def check_skip(
+    a: ir.Value,
+    b: ir.Value,
+    w: ir.Value,
+    axis: int,
+    bias: ir.Value | None,
+) -> Verdict:
+    """The preconditions of the module docstring (for :mod:`irkit.rules.ort.half_norm` too).
+
+    Args:
+        a: The residual sum's first operand.
+        b: Its second.
+        w: The norm's scale (its shape is checked).
+        axis: The norm's ``axis``.
+        bias: The layer norm's bias, or None.
+    """
     da, db = dims(a), dims(b)
     if da is None or db is None:
         return fail("input ranks unknown", a if da is None else b)
@@ -96,7 +115,7 @@ def _check(a: ir.Value, b: ir.Value, w: ir.Value, axis: int, bias: ir.Value | No
     return True
 
 
-def _skip_simplified(
+def skip_simplified(
     op: RewriteBuilder, a: ir.Value, b: ir.Value, w: ir.Value, epsilon: float
 ) -> tuple[ir.Value, ir.Value]:
     """SkipSimplifiedLayerNormalization(a, b, w) → (normalized, a + b)"""
@@ -115,7 +134,7 @@ def _skip_simplified_offset(
     constant = const_value(offset)
     if constant is None:  # (the check saw a constant)
         raise RewriteError(f"the offset {offset.name!r} of a norm's scale is not a constant")
-    return _skip_simplified(op, a, b, op.Add(w0, op.const(constant)), epsilon)
+    return skip_simplified(op, a, b, op.Add(w0, op.const(constant)), epsilon)
 
 
 def _skip_layer_norm(
@@ -146,7 +165,7 @@ rules = RuleSet(
             "SkipSimplifiedLayerNormalization",
             (_RMS, _SUM),
             check=_check_rms,
-            rewrite=_skip_simplified,
+            rewrite=skip_simplified,
         ),
         Rule(  # LayerNorm(a + b, w, bias), a + b = SkipLayerNormalization(a, b, w, bias)
             "SkipLayerNormalization",
