@@ -10,6 +10,9 @@ returns otherwise.
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -59,3 +62,14 @@ def require_config_dtype() -> None:
     ``transformers>=4.56``."""
     if not hasattr(_transformers().PretrainedConfig(), "dtype"):
         pytest.skip(f"transformers {_version()}'s configs have no dtype (irkit export's build)")
+
+
+def cache_argument(forward: Callable[..., Any]) -> str:
+    """The name a transformers ``forward`` takes the cache by: ``cache`` (transformers 5.24's
+    rename) where it has that parameter, else ``past_key_values``. A ``forward`` with
+    ``**kwargs`` ignores a cache passed by the other name: the step then runs without one.
+
+    Args:
+        forward: A model's or a module's ``forward`` (bound or not).
+    """
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
