@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -73,3 +74,33 @@ def cache_argument(forward: Callable[..., Any]) -> str:
         forward: A model's or a module's ``forward`` (bound or not).
     """
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def require_state_kind_comparison(model_type: str) -> None:
+    """Skips where ``model_type``'s modeling module compares ``layer_types[…]`` with no kind of
+    state layer (a kind transformers' typed cache layers hold in a
+    ``LinearAttentionCacheLayerMixin``): what ``bench/tiny_config.py`` derives a ``layer_types``
+    the config leaves ``None`` from. (LFM2-MoE compares with ``!= "conv"``; before, with
+    ``== "full_attention"`` alone: no state kind is named, and its defaults do not build.)
+
+    Args:
+        model_type: A model type (``"lfm2_moe"``) whose config has ``layer_types``.
+    """
+    require_model_types(model_type)
+    require_typed_cache_layers()
+    auto = importlib.import_module("transformers.models.auto.configuration_auto")
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    mapping = cache_utils.DYNAMIC_LAYER_TYPE_MAPPING
+    state = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    config = auto.CONFIG_MAPPING[model_type]
+    modeling = importlib.import_module(config.__module__.replace(".configuration_", ".modeling_"))
+    compared = re.findall(
+        r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']", inspect.getsource(modeling)
+    )
+    if state is None or not any(
+        kind in mapping and issubclass(mapping[kind], state) for kind in compared
+    ):
+        pytest.skip(
+            f"transformers {_version()}'s {model_type} compares layer_types with no state kind "
+            f"({', '.join(map(repr, compared)) or 'none'})"
+        )
