@@ -1,4 +1,4 @@
-"""Skips by capability: what a test needs from the installed transformers, checked by looking.
+"""Skips by capability: what a test needs from the installed packages, checked by looking.
 
 The oldest lane (``bash .ci/setup --oldest``) runs the suite with transformers at its floor
 (4.54), older than several model families and APIs the suite exercises. A test that needs one
@@ -103,4 +103,21 @@ def require_state_kind_comparison(model_type: str) -> None:
         pytest.skip(
             f"transformers {_version()}'s {model_type} compares layer_types with no state kind "
             f"({', '.join(map(repr, compared)) or 'none'})"
+        )
+
+
+def require_round_trip_float_text() -> None:
+    """Skips where onnx-ir's text form (``onnx_ir.to_onnx_text``) prints a float constant
+    rounded (onnx-ir 0.1.16: ``2.82843`` for float32 ``2.828427``): the golden texts hold the
+    digits that read back as the same float32 (onnx-ir 1.1)."""
+    ir = pytest.importorskip("onnx_ir")
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 20]>\n'
+        "g (float[1] x) => (float[1] y) "
+        "{ c = Constant <value: tensor = float[1] {2.828427}> () y = Mul(x, c) }"
+    )
+    if "2.828427" not in ir.to_onnx_text(model):
+        pytest.skip(
+            f"onnx-ir {getattr(ir, '__version__', '?')} prints float constants rounded "
+            "(the golden texts hold round-trip digits)"
         )
