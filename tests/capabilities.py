@@ -1,11 +1,12 @@
 """Skips by capability: what a test needs from the installed packages, checked by looking.
 
-The oldest lane (``bash .ci/setup --oldest``) runs the suite with transformers at its floor
-(4.54), older than several model families and APIs the suite exercises. A test that needs one
-of them skips where it is absent, saying what is missing; never by comparing version numbers
-(docs/development.md). Each helper calls :func:`pytest.skip` where the capability is absent and
-returns otherwise.
-"""
+The oldest lane (``bash .ci/setup --oldest``) runs the suite with every requirement at its
+floor (transformers 5.24, onnx-ir 0.1.16, numpy 1.26 …), and the suite also runs beside older
+transformers installed by hand (irkit reads transformers by capability down to 4.54). A test
+that needs something an installed package lacks (a model family, an API, a text form) skips
+where it is absent, saying what is missing; never by comparing version numbers
+(docs/development.md). Each ``require_*`` helper calls :func:`pytest.skip` where the capability
+is absent and returns otherwise."""
 
 from __future__ import annotations
 
