@@ -1,15 +1,20 @@
-"""Skips by capability: what a test needs from the installed transformers, checked by looking.
+"""Skips by capability: what a test needs from the installed packages, checked by looking.
 
-The oldest lane (``bash .ci/setup --oldest``) runs the suite with transformers at its floor
-(4.54), older than several model families and APIs the suite exercises. A test that needs one
-of them skips where it is absent, saying what is missing; never by comparing version numbers
-(docs/development.md). Each helper calls :func:`pytest.skip` where the capability is absent and
-returns otherwise.
-"""
+The oldest lane (``bash .ci/setup --oldest``) runs the suite with every requirement at its
+floor (transformers 5.24, onnx-ir 0.1.16, numpy 1.26 …), and the suite also runs beside older
+transformers installed by hand (irkit reads transformers by capability down to 4.54). A test
+that needs something an installed package lacks (a model family, an API, a text form) skips
+where it is absent, saying what is missing; never by comparing version numbers
+(docs/development.md). Each ``require_*`` helper calls :func:`pytest.skip` where the capability
+is absent and returns otherwise."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -59,3 +64,61 @@ def require_config_dtype() -> None:
     ``transformers>=4.56``."""
     if not hasattr(_transformers().PretrainedConfig(), "dtype"):
         pytest.skip(f"transformers {_version()}'s configs have no dtype (irkit export's build)")
+
+
+def cache_argument(forward: Callable[..., Any]) -> str:
+    """The name a transformers ``forward`` takes the cache by: ``cache`` (transformers 5.24's
+    rename) where it has that parameter, else ``past_key_values``. A ``forward`` with
+    ``**kwargs`` ignores a cache passed by the other name: the step then runs without one.
+
+    Args:
+        forward: A model's or a module's ``forward`` (bound or not).
+    """
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def require_state_kind_comparison(model_type: str) -> None:
+    """Skips where ``model_type``'s modeling module compares ``layer_types[…]`` with no kind of
+    state layer (a kind transformers' typed cache layers hold in a
+    ``LinearAttentionCacheLayerMixin``): what ``bench/tiny_config.py`` derives a ``layer_types``
+    the config leaves ``None`` from. (LFM2-MoE compares with ``!= "conv"``; before, with
+    ``== "full_attention"`` alone: no state kind is named, and its defaults do not build.)
+
+    Args:
+        model_type: A model type (``"lfm2_moe"``) whose config has ``layer_types``.
+    """
+    require_model_types(model_type)
+    require_typed_cache_layers()
+    auto = importlib.import_module("transformers.models.auto.configuration_auto")
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    mapping = cache_utils.DYNAMIC_LAYER_TYPE_MAPPING
+    state = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    config = auto.CONFIG_MAPPING[model_type]
+    modeling = importlib.import_module(config.__module__.replace(".configuration_", ".modeling_"))
+    compared = re.findall(
+        r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']", inspect.getsource(modeling)
+    )
+    if state is None or not any(
+        kind in mapping and issubclass(mapping[kind], state) for kind in compared
+    ):
+        pytest.skip(
+            f"transformers {_version()}'s {model_type} compares layer_types with no state kind "
+            f"({', '.join(map(repr, compared)) or 'none'})"
+        )
+
+
+def require_round_trip_float_text() -> None:
+    """Skips where onnx-ir's text form (``onnx_ir.to_onnx_text``) prints a float constant
+    rounded (onnx-ir 0.1.16: ``2.82843`` for float32 ``2.828427``): the golden texts hold the
+    digits that read back as the same float32 (onnx-ir 1.1)."""
+    ir = pytest.importorskip("onnx_ir")
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 20]>\n'
+        "g (float[1] x) => (float[1] y) "
+        "{ c = Constant <value: tensor = float[1] {2.828427}> () y = Mul(x, c) }"
+    )
+    if "2.828427" not in ir.to_onnx_text(model):
+        pytest.skip(
+            f"onnx-ir {getattr(ir, '__version__', '?')} prints float constants rounded "
+            "(the golden texts hold round-trip digits)"
+        )

@@ -9,6 +9,7 @@ import pytest
 
 from bench import tiny_config as tc
 from tests.capabilities import require_model_types as _require
+from tests.capabilities import require_state_kind_comparison
 from tests.capabilities import require_typed_cache_layers as _require_typed_layer_kinds
 
 transformers = pytest.importorskip("transformers")
@@ -73,7 +74,7 @@ def test_pure_state_models_stay_pure():
 def test_underived_layer_types_from_the_model_comparisons():
     """LFM2-MoE leaves ``layer_types`` ``None`` (its defaults do not build): the state kind its
     modeling module compares the list with (``!= "conv"``), then full attention."""
-    _require("lfm2_moe")
+    require_state_kind_comparison("lfm2_moe")
     cfg = tc.tiny_config("lfm2_moe")
     assert cfg.layer_types == ["conv", "full_attention"]
     assert cfg.num_dense_layers == 1  # one dense layer, one MoE layer

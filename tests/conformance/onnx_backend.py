@@ -124,8 +124,19 @@ def _generated() -> Iterator[Case]:
     with warnings.catch_warnings():  # (the generators overflow casts and divide by zero)
         warnings.simplefilter("ignore")
         np.seterr(all="ignore")
-        nodes = node_cases.collect_testcases(None)
-        models = model_cases.collect_testcases()
+        # onnx's generators may spell numpy 2's ``np.bool`` (onnx 1.18's Attention cases), a
+        # name numpy 1.24 … 1.26 lack (their deprecated alias of the builtin was removed; numpy
+        # 2's is ``np.bool_``): where numpy has none, it is lent for the generation as
+        # ``np.bool_``, the dtype numpy 2 gives, so the cases are the ones numpy 2 generates.
+        lend_bool = not hasattr(np, "bool")
+        if lend_bool:
+            np.bool = np.bool_  # type: ignore[attr-defined,unused-ignore]
+        try:
+            nodes = node_cases.collect_testcases(None)
+            models = model_cases.collect_testcases()
+        finally:
+            if lend_bool:
+                del np.bool
     for test_case in nodes:
         yield _from_collector(test_case, "node")
     for test_case in models:

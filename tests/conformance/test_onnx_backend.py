@@ -81,7 +81,7 @@ def test_onnx_backend_data(chunk: str, backend_cases: tuple[Case, ...]) -> None:
 @pytest.mark.slow
 def test_the_table_names_real_cases(backend_cases: tuple[Case, ...]) -> None:
     names = {c.name for c in backend_cases}
-    assert len(names) > 1900, len(names)
+    assert len(names) > 1600, len(names)  # (onnx 1.23: 2,036; 1.18, the floor: 1,663)
     uncovered = sorted(n for n in names if not n.startswith(tuple(CHUNKS)))
     assert not uncovered, f"no chunk runs these (add one to CHUNKS): {uncovered}"
     stale = [key for key in EXPECTED_REFUSALS if key[0] not in names]

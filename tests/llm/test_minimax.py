@@ -32,7 +32,11 @@ from irkit.llm import (  # noqa: E402
     run_eager,
 )
 from irkit.llm.kernels.lightning import is_lightning_attention, lightning_attention  # noqa: E402
-from tests.capabilities import require_config_dtype, require_typed_cache_layers  # noqa: E402
+from tests.capabilities import (  # noqa: E402
+    cache_argument,
+    require_config_dtype,
+    require_typed_cache_layers,
+)
 
 BLOCK = 4  # the lightning attention's block: the prompts below span several
 
@@ -120,7 +124,8 @@ def test_lightning_attention_equals_both_transformers_paths(model: object, lengt
             if state is not None:
                 for cache in caches:
                     cache.set_linear_cache(1, state.clone())
-            want = module(hidden, None, mask if length > 1 else None, cache=caches[0])
+            by_name = {cache_argument(module.forward): caches[0]}
+            want = module(hidden, None, mask if length > 1 else None, **by_name)
             got = lightning_attention(module, hidden, None, mask if length > 1 else None, caches[1])
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(caches[1].linear_cache[1], caches[0].linear_cache[1])

@@ -25,6 +25,7 @@ import irkit  # noqa: E402
 from irkit.llm import causal_lm_feeds, export_causal_lm, generate_greedy, kernels  # noqa: E402
 from irkit.llm._causal_lm import cache_layout, pad_value_cache  # noqa: E402
 from irkit.llm.kernels.mla import absorbed_latent_attention, is_latent_attention  # noqa: E402
+from tests.capabilities import cache_argument  # noqa: E402
 from tests.llm_zoo import BY_NAME  # noqa: E402
 
 
@@ -125,7 +126,8 @@ def test_onnxruntime_equals_transformers_at_prefill_and_decode(
         }  # fmt: skip
         got = dict(zip(names, session.run(None, feeds), strict=True))
         with torch.no_grad():
-            out = model(input_ids=torch.from_numpy(nxt), cache=cache, use_cache=True)
+            by_name = {cache_argument(model.forward): cache}
+            out = model(input_ids=torch.from_numpy(nxt), use_cache=True, **by_name)
         cache, step = out.past_key_values, out.logits
 
 

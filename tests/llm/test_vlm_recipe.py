@@ -564,9 +564,10 @@ def test_qwen2_5_vl_embedding_and_decoder_with_3d_positions(tmp_path):
     position = np.full((3, 1, 1), int(positions.max()) + 1, np.int64)
     with torch.no_grad():
         mask = torch.ones(1, total + 1, dtype=torch.long)
+        name = cache_argument(vlm)  # the forward's and its output's name alike
         step = vlm(
             input_ids=torch.from_numpy(nxt),
-            cache=want.cache,
+            **{name: getattr(want, name)},
             attention_mask=mask,
             position_ids=torch.from_numpy(position),
         )
