@@ -70,11 +70,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-buffer",
-        choices=("concat", "shared"),
-        default="shared",
-        help="KV cache: one buffer of max_length shared by past and present (default; "
-        "past_present_share_buffer true: opset 24 TensorScatter for target onnx, "
-        "GroupQueryAttention for target ort) or past + new concatenated (opset 23)",
+        choices=("windowed", "shared", "concat"),
+        default="windowed",
+        help="KV cache: one buffer of max_length shared by past and present "
+        "(past_present_share_buffer true: opset 24 TensorScatter for target onnx, "
+        "GroupQueryAttention for target ort), each sliding-window layer's on a buffer of its "
+        "window (windowed, the default: target ort; a padded batch of prompts longer than "
+        "the window + 16 is refused), or past + new concatenated (concat, opset 23)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     p.add_argument(
@@ -113,7 +115,8 @@ def _export(args: argparse.Namespace) -> int:
         target=args.target,
         execution_provider=args.execution_provider,
         max_length=args.max_length,
-        share_buffer=args.kv_buffer == "shared",
+        share_buffer=args.kv_buffer != "concat",
+        windowed_cache=args.kv_buffer == "windowed",
         overwrite=args.overwrite,
         trust_remote_code=args.trust_remote_code,
         layer_reuse=args.layer_reuse,

@@ -350,6 +350,27 @@ def _state_decoder(exported: Any, text_config: Any, model_type: str) -> Decoder:
     )
 
 
+def _kv_names(layout: Any) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Per layer with a growing cache (keys, values): its past input and present output names."""
+    from irkit.llm._states import KINDS
+
+    if layout.states:
+        growing = [s for s in layout.states if s.kind.sequence_axis is not None]
+        pairs = [(s.layer, s.past_name, s.present_name) for s in growing]
+    else:
+        kinds = [k for k in KINDS if k.name in ("key", "value")]
+        pairs = [
+            (i, k.past_format % i, k.present_format % i)
+            for i in range(len(layout.keys))
+            for k in kinds
+        ]
+    names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for layer, past, present in pairs:
+        pasts, presents = names.get(layer, ((), ()))
+        names[layer] = ((*pasts, past), (*presents, present))
+    return names
+
+
 def _max_length(decoder: Decoder, max_length: int | None) -> int:
     limit = decoder.context_length or DEFAULT_MAX_LENGTH
     if max_length is None:
@@ -490,6 +511,7 @@ def export(
     execution_provider: str | ExecutionProvider = "cpu",
     max_length: int | None = None,
     share_buffer: bool | None = None,
+    windowed_cache: bool = True,
     overwrite: bool = False,
     trust_remote_code: bool = False,
     layer_reuse: bool = True,
@@ -529,6 +551,14 @@ def export(
             target ``"onnx"`` rewrites to opset 24
             (:func:`irkit.rules.kv_buffer.share_kv_buffer`: ``TensorScatter``). ``False``: past and new keys
             concatenated (opset 23), ``past_present_share_buffer: false``.
+        windowed_cache: On the shared buffer under target ``"ort"``, give each sliding-window
+            layer a buffer of its window instead of ``max_length`` (genai's
+            ``decoder.sliding_window``: ``W + 16`` positions on the CPU, ``W`` on CUDA;
+            :mod:`irkit.rules.ort.attention.windowed`), as genai's builder does: those layers'
+            attention scans the window only. A batch of prompts of several lengths is then
+            exact up to that many prompt positions and refused by onnxruntime beyond (the
+            builder's model refuses every such batch); ``False`` keeps every layer on the
+            ``max_length`` buffer.
         overwrite: Replace a non-empty ``out_dir``.
         trust_remote_code: Allow a folder whose model is defined by its own code.
         layer_reuse: Trace only the first ``P`` decoder layers when every layer ``i`` is
@@ -621,6 +651,9 @@ def export(
         from irkit.rules.kv_buffer import alibi_by_position
 
         alibi_by_position(model)
+    windowed = None
+    if windowed_cache and shared and not standard:  # windowed layers on buffers of the window
+        windowed = ort.attention.bound_windowed_caches(model, _kv_names(exported.cache))
     if precision in _QUANTIZED_BITS:
         stage(f"quantizing to {precision} (irkit.quantize)")
         _quantize(model, precision, note, provider.accuracy_level)
@@ -640,6 +673,7 @@ def export(
         input_names=exported.input_names,
         share_buffer=shared,
         provider_options=provider.provider_options(),
+        sliding_window=windowed.genai() if windowed is not None else None,
     )
     files = _write_folder(model, source, content, out, stage, note, progress)
     kv = decoder.kv_bytes(length)

@@ -229,6 +229,7 @@ def genai_config(
     share_buffer: bool = False,
     input_names: Sequence[str] = ("input_ids", "attention_mask"),
     provider_options: Sequence[Mapping[str, Any]] = (),
+    sliding_window: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``genai_config.json`` content for a decoder exported by :func:`irkit.llm.export`.
 
@@ -242,6 +243,8 @@ def genai_config(
         input_names: The ONNX model's non-cache inputs (``position_ids`` is mapped when present).
         provider_options: ``session_options.provider_options`` (none: the CPU; ``[{"cuda":
             {}}]``: :meth:`irkit.llm._provider.ExecutionProvider.provider_options`).
+        sliding_window: ``model.decoder.sliding_window`` (the sliding-window layers' bounded
+            buffers: :meth:`irkit.rules.ort.attention.WindowedCache.genai`), or None.
 
     Returns:
         The JSON object (a dict).
@@ -283,6 +286,8 @@ def genai_config(
         model["decoder"]["layer_types"] = list(decoder.layer_types)
     if decoder.conv_cache_size:
         model["decoder"]["conv_cache_size"] = decoder.conv_cache_size
+    if sliding_window is not None:
+        model["decoder"]["sliding_window"] = dict(sliding_window)
     if tokens.bos is not None:
         model["bos_token_id"] = tokens.bos
     return {"model": model, "search": _search(generation, max_length, share_buffer)}

@@ -308,6 +308,77 @@ def test_sliding_windows_and_own_rope_caches(exported, arch, windows):
     assert len(caches) == len(windows)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "layers"), [("mistral", [0, 1]), ("gemma3", [0])])
+def test_windowed_layers_get_buffers_of_their_window(exported, arch, layers):
+    """genai's bounded cache: the windowed layers listed under ``decoder.sliding_window``, their
+    GroupQueryAttention ``sliding_window_cache=1`` reading ``Max(seqlens_k, Min(S, C) - 1)``,
+    their buffers' sequence axis named apart; a global layer keeps the max_length buffer."""
+    _, out = exported(arch)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["sliding_window"] == {
+        "window_size": 6,
+        "slide_key_value_cache": False,
+        "slide_inputs": False,
+        "layers": layers,
+        "cache_slack": 0,
+    }
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    producers = {
+        o: n
+        for n in [*model.graph.node, *(n for f in model.functions for n in f.node)]
+        for o in n.output
+    }
+    marks = []
+    for node in _nodes(model, "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        windowed = attributes.get("local_window_size", -1) > 0
+        assert attributes.get("sliding_window_cache", 0) == int(windowed), attributes
+        assert (producers[node.input[5]].op_type == "Max") == windowed
+        marks.append(windowed)
+    assert any(marks)
+    dims = {
+        v.name: v.type.tensor_type.shape.dim[2].dim_param
+        for v in [*model.graph.input, *model.graph.output]
+        if v.name.startswith(("past_key_values.", "present."))
+    }
+    for name, dim in dims.items():
+        layer = int(name.split(".")[-2])
+        assert ("past_window_sequence" in dim) == (layer in layers), (name, dim)
+
+
+@pytest.fixture(scope="module")
+def mistral_unbounded(exported, tmp_path_factory):
+    """The mistral folder exported with every layer on the max_length buffer."""
+    folder, _ = exported("mistral")
+    out = tmp_path_factory.mktemp("unbounded") / "mistral"
+    written = export(folder, out, target="ort", max_length=MAX_LENGTH, windowed_cache=False)
+    assert "sliding_window" not in written.genai_config["model"]["decoder"]
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    for node in _nodes(model, "GroupQueryAttention"):
+        assert "sliding_window_cache" not in {a.name for a in node.attribute}
+    return out
+
+
+LONG = "the quick brown fox jumps over the lazy dog hello world " * 2
+
+
+@pytest.mark.slow
+def test_windowed_buffers_past_their_capacity(exported, mistral_unbounded):
+    """A prompt longer than the bounded buffer (window 6 + genai's CPU slack 16), and a padded
+    batch within it: the same ids as on the max_length buffer (which equals transformers
+    above). A padded batch whose prompt is longer than the buffer is refused by onnxruntime,
+    never answered wrong."""
+    _, out = exported("mistral")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer(LONG)["input_ids"]) > 6 + 16
+    for prompts in ([LONG], ["hi", "the lazy dog jumps over the brown fox hello world quick"]):
+        assert _genai_ids(out, prompts) == _genai_ids(mistral_unbounded, prompts), prompts
+    with pytest.raises(Exception, match="too small for sequence_length"):
+        _genai_ids(out, ["hi", LONG])
+    assert len(_genai_ids(mistral_unbounded, ["hi", LONG])) == 2
+
+
 # The zoo's ALiBi, MLA, softcap and longrope architectures under --target ort (GroupQueryAttention
 # on the shared buffer, genai's ids equal transformers'): tests/llm/test_genai_zoo_0.py, with
 # genai_zoo.check_ort_attention on the same folders.

@@ -72,12 +72,20 @@ import collections
 import onnx_ir as ir
 
 from irkit.rewriting import RuleSet
-from irkit.rules.ort.attention._base import CARRIED, MS, SharedBuffer
+from irkit.rules.ort.attention._base import (
+    CARRIED,
+    MS,
+    SharedBuffer,
+    readers,
+    reads_its_buffer,
+    windowed_buffer,
+)
 from irkit.rules.ort.attention.gqa import group_query_attention
 from irkit.rules.ort.attention.mha import MULTI_HEAD_ATTENTION
 from irkit.rules.ort.attention.packed_qkv import PACKED_QKV_ATTENTION, PACKED_QKV_ATTENTION_SLICES
 from irkit.rules.ort.attention.rotary import CONTRIB_ROTARY
 from irkit.rules.ort.attention.shared_buffer import shared_buffer_rule
+from irkit.rules.ort.attention.windowed import WindowedCache, bound_windowed_caches
 
 __all__ = [
     "CARRIED",
@@ -85,7 +93,9 @@ __all__ = [
     "MS",
     "MULTI_HEAD_ATTENTION",
     "SharedBuffer",
+    "WindowedCache",
     "attention_rules",
+    "bound_windowed_caches",
     "group_query_attention",
     "group_query_attentions",
     "rules",
@@ -137,23 +147,6 @@ def _run_counts(model: ir.Model) -> collections.Counter[tuple[str, str]]:
     return count(model.graph)
 
 
-_SEQUENCE_AXIS = 2
-
-
-def _readers(model: ir.Model, value: ir.Value) -> list[tuple[ir.Node, int]]:
-    """Every node that reads ``value`` and is no function call, with the input position: the
-    uses of a function's input followed into its body."""
-    found: list[tuple[ir.Node, int]] = []
-    for use in value.uses():
-        node = use.node
-        function = model.functions.get((node.domain, node.op_type, node.overload))
-        if function is None:
-            found.append((node, use.idx))
-        else:
-            found += _readers(model, function.inputs[use.idx])
-    return found
-
-
 def group_query_attentions(model: ir.Model) -> int:
     """How many ``GroupQueryAttention`` nodes one call of ``model`` runs."""
     return _run_counts(model)[MS, "GroupQueryAttention"]
@@ -172,18 +165,9 @@ def runs_on_shared_buffer(model: ir.Model, layers: int) -> bool:
     if layers == 0 or runs[MS, "GroupQueryAttention"] != layers or any(runs[o] for o in others):
         return False
     pasts = [v for v in model.graph.inputs if str(v.name).startswith("past_key_values.")]
-    return all(
-        _reads_its_buffer(node, index) for past in pasts for node, index in _readers(model, past)
-    )
-
-
-def _reads_its_buffer(node: ir.Node, index: int) -> bool:
-    """``node`` reads a past input as the buffer it is: a ``GroupQueryAttention``'s past, or a
-    ``Shape`` of axes before the sequence axis (the batch, the heads), not its capacity."""
-    if (node.domain, node.op_type) == (MS, "GroupQueryAttention"):
-        return index in (3, 4)
-    if (node.domain, node.op_type) != ("", "Shape"):
-        return False
-    start = node.attributes.get_int("start", 0)
-    end = node.attributes.get_int("end", _SEQUENCE_AXIS + 1)
-    return start >= 0 and 0 <= end <= _SEQUENCE_AXIS
+    for past in pasts:
+        found = readers(model, past)
+        windowed = any(windowed_buffer(node) for node, _ in found)
+        if not all(reads_its_buffer(node, index, windowed) for node, index in found):
+            return False
+    return True

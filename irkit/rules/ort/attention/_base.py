@@ -364,3 +364,43 @@ _ATTENTION_WITH_PAST = pat.Attention(
     _outputs=3,
 )
 """``Y, present_key, present_value = Attention(Q, K, V, mask?, past_key, past_value)``."""
+
+
+SEQUENCE_AXIS = 2
+
+
+def readers(model: ir.Model, value: ir.Value) -> list[tuple[ir.Node, int]]:
+    """Every node that reads ``value`` and is no function call, with the input position: the
+    uses of a function's input followed into its body."""
+    found: list[tuple[ir.Node, int]] = []
+    for use in value.uses():
+        node = use.node
+        function = model.functions.get((node.domain, node.op_type, node.overload))
+        if function is None:
+            found.append((node, use.idx))
+        else:
+            found += readers(model, function.inputs[use.idx])
+    return found
+
+
+def reads_its_buffer(node: ir.Node, index: int, windowed: bool = False) -> bool:
+    """``node`` reads a past input as the buffer it is: a ``GroupQueryAttention``'s past, or a
+    ``Shape`` of axes before the sequence axis (the batch, the heads), not its capacity — but
+    for a ``windowed`` buffer (``sliding_window_cache=1``), whose capacity is the window's
+    (:mod:`irkit.rules.ort.attention.windowed`)."""
+    if (node.domain, node.op_type) == (MS, "GroupQueryAttention"):
+        return index in (3, 4)
+    if (node.domain, node.op_type) != ("", "Shape"):
+        return False
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", SEQUENCE_AXIS + 1)
+    if windowed and (start, end) == (SEQUENCE_AXIS, SEQUENCE_AXIS + 1):
+        return True
+    return start >= 0 and 0 <= end <= SEQUENCE_AXIS
+
+
+def windowed_buffer(node: ir.Node) -> bool:
+    """``node`` is a ``GroupQueryAttention`` on a buffer of its window's capacity."""
+    return (node.domain, node.op_type) == (MS, "GroupQueryAttention") and bool(
+        node.attributes.get_int("sliding_window_cache", 0)
+    )
