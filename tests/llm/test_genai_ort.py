@@ -349,11 +349,17 @@ def test_windowed_layers_get_buffers_of_their_window(exported, arch, layers):
 
 @pytest.fixture(scope="module")
 def mistral_unbounded(exported, tmp_path_factory):
-    """The mistral folder exported with every layer on the max_length buffer."""
+    """The mistral folder exported with every layer on the max_length buffer
+    (``--kv-buffer shared``)."""
+    from irkit.cli import main
+
     folder, _ = exported("mistral")
     out = tmp_path_factory.mktemp("unbounded") / "mistral"
-    written = export(folder, out, target="ort", max_length=MAX_LENGTH, windowed_cache=False)
-    assert "sliding_window" not in written.genai_config["model"]["decoder"]
+    argv = ["export", str(folder), "-o", str(out), "-q", "--kv-buffer", "shared"]
+    assert main([*argv, "--max-length", str(MAX_LENGTH)]) == 0
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    assert "sliding_window" not in config["model"]["decoder"]
     model = onnx.load(out / "model.onnx", load_external_data=False)
     for node in _nodes(model, "GroupQueryAttention"):
         assert "sliding_window_cache" not in {a.name for a in node.attribute}
