@@ -20,8 +20,11 @@ nothing: the layers that share a function body share its attribute.
 Right-padded prompts (genai's batches of prompts of several lengths): the windowed kernel
 derives each row's resident positions from ``seqlens_k`` alone and refuses a prompt row with
 ``seqlens_k + 1 < sequence_length``. Each bounded node therefore reads
-``seqlens_k' = Max(seqlens_k, Min(S, C) - 1)`` (``S`` the new tokens, ``C`` the buffer's
-capacity): a prompt of ``S ≤ C`` positions is taken whole, pads included — a real token never
+``seqlens_k' = Max(seqlens_k, Min(S, C) - 1)`` (``S`` the new tokens, from ``input_ids``; ``C``
+the buffer's capacity, from the first bounded layer's past input — genai gives every bounded
+layer one; ``Min(S, C) - 1`` computed once at the top of the main graph and threaded into the
+layer functions, where :func:`irkit.rules.hoist.hoist_invariants` finds the ``Max`` invariant
+too): a prompt of ``S ≤ C`` positions is taken whole, pads included — a real token never
 sees the pads after it (causal), and the next step's ``seqlens_k`` (the row's own length)
 makes the kernel keep that row's real positions only and write over the pads, as the shared
 buffer does. A decode step (``S = 1``) is unchanged. A padded batch whose prompt is longer
@@ -38,6 +41,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.tape
 
+from irkit.rules.hoist import Threader
 from irkit.rules.ort.attention._base import SEQUENCE_AXIS, readers, reads_its_buffer
 
 #: ``GroupQueryAttention`` inputs the bounded buffer cannot carry: ``position_ids`` (9) and
@@ -97,23 +101,46 @@ def _rename_sequence_dim(value: ir.Value) -> None:
         value.shape = ir.Shape([*shape[:SEQUENCE_AXIS], name, *shape[SEQUENCE_AXIS + 1 :]])
 
 
-def _take_padded_prompts(node: ir.Node) -> None:
-    """``seqlens_k`` → ``Max(seqlens_k, int32(Min(S, C) - 1))`` before ``node`` (see the module
-    docstring)."""
-    query, past_key, seqlens = node.inputs[0], node.inputs[3], node.inputs[5]
-    graph = node.graph
-    if query is None or past_key is None or seqlens is None or graph is None:
-        return
+#: Graph inputs whose axis 1 is the number of new tokens, first found wins.
+_NEW_TOKENS = ("input_ids", "inputs_embeds")
+
+
+def _floor(model: ir.Model, capacity_of: ir.Value) -> ir.Value | None:
+    """``int32(Min(S, C) - 1)`` at the top of the main graph (``S`` from ``input_ids``, ``C``
+    the buffer ``capacity_of`` holds: every bounded layer has one capacity), or None without an
+    input that gives ``S``."""
+    inputs = {str(v.name): v for v in model.graph.inputs}
+    tokens = next((inputs[n] for n in _NEW_TOKENS if n in inputs), None)
+    if tokens is None:
+        return None
     tape = onnx_ir.tape.Tape()
-    new = tape.op("Shape", [query], {"start": 1, "end": 2})
-    capacity = tape.op("Shape", [past_key], {"start": SEQUENCE_AXIS, "end": SEQUENCE_AXIS + 1})
+    new = tape.op("Shape", [tokens], {"start": 1, "end": 2}, name="windowed_cache/new_tokens")
+    end = {"start": SEQUENCE_AXIS, "end": SEQUENCE_AXIS + 1}
+    capacity = tape.op("Shape", [capacity_of], end, name="windowed_cache/capacity")
     one = tape.op("Constant", [], {"value": ir.tensor(np.array([1], dtype=np.int64))})
     whole = tape.op("Sub", [tape.op("Min", [new, capacity]), one])
-    floor = tape.op("Cast", [whole], {"to": ir.DataType.INT32})
-    taken = tape.op("Max", [seqlens, floor])
-    taken.dtype, taken.shape = ir.DataType.INT32, seqlens.shape
-    graph.insert_before(node, tape.nodes)
-    node.replace_input_with(5, taken)
+    floor = tape.op("Cast", [whole], {"to": ir.DataType.INT32}, name="windowed_cache/floor")
+    floor.name, floor.dtype, floor.shape = "windowed_cache/floor", ir.DataType.INT32, ir.Shape([1])
+    first = next(iter(model.graph), None)
+    if first is None:
+        model.graph.extend(tape.nodes)
+    else:
+        model.graph.insert_before(first, tape.nodes)
+    return floor
+
+
+def _take_padded_prompts(node: ir.Node, floor: ir.Value) -> None:
+    """``seqlens_k`` → ``Max(seqlens_k, floor)`` before ``node`` (see the module docstring);
+    ``floor`` is ``node``'s graph's own value of :func:`_floor`."""
+    seqlens, graph = node.inputs[5], node.graph
+    if seqlens is None or graph is None:
+        return
+    taken = ir.node("Max", [seqlens, floor], name=f"{node.name}/windowed_seqlens_k")
+    out = taken.outputs[0]
+    out.name, out.dtype = f"{node.name}/windowed_seqlens_k", ir.DataType.INT32
+    out.shape = seqlens.shape
+    graph.insert_before(node, taken)
+    node.replace_input_with(5, out)
 
 
 def bound_windowed_caches(
@@ -128,7 +155,8 @@ def bound_windowed_caches(
             keys and values.
 
     Returns:
-        The bounded layers, or None where no layer qualifies (the model is left as it was).
+        The bounded layers, or None where no layer qualifies or the graph has no input of the
+        new tokens (``input_ids``, ``inputs_embeds``): the model is left as it was.
     """
     inputs = {str(v.name): v for v in model.graph.inputs}
     outputs = {str(v.name): v for v in model.graph.outputs}
@@ -143,12 +171,19 @@ def bound_windowed_caches(
             chosen[index] = found
     if not chosen or any(id(n) in refused for nodes in chosen.values() for n in nodes):
         return None
+    first_past = inputs[layers[min(chosen)][0][0]]
+    floor = _floor(model, first_past)
+    if floor is None:
+        return None
+    threader = Threader(model)
+    owners = {id(f.graph): key for key, f in model.functions.items()}
     window = 0
     marked: dict[int, ir.Node] = {id(n): n for nodes in chosen.values() for n in nodes}
     for node in marked.values():
         node.attributes["sliding_window_cache"] = ir.AttrInt64("sliding_window_cache", 1)
         window = max(window, node.attributes.get_int("local_window_size", 0))
-        _take_padded_prompts(node)
+        owner = owners.get(id(node.graph))
+        _take_padded_prompts(node, threader.formal(owner, (None, floor), floor.name, floor))
     for index in chosen:
         past_names, present_names = layers[index]
         for name in past_names:
