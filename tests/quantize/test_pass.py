@@ -47,12 +47,18 @@ def _single(form: str):
     if form == "fused":
         node = helper.make_node("FusedMatMul", ["x", "wt"], ["y"], domain="com.microsoft", transB=1)
         return support.model([node], x3, ["y"], {"wt": w.T.copy()}), w, None
+    if form == "bias":  # a biased Linear: the Add joins MatMulNBits (irkit.rules.quantize._bias)
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["p"]),
+            helper.make_node("Add", ["b", "p"], ["y"]),
+        ]
+        return support.model(nodes, x3, ["y"], {"w": w, "b": b}), w, b
     assert form == "gemm"
     node = helper.make_node("Gemm", ["x", "wt", "b"], ["y"], transB=1)
     return support.model([node], {"x": (FLOAT, [3, K])}, ["y"], {"wt": w.T.copy(), "b": b}), w, b
 
 
-@pytest.mark.parametrize("form", ["matmul", "transpose", "constant", "fused", "gemm"])
+@pytest.mark.parametrize("form", ["matmul", "transpose", "constant", "fused", "gemm", "bias"])
 @pytest.mark.parametrize(("bits", "symmetric"), [(4, True), (8, False)])
 def test_each_form_becomes_matmulnbits_and_computes_with_the_packed_weight(form, bits, symmetric):
     model, w, b = _single(form)
@@ -82,6 +88,25 @@ def test_each_form_becomes_matmulnbits_and_computes_with_the_packed_weight(form,
             for n in model.graph.initializers
             if n.endswith(("_Q4", "_Q8", "_scales", "_zero_points"))
         }  # the float weight is gone
+
+
+def test_an_add_that_is_no_bias_stays():
+    """Only a 1-D ``[N]`` addend of a product nothing else reads joins ``MatMulNBits``: a
+    residual ``[2, 3, N]`` add and a product also returned keep their ``Add``."""
+    (w, r) = support.weights((K, N), (2, 3, N))
+    (b,) = support.weights((N,))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"]),
+        helper.make_node("Add", ["p", "r"], ["y"]),
+        helper.make_node("MatMul", ["x", "w2"], ["q"]),
+        helper.make_node("Add", ["q", "b"], ["z"]),
+    ]
+    model = support.model(
+        nodes, {"x": (FLOAT, [2, 3, K])}, ["y", "z", "q"], {"w": w, "r": r, "w2": w, "b": b}
+    )
+    irkit.quantize(model, bits=4, accuracy_level=0)
+    assert op_histogram(model.graph) == {"com.microsoft::MatMulNBits": 2, "Add": 2}
+    assert all(len(n.inputs) == 3 for n in model.graph if n.op_type == "MatMulNBits")
 
 
 def test_fused_matmul_transposing_a_becomes_transpose_and_matmulnbits():

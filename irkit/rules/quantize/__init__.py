@@ -15,7 +15,8 @@ Which nodes (each one not taken is reported with why, see :class:`QuantizeReport
   ``com.microsoft.FusedMatMul`` (``alpha = 1``, no batch transposes; ``transB`` is the
   ``Transpose``, ``transA`` becomes a ``Transpose`` of ``A``'s last two axes before the
   ``MatMulNBits``: LFM2's conv ``out_proj`` over the channels-first conv output), ``Gemm`` (``alpha = beta = 1``, ``transA = 0``, a 1-D ``C`` of ``N`` values
-  becomes MatMulNBits' ``bias``);
+  becomes MatMulNBits' ``bias``; so does a 1-D ``Add`` of the product, afterwards:
+  :mod:`irkit.rules.quantize._bias`);
 - the weight is a 2-D float32/float16 constant (an initializer that is not a graph input, or a
   ``Constant``) of the activation's dtype, with ``K >= block_size`` (dynamic int8: float32, any
   ``K``; embedding Gathers stay weight-only);
@@ -38,7 +39,9 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
+from irkit.rewriting import rewrite
 from irkit.rules._calls import Calls
+from irkit.rules.quantize._bias import MATMUL_NBITS_BIAS
 from irkit.rules.quantize._choice import Choice, collect, note_quantized, note_tied, specialize
 from irkit.rules.quantize._options import DEFAULT_ACCURACY_LEVEL, Activations, checked_settings
 from irkit.rules.quantize._packer import Packer
@@ -156,6 +159,8 @@ def quantize(
     note_quantized(model, sites, result)
     note_tied(sites, calls, result)
     apply_sites(model, sites, packer, result)
+    if not settings.activations.dynamic:
+        rewrite(model, MATMUL_NBITS_BIAS)  # a linear layer's bias Add into MatMulNBits
     result.functions = sorted(f"{f.domain}::{f.name}" for f in packer.changed_functions.values())
     result.bytes_after = initializer_bytes(model)
     result.seconds = time.perf_counter() - start
