@@ -13,7 +13,9 @@ passes that value; a node of a function the model runs more than once, of standa
 reference attribute) whose inputs are bound values, constants or outputs of such nodes, with at
 least one bound, is cloned into the main graph, and the function reads its value from a new
 input (threaded through the callers) instead. Functions called inside a control-flow subgraph
-are left alone.
+are left alone. Clones of equal computations from different functions (a sliding-window and a
+full-attention layer function both derive ``seqlens_k`` from ``attention_mask``) are then merged
+(:func:`irkit.rewriting.cse`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 import onnx_ir as ir
 
 from irkit.errors import RewriteError
+from irkit.rewriting import cse
 
 __all__ = ["Threader", "hoist_invariants"]
 
@@ -284,6 +287,8 @@ def hoist_invariants(model: ir.Model) -> int:
     for graph in touched.values():
         _drop_dead(graph)
         graph.sort()
+    if moved:  # functions that computed the same (a windowed and a full layer's seqlens_k): once
+        cse(model)
     return moved
 
 

@@ -116,3 +116,42 @@ def test_a_hoisted_contrib_op_brings_its_domain():
     assert [n.op_type for n in model.graph if n.domain == "com.microsoft"] == ["Gelu"]
     after = _run(model, _feeds() | {"table": _feeds()["table"][:, :4].copy()})
     np.testing.assert_array_equal(after, before)
+
+
+TWO_BODIES = """
+<ir_version: 10, opset_import: ["" : 23, "local" : 1]>
+g (float[2,4] x, float[2,8] table) => (float[2,4] y) {
+    a = local.Even(x, table)
+    b = local.Even(a, table)
+    c = local.Odd(b, table)
+    y = local.Odd(c, table)
+}
+<domain: "local", opset_import: ["" : 23]>
+Even (x, table) => (y) {
+    start = Constant<value_ints=[0]>()
+    end = Constant<value_ints=[4]>()
+    axis = Constant<value_ints=[1]>()
+    part = Slice(table, start, end, axis)
+    y = Add(x, part)
+}
+<domain: "local", opset_import: ["" : 23]>
+Odd (x, table) => (y) {
+    start = Constant<value_ints=[0]>()
+    end = Constant<value_ints=[4]>()
+    axis = Constant<value_ints=[1]>()
+    part = Slice(table, start, end, axis)
+    y = Mul(x, part)
+}
+"""
+
+
+def test_equal_invariants_of_two_bodies_are_computed_once():
+    """Two functions (a windowed and a full-attention layer, say) that each derive the same
+    value from a model-wide input: one copy in the main graph after hoisting."""
+    model = ir.from_onnx_text(TWO_BODIES)
+    feeds = {k: v for k, v in _feeds().items() if k in ("x", "table")}
+    before = _run(model, feeds)
+    assert hoist_invariants(model) == 2
+    main = collections.Counter(n.op_type for n in model.graph if n.op_type != "Constant")
+    assert main == {"Slice": 1, "Even": 2, "Odd": 2}
+    np.testing.assert_array_equal(_run(model, feeds), before)
