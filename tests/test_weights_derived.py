@@ -129,6 +129,7 @@ S = np.array([0.5, -2.0, 4.0], dtype=np.float32)
         (lambda a, b: weights.cast(a, ir.DataType.FLOAT16), A.astype(np.float16)),
         (lambda a, b: weights.reshape(a, [2, -1]), A.reshape(2, 6)),
         (lambda a, b: weights.multiply(a, S), A * S),
+        (lambda a, b: weights.add(a, S), A + S),  # (Gemma's norm weight 1 + w)
         (lambda a, b: weights.unary(a, weights.Function.COS), np.cos(A)),
         (lambda a, b: weights.unary(a, weights.Function.NEG), -A),
         (
@@ -136,7 +137,18 @@ S = np.array([0.5, -2.0, 4.0], dtype=np.float32)
             np.concatenate([A, A], axis=1).T,
         ),
     ],
-    ids=["transpose", "concat", "concat-neg", "cast", "reshape", "mul", "cos", "neg", "nested"],
+    ids=[
+        "transpose",
+        "concat",
+        "concat-neg",
+        "cast",
+        "reshape",
+        "mul",
+        "add",
+        "cos",
+        "neg",
+        "nested",
+    ],
 )
 def test_recipe_values_match_numpy(make, expected):
     real = make(ir.tensor(A), ir.tensor(B))  # all inputs have data: a real tensor at once
@@ -174,7 +186,8 @@ FOLDS = """<ir_version: 10, opset_import: ["" : 21]>
 g (float[2, 4] x) => (float[2, 6] y, float[2, 8] z, float[2, 2] u) {
   wt = Transpose<perm=[1, 0]>(w)
   y0 = MatMul(x, wt)
-  ws = Mul(wt, half)
+  wh = Mul(wt, half)
+  ws = Add(wh, half)
   y1 = MatMul(x, ws)
   y = Concat<axis=1>(y0, y1)
   v16 = Cast<to=10>(v)

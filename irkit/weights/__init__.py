@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from irkit.weights._checkpoints import SAFETENSORS_DTYPES, FileTensor, WeightSource, open_weights
 from irkit.weights._derived import (
+    Add,
     Cast,
     Concat,
     Constant,
@@ -35,6 +36,7 @@ from irkit.weights._derived import (
     Reshape,
     Transpose,
     Unary,
+    add,
     as_recipe,
     cast,
     concat,
@@ -81,6 +83,7 @@ __all__ = [
     "narrow",
     "cast",
     "reshape",
+    "add",
     "multiply",
     "unary",
     "Recipe",
@@ -91,6 +94,7 @@ __all__ = [
     "Narrow",
     "Cast",
     "Reshape",
+    "Add",
     "Mul",
     "Unary",
     "Function",

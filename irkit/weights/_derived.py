@@ -11,7 +11,7 @@ while streaming the weights, one derived tensor at a time (the parts of one pack
 one quantization: :class:`PackCache`).
 
 The recipes are a closed set of numpy computations with ONNX semantics: :class:`Transpose`,
-:class:`Concat`, :class:`Cast`, :class:`Reshape`, :class:`Mul` (broadcasting) and :class:`Unary`
+:class:`Concat`, :class:`Cast`, :class:`Reshape`, :class:`Mul` and :class:`Add` (broadcasting) and :class:`Unary`
 (``Cos``, ``Sin``, ``Neg``: the rotary caches a model computes from a buffer). They are
 serialized as JSON in the initializer's ``metadata_props`` under
 :data:`~irkit.metadata.DERIVED_KEY`, so a model saved without weights and loaded back keeps them
@@ -33,7 +33,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -54,6 +54,7 @@ __all__ = [
     "Cast",
     "Reshape",
     "Mul",
+    "Add",
     "Function",
     "Unary",
     "Packed",
@@ -66,6 +67,7 @@ __all__ = [
     "cast",
     "reshape",
     "multiply",
+    "add",
     "unary",
     "packed_parts",
     "as_recipe",
@@ -307,12 +309,16 @@ class Reshape(Recipe):
 
 
 @dataclasses.dataclass(frozen=True)
-class Mul(Recipe):
-    """Elementwise ``a * b`` with broadcasting (ONNX ``Mul``), both of one dtype; floats are
-    multiplied in float64 and rounded once to the dtype (the correctly rounded product)."""
+class _Broadcast(Recipe):
+    """An elementwise binary op with broadcasting, both operands of one dtype; floats are
+    computed in float64 and rounded once to the dtype (the correctly rounded result)."""
 
     a: Recipe
     b: Recipe
+
+    #: The numpy function and the JSON ``op`` name.
+    _function: ClassVar[Callable[[Array, Array], Array]]
+    _name: ClassVar[str]
 
     @property
     def dtype(self) -> ir.DataType:
@@ -327,12 +333,31 @@ class Mul(Recipe):
 
     def compute(self, args: list[Array]) -> Array:
         a, b = args
+        function = type(self)._function
         if self.dtype.is_floating_point():
-            return (a.astype(np.float64) * b.astype(np.float64)).astype(self.dtype.numpy())
-        return np.multiply(a, b).astype(self.dtype.numpy())
+            return function(a.astype(np.float64), b.astype(np.float64)).astype(self.dtype.numpy())
+        return function(a, b).astype(self.dtype.numpy())
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": "mul", "sources": [self.a.to_json(), self.b.to_json()]}
+        return {"op": self._name, "sources": [self.a.to_json(), self.b.to_json()]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mul(_Broadcast):
+    """Elementwise ``a * b`` with broadcasting (ONNX ``Mul``), both of one dtype; floats are
+    multiplied in float64 and rounded once to the dtype (the correctly rounded product)."""
+
+    _function = np.multiply
+    _name = "mul"
+
+
+@dataclasses.dataclass(frozen=True)
+class Add(_Broadcast):
+    """Elementwise ``a + b`` with broadcasting (ONNX ``Add``: Gemma's and Qwen3.5's norm weight
+    ``1 + w``), both of one dtype; floats are added in float64 and rounded once."""
+
+    _function = np.add
+    _name = "add"
 
 
 class Function(enum.Enum):
@@ -758,16 +783,26 @@ def reshape(tensor: TensorLike, shape: Sequence[int]) -> ir.TensorProtocol:
     return _make(Reshape(source, new_shape), [tensor])
 
 
-def multiply(tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:
-    """``tensor * other`` with broadcasting, in ``tensor``'s dtype: real or derived."""
+def _broadcast(kind: type[_Broadcast], tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:
     a, b = as_recipe(tensor), as_recipe(other)
+    name = kind._name
     if a.dtype != b.dtype:
-        raise WeightsError(f"multiply: dtypes {a.dtype.name} and {b.dtype.name} differ.")
+        raise WeightsError(f"{name}: dtypes {a.dtype.name} and {b.dtype.name} differ.")
     try:
         np.broadcast_shapes(a.shape, b.shape)
     except ValueError as exc:
-        raise WeightsError(f"multiply: shapes {a.shape} and {b.shape} do not broadcast.") from exc
-    return _make(Mul(a, b), [tensor, other])
+        raise WeightsError(f"{name}: shapes {a.shape} and {b.shape} do not broadcast.") from exc
+    return _make(kind(a, b), [tensor, other])
+
+
+def multiply(tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:
+    """``tensor * other`` with broadcasting, in ``tensor``'s dtype: real or derived."""
+    return _broadcast(Mul, tensor, other)
+
+
+def add(tensor: TensorLike, other: TensorLike) -> ir.TensorProtocol:
+    """``tensor + other`` with broadcasting, in ``tensor``'s dtype: real or derived."""
+    return _broadcast(Add, tensor, other)
 
 
 def unary(tensor: TensorLike, function: Function) -> ir.TensorProtocol:
@@ -851,9 +886,9 @@ def _parse(node: dict[str, Any]) -> Recipe:
         return Reshape(_parse(node["source"]), tuple(int(d) for d in node["shape"]))
     if kind == "unary":
         return Unary(_parse(node["source"]), Function(node["function"]))
-    if kind == "mul":
+    if kind in ("mul", "add"):
         a, b = node["sources"]
-        return Mul(_parse(a), _parse(b))
+        return (Mul if kind == "mul" else Add)(_parse(a), _parse(b))
     if kind == "packed":
         return Packed(
             _parse(node["source"]),

@@ -149,7 +149,7 @@ _ALWAYS_FOLD = frozenset({"Transpose"})  # (when each large input has no other c
 
 def fold_weightless(model: ir.Model, should_fold: ShouldFold = _default_folding) -> int:
     """Fold, in the main graph, the ``Transpose``, ``Cast``, ``Reshape``, ``Unsqueeze``,
-    ``Squeeze``, ``Concat``, ``Mul``, ``Cos``, ``Sin`` and ``Neg`` nodes whose inputs are weightless initializers and
+    ``Squeeze``, ``Concat``, ``Mul``, ``Add``, ``Cos``, ``Sin`` and ``Neg`` nodes whose inputs are weightless initializers and
     constants: each becomes a derived weightless initializer (:class:`~irkit.weights.DerivedTensor`) named
     after its output, computed when the model is saved with weights.
 
@@ -308,6 +308,10 @@ def _mul(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtoc
     return derived.multiply(tensors[0], tensors[1])
 
 
+def _add(node: ir.Node, tensors: Sequence[ir.TensorProtocol]) -> ir.TensorProtocol:
+    return derived.add(tensors[0], tensors[1])
+
+
 def _unary(
     function: derived.Function,
 ) -> Callable[[ir.Node, Sequence[ir.TensorProtocol]], ir.TensorProtocol | None]:
@@ -327,6 +331,7 @@ _FOLDERS: dict[str, Callable[[ir.Node, Sequence[ir.TensorProtocol]], ir.TensorPr
     "Squeeze": _squeeze,
     "Concat": _concat,
     "Mul": _mul,
+    "Add": _add,
     "Cos": _unary(derived.Function.COS),
     "Sin": _unary(derived.Function.SIN),
     "Neg": _unary(derived.Function.NEG),

@@ -47,7 +47,9 @@ Preconditions (each declined with the reason, ``irkit.explain``): ``x`` float16 
 ``Cast`` back to float16; the norm's ``stash_type`` float32; the scale (or the scale minus a
 constant offset ``c``) a ``Cast`` of a float16 value or a float32 constant whose every element
 float16 holds exactly (the export folds ``Cast(w, to=float)`` of a float16 weight into such a
-constant); ``c`` a float32 constant of one element or the scale's shape. The gated form: ``x`` float16, the float32 product read only by ``Cast``
+constant, or the export's fold of the offset form, ``Cast(w, to=float) + c`` of a float16 weight
+as one derived float32 constant: rounded to float16 once, as the offset identity does); ``c``
+a float32 constant of one element or the scale's shape. The gated form: ``x`` float16, the float32 product read only by ``Cast``
 to float16 (not a graph output), and :mod:`irkit.rules.ort.gated_norm`'s preconditions.
 """
 
@@ -74,8 +76,10 @@ from irkit.rewriting import (
     weight_constant,
 )
 from irkit.rules.ort import gated_norm, skip_norm
+from irkit.weights import Add as AddRecipe
 from irkit.weights import Cast as CastRecipe
-from irkit.weights import as_recipe, has_data
+from irkit.weights import Constant as ConstantRecipe
+from irkit.weights import Recipe, as_recipe, has_data
 
 __all__ = ["rules", "skip_rules"]
 
@@ -125,12 +129,30 @@ def _exact_half(value: ir.Value) -> ir.TensorProtocol | None:
         return None
     if not has_data(tensor):
         recipe = as_recipe(tensor)
-        exact = isinstance(recipe, CastRecipe) and recipe.source.dtype == _HALF
+        exact = _half_cast(recipe) or _folded_offset(recipe)
         return cast_weight(tensor, _HALF) if exact else None
     array = tensor.numpy()
     with np.errstate(over="ignore"):
         half = array.astype(np.float16)
     return ir.tensor(half) if np.array_equal(half.astype(np.float32), array) else None
+
+
+def _half_cast(recipe: Recipe) -> bool:
+    return isinstance(recipe, CastRecipe) and recipe.source.dtype == _HALF
+
+
+def _folded_offset(recipe: Recipe) -> bool:
+    """``Cast(w, to=float) + c`` of a float16 weight and a small float32 constant, as the export
+    folds the offset form's scale (Gemma's and Qwen3.5's ``1 + w``): rounded to float16 once,
+    as the offset identity rounds it (the module docstring)."""
+    if not isinstance(recipe, AddRecipe):
+        return False
+    for weight, offset in ((recipe.a, recipe.b), (recipe.b, recipe.a)):
+        if _half_cast(weight) and isinstance(offset, ConstantRecipe):
+            small = np.abs(np.asarray(offset.value, dtype=np.float64)).max(initial=0) <= 1e4
+            if small and (offset.value.size == 1 or offset.shape == weight.shape):
+                return True
+    return False
 
 
 def _half_source(s: ir.Value) -> ir.Value | None:
