@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import inspect
 import re
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -310,6 +311,22 @@ def _bind(model: Any) -> _Binding:
         position_ids="position_ids" in params,
         use_cache="use_cache" in params,
     )
+
+
+def own_cache_class(model: Any) -> type | None:
+    """The class the model's forward annotates its cache argument with when that is not a
+    transformers ``Cache`` (xLSTM's ``xLSTMCache``): a cache of its own, whose states only a
+    probe (:func:`cache_layout`) reveals; None for a transformers cache or none annotated."""
+    from transformers.cache_utils import Cache
+
+    name = _bind(model).cache
+    if not name:
+        return None
+    annotation = inspect.signature(model.forward).parameters[name].annotation
+    for kind in typing.get_args(annotation) or (annotation,):
+        if isinstance(kind, type) and kind is not type(None) and not issubclass(kind, Cache):
+            return kind
+    return None
 
 
 def _returned_cache(output: Any) -> Any:

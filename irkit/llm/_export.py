@@ -268,7 +268,7 @@ def _tokenizer_eos(folder: pathlib.Path | None) -> int | None:
 
 def _check_state_kinds(source: _Source) -> None:
     """Before the trace: no cache, or state kinds genai cannot carry, are refused at once."""
-    from irkit.llm._causal_lm import _bind, cache_layout
+    from irkit.llm._causal_lm import _bind, cache_layout, own_cache_class
     from irkit.llm._states import has_state_layers
 
     if not _bind(source.model).cache:
@@ -283,9 +283,13 @@ def _check_state_kinds(source: _Source) -> None:
             "steps. Export the ONNX model alone with irkit.llm.export_causal_lm (ids in, logits "
             "out) and run it with irkit.llm.generate_greedy, which re-reads the sequence"
         )
-    if has_state_layers(source.model.config):
+    own = own_cache_class(source.model)  # (xLSTM's: its states show only when probed)
+    if has_state_layers(source.model.config) or own is not None:
         layout = cache_layout(source.model)
-        _genai_layer_types(str(source.config.model_type), layout, source.config.get_text_config())
+        if layout.states:
+            _genai_layer_types(
+                str(source.config.model_type), layout, source.config.get_text_config()
+            )
 
 
 def _decoder(exported: Any, text_config: Any, model_type: str = "") -> Decoder:

@@ -144,3 +144,26 @@ def test_xlstm_exports_with_its_states_and_runs_like_eager(tmp_path) -> None:
     got = generate_greedy(session, ids.numpy(), mask.numpy(), max_new_tokens=12)
     np.testing.assert_array_equal(got, want.numpy())
     assert len(set(want[1, 7:].tolist())) >= 4  # varied ids, not one token repeated
+
+
+def test_irkit_export_refuses_xlstm_before_tracing(tmp_path, monkeypatch) -> None:
+    """genai 0.18 has no layer type for xLSTM's recurrent-only states: ``irkit export`` says so
+    at once (exit 2, the kind and the model named), found by probing the cache of its own class
+    (``xLSTMCache``, the forward's annotation), before any trace."""
+    from irkit.cli import main
+    from irkit.llm import _export
+
+    _require_state_layers()
+    folder = tmp_path / "xlstm"
+    transformers.AutoModelForCausalLM.from_config(_config(num_hidden_layers=1)).save_pretrained(
+        folder
+    )
+
+    def no_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("traced before refusing")
+
+    monkeypatch.setattr(_export, "_trace_and_lower", no_trace)
+    with pytest.raises(irkit.errors.LoweringOptionsError, match="'xlstm' model caches recurrent"):
+        _export.export(folder, tmp_path / "out")
+    assert main(["export", str(folder), "-o", str(tmp_path / "out"), "-q"]) == 2
+    assert not (tmp_path / "out").exists()
