@@ -9,7 +9,7 @@ See ``docs/rules.md`` for a worked example.
 
 Everything a rule author needs is imported from here — the pattern language, :class:`Rule`,
 :func:`fail`, :class:`Const` and the check helpers (:func:`dims`, :func:`known_dims`,
-:func:`scalar`, :func:`reduced_axis`, :func:`matches` …), and the helpers that make a weight from weights
+:func:`scalar`, :func:`reduced_axis`, :func:`matches`, :func:`outer_dims` …), and the helpers that make a weight from weights
 (:func:`transpose_weight`, :func:`concat_weights`, :func:`cast_weight`, :func:`reshape_weight`,
 :func:`multiply_weight`, :func:`weight_constant`): they return a real tensor when the inputs
 have data and a :class:`DerivedTensor` (computed at save time) when some are weightless. The
@@ -27,6 +27,8 @@ from irkit.rewriting._checks import (
     const_ints,
     dims,
     is_float,
+    outer_dims,
+    outer_dtype,
     rank,
     reduced_axis,
     same_dims,
@@ -86,6 +88,8 @@ __all__ = [
     "rank",
     "dims",
     "known_dims",
+    "outer_dims",
+    "outer_dtype",
     "static_shape",
     "is_float",
     "FLOAT_TYPES",

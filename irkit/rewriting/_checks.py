@@ -8,13 +8,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from irkit._shapes import value_dims
+from irkit._shapes import known_dims, value_dims
 from irkit.rewriting._match import MatchFailure, const_value, fail
 
 __all__ = [
@@ -116,3 +116,45 @@ def reduced_axis(
     if not norm or norm != list(range(norm[0], r)):
         return fail(f"axes {axes} are not the trailing axes of a rank-{r} input", axes_in)
     return norm[0]
+
+
+def _outer(
+    value: ir.Value,
+    body: ir.Graph | ir.Function,
+    model: ir.Model,
+    read: Callable[[ir.Value], Any],
+    depth: int,
+) -> Any:
+    """``read(value)``, or — a function input that carries none (a model read from a file, or a
+    parameter the lowering left untyped) — ``read`` of the argument every call site passes,
+    through nested calls (``None`` unless all agree)."""
+    found = read(value)
+    if found is not None or depth == 0 or not isinstance(body, ir.Function):
+        return found
+    if value not in body.inputs:
+        return None
+    index = list(body.inputs).index(value)
+    answers: set[Any] = set()
+    owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for owner in owners:
+        for node in owner:
+            if (node.domain, node.op_type, node.overload) == body.identifier():
+                arg = node.inputs[index] if index < len(node.inputs) else None
+                answers.add(None if arg is None else _outer(arg, owner, model, read, depth - 1))
+    return answers.pop() if len(answers) == 1 else None
+
+
+def outer_dims(
+    value: ir.Value, body: ir.Graph | ir.Function, model: ir.Model, depth: int = 8
+) -> tuple[Any, ...] | None:
+    """``value``'s known dims, or those of the argument every call of the function ``body``
+    passes for it (see ``_outer``)."""
+    return _outer(value, body, model, known_dims, depth)  # type: ignore[no-any-return]
+
+
+def outer_dtype(
+    value: ir.Value, body: ir.Graph | ir.Function, model: ir.Model, depth: int = 8
+) -> ir.DataType | None:
+    """``value``'s dtype, or that of the argument every call of the function ``body`` passes for
+    it (see ``_outer``)."""
+    return _outer(value, body, model, lambda v: v.dtype, depth)  # type: ignore[no-any-return]

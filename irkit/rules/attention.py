@@ -106,6 +106,7 @@ from irkit.rewriting import (
     matches,
     op,
     optional,
+    outer_dims,
     scalar,
     var,
 )
@@ -325,28 +326,6 @@ def _broadcast(mask_dim: Dim, size: Dim) -> bool:
     return mask_dim == 1 and size != 1
 
 
-def _outer_dims(
-    value: ir.Value, body: ir.Graph | ir.Function, model: ir.Model, depth: int = 8
-) -> tuple[Any, ...] | None:
-    """``value``'s dims, or — a function input that carries none (a model read from a file) —
-    the dims of the argument every call site passes, through nested calls (``None`` unless all
-    agree)."""
-    dims = known_dims(value)
-    if dims is not None or depth == 0 or not isinstance(body, ir.Function):
-        return dims
-    if value not in body.inputs:
-        return None
-    index = list(body.inputs).index(value)
-    found: set[tuple[Any, ...] | None] = set()
-    owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-    for owner in owners:
-        for node in owner:
-            if (node.domain, node.op_type, node.overload) == body.identifier():
-                arg = node.inputs[index] if index < len(node.inputs) else None
-                found.add(None if arg is None else _outer_dims(arg, owner, model, depth - 1))
-    return found.pop() if len(found) == 1 else None
-
-
 def _mask_layout(
     mask: ir.Value | None, q: ir.Value, k: ir.Value, ctx: RewriteContext
 ) -> dict[str, bool] | MatchFailure:
@@ -364,7 +343,7 @@ def _mask_layout(
     r = known_rank(mask)
     if r is not None and r > 4:
         return fail(f"a rank-{r} mask would broadcast the scores beyond 4-D", mask)
-    md = _outer_dims(mask, ctx.graph, ctx.model)
+    md = outer_dims(mask, ctx.graph, ctx.model)
     if md is None:  # (nothing to check: the graph's own broadcast is all that is known)
         return {"expand_query": False, "expand_key": False}
     qd, kd = known_dims(q) or (None,) * 4, known_dims(k) or (None,) * 4

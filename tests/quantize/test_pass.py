@@ -109,6 +109,41 @@ def test_an_add_that_is_no_bias_stays():
     assert all(len(n.inputs) == 3 for n in model.graph if n.op_type == "MatMulNBits")
 
 
+def test_a_biased_linear_function_takes_its_bias_input_into_matmulnbits():
+    """``Lin(x, w, b) = MatMul(x, w) + b`` called twice: the body's bias is a function input
+    with no type of its own (as read from a file); each call passes a ``[N]`` initializer, so
+    the body's ``Add`` joins ``MatMulNBits`` and onnxruntime gives the fake-quantized numbers."""
+    (w1, w2) = support.weights((64, 64), (64, 64))  # (one body: weights of one shape)
+    (b1,) = support.weights((64,), seed=5)
+    (b2,) = support.weights((64,), seed=6)
+    body = helper.make_function(
+        "local",
+        "Lin",
+        ["x", "w", "b"],
+        ["y"],
+        [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])],
+        [helper.make_opsetid("", 21)],
+    )
+    calls = [
+        helper.make_node("Lin", ["x", "w1", "b1"], ["h"], domain="local"),
+        helper.make_node("Lin", ["h", "w2", "b2"], ["y"], domain="local"),
+    ]
+    model = support.model(
+        calls,
+        {"x": (FLOAT, [2, 3, 64])},
+        ["y"],
+        {"w1": w1, "b1": b1, "w2": w2, "b2": b2},
+        functions=[body],
+    )
+    x = np.random.default_rng(7).standard_normal((2, 3, 64)).astype(np.float32)
+    irkit.quantize(model, bits=4, accuracy_level=0)
+    (function,) = model.functions.values()
+    assert op_histogram(function) == {"com.microsoft::MatMulNBits": 1}
+    (y,) = run_ort(model, [x])
+    h = x @ fake_quant(w1) + b1
+    np.testing.assert_allclose(y, h @ fake_quant(w2) + b2, atol=1e-4, rtol=1e-4)
+
+
 def test_fused_matmul_transposing_a_becomes_transpose_and_matmulnbits():
     """``FusedMatMul(A, Wᵀ, transA=1, transB=1)`` (LFM2's conv ``out_proj`` over its
     channels-first output): a ``Transpose`` of A's last two axes, then ``MatMulNBits``;

@@ -14,7 +14,19 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from irkit.rewriting import Match, RewriteBuilder, Rule, Verdict, dims, fail, op, optional, var
+from irkit.rewriting import (
+    Match,
+    RewriteBuilder,
+    RewriteContext,
+    Rule,
+    Verdict,
+    fail,
+    op,
+    optional,
+    outer_dims,
+    outer_dtype,
+    var,
+)
 
 MS = "com.microsoft"
 
@@ -25,15 +37,19 @@ def _nbits(match: Match) -> ir.Node:
     return next(n for n in match.nodes if n.op_type == "MatMulNBits")
 
 
-def _check(a: ir.Value, bias: ir.Value, product: ir.Value, match: Match) -> Verdict:
+def _check(
+    scales: ir.Value, bias: ir.Value, product: ir.Value, match: Match, ctx: RewriteContext
+) -> Verdict:
     node = _nbits(match)
     n = node.attributes.get_int("N", -1)
     tensor = bias.const_value
-    shape = dims(bias) if tensor is None else list(tensor.shape.dims)
-    if shape != [n]:
+    # (a Linear function's bias is its input: the shape and dtype of what every call passes)
+    shape = outer_dims(bias, ctx.graph, ctx.model) if tensor is None else tensor.shape.dims
+    if shape is None or list(shape) != [n]:
         return fail(f"bias shape {shape} is not [N] = [{n}]", bias)
-    dtype = bias.dtype if tensor is None else tensor.dtype
-    want = product.dtype or a.dtype  # (the product's type: A's)
+    dtype = outer_dtype(bias, ctx.graph, ctx.model) if tensor is None else tensor.dtype
+    # (the product's type is A's and the scales': the packed inputs are typed)
+    want = product.dtype or outer_dtype(scales, ctx.graph, ctx.model)
     if want is None or dtype != want:
         return fail(f"bias dtype {dtype} is not the product's {want}", bias)
     if len(product.uses()) != 1 or product.is_graph_output():
