@@ -316,9 +316,12 @@ class _Broadcast(Recipe):
     a: Recipe
     b: Recipe
 
-    #: The numpy function and the JSON ``op`` name.
-    _function: ClassVar[Callable[[Array, Array], Array]]
+    #: The JSON ``op`` name.
     _name: ClassVar[str]
+
+    @staticmethod
+    def _apply(a: Array, b: Array) -> Array:
+        raise NotImplementedError
 
     @property
     def dtype(self) -> ir.DataType:
@@ -333,10 +336,10 @@ class _Broadcast(Recipe):
 
     def compute(self, args: list[Array]) -> Array:
         a, b = args
-        function = type(self)._function
         if self.dtype.is_floating_point():
-            return function(a.astype(np.float64), b.astype(np.float64)).astype(self.dtype.numpy())
-        return function(a, b).astype(self.dtype.numpy())
+            wide = self._apply(a.astype(np.float64), b.astype(np.float64))
+            return wide.astype(self.dtype.numpy())
+        return self._apply(a, b).astype(self.dtype.numpy())
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self._name, "sources": [self.a.to_json(), self.b.to_json()]}
@@ -347,8 +350,11 @@ class Mul(_Broadcast):
     """Elementwise ``a * b`` with broadcasting (ONNX ``Mul``), both of one dtype; floats are
     multiplied in float64 and rounded once to the dtype (the correctly rounded product)."""
 
-    _function = np.multiply
     _name = "mul"
+
+    @staticmethod
+    def _apply(a: Array, b: Array) -> Array:
+        return np.multiply(a, b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,8 +362,11 @@ class Add(_Broadcast):
     """Elementwise ``a + b`` with broadcasting (ONNX ``Add``: Gemma's and Qwen3.5's norm weight
     ``1 + w``), both of one dtype; floats are added in float64 and rounded once."""
 
-    _function = np.add
     _name = "add"
+
+    @staticmethod
+    def _apply(a: Array, b: Array) -> Array:
+        return np.add(a, b)
 
 
 class Function(enum.Enum):

@@ -48,6 +48,7 @@ from irkit.rules.ort.attention._base import SEQUENCE_AXIS, readers, reads_its_bu
 #: ``attention_bias`` (10), both indexed by absolute slots of the buffer.
 _SLOT_INPUTS = (9, 10)
 _WINDOW_DIM = "past_window_sequence"
+_FLOOR = "windowed_cache/floor"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +120,8 @@ def _floor(model: ir.Model, capacity_of: ir.Value) -> ir.Value | None:
     capacity = tape.op("Shape", [capacity_of], end, name="windowed_cache/capacity")
     one = tape.op("Constant", [], {"value": ir.tensor(np.array([1], dtype=np.int64))})
     whole = tape.op("Sub", [tape.op("Min", [new, capacity]), one])
-    floor = tape.op("Cast", [whole], {"to": ir.DataType.INT32}, name="windowed_cache/floor")
-    floor.name, floor.dtype, floor.shape = "windowed_cache/floor", ir.DataType.INT32, ir.Shape([1])
+    floor = tape.op("Cast", [whole], {"to": ir.DataType.INT32}, name=_FLOOR)
+    floor.name, floor.dtype, floor.shape = _FLOOR, ir.DataType.INT32, ir.Shape([1])
     first = next(iter(model.graph), None)
     if first is None:
         model.graph.extend(tape.nodes)
@@ -183,7 +184,7 @@ def bound_windowed_caches(
         node.attributes["sliding_window_cache"] = ir.AttrInt64("sliding_window_cache", 1)
         window = max(window, node.attributes.get_int("local_window_size", 0))
         owner = owners.get(id(node.graph))
-        _take_padded_prompts(node, threader.formal(owner, (None, floor), floor.name, floor))
+        _take_padded_prompts(node, threader.formal(owner, (None, floor), _FLOOR, floor))
     for index in chosen:
         past_names, present_names = layers[index]
         for name in past_names:
