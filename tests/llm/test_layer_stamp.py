@@ -248,6 +248,11 @@ def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> Non
                 run[arg.name] = np.tile(np.arange(3), (2, 1))
             elif arg.name.startswith("past_key_values."):
                 run[arg.name] = np.zeros((2, arg.shape[1], 16, arg.shape[3]), np.float32)
-        results.append(session.run(None, run))
-    for a, b in zip(*results, strict=True):
+        names = [o.name for o in session.get_outputs()]
+        results.append(dict(zip(names, session.run(None, run), strict=True)))
+    assert list(results[0]) == list(results[1])
+    for name, a in results[0].items():
+        b = results[1][name]
+        if name.startswith("present."):  # the 3 positions written: the rest of a buffer
+            a, b = a[:, :, :3], b[:, :, :3]  # bounded to its window is not written (garbage)
         np.testing.assert_array_equal(a, b)
