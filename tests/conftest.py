@@ -64,8 +64,56 @@ SLOW_MODULES = frozenset(
 )
 
 
+# Files of a few long tests (seconds per test, measured with a per-test duration log: a 7B-shaped
+# export in a child process, whole-CLI runs, Qwen3.5/RWKV exports): handed out first. xdist hands
+# out whole files (``--dist loadfile``) in this order (``--no-loadscope-reorder``); its own order,
+# most tests first, left these last, one worker running a 30 s test alone at the end.
+RUN_FIRST = (
+    "tests/llm/test_export_rss.py",
+    "tests/llm/test_state_models.py",
+    "tests/llm/test_stacked_states.py",
+    "tests/test_automodel_sweep.py",
+    "tests/viz/test_browser.py",
+    "tests/cli/test_lower.py",
+    "tests/llm/test_export_split_weights.py",
+    "tests/viz/test_no_graphviz.py",
+    "tests/lowering/test_base_models.py",
+    "tests/cli/test_session.py",
+    "tests/test_demo.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     for item in items:
         if item.path.relative_to(root).as_posix() in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+class _LongFilesFirst:
+    """Orders the run's items: the files of ``RUN_FIRST``, then the others, most tests first.
+
+    Runs last among the collection hooks, after ``-m``/``-k`` deselected: the counts are the
+    run's own (the fast lane's files are not the whole suite's)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        root = config.rootpath
+        files: dict[str, int] = {}
+        for item in items:
+            path = item.path.relative_to(root).as_posix()
+            files[path] = files.get(path, 0) + 1
+
+        def order(item: pytest.Item) -> tuple[int, int]:
+            path = item.path.relative_to(root).as_posix()
+            if path in RUN_FIRST:
+                return (0, RUN_FIRST.index(path))
+            return (1, -files[path])  # then xdist's own order: most tests first
+
+        items.sort(key=order)  # (stable: a file's tests keep their order)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_LongFilesFirst(), "irkit-long-files-first")

@@ -161,7 +161,9 @@ def _run(model, feeds) -> list:
     return session.run(None, feeds)
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_neox", "qwen3_moe"])
+# (gemma2, whose layers alternate sliding and full attention, is stamped and compared with its
+# full trace, whole folders, in test_export_layer_reuse_same_folder)
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt_neox", "qwen3_moe"])
 def test_stamped_equals_full_trace(name: str) -> None:
     import numpy as np
 
