@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
-from irkit.llm._guards import RELAXATIONS, backed_assertions
+from irkit.llm._guards import RELAXATIONS, backed_assertions, even_chunks
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.llm._states import (
     ListedStates,
@@ -890,41 +890,58 @@ def _has_int_where_dim(before: Any, after: Any) -> bool:
     return before is not None and isinstance(after, int)
 
 
-def _export_narrowing(model: Any, kwargs: dict[str, Any], dynamic: Any, relaxed: int = 0) -> Any:
+#: How many times :func:`_export_narrowing` takes torch's narrower ranges for one export.
+_NARROWINGS = 3
+
+
+def _export_narrowing(
+    model: Any, kwargs: dict[str, Any], dynamic: Any, relaxed: int = 0, narrowed: int = 0
+) -> Any:
     """``torch.export.export``; where torch proves a dim's range narrower than asked (GPT-Neo:
     ``past + new ≤ max positions`` makes each ≤ max - 2) and suggests the narrower ranges, they
     are taken and the export is run again. A suggestion that fixes a dim to one size is not
     taken (the error stands): the program must serve every length.
 
-    A guard torch cannot prove and suggests nothing for is retried under each of
-    :data:`irkit.llm._guards.RELAXATIONS` in turn (``relaxed``: how many are tried already); where every retry
-    fails, the first error stands."""
+    A guard torch cannot prove and suggests nothing for (or solves for the example's size) is
+    retried under each of :data:`irkit.llm._guards.RELAXATIONS` in turn (``relaxed``: how many
+    are tried already; ``narrowed``: how many narrowings are taken); where every retry fails,
+    the first error stands. ``chunk`` of a dynamic dim splits evenly where it can
+    (:func:`~irkit.llm._guards.even_chunks`)."""
     import torch
 
     relax = RELAXATIONS[relaxed - 1] if relaxed else contextlib.nullcontext
+
+    def relaxed_retry(exc: Exception) -> Any:
+        """The export under the next relaxation; where it fails too, ``exc`` stands."""
+        if relaxed == len(RELAXATIONS) or not any(map(_GUARDED.search, str(exc).splitlines())):
+            raise exc
+        try:
+            return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
+        except Exception:
+            raise exc from None
+
     try:
-        with relax():
+        with relax(), even_chunks():
             program = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic)
     except torch._dynamo.exc.UserError as exc:
         if "Suggested fixes" not in str(exc):
-            if relaxed == len(RELAXATIONS) or not any(map(_GUARDED.search, str(exc).splitlines())):
-                raise
-            try:
-                return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
-            except Exception:
-                raise exc from None
+            return relaxed_retry(exc)
         from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
 
         fixes = str(exc).split("Suggested fixes:", 1)[1].strip().split("\n\n", 1)[0]
         message = "Suggested fixes:\n" + fixes  # (torch's parser reads only the fix lines)
         refined = refine_dynamic_shapes_from_suggested_fixes(message, dynamic)
         if _has_int_where_dim(dynamic, refined):
-            raise
+            # (a guard torch cannot prove, solved for the example's size: ProphetNet's layout
+            # checks give ``sequence = 3``; a relaxation may leave a range to serve)
+            return relaxed_retry(exc)
         cut = _narrowed_below_half(dynamic, refined)
         if cut:
             raise _NarrowedError(cut) from exc
-        with relax():
-            program = torch.export.export(model, (), kwargs, dynamic_shapes=refined)
+        if narrowed == _NARROWINGS:
+            raise
+        # (again on the narrower dims, with what a guard left there relaxed as before)
+        return _export_narrowing(model, kwargs, refined, relaxed, narrowed + 1)
     assumed = backed_assertions(program) if relaxed else []
     if assumed:
         raise ExportError(f"the relaxed export assumes {'; '.join(assumed)}")

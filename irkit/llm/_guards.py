@@ -15,7 +15,43 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["RELAXATIONS", "backed_assertions"]
+__all__ = ["RELAXATIONS", "backed_assertions", "even_chunks"]
+
+
+@contextlib.contextmanager
+def even_chunks() -> Iterator[None]:
+    """Inside the ``with``, ``Tensor.chunk(n, dim)`` of a dynamic dim that is provably a multiple
+    of ``n`` splits into ``n`` parts of ``size // n`` (``split_with_sizes``); any other ``chunk``
+    is torch's own.
+
+    torch's ``chunk`` is ``split(x, ceil(size / n))``, whose part count ``(size + ceil(size / n) -
+    1) // ceil(size / n)`` is a Python int: on a dynamic ``size = n·s`` it guards ``(4·s - 1) //
+    s == 3`` (ProphetNet's ``chunk(1 + ngram)`` of its ``(1 + ngram)·sequence`` streams), true
+    for every ``s ≥ 1`` but beyond torch's solver, which then fixes ``sequence`` to the example's
+    length. Where ``size`` is ``n`` times a whole number the two are the same parts, so the
+    export's program is the model's for every length.
+    """
+    import torch
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    chunk = torch.Tensor.chunk
+
+    def even(self: Any, chunks: int, dim: int = 0) -> Any:
+        size = self.shape[dim]
+        if (
+            isinstance(size, torch.SymInt)
+            and isinstance(chunks, int)
+            and chunks > 0
+            and statically_known_true(size % chunks == 0)
+        ):
+            return torch.split(self, [size // chunks] * chunks, dim)
+        return chunk(self, chunks, dim)
+
+    torch.Tensor.chunk = even  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.chunk = chunk  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -89,6 +89,64 @@ def test_a_layout_guard_is_relaxed_and_the_program_serves_every_length() -> None
         torch.testing.assert_close(program.module()(x=x), model(x))
 
 
+class _Streams(torch.nn.Module):
+    """ProphetNet's streams: ``(1 + ngram)·sequence`` rows ``chunk``\\ ed back into ``1 + ngram``
+    parts, whose part count torch's ``chunk`` guards as ``(4·s - 1) // s == 3``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        main, first, second = torch.cat([x, 2 * x, 3 * x], dim=1).chunk(3, dim=1)
+        return main + first * second
+
+
+def test_an_even_chunk_of_a_dynamic_dim_serves_every_length() -> None:
+    from irkit.llm._causal_lm import _export_narrowing
+
+    model, kwargs = _Streams(), {"x": torch.randn(2, 5, 4)}
+    dims = {"x": {1: torch.export.Dim("sequence", max=64)}}
+    with pytest.raises(torch._dynamo.exc.UserError, match="sequence = 5"):
+        torch.export.export(model, (), kwargs, dynamic_shapes=dims)  # (torch alone: specialized)
+    program = _export_narrowing(model, kwargs, dims)
+    for length in (1, 2, 9):
+        x = torch.randn(2, length, 4)
+        torch.testing.assert_close(program.module()(x=x), model(x))
+
+
+@pytest.mark.slow
+def test_prophetnet_exports_without_a_cache_and_runs_every_length() -> None:
+    """ProphetNet's decoder takes its cache one token at a time only (its own assert); without
+    one, its n-gram streams need the even ``chunk`` and its layout checks the relaxation, and one
+    program serves the sequence up to its position table (``2 ≤ sequence ≤ 510``)."""
+    import irkit
+    from tests.helpers import FP32_ATOL, assert_close, ort_session
+
+    torch.manual_seed(0)
+    config = transformers.ProphetNetConfig(
+        vocab_size=120, hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+        num_decoder_attention_heads=2, max_position_embeddings=512, ngram=2,
+    )  # fmt: skip
+    model = transformers.ProphetNetForCausalLM(config).eval()
+    exported = export_causal_lm(model, cache=False)
+    assert exported.output_names == ["logits"]
+    onnx_model = irkit.lower(exported.program, **exported.lower_kwargs())
+    irkit.optimize(onnx_model)
+    session = ort_session(onnx_model)
+    names = [i.name for i in session.get_inputs()]
+    rng = np.random.default_rng(0)
+    for length in (2, 7, 40):
+        ids = rng.integers(3, 120, (2, length))
+        mask = np.ones_like(ids)
+        mask[1, length - 1 :] = 0  # (a right-padded row)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        with torch.no_grad():
+            want = model(
+                input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                use_cache=False,
+            ).logits  # fmt: skip
+        actual = session.run(None, {k: v for k, v in feeds.items() if k in names})
+        assert_close(actual, [want.numpy()], FP32_ATOL)
+
+
 def test_expert_loop_kernel_equals_the_loop_and_keeps_to_its_layout() -> None:
     from irkit.llm.kernels.experts import gathered_experts, is_expert_loop
 
