@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from irkit.errors import ExportError, LoweringOptionsError
-from irkit.llm._guards import RELAXATIONS, backed_assertions, even_chunks
+from irkit.llm._guards import RELAXATIONS, backed_assertions, even_chunks, holding_ranges
 from irkit.llm._meta import fake_weights, probe_mode
 from irkit.llm._states import (
     ListedStates,
@@ -909,11 +909,13 @@ def _export_narrowing(
     (:func:`~irkit.llm._guards.even_chunks`)."""
     import torch
 
+    if relaxed > len(RELAXATIONS):
+        return _export_deferred(model, kwargs, dynamic)
     relax = RELAXATIONS[relaxed - 1] if relaxed else contextlib.nullcontext
 
     def relaxed_retry(exc: Exception) -> Any:
         """The export under the next relaxation; where it fails too, ``exc`` stands."""
-        if relaxed == len(RELAXATIONS) or not any(map(_GUARDED.search, str(exc).splitlines())):
+        if not any(map(_GUARDED.search, str(exc).splitlines())):
             raise exc
         try:
             return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
@@ -946,6 +948,77 @@ def _export_narrowing(
     if assumed:
         raise ExportError(f"the relaxed export assumes {'; '.join(assumed)}")
     return program
+
+
+def _export_deferred(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
+    """The last retry of :func:`_export_narrowing`: ``torch.export`` leaves the guards it cannot
+    prove in the program as runtime assertions, and each is checked at every size of its range
+    (:func:`~irkit.llm._guards.holding_ranges`). Where they hold on all of it, the program
+    serves the whole range; where they hold on a narrower interval around the traced size
+    (XLNet: ``sequence ≥ 2``), it is exported again on that interval (refused below half the
+    asked maximum, as a narrowing); else the export fails with the assertions."""
+    import torch
+
+    def export(dims: Any) -> Any:
+        with even_chunks():
+            return torch.export.export(
+                model, (), kwargs, dynamic_shapes=dims,
+                prefer_deferred_runtime_asserts_over_guards=True,
+            )  # fmt: skip
+
+    program = export(dynamic)
+    example, dims = _size_symbols(program, kwargs, dynamic)
+    holding = holding_ranges(program, example)
+    if holding is None:
+        raise ExportError(f"the relaxed export assumes {'; '.join(backed_assertions(program))}")
+    ranges = {str(k): (int(v.lower), int(v.upper)) for k, v in program.range_constraints.items()}
+    narrower = {dims[k]: v for k, v in holding.items() if v != ranges.get(k) and k in dims}
+    if not narrower:
+        return program
+    new = {
+        id(dim): torch.export.Dim(dim.__name__, min=low, max=high)
+        for dim, (low, high) in narrower.items()
+    }
+    refined = _replace_dims(dynamic, new)
+    cut = _narrowed_below_half(dynamic, refined)
+    if cut:
+        raise _NarrowedError(cut)
+    program = export(refined)
+    example, _ = _size_symbols(program, kwargs, refined)
+    holding = holding_ranges(program, example)
+    ranges = {str(k): (int(v.lower), int(v.upper)) for k, v in program.range_constraints.items()}
+    if holding is None or any(v != ranges.get(k) for k, v in holding.items()):
+        raise ExportError(f"the relaxed export assumes {'; '.join(backed_assertions(program))}")
+    return program
+
+
+def _size_symbols(program: Any, kwargs: dict[str, Any], dynamic: Any) -> tuple[Any, Any]:
+    """Each size symbol of ``program``'s inputs (``s53``): its traced value, and the ``Dim``
+    of ``dynamic`` it stands for."""
+    values: dict[str, int] = {}
+    dims: dict[str, Any] = {}
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in kwargs:
+            continue
+        shape = getattr(node.meta.get("val"), "shape", ())
+        axes = dynamic.get(node.name) or {}
+        for axis, size in enumerate(shape):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if expr is None or not getattr(expr, "is_Symbol", False):
+                continue
+            values[str(expr)] = int(kwargs[node.name].shape[axis])
+            if axis in axes:
+                dims[str(expr)] = axes[axis]
+    return values, dims
+
+
+def _replace_dims(spec: Any, new: dict[int, Any]) -> Any:
+    """``spec`` (dynamic shapes) with each ``Dim`` whose ``id`` is in ``new`` replaced."""
+    if isinstance(spec, Mapping):
+        return {k: _replace_dims(v, new) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_replace_dims(v, new) for v in spec)
+    return new.get(id(spec), spec)
 
 
 class _NarrowedError(Exception):
@@ -1293,8 +1366,9 @@ def _export_uncached(
 
 def _logits_model(model: Any, binding: _Binding) -> Any:
     """``model`` with a forward ``(input_ids, attention_mask, position_ids) → logits`` that
-    passes ``use_cache=False`` where ``forward`` takes it (nothing cached, nothing returned
-    but the logits: ProphetNet's n-gram logits, a cache built anyway are left out).
+    passes ``use_cache=False`` (and ``use_mems=False``: XLNet's memory) where ``forward`` takes
+    it (nothing cached, nothing returned but the logits: ProphetNet's n-gram logits, a cache
+    built anyway are left out).
 
     A shallow copy of ``model`` (same parameters, buffers and submodules: weight names and
     module paths are the model's own) whose class subclasses the model's under its name, as
@@ -1303,6 +1377,7 @@ def _logits_model(model: Any, binding: _Binding) -> Any:
     import copy
 
     base = type(model)
+    remembers = "use_mems" in inspect.signature(model.forward).parameters
 
     def forward(
         self: Any, input_ids: Any, attention_mask: Any = None, position_ids: Any = None
@@ -1314,6 +1389,8 @@ def _logits_model(model: Any, binding: _Binding) -> Any:
             kwargs["position_ids"] = position_ids
         if binding.use_cache:
             kwargs["use_cache"] = False
+        if remembers:  # (a memory is a cache by another name: XLNet's, cut to ``mem_len``)
+            kwargs["use_mems"] = False
         output = base.forward(self, **kwargs)
         return output["logits"] if isinstance(output, Mapping) else output[0]
 

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["RELAXATIONS", "backed_assertions", "even_chunks"]
+__all__ = ["RELAXATIONS", "backed_assertions", "even_chunks", "holding_ranges"]
 
 
 @contextlib.contextmanager
@@ -47,11 +47,11 @@ def even_chunks() -> Iterator[None]:
             return torch.split(self, [size // chunks] * chunks, dim)
         return chunk(self, chunks, dim)
 
-    torch.Tensor.chunk = even  # type: ignore[method-assign]
+    torch.Tensor.chunk = even
     try:
         yield
     finally:
-        torch.Tensor.chunk = chunk  # type: ignore[method-assign]
+        torch.Tensor.chunk = chunk
 
 
 @contextlib.contextmanager
@@ -122,4 +122,69 @@ def backed_assertions(program: Any) -> list[str]:
         symbols = getattr(expr, "free_symbols", ())
         if any(str(symbol).startswith("s") for symbol in symbols):
             found.append(str(expr))
+    return found
+
+
+#: The most values of one size :func:`holding_ranges` evaluates an assertion at.
+ENUMERABLE = 1 << 13
+
+
+def holding_ranges(program: Any, example: dict[str, int]) -> dict[str, tuple[int, int]] | None:
+    """Where the runtime assertions of ``program`` on its input sizes hold, found by trying
+    every size.
+
+    ``torch.export`` with ``prefer_deferred_runtime_asserts_over_guards`` leaves a guard it
+    cannot prove in the program as an assertion (XLNet's relative positions: ``(2·s - 1) mod s
+    != 0``, true for every ``s ≥ 2``). An assertion on one size is a statement about at most
+    :data:`ENUMERABLE` integers (the size's range), so it is checked at each: for each size an
+    assertion reads, the widest interval of its range around the example's size (``example``:
+    symbol name → the traced size) on which every assertion on it holds.
+
+    Args:
+        program: The exported program.
+        example: The traced value of each size symbol (``s53`` → 7).
+
+    Returns:
+        Symbol name → ``(low, high)``, the sizes on which the program holds (every asserted
+        symbol); None where an assertion reads several sizes, a range is wider than
+        :data:`ENUMERABLE`, or the example's own size fails one.
+    """
+    import sympy
+    import torch
+
+    checks = (torch.ops.aten._assert_scalar.default,)
+    by_symbol: dict[Any, list[Any]] = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target not in checks or not node.args:
+            continue
+        value = getattr(node.args[0], "meta", {}).get("val")
+        expr = getattr(getattr(value, "node", None), "expr", None)
+        every = list(getattr(expr, "free_symbols", ()))
+        symbols = [s for s in every if str(s).startswith("s")]
+        if not symbols:
+            continue
+        if len(every) != 1:
+            return None
+        by_symbol.setdefault(symbols[0], []).append(expr)
+    ranges = {str(k): v for k, v in program.range_constraints.items()}
+    found: dict[str, tuple[int, int]] = {}
+    for symbol, exprs in by_symbol.items():
+        bounds, at = ranges.get(str(symbol)), example.get(str(symbol))
+        if bounds is None or at is None:
+            return None
+        low, high = int(bounds.lower), int(bounds.upper)
+        if high - low + 1 > ENUMERABLE:
+            return None
+
+        def holds(n: int, exprs: list[Any] = exprs, symbol: Any = symbol) -> bool:
+            return all(bool(e.xreplace({symbol: sympy.Integer(n)})) for e in exprs)
+
+        if not holds(at):
+            return None
+        first = last = at
+        while first > low and holds(first - 1):
+            first -= 1
+        while last < high and holds(last + 1):
+            last += 1
+        found[str(symbol)] = (first, last)
     return found

@@ -50,7 +50,10 @@ def trace_decomposition(node: torch.fx.Node, fn: Callable[..., Any]) -> torch.fx
         # A named result (torch.return_types.var_mean) is a plain tuple to the lowering.
         return tuple(result) if isinstance(result, tuple) else result
 
-    fake_mode = detect_fake_mode(fakes)
+    # (a factory node reads sizes alone, ``eye(n)``: its result is the program's fake tensor)
+    fake_mode = detect_fake_mode(fakes) or detect_fake_mode(
+        [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    )
     # The fakes belong to the user's program: tracing must not add guards to (and so
     # specialize) its ShapeEnv — the ExportedProgram is never modified.
     shape_env = getattr(fake_mode, "shape_env", None)

@@ -111,6 +111,64 @@ def test_an_even_chunk_of_a_dynamic_dim_serves_every_length() -> None:
         torch.testing.assert_close(program.module()(x=x), model(x))
 
 
+class _Shifted(torch.nn.Module):
+    """A branch on ``(2·s - 1) mod s != 0`` (XLNet's relative-position shift makes the same
+    guard): true for every ``s ≥ 2``, which torch's solver cannot show."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        return x * 2 if (2 * n - 1) % n != 0 else x
+
+
+def test_an_assertion_true_on_a_narrower_range_is_checked_at_every_size() -> None:
+    from irkit.llm._causal_lm import _export_narrowing
+
+    model, kwargs = _Shifted(), {"x": torch.randn(2, 5)}
+    dims = {"x": {1: torch.export.Dim("sequence", max=64)}}
+    with pytest.raises(torch._dynamo.exc.UserError, match="satisfy the generated guard"):
+        torch.export.export(model, (), kwargs, dynamic_shapes=dims)
+    program = _export_narrowing(model, kwargs, dims)
+    # (false at s = 1 only: the program serves 2 … 64, where it holds at every size)
+    [(low, high)] = [(int(r.lower), int(r.upper)) for r in program.range_constraints.values()]
+    assert (low, high) == (2, 64)
+    for length in (2, 3, 64):
+        x = torch.randn(2, length)
+        torch.testing.assert_close(program.module()(x=x), model(x))
+
+
+@pytest.mark.slow
+def test_xlnet_exports_without_its_memory_and_runs_every_length() -> None:
+    """XLNet's memory (``mems``, cut to ``mem_len``) is a cache by another name: off
+    (``use_mems=False``); its relative positions' guards hold from 2 tokens on (checked at
+    every length), its ``eye`` of the sequence length lowers through torch's decomposition."""
+    import irkit
+    from tests.helpers import FP32_ATOL, assert_close, ort_session
+
+    torch.manual_seed(0)
+    config = transformers.XLNetConfig(
+        vocab_size=120, d_model=32, n_layer=1, n_head=2, d_inner=64, mem_len=16,
+    )  # fmt: skip
+    model = transformers.XLNetLMHeadModel(config).eval()
+    exported = export_causal_lm(model, cache=False)
+    ranges = [(int(r.lower), int(r.upper)) for r in exported.program.range_constraints.values()]
+    assert (2, 4095) in ranges  # the sequence: from 2 tokens (the batch's is the other)
+    onnx_model = irkit.lower(exported.program, **exported.lower_kwargs())
+    irkit.optimize(onnx_model)
+    session = ort_session(onnx_model)
+    names = [i.name for i in session.get_inputs()]
+    rng = np.random.default_rng(0)
+    for length in (2, 9, 40):  # (past mem_len too)
+        ids = rng.integers(3, 120, (2, length))
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        with torch.no_grad():
+            want = model(
+                input_ids=torch.from_numpy(ids), attention_mask=torch.ones(2, length),
+                use_mems=False,
+            ).logits  # fmt: skip
+        actual = session.run(None, {k: v for k, v in feeds.items() if k in names})
+        assert_close(actual, [want.numpy()], FP32_ATOL)
+
+
 @pytest.mark.slow
 def test_prophetnet_exports_without_a_cache_and_runs_every_length() -> None:
     """ProphetNet's decoder takes its cache one token at a time only (its own assert); without

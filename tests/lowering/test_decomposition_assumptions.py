@@ -59,3 +59,30 @@ def test_lower_warns_once_per_op_and_condition(caplog):
     assert "decomposition of aten::mul.Tensor branches on" in record.getMessage()
     assert "x.size(0)" in record.getMessage()
     assert "custom_lowerings={torch.ops.aten.mul.Tensor: fn}" in record.getMessage()
+
+
+class Identity(torch.nn.Module):
+    """``eye`` of a dynamic size: a factory node whose only inputs are sizes (no fake tensor
+    among them: its decomposition is traced in the fake mode of its own result)."""
+
+    def forward(self, x):
+        return x.sum(0) + torch.eye(x.shape[1], dtype=x.dtype)
+
+
+def test_a_factory_of_a_symbolic_size_lowers_through_its_decomposition():
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    import irkit
+
+    dims = ({0: torch.export.Dim("rows"), 1: torch.export.Dim("columns")},)
+    ep = torch.export.export(Identity(), (torch.randn(2, 3),), dynamic_shapes=dims)
+    model = irkit.lower(ep)  # (torchlib has no eye; torch's decomposition: Range, Equal, Cast)
+    session = ort.InferenceSession(
+        ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for shape in ((4, 5), (1, 7)):
+        x = np.random.default_rng(0).random(shape, dtype=np.float32)
+        (got,) = session.run(None, {session.get_inputs()[0].name: x})
+        np.testing.assert_array_equal(got, Identity()(torch.from_numpy(x)).numpy())
