@@ -882,12 +882,17 @@ def _output_names(model: Any, program: Any, presents: list[str]) -> list[str]:
 
 
 def _has_int_where_dim(before: Any, after: Any) -> bool:
-    """Whether ``after`` (refined dynamic shapes) made a dim of ``before`` a fixed size."""
+    """Whether ``after`` (refined dynamic shapes) made a dim of ``before`` a fixed size, or a
+    size derived from a new one (``128·d - 125``: torch solving ``(256 + 128·(s // 128)) mod
+    (2 + s // 128) == 0`` for the one residue it saw)."""
+    from torch.export.dynamic_shapes import _DerivedDim
+
     if isinstance(before, Mapping):
         return any(_has_int_where_dim(v, after.get(k)) for k, v in before.items())
     if isinstance(before, (list, tuple)):
         return any(_has_int_where_dim(b, a) for b, a in zip(before, after, strict=False))
-    return before is not None and isinstance(after, int)
+    derived = isinstance(after, _DerivedDim) and after is not before
+    return before is not None and (isinstance(after, int) or derived)
 
 
 #: How many times :func:`_export_narrowing` takes torch's narrower ranges for one export.
@@ -968,7 +973,7 @@ def _export_deferred(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
 
     program = export(dynamic)
     example, dims = _size_symbols(program, kwargs, dynamic)
-    holding = holding_ranges(program, example)
+    holding = holding_ranges(program, example, _one_size(dims))
     if holding is None:
         raise ExportError(f"the relaxed export assumes {'; '.join(backed_assertions(program))}")
     ranges = {str(k): (int(v.lower), int(v.upper)) for k, v in program.range_constraints.items()}
@@ -984,8 +989,8 @@ def _export_deferred(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
     if cut:
         raise _NarrowedError(cut)
     program = export(refined)
-    example, _ = _size_symbols(program, kwargs, refined)
-    holding = holding_ranges(program, example)
+    example, dims = _size_symbols(program, kwargs, refined)
+    holding = holding_ranges(program, example, _one_size(dims))
     ranges = {str(k): (int(v.lower), int(v.upper)) for k, v in program.range_constraints.items()}
     if holding is None or any(v != ranges.get(k) for k, v in holding.items()):
         raise ExportError(f"the relaxed export assumes {'; '.join(backed_assertions(program))}")
@@ -1010,6 +1015,12 @@ def _size_symbols(program: Any, kwargs: dict[str, Any], dynamic: Any) -> tuple[A
             if axis in axes:
                 dims[str(expr)] = axes[axis]
     return values, dims
+
+
+def _one_size(dims: dict[str, Any]) -> dict[str, str]:
+    """Symbols of one ``Dim`` (``{"s53": dim, "s70": dim}``) → the first of them."""
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(dim), name) for name, dim in dims.items()}
 
 
 def _replace_dims(spec: Any, new: dict[int, Any]) -> Any:

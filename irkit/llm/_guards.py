@@ -129,7 +129,9 @@ def backed_assertions(program: Any) -> list[str]:
 ENUMERABLE = 1 << 13
 
 
-def holding_ranges(program: Any, example: dict[str, int]) -> dict[str, tuple[int, int]] | None:
+def holding_ranges(
+    program: Any, example: dict[str, int], same: dict[str, str] | None = None
+) -> dict[str, tuple[int, int]] | None:
     """Where the runtime assertions of ``program`` on its input sizes hold, found by trying
     every size.
 
@@ -143,6 +145,9 @@ def holding_ranges(program: Any, example: dict[str, int]) -> dict[str, tuple[int
     Args:
         program: The exported program.
         example: The traced value of each size symbol (``s53`` → 7).
+        same: Symbols that are one size (two inputs' dims of one ``Dim``, which the deferred
+            export keeps apart with an assertion ``Eq(s70, s53)``), each → the one it is read
+            as.
 
     Returns:
         Symbol name → ``(low, high)``, the sizes on which the program holds (every asserted
@@ -154,11 +159,20 @@ def holding_ranges(program: Any, example: dict[str, int]) -> dict[str, tuple[int
 
     checks = (torch.ops.aten._assert_scalar.default,)
     by_symbol: dict[Any, list[Any]] = {}
+    named = {str(k): k for k in program.range_constraints}
+    one = {
+        named[k]: named[v] for k, v in (same or {}).items() if k in named and v in named and k != v
+    }
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target not in checks or not node.args:
             continue
         value = getattr(node.args[0], "meta", {}).get("val")
         expr = getattr(getattr(value, "node", None), "expr", None)
+        if expr is None:
+            continue
+        expr = expr.xreplace(one)
+        if expr is sympy.true:
+            continue
         every = list(getattr(expr, "free_symbols", ()))
         symbols = [s for s in every if str(s).startswith("s")]
         if not symbols:

@@ -170,6 +170,62 @@ def test_xlnet_exports_without_its_memory_and_runs_every_length() -> None:
 
 
 @pytest.mark.slow
+def test_deepseek_v4_compressors_export_without_a_cache_for_every_length() -> None:
+    """DeepSeek-V4's compressed sparse (windows of 4, overlapping, its indexer's top 3 picks) and
+    heavily compressed (windows of 8) attention: the branch-free kernels (``kernels.compressed``)
+    equal the model's own forward with and without closed windows, and the one program, exported
+    on a 3-token example (no window closed), runs every length in onnxruntime."""
+    import irkit
+    from irkit.llm.kernels import export_kernels
+    from tests.helpers import FP32_ATOL, assert_close, ort_session
+
+    config = transformers.AutoConfig.for_model(
+        "deepseek_v4", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, q_lora_rank=32,
+        o_groups=8, o_lora_rank=32, qk_rope_head_dim=2, index_n_heads=4, index_head_dim=16,
+        index_topk=512, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+        sliding_window=8, max_position_embeddings=128, bos_token_id=0, eos_token_id=1,
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+        mlp_layer_types=["moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    indexers = [m for m in model.modules() if hasattr(m, "index_topk")]
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        # (a top 3 of more entries may keep other entries of equal score than torch's own call:
+        # the index scores are ReLU sums, 0 for many entries; all picked at 512)
+        for topk, length in [(3, 1), (3, 3), (3, 13), *((512, n) for n in (1, 3, 13, 40))]:
+            for indexer in indexers:
+                indexer.index_topk = topk
+            ids = torch.from_numpy(rng.integers(3, 512, (2, length)))
+            want = model(input_ids=ids, use_cache=False).logits
+            with export_kernels(model) as swapped:
+                got = model(input_ids=ids, use_cache=False).logits
+            assert swapped == ["window_compressor", "window_indexer"]
+            torch.testing.assert_close(got, want)
+    # onnxruntime: every visible entry picked (its scores are ReLU sums, 0 for many entries:
+    # a top 3 among ties may pick other, equally valid, entries than torch's CPU topk)
+    exported = export_causal_lm(model, cache=False)
+    onnx_model = irkit.lower(exported.program, **exported.lower_kwargs())
+    irkit.optimize(onnx_model)
+    session = ort_session(onnx_model)
+    names = [i.name for i in session.get_inputs()]
+    for length in (2, 13, 40):
+        ids = rng.integers(3, 512, (2, length))
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "position_ids": np.tile(np.arange(length), (2, 1)),
+        }
+        with torch.no_grad():
+            want = model(input_ids=torch.from_numpy(ids), use_cache=False).logits
+        actual = session.run(None, {k: v for k, v in feeds.items() if k in names})
+        assert_close(actual, [want.numpy()], FP32_ATOL)
+
+
+@pytest.mark.slow
 def test_prophetnet_exports_without_a_cache_and_runs_every_length() -> None:
     """ProphetNet's decoder takes its cache one token at a time only (its own assert); without
     one, its n-gram streams need the even ``chunk`` and its layout checks the relaxation, and one

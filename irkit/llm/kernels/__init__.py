@@ -44,6 +44,7 @@ from types import ModuleType
 from typing import Any
 
 from irkit.llm.kernels import (
+    compressed,
     experts,
     gated_delta,
     kda,
@@ -76,6 +77,7 @@ __all__ = [
 
 _FAMILIES: tuple[ModuleType, ...] = (
     gated_delta, mamba, mamba2, kda, lightning, mla, mlstm, rglru, wkv, experts, ranges,
+    compressed,
 )  # fmt: skip
 
 #: Export kernel by hub-kernel contract name, over every family module.
