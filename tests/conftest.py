@@ -70,6 +70,7 @@ SLOW_MODULES = frozenset(
 # most tests first, left these last, one worker running a 30 s test alone at the end.
 RUN_FIRST = (
     "tests/llm/test_export_rss.py",
+    "tests/llm/test_export_without_cache.py",
     "tests/llm/test_state_models.py",
     "tests/llm/test_stacked_states.py",
     "tests/test_automodel_sweep.py",
