@@ -14,13 +14,14 @@ transformers writes these with branches on the length — ``if chunk.shape[1] > 
 closed at all), ``if n_windows > 1``, ``if seq_len == 1 or compressed_len == 0`` — and the
 attention appends the compressed entries to its keys only ``if kv.shape[2] >
 attention_mask.shape[-1]``: ``torch.export`` keeps the example's side, so a program exported on
-a short prompt is wrong past the first window (it narrowed the sequence to ``≤ 3``). Here each
-branch is the general case on tensors that may be empty (``n = S // rate`` windows, possibly
-none; the previous halves shifted in with ``cat`` and cut to ``n``), and the returned entries
-end with one more, zero, entry whose bias is ``-inf`` (weight exactly 0 after the softmax): the
-attention then always takes its concatenating branch, which is the same program for every
-length. The kernels serve ``cache=None`` only (a cached call runs the model's own forward:
-the cache classes of these layers hold buffers of a varying length, refused at the export).
+a short prompt is wrong past the first window (it narrowed the sequence to ``≤ 3``). Here every
+length takes one path: the tokens are padded with zeros to ``S // rate + 2`` windows (never an
+empty or size-1 tensor, which torch would specialize), each window is compressed (the previous
+halves shifted in with ``cat``), and the padded windows — closing at or after the sequence's
+end — get bias ``-inf`` like any entry a query may not see (weight exactly 0 after the
+softmax); the attention then always takes its concatenating branch. The kernels serve
+``cache=None`` only (a cached call runs the model's own forward: the cache classes of these
+layers hold buffers of a varying length, refused at the export).
 """
 
 from __future__ import annotations
@@ -181,10 +182,10 @@ def window_compressor(
     layer_idx: int = 0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compressor's ``forward`` without a cache: the entries (``(batch, 1, T + 1,
-    head_dim)``, the last one zero) and their attention bias ``(batch, 1, S, T + 1)`` (0 where a
-    query reads an entry: every window closed before it, or the indexer's picks; ``-inf`` else
-    and on the last entry).
+    """The compressor's ``forward`` without a cache: the entries of ``W = S // rate + 2``
+    windows (``(batch, 1, W, head_dim)``, the last two or more of zero-padded tokens) and their
+    attention bias ``(batch, 1, S, W)``: 0 where a query reads an entry (every window closed
+    before it, or the indexer's picks among those), ``-inf`` else — on every padded window.
 
     Args:
         self: The module (:func:`is_window_compressor`).
