@@ -151,7 +151,9 @@ def test_xlnet_exports_without_its_memory_and_runs_every_length() -> None:
     model = transformers.XLNetLMHeadModel(config).eval()
     exported = export_causal_lm(model, cache=False)
     ranges = [(int(r.lower), int(r.upper)) for r in exported.program.range_constraints.values()]
-    assert (2, 4095) in ranges  # the sequence: from 2 tokens (the batch's is the other)
+    # the sequence: from 2 tokens on with torch 2.13 (its guards fail at 1), every length with
+    # 2.15 (the batch's range is the other)
+    assert any(low <= 2 and high == 4095 for low, high in ranges), ranges
     onnx_model = irkit.lower(exported.program, **exported.lower_kwargs())
     irkit.optimize(onnx_model)
     session = ort_session(onnx_model)
