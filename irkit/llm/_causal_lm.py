@@ -897,6 +897,10 @@ def _has_int_where_dim(before: Any, after: Any) -> bool:
 
 #: How many times :func:`_export_narrowing` takes torch's narrower ranges for one export.
 _NARROWINGS = 3
+#: Where :func:`_export_deferred` comes among the retries: after the layout relaxation (ZAYA's
+#: guard fails at one length, so its deferred program would not serve that one), before the
+#: size-oblivious one (each failed retry is a whole trace: DeepSeek-V4's 7 s).
+_DEFERRED_STAGE = 2
 
 
 def _export_narrowing(
@@ -908,19 +912,28 @@ def _export_narrowing(
     taken (the error stands): the program must serve every length.
 
     A guard torch cannot prove and suggests nothing for (or solves for the example's size) is
-    retried under each of :data:`irkit.llm._guards.RELAXATIONS` in turn (``relaxed``: how many
-    are tried already; ``narrowed``: how many narrowings are taken); where every retry fails,
-    the first error stands. ``chunk`` of a dynamic dim splits evenly where it can
+    retried under the layout relaxation, then the deferred assertions checked at every size
+    (:func:`_export_deferred`), then the size-oblivious relaxation
+    (:data:`irkit.llm._guards.RELAXATIONS`; ``relaxed``: how many retries are tried already;
+    ``narrowed``: how many narrowings are taken); where every retry fails, the first error
+    stands. ``chunk`` of a dynamic dim splits evenly where it can
     (:func:`~irkit.llm._guards.even_chunks`)."""
     import torch
 
-    if relaxed > len(RELAXATIONS):
-        return _export_deferred(model, kwargs, dynamic)
-    relax = RELAXATIONS[relaxed - 1] if relaxed else contextlib.nullcontext
+    last = len(RELAXATIONS) + 1  # (the relaxations and the deferred retry)
+    if relaxed == _DEFERRED_STAGE:
+        try:
+            return _export_deferred(model, kwargs, dynamic)
+        except Exception:
+            if relaxed == last:
+                raise
+            return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
+    index = relaxed - 1 - (relaxed > _DEFERRED_STAGE)
+    relax = RELAXATIONS[index] if relaxed else contextlib.nullcontext
 
     def relaxed_retry(exc: Exception) -> Any:
         """The export under the next relaxation; where it fails too, ``exc`` stands."""
-        if not any(map(_GUARDED.search, str(exc).splitlines())):
+        if relaxed == last or not any(map(_GUARDED.search, str(exc).splitlines())):
             raise exc
         try:
             return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
@@ -956,7 +969,7 @@ def _export_narrowing(
 
 
 def _export_deferred(model: Any, kwargs: dict[str, Any], dynamic: Any) -> Any:
-    """The last retry of :func:`_export_narrowing`: ``torch.export`` leaves the guards it cannot
+    """A retry of :func:`_export_narrowing`: ``torch.export`` leaves the guards it cannot
     prove in the program as runtime assertions, and each is checked at every size of its range
     (:func:`~irkit.llm._guards.holding_ranges`). Where they hold on all of it, the program
     serves the whole range; where they hold on a narrower interval around the traced size
