@@ -931,14 +931,16 @@ def _export_narrowing(
     index = relaxed - 1 - (relaxed > _DEFERRED_STAGE)
     relax = RELAXATIONS[index] if relaxed else contextlib.nullcontext
 
-    def relaxed_retry(exc: Exception) -> Any:
-        """The export under the next relaxation; where it fails too, ``exc`` stands."""
+    def relaxed_retry(exc: Exception, shown: Exception | None = None) -> Any:
+        """The export under the next relaxation; where it fails too, ``shown`` (default:
+        ``exc``, torch's error) stands."""
+        shown = exc if shown is None else shown
         if relaxed == last or not any(map(_GUARDED.search, str(exc).splitlines())):
-            raise exc
+            raise shown from exc if shown is not exc else None
         try:
             return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
         except Exception:
-            raise exc from None
+            raise shown from exc if shown is not exc else None
 
     try:
         with relax(), even_chunks():
@@ -957,7 +959,9 @@ def _export_narrowing(
             return relaxed_retry(exc)
         cut = _narrowed_below_half(dynamic, refined)
         if cut:
-            raise _NarrowedError(cut) from exc
+            # (a narrowing far below the asked range is refused; a relaxation may serve it
+            # whole: Inkling2's ``sequence < 4`` is a layout decision's guard)
+            return relaxed_retry(exc, _NarrowedError(cut))
         if narrowed == _NARROWINGS:
             raise
         # (again on the narrower dims, with what a guard left there relaxed as before)

@@ -62,24 +62,41 @@ def _layout_checks_oblivious() -> Iterator[None]:
 
     torch asks, for every traced tensor's metadata, whether its strides are contiguous, and
     guards on the dynamic sizes where it cannot tell: ``torch.cat([state, v[:, :-1]])`` makes it
-    guard ``sequence - 1 != 1`` (ZAYA). Such a guard is about memory layout only: an ONNX
+    guard ``sequence - 1 != 1`` (ZAYA); likewise where it orders a new tensor's strides
+    (:data:`_LAYOUT_CHECKS`). Such a guard is about memory layout only: an ONNX
     tensor has no strides, so no answer of this check changes a value the program computes,
     and the guard only narrows the range the export serves.
     """
     import torch._prims_common as prims
     from torch.fx.experimental import _config
 
-    check = prims.check_contiguous_sizes_strides
+    checks = {name: getattr(prims, name) for name in _LAYOUT_CHECKS}
 
-    def oblivious(*args: Any, **kwargs: Any) -> Any:
-        with _config.patch(backed_size_oblivious=True):
-            return check(*args, **kwargs)
+    def oblivious(check: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _config.patch(backed_size_oblivious=True):
+                return check(*args, **kwargs)
 
-    prims.check_contiguous_sizes_strides = oblivious
+        return call
+
+    for name, check in checks.items():
+        setattr(prims, name, oblivious(check))
     try:
         yield
     finally:
-        prims.check_contiguous_sizes_strides = check
+        for name, check in checks.items():
+            setattr(prims, name, check)
+
+
+#: The layout decisions of ``torch._prims_common`` that :func:`_layout_checks_oblivious` makes
+#: without guards: whether strides are contiguous (ZAYA), and the order of a new tensor's
+#: strides (``empty_like``'s logical-to-physical permutation, which compares the sizes of dims
+#: with equal strides: the ``flip`` of an ``unfold(-1, 4, 1)`` over a dynamic sequence guards
+#: ``sequence < 4`` — Inkling2's dynamic short convolution).
+_LAYOUT_CHECKS = (
+    "check_contiguous_sizes_strides",
+    "compute_elementwise_output_logical_to_physical_perm",
+)
 
 
 @contextlib.contextmanager

@@ -89,6 +89,39 @@ def test_a_layout_guard_is_relaxed_and_the_program_serves_every_length() -> None
         torch.testing.assert_close(program.module()(x=x), model(x))
 
 
+class _Taps(torch.nn.Module):
+    """Inkling2's dynamic short convolution: windows of the left-padded sequence
+    (``unfold(-1, 4, 1).flip(-1)``), weighted per token. The ``flip`` makes torch order its new
+    tensor's strides by comparing the sequence with the kernel width (``sequence < 4`` at a
+    3-token example), and suggest that narrowing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        context = torch.nn.functional.pad(x.transpose(1, 2), (3, 0))
+        windows = context.unfold(-1, 4, 1).flip(-1).transpose(1, 2)  # (batch, seq, 8, 4)
+        return (windows * self.proj(x)[:, :, None, :]).sum(-1)
+
+
+def test_a_narrowing_from_a_layout_decision_is_relaxed_and_serves_every_length() -> None:
+    from irkit.llm._causal_lm import _export_narrowing
+
+    torch.manual_seed(0)
+    model = _Taps().eval()
+    kwargs = {"x": torch.randn(2, 3, 8)}
+    dims = {"x": {1: torch.export.Dim("sequence", max=64)}}
+    with pytest.raises(torch._dynamo.exc.UserError, match=r"sequence = Dim\('sequence', max=3\)"):
+        torch.export.export(model, (), kwargs, dynamic_shapes=dims)  # (torch alone: narrowed)
+    program = _export_narrowing(model, kwargs, dims)
+    [(low, high)] = [(int(r.lower), int(r.upper)) for r in program.range_constraints.values()]
+    assert high == 64
+    for length in (1, 3, 4, 17):
+        x = torch.randn(2, length, 8)
+        torch.testing.assert_close(program.module()(x=x), model(x))
+
+
 class _Streams(torch.nn.Module):
     """ProphetNet's streams: ``(1 + ngram)·sequence`` rows ``chunk``\\ ed back into ``1 + ngram``
     parts, whose part count torch's ``chunk`` guards as ``(4·s - 1) // s == 3``."""
