@@ -290,6 +290,8 @@ def worker(model_type: str, targets: list[str], result_path: pathlib.Path) -> No
             progress.write()
             return
         progress.info["cache"] = False
+    if not exported.cache.keys and not exported.cache.states:
+        progress.info["cache"] = False  # (a model that keeps no cache: XLNet, openai-gpt)
     progress.time("export", start)
     uncached = progress.info.get("cache")  # False: exported without a cache
 
