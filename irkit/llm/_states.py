@@ -793,13 +793,13 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     gathered at the row's last real token instead (the same columns without right pads): the
     ``K - 1`` columns of ``cat(past state, new inputs)`` (the past as given, not transformers'
     padded copy) up to the last new column ``m ≤ S`` whose mask is 1 (``m = 0``: all pads, the
-    past kept), i.e. columns ``m … m + K - 2``. The gather is traced when the state is read,
-    after the forward: onnxruntime-genai may give a present state the buffer of its past, so
-    the new state is written after every read of the past (in the graph's node order). A
-    model that passes its new state rather than the new inputs (ZAYA: the last ``K`` columns it
-    computed itself) is left as it is: its right-padded rows keep pad columns.
+    past kept), i.e. columns ``m … m + K - 2``. Where every row's last new token is real (each
+    decode step), those are the last ``K - 1`` columns, which the layer's convolution already
+    holds (``CausalConvWithState``'s new state under ``--target ort``): the layer records both,
+    and :func:`_settle_held_states` chooses once for all layers, after the forward. A model that
+    passes its new state rather than the new inputs (ZAYA: the last ``K`` columns it computed
+    itself) is left as it is: its right-padded rows keep pad columns.
     """
-    import torch
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     update = layer.update_conv_state
@@ -809,21 +809,75 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
         past = getattr(layer, _PAST, {}).get(state_idx)
         if past is None:  # (no past given: nothing to hold)
             return full
-        keep, new = past.shape[-1], conv_states.shape[-1]
-        if not statically_known_true(new == mask.shape[-1]):
+        if not statically_known_true(conv_states.shape[-1] == mask.shape[-1]):
             return full  # the model passed its new state, not the new inputs (ZAYA): kept as is
-        steps = torch.arange(1, new + 1, device=mask.device)
-        last = (mask.to(steps.dtype) * steps).amax(-1)  # (batch,): m
-        index = last[:, None] + torch.arange(keep, device=mask.device)
-        index = index[:, None, :].expand(past.shape[0], past.shape[1], keep)
-
-        def state() -> Any:  # (traced when read: after every layer has read its past state)
-            return torch.gather(torch.cat([past, conv_states], -1), -1, index)
-
-        setattr(layer, _HELD, {**getattr(layer, _HELD, {}), state_idx: state})
+        pending = _HeldConv(past, conv_states, full[..., -past.shape[-1] :])
+        setattr(layer, _PENDING, {**getattr(layer, _PENDING, {}), state_idx: pending})
         return full
 
     layer.update_conv_state = held
+
+
+#: The attribute of a transformers cache layer with its :class:`_HeldConv` by state index.
+_PENDING = "irkit_conv_pending"
+
+
+@dataclasses.dataclass(frozen=True)
+class _HeldConv:
+    """A layer's convolution state to hold at the pads (:func:`_hold_conv_state_at_pads`): the
+    past state as given, the new inputs, and the last ``K - 1`` columns of their concatenation
+    as the layer's convolution read them."""
+
+    past: Any
+    new: Any
+    last: Any
+
+
+def _settle_held_states(layers: Sequence[Any], mask: Any) -> None:
+    """Each layer's held convolution state, chosen once for all layers after the forward.
+
+    Where every row's last new token is real, the state is the last ``K - 1`` columns the
+    layer's convolution read (no work: under ``--target ort``, ``CausalConvWithState``'s own
+    new state); else each row's columns up to its last real token are gathered. One
+    ``torch.cond`` (an ``If``) for all layers: a decode step runs none of the gathers. Its
+    results are written after every layer has read its past state (onnxruntime-genai may give a
+    present state the buffer of its past).
+    """
+    import torch
+
+    found = [
+        (layer, index, pending)
+        for layer in layers
+        for index, pending in getattr(layer, _PENDING, {}).items()
+    ]
+    if not found:
+        return
+    count = len(found)
+
+    def last(mask: Any, *tensors: Any) -> tuple[Any, ...]:
+        return tuple(t.clone() for t in tensors[2 * count :])
+
+    def gathered(mask: Any, *tensors: Any) -> tuple[Any, ...]:
+        steps = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+        end = (mask.to(steps.dtype) * steps).amax(-1)  # (batch,): m
+        states = []
+        for past, new in zip(tensors[:count], tensors[count : 2 * count], strict=True):
+            keep = past.shape[-1]
+            index = end[:, None] + torch.arange(keep, device=mask.device)
+            index = index[:, None, :].expand(past.shape[0], past.shape[1], keep)
+            states.append(torch.gather(torch.cat([past, new], -1), -1, index))
+        return tuple(states)
+
+    tensors = (
+        *(p.past for _, _, p in found),
+        *(p.new for _, _, p in found),
+        *(p.last for _, _, p in found),
+    )
+    every_last_real = mask[:, -1].amin() > 0
+    states = torch.cond(every_last_real, last, gathered, (mask, *tensors))
+    for (layer, index, _), state in zip(found, states, strict=True):
+        setattr(layer, _HELD, {**getattr(layer, _HELD, {}), index: lambda state=state: state})
+        getattr(layer, _PENDING).pop(index)
 
 
 def _state_hooks(model: Any, cache: Any) -> list[Any]:
@@ -914,6 +968,8 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
         returned = next(
             (v for v in output.values() if v is not None and hasattr(v, "layers")), None
         )
+        if mask is not None:
+            _settle_held_states(getattr(returned or cache, "layers", ()), mask)
         return (output.logits, *read_states(returned or cache, specs, self))
 
     namespace = {

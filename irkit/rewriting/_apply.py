@@ -3,8 +3,9 @@
 Every graph-like (the main graph, each local function body once, each If/Loop/Scan body) is
 rewritten by one worklist pass: nodes are visited in graph order; each node tries only the rules
 whose pattern root has its ``(domain, op_type)`` (plus the few rules that may anchor anywhere);
-after a rewrite the neighbourhood — the new nodes, the producers of their inputs and the
-consumers of their outputs and those consumers' consumers — is re-enqueued. Work is proportional to the graph size times the
+after a rewrite the neighbourhood — the new nodes, the producers of their inputs, the
+consumers of their outputs and those consumers' consumers, and the other consumers of what the
+replaced nodes read — is re-enqueued. Work is proportional to the graph size times the
 (bounded) pattern size, so time per node stays flat as models grow.
 """
 
@@ -250,6 +251,7 @@ class _Worklist:
                         self._near_miss(node, result)
                     continue
                 where = _where(node, self.where)
+                read = [v for n in result.match.nodes for v in n.inputs if v is not None]
                 commit(self.ctx.graph, node, result, rule.name, self.ctx.model)
                 for guard in self.guards:
                     guard.committed(self.ctx.graph, result.nodes)
@@ -258,7 +260,7 @@ class _Worklist:
                 s.where[where] += 1
                 # A multi-root match inserts before its anchor; later roots may need reordering.
                 self.needs_sort |= len({v.producer() for v in result.match.outputs}) > 1
-                self._enqueue_neighbourhood(result)
+                self._enqueue_neighbourhood(result, read)
                 recent.append(rule.name)
                 budget -= 1
                 if budget < 0:
@@ -293,8 +295,11 @@ class _Worklist:
             NearMiss(node.name or "", _where(node, self.where), failure.describe(), failure.depth)
         )
 
-    def _enqueue_neighbourhood(self, result: Rewrite) -> None:
-        push = []
+    def _enqueue_neighbourhood(self, result: Rewrite, read: Sequence[ir.Value] = ()) -> None:
+        """Re-enqueue what a rewrite may have made matchable. ``read``: the values the matched
+        nodes read — their other consumers lost a use of them (a pattern refused because an
+        intermediate value had another use may match now)."""
+        push = [use.node for v in read for use in v.uses()]
         for n in result.nodes:
             push.append(n)
             for v in n.inputs:

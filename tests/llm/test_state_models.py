@@ -100,6 +100,7 @@ def test_qwen35_names_and_genai_config(qwen35_folder) -> None:
     else:  # standard ops: one call of the kernel's function, a Scan in its body
         assert counts["irkit_kernels::gated_delta"] == 1
         assert counts["::Scan"] == 1 and counts["com.microsoft::LinearAttention"] == 0
+    _assert_conv_state_is_chosen_once(root / "out" / "model.onnx", "qwen35_ort" in root.name)
     session = ort.InferenceSession(str(root / "out" / "model.onnx"))
     names = {arg.name: arg.shape for arg in session.get_inputs()}
     # layer 0 (gated delta net): conv state (batch, 2·16·2 + 4·16, K - 1), recurrent state
@@ -111,6 +112,27 @@ def test_qwen35_names_and_genai_config(qwen35_folder) -> None:
     assert decoder["conv_cache_size"] == 3
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
     assert decoder["outputs"]["present_recurrent_names"] == "present.%d.recurrent"
+
+
+def _assert_conv_state_is_chosen_once(path: pathlib.Path, contrib: bool) -> None:
+    """The new conv state is one ``If`` in the main graph: where every row's last token is real
+    (each decode step), the layer's own last ``K − 1`` columns (``CausalConvWithState``'s second
+    output under ``ort``) and no gather; else each row's columns gathered at its last real
+    token."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    (choice,) = [n for n in proto.graph.node if n.op_type == "If"]
+    assert list(choice.output) == ["present.0.conv"]
+    branches = {a.name: a.g for a in choice.attribute}
+    assert [n.op_type for n in branches["then_branch"].node] == ["Identity"]
+    assert "GatherElements" in {n.op_type for n in branches["else_branch"].node}
+    everywhere = [n for g in (proto.graph, *proto.functions) for n in g.node]
+    assert "GatherElements" not in {n.op_type for n in everywhere}
+    if contrib:  # (the op's new state leaves its function: no Concat of the state and x left)
+        (conv,) = [n for n in everywhere if n.op_type == "CausalConvWithState"]
+        assert len(conv.output) == 2 and conv.output[1]
+        assert not [n for n in everywhere if n.op_type == "Concat" and conv.input[3] in n.input]
 
 
 def test_qwen35_genai_generator_equals_generate(qwen35_folder) -> None:

@@ -186,8 +186,56 @@ def _causal_conv(
     return y
 
 
+#: The last ``K − 1`` columns of the convolution's input (the new state, as irkit's export keeps
+#: it where every row's last new token is real: ``irkit.llm._states._settle_held_states``).
+_LAST = op.Slice(_STATE, var("start"), var("end"), var("axes"), optional(var("steps")))
+
+
+def _check_last(
+    state: ir.Value,
+    x: ir.Value,
+    start: ir.Value,
+    end: ir.Value,
+    axes: ir.Value,
+    steps: ir.Value | None,
+    cat_axis: int | None,
+    padded: int | None,
+    pad_pads: ir.Value | None,
+) -> Verdict:
+    if cat_axis not in (2, -1):
+        return fail("the concatenation is not on the last axis", x)
+    width = dims(state)[-1] if dims(state) is not None else None  # type: ignore[index]
+    if not isinstance(width, int) or const_ints(start) != [-width]:
+        return fail("the slice does not start at −(K − 1), the state's length", start)
+    far = const_ints(end)
+    if far is None or len(far) != 1 or far[0] < _FAR or not _last_axis(axes, steps, 3):
+        return fail("the slice does not read the last axis to its end", end)
+    if padded == 0 and const_ints(pad_pads) != [0, 0, 1, 0, 0, 0]:
+        return fail("the state's Pad is not one leading column", state)
+    for use in x.uses():
+        node = use.node
+        if (
+            node.op_type == "CausalConvWithState"
+            and node.domain == "com.microsoft"
+            and len(node.inputs) > 3
+            and node.inputs[0] is x
+            and node.inputs[3] is state
+            and len(node.outputs) > 1
+        ):
+            return {"present": node.outputs[1]}
+    return fail("no CausalConvWithState of this state and x (yet)", x)
+
+
 rules = RuleSet(
     "ort_causal_conv",
-    [Rule("CausalConvWithState", _PATTERN, check=_check, rewrite=_causal_conv)],
+    [
+        Rule("CausalConvWithState", _PATTERN, check=_check, rewrite=_causal_conv),
+        Rule(
+            "CausalConvWithStatePresent", _LAST, check=_check_last, rewrite=lambda present: present
+        ),
+    ],
 )
-"""The causal convolution rule."""
+"""The causal convolution rule, and its new state read where the graph keeps the last
+``K − 1`` columns of the convolution's input: ``Slice(Concat(state, x), −(K − 1), ∞) =
+CausalConvWithState(x, W, B, state)[1]`` (the op's second output: the last ``K − 1`` columns
+of ``cat(state, x)``)."""
