@@ -904,7 +904,12 @@ _DEFERRED_STAGE = 2
 
 
 def _export_narrowing(
-    model: Any, kwargs: dict[str, Any], dynamic: Any, relaxed: int = 0, narrowed: int = 0
+    model: Any,
+    kwargs: dict[str, Any],
+    dynamic: Any,
+    relaxed: int = 0,
+    narrowed: int = 0,
+    limit: int | None = None,
 ) -> Any:
     """``torch.export.export``; where torch proves a dim's range narrower than asked (GPT-Neo:
     ``past + new ≤ max positions`` makes each ≤ max - 2) and suggests the narrower ranges, they
@@ -916,29 +921,37 @@ def _export_narrowing(
     (:func:`_export_deferred`), then the size-oblivious relaxation
     (:data:`irkit.llm._guards.RELAXATIONS`; ``relaxed``: how many retries are tried already;
     ``narrowed``: how many narrowings are taken); where every retry fails, the first error
-    stands. ``chunk`` of a dynamic dim splits evenly where it can
+    stands. Where torch *suggested* a range (a fixed size, or one far below the asked range),
+    the size-oblivious relaxation is not tried (``limit``: the last retry tried): it decides a
+    real branch on the length without an assertion (Doge's mask, top-k beyond a window: the
+    program silently wrong past the window), while the layout relaxation and the deferred
+    assertions keep such a branch a guard. ``chunk`` of a dynamic dim splits evenly where it can
     (:func:`~irkit.llm._guards.even_chunks`)."""
     import torch
 
-    last = len(RELAXATIONS) + 1  # (the relaxations and the deferred retry)
+    last = len(RELAXATIONS) + 1 if limit is None else limit  # (relaxations, deferred retry)
     if relaxed == _DEFERRED_STAGE:
         try:
             return _export_deferred(model, kwargs, dynamic)
         except Exception:
             if relaxed == last:
                 raise
-            return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
+            return _export_narrowing(model, kwargs, dynamic, relaxed + 1, limit=limit)
     index = relaxed - 1 - (relaxed > _DEFERRED_STAGE)
     relax = RELAXATIONS[index] if relaxed else contextlib.nullcontext
 
-    def relaxed_retry(exc: Exception, shown: Exception | None = None) -> Any:
+    def relaxed_retry(
+        exc: Exception, shown: Exception | None = None, suggested: bool = False
+    ) -> Any:
         """The export under the next relaxation; where it fails too, ``shown`` (default:
-        ``exc``, torch's error) stands."""
+        ``exc``, torch's error) stands. ``suggested``: torch suggested a range (the
+        size-oblivious relaxation is then not tried)."""
         shown = exc if shown is None else shown
-        if relaxed == last or not any(map(_GUARDED.search, str(exc).splitlines())):
+        cap = min(last, _DEFERRED_STAGE) if suggested else last
+        if relaxed >= cap or not any(map(_GUARDED.search, str(exc).splitlines())):
             raise shown from exc if shown is not exc else None
         try:
-            return _export_narrowing(model, kwargs, dynamic, relaxed + 1)
+            return _export_narrowing(model, kwargs, dynamic, relaxed + 1, limit=cap)
         except Exception:
             raise shown from exc if shown is not exc else None
 
@@ -956,16 +969,16 @@ def _export_narrowing(
         if _has_int_where_dim(dynamic, refined):
             # (a guard torch cannot prove, solved for the example's size: ProphetNet's layout
             # checks give ``sequence = 3``; a relaxation may leave a range to serve)
-            return relaxed_retry(exc)
+            return relaxed_retry(exc, suggested=True)
         cut = _narrowed_below_half(dynamic, refined)
         if cut:
             # (a narrowing far below the asked range is refused; a relaxation may serve it
             # whole: Inkling2's ``sequence < 4`` is a layout decision's guard)
-            return relaxed_retry(exc, _NarrowedError(cut))
+            return relaxed_retry(exc, _NarrowedError(cut), suggested=True)
         if narrowed == _NARROWINGS:
             raise
         # (again on the narrower dims, with what a guard left there relaxed as before)
-        return _export_narrowing(model, kwargs, refined, relaxed, narrowed + 1)
+        return _export_narrowing(model, kwargs, refined, relaxed, narrowed + 1, limit)
     assumed = backed_assertions(program) if relaxed else []
     if assumed:
         raise ExportError(f"the relaxed export assumes {'; '.join(assumed)}")

@@ -855,7 +855,12 @@ def _settle_held_states(layers: Sequence[Any], mask: Any) -> None:
     count = len(found)
 
     def last(mask: Any, *tensors: Any) -> tuple[Any, ...]:
-        return tuple(t.clone() for t in tensors[2 * count :])
+        # (in the past state's shape: the branches' results the same symbols, whatever torch
+        # made of the slice's length; else torch.cond gives them an unbacked size)
+        pasts = tensors[:count]
+        return tuple(
+            t.reshape(p.shape).clone() for p, t in zip(pasts, tensors[2 * count :], strict=True)
+        )
 
     def gathered(mask: Any, *tensors: Any) -> tuple[Any, ...]:
         steps = torch.arange(1, mask.shape[-1] + 1, device=mask.device)

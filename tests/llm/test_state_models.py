@@ -240,14 +240,16 @@ def test_mamba_folder_without_attention_in_genai(tmp_path: pathlib.Path) -> None
 @pytest.mark.parametrize(
     ("model_type", "names"),
     [
-        ("inkling_text", ["past.0.conv", "past.0.conv.3"]),
+        ("inkling2_text", ["past_key_values.1.key", "past.0.conv", "past.1.conv.3"]),
         # (inkling2_loop_text, whose loop passes append cache layers, takes 110 s: in the sweep)
         ("deepseek_v32", ["past_key_values.1.key", "past.1.indexer_key"]),
     ],
 )
 def test_more_states_than_a_layer_and_kind(model_type: str, names: list, tmp_path) -> None:
-    """Inkling keeps four convolution states per layer (transformers' ``state_idx``):
-    ``past.N.conv``, ``past.N.conv.1``, …; Inkling2-Loop also appends cache layers for its later
+    """Inkling2 keeps four convolution states per layer (transformers' ``state_idx``) beside
+    its keys and values: ``past.N.conv``, ``past.N.conv.1``, … (its windows' ``flip`` makes
+    torch guard ``sequence < 4``, a layout decision the export relaxes; the 6-token prompt
+    is past it); Inkling2-Loop also appends cache layers for its later
     loop passes itself (ten cache layers for six decoder layers); DeepSeek-V3.2's sparse
     attention indexer caches its own keys (``past.N.indexer_key``, growing like the keys). Each
     exports and runs in onnxruntime equal to ``generate`` (left-padded batch of two); genai,
