@@ -177,9 +177,14 @@ def optimize_with(
 
     timed("dedupe_initializers", dedupe_known)
     timed("remove_unused_functions", lambda: common_passes.RemoveUnusedFunctionsPass()(model))
+
     # The folder and rules name what they create per graph (``val_10``); ONNX wants a name once
     # in a graph and the subgraphs it holds (two ``Loop`` bodies each folding one value).
-    timed("unique_names", lambda: common_passes.NameFixPass()(model))
+    def unique_names() -> None:
+        _rename_subgraph_initializers(model)
+        common_passes.NameFixPass()(model)
+
+    timed("unique_names", unique_names)
     result.passes = timings
     result.nodes_before = nodes_before
     result.nodes_after = count_nodes(model)
@@ -192,6 +197,32 @@ def optimize_with(
 
 _IR_INITIALIZERS_NEED_NO_INPUT = 4
 """The first ONNX IR version whose initializers need not be graph inputs as well."""
+
+
+def _rename_subgraph_initializers(model: ir.Model) -> None:
+    """Give each ``If``/``Loop``/``Scan`` body's initializer a name no other value of the main
+    graph's scope has (``val_3`` of a constant the lift made in an ``If`` branch and ``val_3``
+    in the main graph: the model is not in SSA form). onnx-ir's name pass renames them too,
+    but onnx-ir 0.1.16 (the oldest lane) renames while iterating a body's initializers and
+    fails ("dictionary keys changed during iteration"): they are renamed here first, from a
+    copy."""
+    taken = {v.name for v in model.graph.inputs}
+    taken |= set(model.graph.initializers)
+    bodies = list(nested_subgraphs(model.graph))
+    for graph_like in (model.graph, *bodies):
+        taken |= {v.name for v in graph_like.inputs}
+        taken |= {o.name for node in graph_like for o in node.outputs if o.name}
+    count = 0
+    for body in bodies:
+        for value in list(body.initializers.values()):
+            name = value.name or "init"
+            if name not in taken:
+                taken.add(name)
+                continue
+            while f"{name}_{count}" in taken:
+                count += 1
+            value.name = f"{name}_{count}"
+            taken.add(value.name)
 
 
 # ----------------------------------------------------------------------------------------------

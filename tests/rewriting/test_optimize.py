@@ -106,3 +106,57 @@ def test_zoo_models_stay_correct(name, fired):
     values = [*zm.args, *zm.kwargs.values()]
     feeds = {i.name: v.numpy() for i, v in zip(model.graph.inputs, values, strict=True)}
     assert_close(run_ort(model, feeds), flatten_outputs(zm.eager()), 2e-4)
+
+
+def test_an_if_branch_constant_named_like_a_main_graph_value_is_renamed():
+    """The lift makes an ``If`` branch's ``Constant`` an initializer of the branch, named as the
+    constant was (``val_3``, also a main-graph value): optimize leaves every name once in the
+    main graph's scope (onnx-ir 0.1.16's name pass failed on it: the oldest lane), and the
+    model computes what it did."""
+    import numpy as np
+    import onnx
+    import onnx_ir.passes.common as common_passes
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from irkit.rewriting._optimize import _rename_subgraph_initializers
+
+    def branch(name: str, value: float) -> onnx.GraphProto:
+        three = helper.make_tensor("t", TensorProto.FLOAT, [1], [value])
+        return helper.make_graph(
+            [
+                helper.make_node("Constant", [], ["val_3"], value=three),
+                helper.make_node("Add", ["x", "val_3"], [f"{name}_out"]),
+            ],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [1])],
+        )
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Neg", ["x"], ["val_3"]),
+            helper.make_node("Greater", ["val_3", "x"], ["c"]),
+            helper.make_node(
+                "If", ["c"], ["y"], then_branch=branch("then", 1.0), else_branch=branch("else", 2.0)
+            ),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    proto.ir_version = 10
+    model = ir.serde.deserialize_model(proto)
+    common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    _rename_subgraph_initializers(model)
+    (node,) = [n for n in model.graph if n.op_type == "If"]
+    names = [v.name for attr in ("then_branch", "else_branch")
+             for v in node.attributes[attr].value.initializers.values()]  # fmt: skip
+    assert len(set(names)) == 2 and "val_3" not in names
+    checked = ir.serde.serialize_model(model)
+    onnx.checker.check_model(checked, full_check=True)
+    session = ort.InferenceSession(checked.SerializeToString())
+    for x, want in ((-1.0, 0.0), (1.0, 3.0)):  # (-x > x: then, x + 1; else x + 2)
+        (got,) = session.run(None, {"x": np.array([x], np.float32)})
+        np.testing.assert_allclose(got, [want])
