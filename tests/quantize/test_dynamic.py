@@ -300,9 +300,9 @@ def test_tiny_llama_prefill_and_decode_in_dynamic_int8():
     model = irkit.optimize(ir.serde.deserialize_model(ir.serde.serialize_model(flat)))
     report = irkit.QuantizeReport()
     irkit.quantize(model, bits=8, activations="dynamic", report=report)
-    # q/k/v and gate/up packed: 2 layers × (qkv, o, gate/up, down) + lm_head
-    assert len(report.quantized) == 9 and report.skipped == []
-    assert op_histogram(model.graph)[DQMM] == 9
+    # q/k/v packed: 2 layers × (qkv, o, gate, up, down) + lm_head
+    assert len(report.quantized) == 11 and report.skipped == []
+    assert op_histogram(model.graph)[DQMM] == 11
     session = ort_session(model)
     for batch, seq, past in [(1, 16, 0), (1, 1, 15)]:
         feeds = causal_lm_feeds(lm, batch=batch, seq=seq, past=past, seed=past)

@@ -119,7 +119,7 @@ def test_layer_0_in_float_and_up_proj_in_int8_get_their_own_function_copies():
 
 
 def test_after_the_ort_target_every_projection_is_quantized():
-    """``target="ort"`` packs q/k/v and gate/up and writes ``FusedMatMul(transB=1)``: onnxruntime's
+    """``target="ort"`` packs q/k/v and writes ``FusedMatMul(transB=1)``: onnxruntime's
     quantizer takes none of those; irkit.quantize takes all."""
     _, ids, reference, layers = _lowered()
     model = irkit.optimize(_model(), "ort")
@@ -128,7 +128,7 @@ def test_after_the_ort_target_every_projection_is_quantized():
     assert report.skipped == []
     kinds = sorted({q.op_type for q in report.quantized})
     assert kinds == ["FusedMatMul", "MatMul"]
-    assert sum(len(q.modules) for q in report.quantized) == 4 * layers  # qkv, o, gate/up, down
+    assert sum(len(q.modules) for q in report.quantized) == 5 * layers  # qkv, o, gate, up, down
     for owner in [model.graph, *model.functions.values()]:
         assert not [n for n in owner if n.op_type in ("MatMul", "FusedMatMul", "Gemm")]
     (out,) = run_ort(model, [ids])

@@ -12,7 +12,7 @@ module                                     identity
                                            ``q_norm_weight``/``k_norm_weight`` (CUDA/WebGPU
                                            only: opt-in, ``gqa_qk_norm=True``)
 :mod:`irkit.rules.ort.packed`              ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split``
-                                           (Q/K/V, gate/up)
+                                           (Q/K/V: three or more products)
 :mod:`irkit.rules.ort.skip_norm`           residual add + RMS / layer norm →
                                            ``SkipSimplifiedLayerNormalization`` /
                                            ``SkipLayerNormalization`` (the sum is an output too)

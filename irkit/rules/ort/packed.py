@@ -1,4 +1,4 @@
-"""Projections of one input packed into one ``MatMul`` (Q/K/V, gate/up) for ``target="ort"``.
+"""Three or more projections of one input packed into one ``MatMul`` (Q/K/V) for ``target="ort"``.
 
 The rule is :class:`irkit.rules.packed.PackedMatMul` (standard ONNX ops: ``MatMul`` +
 ``Split``; it also takes ``FusedMatMul(x, w, transB=1)``); see :mod:`irkit.rules.packed` for the

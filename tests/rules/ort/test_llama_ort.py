@@ -62,7 +62,7 @@ def test_llama_kv_ort_keeps_one_decoder_layer_function():
         1,
         1,
     )
-    assert report.fired["PackedMatMul"] == 2 * arch_zoo.LAYERS  # QKV and gate/up per layer
+    assert report.fired["PackedMatMul"] == arch_zoo.LAYERS  # QKV per layer (gate/up stay two)
     # o_proj, down_proj (shared functions) and lm_head: the transposed weight folded, no copy
     linears = [f for f in model.functions.values() if f.name.startswith("Linear")]
     assert [collections.Counter(n.op_type for n in f) for f in linears] == [{"FusedMatMul": 1}] * 3
@@ -83,7 +83,7 @@ def test_llama_kv_ort_flat_stays_flat():
     assert not model.functions
     ops = collections.Counter(n.op_type for n in model.graph)
     assert ops["SkipSimplifiedLayerNormalization"] == arch_zoo.LAYERS
-    assert ops["Split"] >= 2 * arch_zoo.LAYERS
+    assert ops["Split"] >= arch_zoo.LAYERS
     actual = run_ort(model, _feeds(1))
     assert_close(actual, arch_zoo.expected_outputs("llama_kv", 1), atol=1e-4)
 

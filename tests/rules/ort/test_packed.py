@@ -45,7 +45,7 @@ def _qkv(t: str, b: int, s: int, k: int, sizes: list[int], transposed: bool, see
     st.integers(1, 3),
     st.integers(1, 4),
     st.sampled_from([4, 8]),
-    st.lists(st.integers(1, 8), min_size=2, max_size=3),
+    st.lists(st.integers(1, 8), min_size=3, max_size=4),
     st.booleans(),
     st.sampled_from(["float", "float16"]),
 )
@@ -70,15 +70,25 @@ def test_packed_declines_function_parameter_weights():
 
 
 def test_packed_reads_a_lazy_weight():  # (weightless ones: tests/test_weights_derived.py)
-    m = _qkv("float", 1, 2, 4, [3, 3], transposed=False)
+    m = _qkv("float", 1, 2, 4, [3, 3, 2], transposed=False)
     w = m.graph.initializers["w1"]
     data = w.const_value.numpy()
     w.const_value = ir.LazyTensor(lambda: ir.tensor(data), dtype=w.dtype, shape=w.shape)
-    w0 = m.graph.initializers["w0"].const_value.numpy()
+    w0, w2 = (m.graph.initializers[n].const_value.numpy() for n in ("w0", "w2"))
     rewrite(m)
     matmul = next(n for n in m.graph if n.op_type == "MatMul")
     packed = matmul.inputs[1].const_value.numpy()
-    np.testing.assert_array_equal(packed, np.concatenate([w0, data], axis=1))
+    np.testing.assert_array_equal(packed, np.concatenate([w0, data, w2], axis=1))
+
+
+def test_packed_declines_two_products():  # (gate/up: two kernels either way, plus the copy)
+    m = _qkv("float", 1, 2, 4, [3, 3], transposed=False)
+    no_fire(
+        m,
+        "PackedMatMul",
+        "2 products of the same input: packing fewer than 3 saves no kernel and adds the "
+        "Split's copy",
+    )
 
 
 def test_packed_declines_single_product():
