@@ -32,10 +32,17 @@ class HierarchyGuard:
     ``MatMul``), or when it is the only call of its class among ``C``'s children (the bias
     ``Add`` of ``intermediate.dense`` fused with the ``Gelu`` of ``intermediate.act``: every
     instance of ``C``'s body changes alike). It breaks sharing when the call is one of several
-    sibling calls of one class — a stack of layers: fusing layer *i*'s last residual ``Add`` with
-    layer *i+1*'s input norm, or the last layer's with the final norm, changes the first or last
-    layer only, and the layers would no longer share one function. Such a rewrite is refused.
-    Constants feeding only replaced nodes count as replaced.
+    sibling calls of one class — a stack of layers — unless the rewrite takes only the **seam**
+    between calls: in each such call, only nodes at its edge — all of them *exits* (nodes whose
+    outputs are read only outside the call or by other replaced nodes: layer *i*'s last residual
+    ``Add``) or all of them *entries* (nodes reading only values from outside the call,
+    constants or other replaced nodes: layer *i+1*'s input norm), at most one call of each kind.
+    Every seam of a stack has the same nodes, so the rule rewrites them all alike and the fused
+    node lands between the calls (in ``C``): the calls after the first lose their entry and exit
+    alike and still share one function; the first keeps its entry (nothing before it fused) and
+    gets a function of its own, as the builder's first layer is the one without
+    ``SkipSimplifiedLayerNormalization``. A rewrite reaching inside a call — which would change
+    some layers only — is refused. Constants feeding only replaced nodes count as replaced.
 
     One guard serves one :func:`irkit.rewrite` call: it keeps a :class:`ScopeIndex` per graph,
     built on the graph's first guarded rewrite and updated with each committed replacement.
@@ -71,9 +78,10 @@ class HierarchyGuard:
             )  # (a constant only the replaced nodes read counts as replaced)
         }
         classes = collections.Counter(c[-1].cls for c in index.children.get(common, ()))
-        repeated = sorted(f.call_id for f in kept if classes[f.cls] > 1)
-        if not repeated:
+        frames = [f for f in kept if classes[f.cls] > 1]
+        if not frames or _at_a_seam(index, matched, [(*common, f) for f in frames]):
             return None
+        repeated = sorted(f.call_id for f in frames)
         names = ", ".join(sorted(f.call_id for f in touched))
         return (
             f"spans module calls {names} but leaves other nodes in {', '.join(repeated)}, one of "
@@ -117,6 +125,30 @@ class ScopeIndex(ScopeTree):
     def live_nodes(self, scope: Scope) -> Iterator[ir.Node]:
         """The nodes of call ``scope`` (its sub-calls' included) still in the graph."""
         return self.live(scope, self.owner)
+
+
+def _at_a_seam(index: ScopeIndex, matched: set[ir.Node], calls: list[Scope]) -> bool:
+    """Whether the replaced nodes of each of ``calls`` are all exits or all entries of it, with
+    at most one call of each kind (see :class:`HierarchyGuard`)."""
+    kinds: list[str] = []
+    for call in calls:
+        inside = set(index.live_nodes(call))
+        taken = inside & matched
+        outer = {  # (the call's nodes that stay; a constant only replaced nodes read goes too)
+            n
+            for n in inside - matched
+            if n.inputs or not all(u.node in matched for o in n.outputs for u in o.uses())
+        }
+        exits = all(u.node not in outer for n in taken for o in n.outputs for u in o.uses())
+        entries = all(
+            v is None or v.producer() is None or v.producer() not in outer
+            for n in taken
+            for v in n.inputs
+        )
+        if exits == entries:  # (neither: reaches inside; both: the call taken whole)
+            return False
+        kinds.append("exit" if exits else "entry")
+    return len(set(kinds)) == len(kinds)
 
 
 def _scoped(node: ir.Node) -> bool:

@@ -83,10 +83,10 @@ def test_cuda_attention_normalizes_q_and_k_itself(folders):
         epsilon = {a.name: a.f for a in attention.attribute}["qk_norm_epsilon"]
         assert epsilon == pytest.approx(EPS)
     ops = collections.Counter(n.op_type for n in cuda.graph.node)
-    # 2 norms a layer and the final one: the pair inside each layer fused with its residual add
-    # (SkipSimplifiedLayerNormalization), the others apart; no head norm left outside the op
-    assert ops["SkipSimplifiedLayerNormalization"] == LAYERS, ops
-    assert ops["RMSNormalization"] == LAYERS + 1, ops
+    # 2 norms a layer and the final one: each fused with the residual add before it
+    # (SkipSimplifiedLayerNormalization) but the first layer's first; no head norm outside the op
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS, ops
+    assert ops["RMSNormalization"] == 1, ops
 
 
 @pytest.mark.slow

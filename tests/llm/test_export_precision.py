@@ -124,9 +124,9 @@ def test_int_precisions_quantize_the_matmuls(folder, tmp_path, precision, bits, 
     # q, k, v, o, gate, up, down per layer, and lm_head
     assert ops.get("MatMulNBits") == 7 * LAYERS + 1, ops
     assert "MatMul" not in ops and ops.get("Attention") == LAYERS, ops  # no float matmul left
-    # the decode fusions of irkit.rules.decode, across the layer functions: the residual add +
-    # post-attention norm of each layer, SiLU, and the causal mask as is_causal
-    assert ops.get("SkipSimplifiedLayerNormalization") == LAYERS, ops
+    # the decode fusions of irkit.rules.decode, across the layer functions: each residual add +
+    # the norm after it (inside each layer and at each seam), SiLU, the causal mask as is_causal
+    assert ops.get("SkipSimplifiedLayerNormalization") == 2 * LAYERS, ops
     assert ops.get("QuickGelu") == LAYERS and "Sigmoid" not in ops, ops
     assert "LessOrEqual" not in ops and "Range" not in ops, ops
     proto = onnx.inliner.inline_local_functions(
@@ -214,12 +214,12 @@ def test_cuda_folders_compute_in_fp16(folder, tmp_path, int4_concat):
     assert cpu_config["model"]["decoder"]["session_options"]["provider_options"] == []
     ops = _histogram(tmp_path / "cuda" / "model.onnx")
     cpu_ops = _histogram(cpu_folder / "model.onnx")
-    # for CUDA the residual add + RMS norm inside each layer is one
-    # SkipSimplifiedLayerNormalization (those across layers stay apart: the layers share a
-    # function, docs/fusion_across_modules.md)
-    assert ops.get("SkipSimplifiedLayerNormalization") == LAYERS, ops
-    assert cpu_ops["Add"] - ops.get("Add", 0) == LAYERS, (ops, cpu_ops)
-    assert cpu_ops["RMSNormalization"] - ops.get("RMSNormalization", 0) == LAYERS
+    # for CUDA every residual add + RMS norm is one SkipSimplifiedLayerNormalization: inside
+    # each layer, and at each seam of two layers (or of the last and the final norm), between
+    # the layer calls (docs/fusion_across_modules.md)
+    assert ops.get("SkipSimplifiedLayerNormalization") == 2 * LAYERS, ops
+    assert cpu_ops["Add"] - ops.get("Add", 0) == 2 * LAYERS, (ops, cpu_ops)
+    assert cpu_ops["RMSNormalization"] - ops.get("RMSNormalization", 0) == 2 * LAYERS
     # else the same ops, but for the Casts of float16's float32 islands (the norms' statistics)
     fused = {"SkipSimplifiedLayerNormalization", "Add", "RMSNormalization", "Cast"}
     assert {op for op in ops.keys() | cpu_ops.keys() if ops.get(op) != cpu_ops.get(op)} <= fused
@@ -303,18 +303,22 @@ def test_cuda_qwen35_norms_compute_in_fp16(tmp_path):
     ops, cpu_ops = _histogram(tmp_path / "cuda" / "model.onnx"), _QWEN35_CPU_FP16
     changed = {op: (cpu_ops.get(op, 0), ops.get(op, 0)) for op in ops.keys() | cpu_ops.keys()}
     changed = {op: counts for op, counts in changed.items() if counts[0] != counts[1]}
-    # per layer: the post-attention norm with its residual add (2 Casts, the Add, the norm → 1);
-    # the input norms and the final one alone (2 Casts each); the gated norm (Cast ×3, Mul ×2,
-    # Sigmoid, the norm → 1); the attention layer's q/k norms (2 Casts each)
+    # every norm after a residual add fuses with it (2 Casts, the Add, the norm → 1): the
+    # post-attention norm of each layer, the next layer's input norm or the final one at each
+    # seam; the first input norm alone (2 Casts); the gated norm (Cast ×3, Mul ×2, Sigmoid, the
+    # norm → 1); the attention layer's q/k norms (2 Casts each)
     assert changed == {
-        "Add": (cpu_ops["Add"], cpu_ops["Add"] - LAYERS),
+        "Add": (cpu_ops["Add"], cpu_ops["Add"] - 2 * LAYERS),
         # (the scales 1 + w are folded weights, rounded to float16 once: no Cast left for them)
         "Cast": (cpu_ops["Cast"], cpu_ops["Cast"] - 2 * (2 * LAYERS + 1) - 3 - 4),
         "GatedRMSNorm": (0, 1),
         "Mul": (cpu_ops["Mul"], cpu_ops["Mul"] - 2),
-        "RMSNormalization": (cpu_ops["RMSNormalization"], cpu_ops["RMSNormalization"] - 3),
+        "RMSNormalization": (
+            cpu_ops["RMSNormalization"],
+            cpu_ops["RMSNormalization"] - 2 * LAYERS - 1,
+        ),
         "Sigmoid": (cpu_ops["Sigmoid"], cpu_ops["Sigmoid"] - 1),
-        "SkipSimplifiedLayerNormalization": (0, LAYERS),
+        "SkipSimplifiedLayerNormalization": (0, 2 * LAYERS),
     }, changed
     error, _ = _ort_vs_eager(folder, tmp_path / "cuda")
     assert error < 0.01, error

@@ -113,8 +113,8 @@ def test_fp16_fusions_fire_as_in_fp32(arch, target):
     # the same graph, plus the rotary's Cast(cos)/Cast(sin) to float16 that transformers writes
     assert h16 - h32 == collections.Counter({"Cast": 2}) and not h32 - h16, (h16, h32)
     assert h16["RMSNormalization"] == 1 and h16["Pow"] == h16["ReduceMean"] == 0
-    if target == "ort":
-        assert h16["SkipSimplifiedLayerNormalization"] == 1
+    if target == "ort":  # one in each of the two layer bodies, two at the seams in the parent
+        assert h16["SkipSimplifiedLayerNormalization"] == 4
     fired16 = {k: v for k, v in r16.fired.items() if k != "RMSNormalizationHalf"}
     assert r16.fired["RMSNormalizationHalf"] == r32.fired["RMSNormalization"]
     assert fired16 == {k: v for k, v in r32.fired.items() if k != "RMSNormalization"}
