@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from irkit import _runtime
 from irkit._lint import lint
+from irkit._optional_outputs import drop_unused_optional_outputs
 from irkit._runtime import runtime_problems, unknown_to_onnx
 from irkit.errors import CheckError, IrkitError, ModelLoadError, SaveError
 from irkit.weights import (
@@ -55,7 +56,9 @@ def save(
     """Serialize ``model`` to ``path``, streaming weights from a checkpoint if given.
 
     The model is not modified, and the output is deterministic: the same model (and weights)
-    gives byte-identical files.
+    gives byte-identical files. Optional node outputs nothing reads (a ``LayerNormalization``'s
+    statistics, a last ``SkipSimplifiedLayerNormalization``'s sum) are left out of the file, so
+    the runtime does not compute them (``irkit._optional_outputs``).
 
     A model lowered from a program on the ``meta`` device has weightless initializers (dtype and
     shape, no data). ``weights`` fills them: a state_dict, a ``.safetensors`` file, or a folder
@@ -154,6 +157,7 @@ def save(
             if cause is None:
                 raise
             raise cause from exc
+    drop_unused_optional_outputs(proto)  # (the runtime would compute them: irkit._optional_outputs)
     path.write_bytes(proto.SerializeToString())
     return path
 
