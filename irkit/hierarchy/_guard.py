@@ -130,7 +130,7 @@ class ScopeIndex(ScopeTree):
 def _at_a_seam(index: ScopeIndex, matched: set[ir.Node], calls: list[Scope]) -> bool:
     """Whether the replaced nodes of each of ``calls`` are all exits or all entries of it, with
     at most one call of each kind (see :class:`HierarchyGuard`)."""
-    kinds: list[str] = []
+    kinds: list[bool] = []  # (per call: its nodes taken are exits, else entries)
     for call in calls:
         inside = set(index.live_nodes(call))
         taken = inside & matched
@@ -147,7 +147,7 @@ def _at_a_seam(index: ScopeIndex, matched: set[ir.Node], calls: list[Scope]) -> 
         )
         if exits == entries:  # (neither: reaches inside; both: the call taken whole)
             return False
-        kinds.append("exit" if exits else "entry")
+        kinds.append(exits)
     return len(set(kinds)) == len(kinds)
 
 
