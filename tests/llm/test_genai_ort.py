@@ -247,6 +247,11 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
         # where a per-head norm (gemma3's q/k norms) or the eager ALiBi form sits in between
         packed = list(node.input[1:3]) == ["", ""]
         assert packed == (arch not in ("gemma3", "mpt", "bloom")), list(node.input)
+    # genai builds position_ids each step only for a graph that reads them: learned positions
+    # (gpt2); the op's own rotation and ALiBi by slot read none, and the folder has no such input
+    reads_positions = arch == "gpt2"
+    assert ("position_ids" in {i.name for i in model.graph.input}) == reads_positions
+    assert ("position_ids" in config["model"]["decoder"]["inputs"]) == reads_positions
     if arch == "llama":  # packed q/k/v straight into the op: no Split, no reshapes around it
         (attention,) = [f for f in model.functions if f.name == "LlamaAttention"]
         histogram = collections.Counter(n.op_type for n in attention.node)

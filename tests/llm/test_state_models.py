@@ -112,6 +112,9 @@ def test_qwen35_names_and_genai_config(qwen35_folder) -> None:
     assert decoder["conv_cache_size"] == 3
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
     assert decoder["outputs"]["present_recurrent_names"] == "present.%d.recurrent"
+    # (this tiny config's partial rotary stays outside GroupQueryAttention: position_ids is read
+    # on both targets, an input of the model and of genai's config alike)
+    assert "position_ids" in names and decoder["inputs"]["position_ids"] == "position_ids"
 
 
 def _assert_conv_state_is_chosen_once(path: pathlib.Path, contrib: bool) -> None:
