@@ -32,6 +32,10 @@ packed into one ``MatMulNBits`` of ``N`` 3072 + ``Split`` took 5.02 ms on 128 ro
 4.60 ms), while three or four products (Q/K/V; the gated delta net's q/k/v, z, a and b) packed
 are faster (int4, 128 rows: 2.07 vs 2.11 ms for ``N`` 1024 + 128 + 128).
 
+A product ``GroupQueryAttention`` reads whole as its packed ``[Q | K | V]`` is not packed again:
+:mod:`irkit.rules.ort.attention.packed_qkv` cuts it out of a wider pack (a parallel block's
+first MLP projection packed with the attention's) so that the attention needs no ``Split``.
+
 Preconditions: at least three such products of ``x``; each weight a
 2-D constant (initializer or ``Constant``: with data or weightless); same ``K`` and dtype
 (biases: of the weights' dtype); float16/float32; ``x`` of known rank ≥ 2; each ``Transpose``
@@ -135,6 +139,8 @@ class PackedMatMul(BaseRule):
             if (other.domain, other.op_type) not in self.anchors:
                 continue
             seen.add(other)
+            if _read_whole_by_attention(other):
+                continue
             found = _product(other, x)
             data = found if isinstance(found, MatchFailure) else weight_tensor(found.weight)
             if not isinstance(data, MatchFailure) and len(data.shape) != 2:
@@ -177,6 +183,25 @@ class PackedMatMul(BaseRule):
         outs = op.Split(y, sizes, axis=-1, _outputs=len(tensors))
         match = Match([node, *nodes], outputs, {}, ctx.opset)
         return Rewrite(match, op.nodes, list(outs))
+
+
+def _read_whole_by_attention(product: ir.Node) -> bool:
+    """Whether ``GroupQueryAttention`` reads the product (or its bias ``Add``) whole as its packed
+    ``[Q | K | V]`` (no key, no value input): the projections are one product already, cut
+    from a wider pack by :mod:`irkit.rules.ort.attention.packed_qkv`; packing them again would
+    only bring back the ``Split``'s copy."""
+    out = product.outputs[0]
+    reads = [use.node for use in out.uses()]
+    if len(reads) == 1 and reads[0].op_type == "Add" and reads[0].domain == "":
+        reads = [use.node for use in reads[0].outputs[0].uses()]
+    return any(
+        node.op_type == "GroupQueryAttention"
+        and node.domain == MS
+        and len(node.inputs) > 2
+        and node.inputs[1] is None
+        and node.inputs[2] is None
+        for node in reads
+    )
 
 
 def _bias(product: ir.Node, size: int) -> tuple[ir.Node, ir.TensorProtocol] | None:

@@ -61,6 +61,12 @@ CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**_ATTENTION, **_COMMON, num_key_value_heads=2),
     # packed qkv and gate_up projections
     "phi3": lambda: transformers.Phi3Config(**_ATTENTION, **_COMMON, num_key_value_heads=4),
+    # a parallel block: q/k/v and fc1 read one norm; the packing rule takes all four, the
+    # attention's part is cut out again so that GroupQueryAttention reads it whole
+    # (heads of 32: the partial rotary's 16 channels are what onnxruntime's kernel rotates)
+    "phi": lambda: transformers.PhiConfig(
+        **{**_ATTENTION, "num_attention_heads": 2}, **_COMMON, num_key_value_heads=1
+    ),
     # the q/k/v bias Add
     "qwen2": lambda: transformers.Qwen2Config(**_ATTENTION, **_COMMON, num_key_value_heads=2),
     # a sliding window on every layer, shorter than prompt + generation: local_window_size
@@ -252,6 +258,8 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
     reads_positions = arch == "gpt2"
     assert ("position_ids" in {i.name for i in model.graph.input}) == reads_positions
     assert ("position_ids" in config["model"]["decoder"]["inputs"]) == reads_positions
+    if arch == "phi":  # q/k/v packed into the op, fc1 its own product: no Split's copy
+        assert ops[("", "Split")] == 0, ops
     if arch == "llama":  # packed q/k/v straight into the op: no Split, no reshapes around it
         (attention,) = [f for f in model.functions if f.name == "LlamaAttention"]
         histogram = collections.Counter(n.op_type for n in attention.node)

@@ -224,17 +224,23 @@ def test_attention_declines_a_used_qk_matmul_output():
 
 
 def test_attention_rules_are_patterns():
-    """Every ort attention rule is a pattern Rule (no hand-written NodeRule left)."""
+    """Every ort attention rule is a pattern Rule (no hand-written NodeRule left), but the cut of
+    a wider pack: like the packing rule it replaces a ``Split`` of any number of outputs and
+    cuts constant weights, which a pattern does not express."""
     shared = ort.attention.SharedBuffer()
+    cut = ort.attention.packed_qkv.PackedQKVAttentionOfWiderPack
     for options in ({}, {"gqa_dynamic_past": True, "gqa_masked": True}, {"shared": shared}):
         rule_set = ort.attention.attention_rules(**options)
-        assert all(type(rule) is Rule for rule in rule_set), [type(r).__name__ for r in rule_set]
+        assert all(type(rule) in (Rule, cut) for rule in rule_set), [
+            type(r).__name__ for r in rule_set
+        ]
     names = ort.attention.attention_rules().names()
     assert names == [
         "GroupQueryAttentionKVCache",
         "GroupQueryAttention",
         "PackedQKVAttention",
         "PackedQKVAttentionSlices",
+        "PackedQKVAttentionOfWiderPack",
         "MultiHeadAttentionKVCache",
         "MultiHeadAttention",
         "ContribRotaryEmbedding",

@@ -115,3 +115,88 @@ def test_packed_matmul_with_biases(t):
         m.graph.outputs[i] = add.outputs[0]
         add.outputs[0].name, out.name = f"z{i}", f"y{i}"
     fire(m, "PackedMatMul", {"Add": 1, "Constant": 3, "MatMul": 1, "Split": 1}, t)
+
+
+def _attention_and_more(others: list[int], bias: bool):
+    """x read by q, k, v (into GroupQueryAttention: 2 query heads, 1 key/value head of 16) and by
+    ``others`` more products, each output a graph output."""
+    t, heads, h, s, k = "float", 2, 16, 3, 32
+    sizes = [heads * h, h, h, *others]
+    m = _qkv(t, 1, s, k, sizes, transposed=False)
+    y = [m.graph.outputs[i] for i in range(len(sizes))]
+    if bias:  # x @ Wᵢ + bᵢ: the biases are packed too, and cut with the weights
+        rng = np.random.default_rng(5)
+        for i, out in enumerate(list(y)):
+            b = ir.Value(
+                name=f"b{i}",
+                type=out.type,
+                shape=ir.Shape([sizes[i]]),
+                const_value=ir.tensor(
+                    rng.standard_normal(sizes[i]).astype(np.float32), name=f"b{i}"
+                ),
+            )
+            m.graph.register_initializer(b)
+            add = ir.Node("", "Add", [out, b])
+            add.outputs[0].type, add.outputs[0].shape = out.type, out.shape
+            m.graph.append(add)
+            y[i] = add.outputs[0]
+    past = [
+        ir.Value(name=n, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 1, 0, h]))
+        for n in ("past_key", "past_value")
+    ]
+    lengths = [
+        ir.Value(name="seqlens_k", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape([1])),
+        ir.Value(name="total", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape([])),
+    ]
+    m.graph.inputs.extend([*past, *lengths])
+    gqa = ir.Node(
+        "com.microsoft",
+        "GroupQueryAttention",
+        [*y[:3], *past, *lengths],
+        attributes=[ir.AttrInt64("num_heads", heads), ir.AttrInt64("kv_num_heads", 1)],
+        num_outputs=3,
+    )
+    m.graph.append(gqa)
+    gqa.outputs[0].type, gqa.outputs[0].shape = y[0].type, y[0].shape
+    m.graph.outputs.clear()
+    m.graph.outputs.extend([gqa.outputs[0], *y[3:]])
+    for i, value in enumerate(m.graph.outputs):
+        value.name = value.name if value.name else f"out{i}"
+    inputs = {
+        "x": np.random.default_rng(0).standard_normal((1, s, k)).astype(np.float32),
+        "past_key": np.zeros((1, 1, 0, h), np.float32),
+        "past_value": np.zeros((1, 1, 0, h), np.float32),
+        "seqlens_k": np.array([s - 1], np.int32),
+        "total": np.array(s, np.int32),
+    }
+    return m, inputs
+
+
+@pytest.mark.parametrize(
+    ("others", "bias", "kernels"),
+    [
+        # phi's fc1: the rest one product
+        ([48], False, {"MatMul": 2, "Split": 0}),
+        ([48], True, {"MatMul": 2, "Split": 0}),
+        # two more (Cohere's gate and up): a product each, never packed as two
+        ([24, 24], False, {"MatMul": 3, "Split": 0}),
+        # three more: still one pack, its Split on the rest only
+        ([8, 8, 16], False, {"MatMul": 2, "Split": 1}),
+    ],
+)
+def test_wider_pack_is_cut_so_the_attention_reads_its_part_whole(others, bias, kernels):
+    from tests.helpers import run_ort
+    from tests.rules.ort.support import clone
+
+    m, inputs = _attention_and_more(others, bias)
+    before = clone(m)
+    report = rewrite(m)
+    assert report.fired.get("PackedMatMul") == 1, str(report)
+    assert report.fired.get("PackedQKVAttentionOfWiderPack") == 1, str(report)
+    (gqa,) = [n for n in m.graph if n.op_type == "GroupQueryAttention"]
+    assert gqa.inputs[1] is None and gqa.inputs[2] is None  # the packed [Q | K | V] whole
+    assert gqa.inputs[0].producer().op_type == ("Add" if bias else "MatMul")
+    counts = {op: sum(1 for n in m.graph if n.op_type == op) for op in kernels}
+    assert counts == kernels
+    for got, want in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -82,7 +82,11 @@ from irkit.rules.ort.attention._base import (
 )
 from irkit.rules.ort.attention.gqa import group_query_attention
 from irkit.rules.ort.attention.mha import MULTI_HEAD_ATTENTION
-from irkit.rules.ort.attention.packed_qkv import PACKED_QKV_ATTENTION, PACKED_QKV_ATTENTION_SLICES
+from irkit.rules.ort.attention.packed_qkv import (
+    PACKED_QKV_ATTENTION,
+    PACKED_QKV_ATTENTION_SLICES,
+    PackedQKVAttentionOfWiderPack,
+)
 from irkit.rules.ort.attention.rotary import CONTRIB_ROTARY
 from irkit.rules.ort.attention.shared_buffer import shared_buffer_rule
 from irkit.rules.ort.attention.windowed import WindowedCache, bound_windowed_caches
@@ -114,6 +118,7 @@ def attention_rules(
             group_query_attention(gqa_dynamic_past, gqa_masked, shared),
             PACKED_QKV_ATTENTION,
             PACKED_QKV_ATTENTION_SLICES,
+            PackedQKVAttentionOfWiderPack(),
             MULTI_HEAD_ATTENTION,
             CONTRIB_ROTARY,
         ],
