@@ -260,6 +260,11 @@ def test_shared_buffer_generator_matches_transformers(exported, arch):
     assert ("position_ids" in config["model"]["decoder"]["inputs"]) == reads_positions
     if arch == "phi":  # q/k/v packed into the op, fc1 its own product: no Split's copy
         assert ops[("", "Split")] == 0, ops
+        # and the attention's module call stays one function: the op and its q/k/v product in
+        # it, fc1's product in the layer (a cut node in the layer's scope split it in two)
+        (attention,) = [f for f in model.functions if f.name.startswith("PhiAttention")]
+        histogram = [n.op_type for n in attention.node]
+        assert histogram == ["MatMul", "Add", "GroupQueryAttention", "Linear"], histogram
     if arch == "llama":  # packed q/k/v straight into the op: no Split, no reshapes around it
         (attention,) = [f for f in model.functions if f.name == "LlamaAttention"]
         histogram = collections.Counter(n.op_type for n in attention.node)

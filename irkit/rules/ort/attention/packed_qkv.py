@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from irkit import metadata
 from irkit.rewriting import (
     BaseRule,
     Match,
@@ -260,6 +261,12 @@ class PackedQKVAttentionOfWiderPack(BaseRule):
         outs = op.domain(MS).GroupQueryAttention(
             project(0, width), None, None, *tail, **attributes, _outputs=len(node.outputs)
         )
+        # the op and its projection stay in the attention's scope (its module call one region);
+        # the rest gets the engine's deepest common scope of the matched nodes
+        scope = node.metadata_props.get(metadata.SCOPE)
+        if scope is not None:
+            for made in op.nodes:
+                made.metadata_props[metadata.SCOPE] = scope
         rest = sizes[3:]
         if len(rest) >= 3:  # (packed rest: fewer kernels, as the packing rule decides)
             parts = op.Split(
