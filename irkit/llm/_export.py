@@ -147,13 +147,24 @@ def _quantize(
     model: Any, precision: str, say: Callable[[str], None], accuracy_level: int | None = None
 ) -> None:
     import irkit
+    from irkit.rules.quantize import Embeddings
 
     bits = _QUANTIZED_BITS[precision]
     report = irkit.QuantizeReport()
-    irkit.quantize(model, bits=bits, report=report, accuracy_level=accuracy_level)
+    # a table tied to the lm_head is gathered from the lm_head's packed initializer
+    # (GatherBlockQuantized), as the builder does: no float copy of it in the folder
+    irkit.quantize(
+        model,
+        bits=bits,
+        report=report,
+        accuracy_level=accuracy_level,
+        embeddings=Embeddings.TIED,
+    )
+    gathers = sum(1 for q in report.quantized if q.op_type == "Gather")
+    also = f", {gathers} tied embedding(s) → GatherBlockQuantized" if gathers else ""
     say(
-        f"{precision}: {len(report.quantized)} matmul(s) → MatMulNBits ({bits} bits), "
-        f"{len(report.skipped)} left in float"
+        f"{precision}: {len(report.quantized) - gathers} matmul(s) → MatMulNBits ({bits} bits)"
+        f"{also}, {len(report.skipped)} left in float"
     )
 
 

@@ -27,11 +27,11 @@ transformers = pytest.importorskip("transformers")
 LAYERS = 2
 
 
-def _folder(root: pathlib.Path) -> pathlib.Path:
+def _folder(root: pathlib.Path, tied: bool = False) -> pathlib.Path:
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    folder = root / "llama-hf"
+    folder = root / ("llama-tied-hf" if tied else "llama-hf")
     if folder.exists():
         return folder
     config = transformers.LlamaConfig(
@@ -45,7 +45,7 @@ def _folder(root: pathlib.Path) -> pathlib.Path:
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=2,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
@@ -322,3 +322,28 @@ def test_cuda_qwen35_norms_compute_in_fp16(tmp_path):
     }, changed
     error, _ = _ort_vs_eager(folder, tmp_path / "cuda")
     assert error < 0.01, error
+
+
+@pytest.mark.parametrize("source", ["loaded", "folder"])
+def test_int4_tied_embedding_is_gathered_from_the_lm_heads_packed_weight(tmp_path, source):
+    """A table tied to the lm_head: ``GatherBlockQuantized`` reads the ``MatMulNBits``' packed
+    bytes (as the builder's folders do): no float copy of the table is written, the folder is
+    smaller, and its logits stay within int4's tolerance of eager PyTorch."""
+    folder = _folder(tmp_path, tied=True)
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(folder) if source == "loaded" else folder
+    )
+    out = tmp_path / "int4"
+    export(model, out, precision="int4", share_buffer=False)
+    ops = _histogram(out / "model.onnx")
+    assert ops.get("GatherBlockQuantized") == 1 and "Gather" not in ops, ops
+    proto = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    floats = [
+        i.name
+        for i in proto.graph.initializer
+        if i.data_type == onnx.TensorProto.FLOAT and list(i.dims) == [300, 64]
+    ]
+    assert floats == []  # (the 300 × 64 table only as the packed int4 bytes)
+    error, _ = _ort_vs_eager(folder, out)
+    assert error < 0.1, error
+    assert len(_generates(out)) == 12

@@ -490,3 +490,36 @@ def test_embeddings_off_by_default_and_excluded_or_odd_gathers_are_reported():
     assert [(s.node, s.reason) for s in report.skipped] == [
         ("cols", "Gather on an axis other than 0 (GatherBlockQuantized gathers rows here)")
     ]
+
+
+def test_tied_embeddings_quantize_only_the_table_the_lm_head_multiplies_by():
+    """``embeddings="tied"`` (what ``irkit export`` passes): the tied table becomes one packed
+    initializer for both ops; an untied table (a position table beside it) stays in float, and
+    the report says why."""
+    model, emb = _tied(64)
+    (positions,) = support.weights((8, 64))
+    pos_ids = helper.make_tensor_value_info("pos", TensorProto.INT64, [2, 3])
+    model.graph.inputs.append(ir.serde.deserialize_value_info_proto(pos_ids, None))
+    table = ir.Value(
+        name="wpe",
+        type=ir.TensorType(ir.DataType.FLOAT),
+        shape=ir.Shape(positions.shape),
+        const_value=ir.tensor(positions, name="wpe"),
+    )
+    model.graph.register_initializer(table)
+    gather = ir.Node("", "Gather", [table, model.graph.inputs[-1]], name="position")
+    model.graph.append(gather)
+    model.graph.outputs.append(gather.outputs[0])
+    gather.outputs[0].name = "p"
+    report = irkit.QuantizeReport()
+    irkit.quantize(model, embeddings="tied", accuracy_level=0, report=report)
+    hist = op_histogram(model.graph)
+    assert hist["com.microsoft::GatherBlockQuantized"] == 1 and hist["Gather"] == 1
+    assert sorted(model.graph.initializers) == ["emb_Q4", "emb_scales", "wpe"]
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("position", "a table no quantized product multiplies by (embeddings='tied')")
+    ]
+    y, p = run_ort(model, [IDS, IDS % 8])
+    quantized = fake_quant(emb.T.copy()).T
+    np.testing.assert_allclose(y, quantized[IDS] @ quantized.T, atol=1e-4)
+    np.testing.assert_array_equal(p, positions[IDS % 8])

@@ -43,7 +43,12 @@ from irkit.rewriting import rewrite
 from irkit.rules._calls import Calls
 from irkit.rules.quantize._bias import MATMUL_NBITS_BIAS
 from irkit.rules.quantize._choice import Choice, collect, note_quantized, note_tied, specialize
-from irkit.rules.quantize._options import DEFAULT_ACCURACY_LEVEL, Activations, checked_settings
+from irkit.rules.quantize._options import (
+    DEFAULT_ACCURACY_LEVEL,
+    Activations,
+    Embeddings,
+    checked_settings,
+)
 from irkit.rules.quantize._packer import Packer
 from irkit.rules.quantize._report import QuantizedNode, QuantizeReport, SkippedNode
 from irkit.rules.quantize._rewrite import apply_sites, initializer_bytes
@@ -53,6 +58,7 @@ from irkit.weights.packing import Method
 __all__ = [
     "quantize",
     "Activations",
+    "Embeddings",
     "QuantizeReport",
     "QuantizedNode",
     "SkippedNode",
@@ -70,7 +76,7 @@ def quantize(
     exclude: str | Sequence[str] = (),
     bits_for: Mapping[str, int] | None = None,
     method: Method | str = Method.RTN,
-    embeddings: bool = False,
+    embeddings: Embeddings | bool | str = False,
     activations: Activations | str | None = None,
     report: QuantizeReport | None = None,
 ) -> ir.Model:
@@ -97,10 +103,12 @@ def quantize(
         method: ``"rtn"`` (round to nearest, onnxruntime's bytes) or ``"kquant"`` (a search
             of scales with least squares: less reconstruction error, 25–120× the packing time);
             see :class:`irkit.weights.packing.Method`.
-        embeddings: Also turn each embedding ``Gather`` of a constant 2-D float table into
+        embeddings: Also turn embedding ``Gather`` nodes of constant 2-D float tables into
             ``com.microsoft.GatherBlockQuantized`` (same bits, block size and zero points; 4
-            or 8 bits). A table tied to a quantized lm_head (``MatMul(x, Transpose(E))``) with
-            the same bits is packed once: both ops read one initializer.
+            or 8 bits): ``True``/``"all"`` every one, ``"tied"`` only a table a quantized
+            product multiplies by too (:class:`Embeddings`). A table tied to a quantized
+            lm_head (``MatMul(x, Transpose(E))``) with the same bits is packed once: both ops
+            read one initializer.
         activations: ``None``/``"none"`` (weight-only ``MatMulNBits``: the fast decode),
             ``"dynamic"`` (``DynamicQuantizeMatMul``: int8 weights with one scale per output
             column, activations quantized per call by the kernel: the fast prefill; needs

@@ -20,7 +20,7 @@ from irkit.rules._calls import (
     owner_name,
     owners,
 )
-from irkit.rules.quantize._options import Settings
+from irkit.rules.quantize._options import Embeddings, Settings
 from irkit.rules.quantize._packer import Packer
 from irkit.rules.quantize._report import QuantizeReport, SkippedNode
 from irkit.rules.quantize._sites import (
@@ -106,7 +106,7 @@ def _specialize_one(
 ) -> bool:
     """Part the instances of the first node that needs it, one level; whether one was found."""
     calls = Calls.of(model)
-    for owner, node, top in candidates(model, settings.embeddings):
+    for owner, node, top in candidates(model, settings.embeddings is not Embeddings.NONE):
         if not top or not isinstance(owner, ir.Function):
             continue
         instances = _settings_of(owner, node, calls, choice)
@@ -123,10 +123,21 @@ def collect(
 ) -> list[Chosen]:
     """The sites to quantize (each weight packed already); the others go to the report."""
     sites: list[Chosen] = []
-    for owner, node, top in list(candidates(model, packer.settings.embeddings)):
+    settings = packer.settings
+    found = list(candidates(model, settings.embeddings is not Embeddings.NONE))
+    tied = (
+        _multiplied_tables(found, calls, settings)
+        if settings.embeddings is Embeddings.TIED
+        else None
+    )
+    for owner, node, top in found:
         instances = _settings_of(owner, node, calls, choice)
         shown = tuple(p for _, p, _ in instances if p)
-        site = find_site(owner, node, calls, packer.settings) if top else IN_SUBGRAPH
+        site = find_site(owner, node, calls, settings) if top else IN_SUBGRAPH
+        if tied is not None and isinstance(site, Site) and node.op_type == "Gather":
+            leaves = constant_leaves(site.owner, site.weight, calls)
+            if isinstance(leaves, str) or not any(id(t) in tied for t in leaves):
+                site = "a table no quantized product multiplies by (embeddings='tied')"
         chosen = site if isinstance(site, str) else _choose_bits(instances)
         if not isinstance(site, str) and not isinstance(chosen, str):
             problem = packer.prepare(site, chosen)  # (every weight packed before any change)
@@ -149,6 +160,25 @@ def note_quantized(model: ir.Model, sites: Sequence[Chosen], result: QuantizeRep
             result.notes.append(f"the model already holds {already} {op} node(s)")
     if not sites:
         result.notes.append("nothing was quantized")
+
+
+def _multiplied_tables(
+    found: Sequence[tuple[Owner, ir.Node, bool]], calls: Calls, settings: Settings
+) -> set[int]:
+    """The ids of the constant tensors the product sites among ``found`` multiply by through a
+    transposition (a tied lm_head's ``MatMul(x, Transpose(E))``): the tables ``Embeddings.TIED``
+    quantizes where they are gathered too."""
+    tables: set[int] = set()
+    for owner, node, top in found:
+        if not top or node.op_type == "Gather":
+            continue
+        site = find_site(owner, node, calls, settings)
+        if not isinstance(site, Site) or not site.transposed:
+            continue
+        leaves = constant_leaves(site.owner, site.weight, calls)
+        if not isinstance(leaves, str):
+            tables.update(id(t) for t in leaves)
+    return tables
 
 
 def note_tied(sites: Sequence[Chosen], calls: Calls, result: QuantizeReport) -> None:

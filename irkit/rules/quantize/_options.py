@@ -56,6 +56,40 @@ class Activations(enum.Enum):
             ) from None
 
 
+class Embeddings(enum.Enum):
+    """Which embedding ``Gather`` nodes become ``com.microsoft.GatherBlockQuantized``
+    (``embeddings=`` of :func:`irkit.quantize`; ``True`` is :attr:`ALL`, ``False`` :attr:`NONE`).
+    """
+
+    NONE = "none"
+    """Every table stays in float."""
+    TIED = "tied"
+    """Only a table a quantized product multiplies by too (a tied embedding / lm_head: ``Gather(E)``
+    and ``MatMul(x, Transpose(E))``): one packed initializer serves both ops, so the float table
+    leaves the file (what ``irkit export`` does, as onnxruntime-genai's builder does)."""
+    ALL = "all"
+    """Every ``Gather`` of a constant 2-D float table (position tables too)."""
+
+    @classmethod
+    def of(cls, embeddings: Embeddings | bool | str) -> Embeddings:
+        """``embeddings`` as an :class:`Embeddings`.
+
+        Raises:
+            QuantizationError: Not a value irkit knows.
+        """
+        if isinstance(embeddings, Embeddings):
+            return embeddings
+        if isinstance(embeddings, bool):
+            return cls.ALL if embeddings else cls.NONE
+        try:
+            return cls(embeddings)
+        except ValueError:
+            known = [e.value for e in cls]
+            raise QuantizationError(
+                f"embeddings={embeddings!r} is not supported: True, False or one of {known}"
+            ) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """One run's settings, as checked by :func:`irkit.quantize`."""
@@ -65,7 +99,7 @@ class Settings:
     symmetric: bool
     accuracy_level: int
     method: Method
-    embeddings: bool
+    embeddings: Embeddings
     activations: Activations = Activations.NONE
 
     @property
@@ -82,7 +116,7 @@ def checked_settings(
     accuracy_level: int | None,
     bits_for: Mapping[str, int],
     method: Method | str,
-    embeddings: bool,
+    embeddings: Embeddings | bool | str,
     activations: Activations | str | None,
 ) -> Settings:
     """The settings of :func:`irkit.quantize`'s arguments.
@@ -98,16 +132,17 @@ def checked_settings(
         check_settings(b, block_size)
     mode = Activations.of(activations)
     chosen = Method.of(method)
+    tables = Embeddings.of(embeddings)
     if mode.dynamic:
-        _check_dynamic(bits, block_size, symmetric, accuracy_level, bits_for, chosen, embeddings)
-        return Settings(bits, block_size, symmetric, 0, chosen, embeddings, mode)
+        _check_dynamic(bits, block_size, symmetric, accuracy_level, bits_for, chosen, tables)
+        return Settings(bits, block_size, symmetric, 0, chosen, tables, mode)
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level
     if isinstance(level, bool) or level not in (0, 1, 2, 3, 4):
         raise QuantizationError(
             f"accuracy_level={accuracy_level!r}: MatMulNBits takes 0 (unset), 1 (fp32), "
             "2 (fp16), 3 (bf16) or 4 (int8)"
         )
-    return Settings(bits, block_size, symmetric, int(level), chosen, embeddings, mode)
+    return Settings(bits, block_size, symmetric, int(level), chosen, tables, mode)
 
 
 def _check_dynamic(
@@ -117,7 +152,7 @@ def _check_dynamic(
     accuracy_level: int | None,
     bits_for: Mapping[str, int],
     method: Method,
-    embeddings: bool,
+    embeddings: Embeddings,
 ) -> None:
     """Refuse the options that do not apply to ``DynamicQuantizeMatMul``, naming the fix."""
     where = "activations='dynamic' (DynamicQuantizeMatMul)"
@@ -144,10 +179,10 @@ def _check_dynamic(
         problems.append(
             f"method={method.value!r}: per-column int8 rounds to nearest; use method='rtn'"
         )
-    if embeddings:
+    if embeddings is not Embeddings.NONE:
         problems.append(
-            "embeddings=True: GatherBlockQuantized is weight-only; quantize embeddings with "
-            "activations=None"
+            f"embeddings={embeddings.value!r}: GatherBlockQuantized is weight-only; quantize "
+            "embeddings with activations=None"
         )
     if problems:
         raise QuantizationError(f"{where}: " + "; ".join(problems))
