@@ -25,6 +25,7 @@ from irkit.errors import RewriteError
 from irkit.hierarchy import (
     FunctionsOption,
     HierarchyGuard,
+    adopt_unscoped,
     keeps_weight_transposes,
     open_module_calls,
     outline,
@@ -270,6 +271,7 @@ def optimize(
     )
     t0 = time.perf_counter()
     if opened:
+        adopt_unscoped(model)  # (what a pass made without metadata goes where it is read)
         outline(model, lambda path, cls: (path, cls) in opened)
     t1 = time.perf_counter()
     cse(model)

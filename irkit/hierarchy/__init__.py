@@ -10,7 +10,7 @@ bodies) and :func:`inline` reverses it. See ``docs/hierarchy.md``. :class:`Hiera
 from __future__ import annotations
 
 from irkit.hierarchy._guard import HierarchyGuard, ScopeIndex, keeps_weight_transposes
-from irkit.hierarchy._inline import inline, open_module_calls, reroot_scope
+from irkit.hierarchy._inline import adopt_unscoped, inline, open_module_calls, reroot_scope
 from irkit.hierarchy._outline import CallSignatures, OutlineWarning, outline
 from irkit.hierarchy._report import function_tree
 from irkit.hierarchy._select import FunctionsOption, ModuleSelector
@@ -19,6 +19,7 @@ __all__ = [
     "outline",
     "inline",
     "open_module_calls",
+    "adopt_unscoped",
     "reroot_scope",
     "function_tree",
     "ModuleSelector",

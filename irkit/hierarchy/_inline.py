@@ -16,11 +16,12 @@ from onnx_ir.passes.common import RemoveUnusedFunctionsPass
 
 from irkit import metadata as md
 from irkit._irutil import fresh_name
+from irkit._scope_tree import common_scope
 from irkit.errors import OutlineError
 from irkit.hierarchy._analysis import Scope
 from irkit.hierarchy._select import FunctionsOption, make_predicate
 
-__all__ = ["inline", "open_module_calls", "call_frame", "reroot_scope"]
+__all__ = ["adopt_unscoped", "inline", "open_module_calls", "call_frame", "reroot_scope"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,52 @@ def open_module_calls(model: ir.Model) -> set[tuple[str, str]]:
     RemoveUnusedFunctionsPass()(model)
     logger.info("opened %d module calls", count)
     return opened
+
+
+def adopt_unscoped(model: ir.Model) -> int:
+    """Give each main-graph node that carries no irkit metadata at all — one a pass made while
+    the calls were open (onnxscript's constant folder writes a ``Shape`` it could partly
+    evaluate as a ``Concat``) — the deepest scope common to its readers, so that
+    :func:`irkit.outline` finds the calls' regions whole again (GPT-J under ``--target ort``:
+    its attention and block were split in two around such a ``Concat``). A node read by a graph
+    output, by a nested graph or by an unscoped node stays. In place.
+
+    Returns:
+        How many nodes took a scope.
+
+    Example:
+        >>> import onnx_ir as ir
+        >>> from irkit import metadata as md
+        >>> m = ir.from_onnx_text('''
+        ...   <ir_version: 10, opset_import: ["" : 21]>
+        ...   g (float[2] x) => (float[2] y) { t = Neg(x)  y = Relu(t) }''')
+        >>> scope = md.encode_scope((md.Frame("act", 0, "torch.nn.ReLU"),))
+        >>> m.graph.node(1).metadata_props[md.SCOPE] = scope
+        >>> adopt_unscoped(m), m.graph.node(0).metadata_props[md.SCOPE] == scope
+        (1, True)
+    """
+    adopted = 0
+    changed = True
+    while changed:  # (a chain of such nodes takes its scope from the last one back)
+        changed = False
+        for node in model.graph:
+            if node.metadata_props:
+                continue
+            readers = [use.node for out in node.outputs for use in out.uses()]
+            if (
+                not readers
+                or any(out.is_graph_output() for out in node.outputs)
+                or any(
+                    r.graph is not model.graph or md.SCOPE not in r.metadata_props for r in readers
+                )
+            ):
+                continue
+            scope = common_scope(md.node_scope(r.metadata_props) for r in readers)
+            if scope:
+                node.metadata_props[md.SCOPE] = md.encode_scope(scope)
+                adopted += 1
+                changed = True
+    return adopted
 
 
 def _inline_in(

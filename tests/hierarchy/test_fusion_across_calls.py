@@ -225,3 +225,27 @@ def test_a_norm_whose_scale_is_computed_in_its_call_fuses_whole():
     inputs = [rng.standard_normal((2, 3, D)).astype(np.float32)]
     inputs += [rng.standard_normal(D).astype(np.float32) for _ in scales]
     np.testing.assert_allclose(run_ort(model, inputs)[0], run_ort(before, inputs)[0], atol=1e-5)
+
+
+def test_nodes_a_pass_made_while_the_calls_were_open_join_their_readers_calls():
+    """GPT-J under ``target="ort"``: onnxscript's constant folder writes ``Concat``\\ s (a
+    ``repeat_interleave``'s partly known shape) that carry no metadata; before they took their
+    readers' scope the outline split each attention, block and the model into convex parts
+    (an ``OutlineWarning`` each). Now every module call is one function call again."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    from irkit.llm import export_causal_lm
+
+    config = transformers.GPTJConfig(
+        n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64, vocab_size=100
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    exported = export_causal_lm(model)
+    lowered = irkit.lower(exported.program, **exported.lower_kwargs())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", irkit.OutlineWarning)
+        irkit.optimize(lowered, target="ort")
+    names = sorted(f.name for f in lowered.functions.values())
+    assert "GPTJAttention" in names and "GPTJBlock" in names
+    assert not any(n.startswith(("GPTJAttention_", "GPTJBlock_", "GPTJModel_")) for n in names)
