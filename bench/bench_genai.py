@@ -357,6 +357,73 @@ def generation_rounds(
     return ids
 
 
+def process_rounds(
+    folders: Mapping[str, pathlib.Path],
+    prompt: Sequence[int],
+    rounds: int,
+    processes: int,
+    figures: Mapping[str, Figures],
+) -> dict[str, list[int]]:
+    """:func:`generation_rounds` in ``processes`` fresh processes, ``rounds`` each.
+
+    A process keeps its models' memory placement for its whole life, and with it an offset of
+    its own: the per-process median ratio of one pair of folders swung 1.006–1.062 over 10
+    processes on an idle machine (2026-11-29), while a process's rounds agree within 1 %. The
+    ratio of a comparison is therefore measured over processes, each loading every folder
+    afresh (the load order rotated from one process to the next).
+
+    Args:
+        folders: The folder of each kind (``genai_config.json``'s session options set).
+        prompt: The prompt ids.
+        rounds: Timed generation rounds per process (after one warm-up).
+        processes: How many processes.
+        figures: Where each kind's prefill and per-token seconds are appended (all processes').
+
+    Returns:
+        Each kind's greedy ids of the first process's warm-up generation.
+    """
+    kinds = list(folders)
+    ids: dict[str, list[int]] = {}
+    for i in range(processes):
+        shift = i % len(kinds)
+        order = kinds[shift:] + kinds[:shift]
+        command = [
+            *(sys.executable, __file__, "--worker", str(rounds), json.dumps(list(prompt))),
+            *(f"{kind}={folders[kind]}" for kind in order),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, env=_env())
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+            raise RuntimeError(f"generation process {i + 1}/{processes} failed: {tail}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        for kind in kinds:
+            figures[kind].prefill.extend(result[kind]["prefill"])
+            figures[kind].per_token.extend(result[kind]["per_token"])
+        if not ids:
+            ids = {kind: result[kind]["ids"] for kind in kinds}
+    return ids
+
+
+def _worker(argv: Sequence[str]) -> None:
+    """``--worker ROUNDS PROMPT_JSON kind=folder ...``: :func:`generation_rounds` of the folders
+    in this process, the figures and warm-up ids printed as one JSON line."""
+    import onnxruntime_genai as og
+
+    rounds, prompt = int(argv[0]), json.loads(argv[1])
+    folders = dict(arg.split("=", 1) for arg in argv[2:])
+    models = {kind: og.Model(folder) for kind, folder in folders.items()}
+    figures = {kind: Figures() for kind in folders}
+    ids = generation_rounds(models, prompt, rounds, figures)
+    print(
+        json.dumps(
+            {
+                kind: {"prefill": f.prefill, "per_token": f.per_token, "ids": ids[kind]}
+                for kind, f in figures.items()
+            }
+        )
+    )
+
+
 def profile_summary(folder: pathlib.Path, prompt: Sequence[int], top: int = 10) -> str:
     """One generation under ORT's profiler: the op types with the most time."""
     import onnxruntime_genai as og
@@ -449,6 +516,10 @@ def report(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["--worker"]:  # (one process of process_rounds)
+        _worker(given[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="ref", help="model shape")
     parser.add_argument("--precision", choices=("fp32", "int4"), default="fp32")

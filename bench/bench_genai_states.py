@@ -23,6 +23,11 @@ the folder as is once, prints the refusal, then gives the builder the same folde
 ``architectures`` changed (a sibling folder of links). A builder that still refuses gets its
 reason printed as its figure, with irkit's absolute figures and no ratio.
 
+``--processes N`` times ``--rounds`` rounds in each of N fresh processes
+(``bench_genai.process_rounds``): a process keeps its models' memory placement, and with it an
+offset of its own (one pair's per-process median ratio swung 1.006–1.062 over 10 processes), so a
+ratio to ±0.01 needs several processes; the table then pools every process's rounds.
+
 ``--profile`` prints, from onnxruntime's profiler over ``--profile-rounds`` more generations of
 each folder (interleaved), the kernels one decode step runs and, per op type, the median over
 decode steps of its kernel time in a step, the median prefill kernel time, and both totals,
@@ -31,7 +36,7 @@ the ``Scan``: read the ``Scan`` row as the whole recurrence). Per-step medians, 
 loaded machine one descheduled kernel would swamp a sum.
 
 Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--precision fp32 int4]
-[--target ort|onnx] [--rounds 5] [--export-rounds 5] [--profile] [--profile-rounds 3]
+[--target ort|onnx] [--rounds 5] [--processes N] [--export-rounds 5] [--profile] [--profile-rounds 3]
 [--workdir DIR]`` (run with ``PYTHONPATH=$PWD``).
 """
 
@@ -292,11 +297,18 @@ def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Names
     kinds = [kind for kind in outs if kind not in failed]
     for kind in kinds:
         bg.set_session_options(outs[kind])
-    models = {kind: og.Model(str(outs[kind])) for kind in kinds}
     prompt = bg.make_prompt(bg.VOCAB)
-    ids = bg.generation_rounds(models, prompt, args.rounds, figures)
+    if args.processes:  # (each process loads the folders afresh: bench_genai.process_rounds)
+        ids = bg.process_rounds(
+            {kind: outs[kind] for kind in kinds}, prompt, args.rounds, args.processes, figures
+        )
+    else:
+        models = {kind: og.Model(str(outs[kind])) for kind in kinds}
+        ids = bg.generation_rounds(models, prompt, args.rounds, figures)
+        del models
     label = f"{arch}, {precision}, irkit --target {args.target}"
-    print(bg.report(figures, label, args.rounds, args.export_rounds, refused=refused))
+    rounds = args.rounds * max(args.processes, 1)
+    print(bg.report(figures, label, rounds, args.export_rounds, refused=refused))
     same = compare_ids(ids["irkit"], ids["builder"]) if "builder" in ids else "no builder folder"
     print(f"greedy ids, irkit vs builder: {same}")
     reference = None
@@ -304,7 +316,6 @@ def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Names
         reference = compare_ids(ids["irkit"], reference_ids(folder, prompt))
         print(f"greedy ids, irkit vs transformers generate: {reference}")
     if args.profile:
-        del models
         profiles = {kind: StepProfile() for kind in kinds}
         for i in range(args.profile_rounds):
             for kind in kinds if i % 2 == 0 else kinds[::-1]:
@@ -355,6 +366,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--target", choices=("onnx", "ort"), default="ort", help="irkit's (irkit export's default)"
     )
     parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="time --rounds rounds in each of this many fresh processes (0: in this one)",
+    )
     parser.add_argument("--export-rounds", type=int, default=5, help="export rounds (>= 5)")
     parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
     parser.add_argument(

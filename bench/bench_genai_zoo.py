@@ -29,12 +29,17 @@ the greedy ids of the two folders agree (and irkit's against transformers ``gene
 correctness anchor). At the end: a Markdown table of every case, the refusals, and the
 architectures and precisions whose prefill or per-token ratio is over 1.0.
 
+``--processes N`` times ``--rounds`` rounds in each of N fresh processes
+(``bench_genai.process_rounds``): a process keeps its models' memory placement, and with it an
+offset of its own (one pair's per-process median ratio swung 1.006–1.062 over 10 processes), so a
+ratio to ±0.01 needs several processes; the table then pools every process's rounds.
+
 ``--profile`` prints ORT's kernel time by op type of one more generation of each folder
 (``bench_genai.profile_summary``). ``--export-only`` stops after the exports; ``--keep-exports``
 takes the folders (and refusals) already in ``--workdir`` as they are (their exports not timed
 again), so the exports can be made ahead of a quiet machine and the rounds run on it.
 
-Usage: ``python bench/bench_genai_zoo.py [--arch a b ...] [--precision fp32 int4] [--rounds 5]
+Usage: ``python bench/bench_genai_zoo.py [--arch a b ...] [--precision fp32 int4] [--rounds 5] [--processes N]
 [--profile] [--workdir DIR [--keep-exports]] [--export-only]`` (run with ``PYTHONPATH=$PWD``).
 """
 
@@ -309,15 +314,18 @@ def run_case(
     if case.note is not None:
         print(f"{name} {precision}: {case.note}", flush=True)
     try:
-        models = {kind: og.Model(str(out)) for kind, out in outs.items()}
-        ids = bg.generation_rounds(models, prompt, args.rounds, figures)
+        if args.processes:  # (each process loads the folders afresh: bench_genai.process_rounds)
+            ids = bg.process_rounds(outs, prompt, args.rounds, args.processes, figures)
+        else:
+            models = {kind: og.Model(str(out)) for kind, out in outs.items()}
+            ids = bg.generation_rounds(models, prompt, args.rounds, figures)
+            del models
     except Exception as error:
         case.failed = f"generation: {type(error).__name__}: {str(error).splitlines()[0]}"
         print(f"{name} {precision}: {case.failed}", flush=True)
         return case
-    del models
     label = f"{name}, {precision}, irkit --target ort"
-    print(bg.report(figures, label, args.rounds, 1))
+    print(bg.report(figures, label, args.rounds * max(args.processes, 1), 1))
     case.ids = bs.compare_ids(ids["irkit"], ids["builder"])
     print(f"greedy ids, irkit vs builder: {case.ids}")
     if precision == "fp32":
@@ -384,6 +392,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--precision", nargs="+", choices=("fp32", "int4"), default=["fp32", "int4"]
     )
     parser.add_argument("--rounds", type=int, default=5, help="generation rounds (>= 5)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="time --rounds rounds in each of this many fresh processes (0: in this one)",
+    )
     parser.add_argument("--profile", action="store_true", help="ORT profile of each, by op type")
     parser.add_argument("--workdir", type=pathlib.Path, help="keep the folders here")
     parser.add_argument(
