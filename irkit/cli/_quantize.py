@@ -34,8 +34,8 @@ examples:
 Runs irkit.quantize: every MatMul, FusedMatMul and Gemm whose weight is a constant (directly,
 through a Transpose, or fed to a local function by every call) becomes MatMulNBits; local
 functions stay shared. --embeddings also turns embedding Gathers into GatherBlockQuantized (a
-tied lm_head shares its packed initializer). --method kquant searches scales for less error than
-round-to-nearest (slower to pack). --accuracy-level defaults to 4 (int8 activations in the kernel, the CPU
+tied lm_head shares its packed initializer); --tied-embeddings only such a tied table. --method
+kquant searches scales for less error than round-to-nearest (slower to pack). --accuracy-level defaults to 4 (int8 activations in the kernel, the CPU
 choice); 0 computes in float. --activations dynamic writes DynamicQuantizeMatMul instead (int8
 weights per output column, activations quantized per call: faster prefill, 8-bit decode).
 Prints what was quantized and every MatMul left alone with why.
@@ -43,7 +43,7 @@ The output runs in onnxruntime (CPU, CUDA). The input file is never modified."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    from irkit.rules.quantize import Activations
+    from irkit.rules.quantize import Activations, Embeddings
     from irkit.weights.packing import BITS, BLOCK_SIZES, Method
 
     p.add_argument("model", metavar="MODEL", help="the ONNX file to quantize")
@@ -88,10 +88,22 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         default=Method.RTN.value,
         help="rtn: round to nearest (onnxruntime's bytes, default); kquant: less error",
     )
-    p.add_argument(
+    tables = p.add_mutually_exclusive_group()
+    tables.add_argument(
         "--embeddings",
-        action="store_true",
+        dest="embeddings",
+        action="store_const",
+        const=Embeddings.ALL,
+        default=Embeddings.NONE,
         help="also quantize embedding Gathers (com.microsoft.GatherBlockQuantized)",
+    )
+    tables.add_argument(
+        "--tied-embeddings",
+        dest="embeddings",
+        action="store_const",
+        const=Embeddings.TIED,
+        help="quantize only an embedding table a quantized lm_head multiplies by too (one "
+        "packed initializer for both; what irkit export does)",
     )
     p.add_argument(
         "--activations",

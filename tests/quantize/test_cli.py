@@ -78,6 +78,11 @@ def test_cli_embeddings_and_kquant(tmp_path, capsys):
     (y,) = run_ort(out, [ids])
     np.testing.assert_allclose(y, table[ids] @ table.T, atol=1e-4)
     assert main(["quantize", str(source), "-o", str(out), "--method", "gptq"]) == 2
+    # --tied-embeddings: the same tied table, one packed initializer (a lone table stays float)
+    assert main(["quantize", str(source), "-o", str(out), "--tied-embeddings"]) == 0
+    assert "1 Gather → GatherBlockQuantized" in capsys.readouterr().out
+    both = ["quantize", str(source), "-o", str(out), "--embeddings", "--tied-embeddings"]
+    assert main(both) == 2
 
 
 def test_cli_dynamic_activations(tmp_path, capsys):
