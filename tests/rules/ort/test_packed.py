@@ -200,3 +200,16 @@ def test_wider_pack_is_cut_so_the_attention_reads_its_part_whole(others, bias, k
     assert counts == kernels
     for got, want in zip(run_ort(m, inputs), run_ort(before, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_wider_pack_is_kept_where_q_has_another_reader():
+    from tests.rules.ort.support import clone
+
+    m, _ = _attention_and_more([48], False)
+    (gqa,) = [n for n in m.graph if n.op_type == "GroupQueryAttention"]
+    m.graph.outputs.append(gqa.inputs[0])  # (q read outside the attention too)
+    report = rewrite(clone(m), explain="PackedQKVAttentionOfWiderPack")
+    stats = report.rules["PackedQKVAttentionOfWiderPack"]
+    assert stats.fired == 0 and "Q, K or V is read by more than the attention" in str(
+        dict(stats.failures)
+    )

@@ -231,6 +231,8 @@ class PackedQKVAttentionOfWiderPack(BaseRule):
             return fail("the query is not an output of a Split", q, node)
         if len(split.outputs) <= 3 or list(node.inputs[:3]) != list(split.outputs[:3]):
             return fail("Q, K, V are not the first three outputs of a Split of more", q)
+        if any(len(v.uses()) != 1 or v.is_graph_output() for v in split.outputs[:3]):
+            return fail("Q, K or V is read by more than the attention", q)
         axis = split.attributes.get_int("axis", 0)
         sizes = const_ints(split.inputs[1]) if len(split.inputs) > 1 else None
         packed = split.inputs[0]
