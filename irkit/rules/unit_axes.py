@@ -16,7 +16,13 @@ cost a kernel each where none is needed. Identities:
   the reduction's as an input or an attribute; the reduction's output used only there):
   ``amax(m · arange, dim=1).unsqueeze(1)``.
 
-Both hold at every opset with ``Unsqueeze`` axes as an input (≥ 13), in function bodies too.
+- ``Reshape(Squeeze(s), [±1]) = s`` and ``Reshape(Neg(Squeeze(s)), [±1]) = Neg(s)`` for ``s``
+  of static shape ``[1]`` (``ScalarRoundTrip``): a length read as a scalar
+  (``Squeeze(Shape(x, a, a + 1))``: ``x.shape[a]`` under ``torch.export``), negated, and made a
+  one-element vector again for a ``Slice`` bound — ``attention_mask[:, -S:]``, the decode
+  step's mask of its new tokens: two kernels a step less.
+
+They hold at every opset with ``Unsqueeze`` axes as an input (≥ 13), in function bodies too.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from irkit.rewriting import (
     fail,
 )
 
-__all__ = ["ReduceKeepdims", "ReshapeAsUnsqueeze", "rules"]
+__all__ = ["ReduceKeepdims", "ReshapeAsUnsqueeze", "ScalarRoundTrip", "rules"]
 
 #: The reductions whose ``keepdims=1`` form keeps the reduced axes as 1s.
 _REDUCTIONS = frozenset(
@@ -145,5 +151,60 @@ class ReduceKeepdims(BaseRule):
         return Rewrite(Match([node, reduce], [out], {}, ctx.opset), op.nodes, [y])
 
 
-rules = RuleSet("unit_axes", [ReshapeAsUnsqueeze(), ReduceKeepdims()])
+def _one_element(s: ir.Value) -> bool:
+    """``s`` is of shape ``[1]``: known so, or a ``Shape(x, start, end)`` of one dim."""
+    if list(dims(s) or ()) == [1]:
+        return True
+    shape = s.producer()
+    if shape is None or not _standard(shape, "Shape") or not shape.inputs:
+        return False
+    start, end = shape.attributes.get("start"), shape.attributes.get("end")
+    if start is None or end is None:
+        return False
+    first, last = int(start.as_int()), int(end.as_int())
+    rank = len(dims(shape.inputs[0]) or ()) or None
+    if (first < 0) != (last < 0):  # (one bound from the end: the rank resolves it)
+        if rank is None:
+            return False
+        first, last = first % rank, last % rank if last < 0 else last
+    return last - first == 1
+
+
+class ScalarRoundTrip(BaseRule):
+    """``Reshape(Neg(Squeeze(s)), [±1])`` → ``Neg(s)`` (or without the ``Neg``: ``s``), ``s``
+    of static shape ``[1]`` (module docstring). Only the ``Reshape`` is replaced: the scalar
+    may have other readers (the mask sliced twice by ``-S``), and it goes with the last of them.
+    """
+
+    name = "ScalarRoundTrip"
+    anchors = frozenset({("", "Reshape")})
+    doc = "a one-element vector squeezed (and negated) then reshaped back to one element"
+
+    def find(self, node: ir.Node, ctx: RewriteContext) -> Rewrite | MatchFailure:
+        x = node.inputs[0] if node.inputs else None
+        target = const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+        if target not in ([1], [-1]):
+            return fail("the Reshape target is not [1] or [-1]", x)
+        inner = x.producer() if x is not None else None
+        negated = _standard(inner, "Neg")
+        squeezed = inner.inputs[0] if negated and inner is not None else x
+        squeeze = squeezed.producer() if squeezed is not None else None
+        if squeeze is None or not _standard(squeeze, "Squeeze"):
+            return fail("the reshaped value is not a Squeeze (or its Neg)", x)
+        s = squeeze.inputs[0] if squeeze.inputs else None
+        axes = squeeze.inputs[1] if len(squeeze.inputs) > 1 else None
+        if s is None or not _one_element(s):
+            return fail("the squeezed value is not of static shape [1]", s)
+        if axes is not None and const_ints(axes) not in ([0], [-1]):
+            return fail("the Squeeze axes are not [0] (constant)", axes)
+        out = node.outputs[0]
+        if not negated:
+            return Rewrite(Match([node], [out], {}, ctx.opset), [], [s])
+        op = RewriteBuilder()
+        y = op.Neg(s)
+        y.type, y.shape = out.type, out.shape
+        return Rewrite(Match([node], [out], {}, ctx.opset), op.nodes, [y])
+
+
+rules = RuleSet("unit_axes", [ScalarRoundTrip(), ReshapeAsUnsqueeze(), ReduceKeepdims()])
 """The unit-axes rules."""

@@ -55,6 +55,22 @@ def test_unsqueeze_of_a_reduction_keeps_its_dims():
     assert reduce.attributes["keepdims"].as_int() == 1
 
 
+@pytest.mark.parametrize("negated", [True, False])
+def test_a_length_squeezed_and_reshaped_back_is_the_one_element_vector(negated):
+    """``attention_mask[:, -S:]`` as ``torch.export`` writes it: ``S`` read as a scalar
+    (``Squeeze(Shape(x, 1, 2))``), negated, reshaped to ``[1]`` for the ``Slice``."""
+    v, neg = ("n", "  n = Neg(q)") if negated else ("q", "")
+    m, report = _rewrite(
+        "g (int64[b, s] x, int64[b, t] mask, float[b, t] f) => (int64[b, z] y, float[b, w] g) {\n"
+        f"  sh = Shape<start=1, end=2>(x)  q = Squeeze(sh){neg}\n"
+        "  one = Constant<value=int64[1] {1}>()  far = Constant<value=int64[1] {1000000}>()\n"
+        f"  r = Reshape({v}, one)  y = Slice(mask, r, far, one)\n"
+        f"  r2 = Reshape({v}, one)  g = Slice(f, r2, far, one)\n}}"  # (the mask sliced twice)
+    )
+    assert report.fired["ScalarRoundTrip"] == 2
+    assert util.ops(m) == {"Shape": 1, "Constant": 2, "Slice": 2, **({"Neg": 2} if negated else {})}
+
+
 @pytest.mark.parametrize(
     ("body", "rule", "reason"),
     [
@@ -69,6 +85,12 @@ def test_unsqueeze_of_a_reduction_keeps_its_dims():
             "  t = Constant<value=int64[3] {0, 0, 1}>()  y = Reshape<allowzero=1>(x, t)\n}",
             "ReshapeAsUnsqueeze",
             "allowzero=1",
+        ),
+        (  # two elements squeezed: not a scalar's round trip (a Squeeze of [1, 2] stays)
+            "g (int64[1, 2] x) => (int64[2] y) {\n"
+            "  one = Constant<value=int64[1] {-1}>()  q = Squeeze(x)  y = Reshape(q, one)\n}",
+            "ScalarRoundTrip",
+            "not of static shape [1]",
         ),
         (  # the unsqueezed axis is not the reduced one
             "g (float[b, s, 4] x) => (float[1, b, 4] y) {\n"
@@ -92,3 +114,20 @@ def test_declines(body, rule, reason):
     stats = report.rules[rule]
     assert stats.fired == 0 and stats.tried >= 1
     assert any(reason in failure for failure in stats.failures), dict(stats.failures)
+
+
+def test_a_shape_of_one_dim_is_one_element_without_shape_inference():
+    """Under ``irkit.optimize`` a ``Shape``'s output often has no inferred shape yet: one read
+    with ``start``/``end`` one dim apart is one element all the same."""
+    m = parse(
+        "g (int64[b, s] x, int64[b, t] mask) => (int64[b, z] y) {\n"
+        "  sh = Shape<start=-1, end=2>(x)  q = Squeeze(sh)  n = Neg(q)\n"
+        "  one = Constant<value=int64[1] {1}>()  far = Constant<value=int64[1] {1000000}>()\n"
+        "  r = Reshape(n, one)  y = Slice(mask, r, far, one)\n}"
+    )
+    (shape,) = [n for n in m.graph if n.op_type == "Shape"]
+    shape.outputs[0].shape = None  # (as the lowering leaves it)
+    before = util.clone(m)
+    report = util.rewrite(m, unit_axes.rules)
+    assert report.fired["ScalarRoundTrip"] == 1
+    util.assert_same_numbers(before, m)

@@ -142,7 +142,9 @@ def _check(
     first = matches(_END1, end1, match.opset)
     if not isinstance(first, dict):
         return fail("the first slice does not end at c₁ + v", end1)
-    if not isinstance(matches(_START2, start2, match.opset, v=first["v"]), dict):
+    if not isinstance(matches(_START2, start2, match.opset, v=first["v"]), dict) and not (
+        _negated_vector_of(start2, first["v"])
+    ):
         return fail("the last slice does not start at −v (v of the first slice's end)", start2)
     c1 = first["c1"]
     parts = matches(_STATE, cat, match.opset)
@@ -169,6 +171,19 @@ def _check(
     if kept is None or new is None or kept[-1] is None or kept[-1] != new[-1]:
         return fail("the result's length is not proved to be x's", x)
     return {"x": x, "state": state}
+
+
+def _negated_vector_of(start: ir.Value, v: ir.Value) -> bool:
+    """``start = Neg(u)`` with ``v = Squeeze(u)``: −v as the one-element vector the slice takes
+    (what :class:`irkit.rules.unit_axes.ScalarRoundTrip` leaves of ``Reshape(Neg(v), [1])``)."""
+    neg, squeeze = start.producer(), v.producer()
+    return (
+        neg is not None
+        and squeeze is not None
+        and (neg.domain, neg.op_type, squeeze.domain, squeeze.op_type) == ("", "Neg", "", "Squeeze")
+        and neg.inputs[0] is not None
+        and neg.inputs[0] is squeeze.inputs[0]
+    )
 
 
 def _causal_conv(
