@@ -56,7 +56,7 @@ def _ops_with(op: str, past: bool) -> dict[str, int]:
     """The graph after the rewrite: Q/K/V to 3-D and back, the lengths GQA needs."""
     ops = {op: 1, "Constant": 4, "Reshape": 4, "Transpose": 4}
     if op == "GroupQueryAttention":
-        ops.update(Shape=3 if past else 2, Cast=1, Sub=1, Expand=1, Squeeze=1, Constant=5)
+        ops.update(Shape=3 if past else 2, Cast=1, Sub=1, Expand=1, Constant=5)
         if past:
             ops["Add"] = 1
     return dict(sorted(ops.items()))

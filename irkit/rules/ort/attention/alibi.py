@@ -176,7 +176,7 @@ def _rewrite(
     ones = op.ReduceSum(attention_mask, op.const(np.array([1], dtype=np.int64)), keepdims=0)
     seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
     width = op.Shape(attention_mask, start=1, end=2)  # (1,) int64: total_sequence_length
-    total = op.Cast(op.Squeeze(width), to=i32)
+    total = op.Cast(width, to=i32)  # (one element, as GroupQueryAttention takes it)
     zero, one = (op.const(np.array(x, dtype=np.int64)) for x in (0, 1))
     keys = op.Cast(op.Range(zero, op.Squeeze(width), one), to=ir.DataType.from_numpy(dtype))
     per_head = op.const(slopes.astype(dtype).reshape(1, heads, 1, 1))

@@ -124,7 +124,6 @@ def _gqa(
     batch = op.Shape(q, start=0, end=1)
     one = op.const(np.array([1], dtype=np.int32))
     seqlens = op.Expand(op.Sub(total32, one), batch)
-    total_scalar = op.Squeeze(total32)
     y, present_k, present_v = op.domain(MS).GroupQueryAttention(
         _to3(op, q),
         _to3(op, k),
@@ -132,7 +131,7 @@ def _gqa(
         past_key,
         past_value,
         seqlens,
-        total_scalar,
+        total32,  # (one element: the kernels take a scalar or a 1-element vector)
         cos,
         sin,
         pos,

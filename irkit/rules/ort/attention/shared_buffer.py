@@ -151,7 +151,8 @@ def _gqa_shared(
     i32 = ir.DataType.INT32
     ones = op.ReduceSum(attention_mask, op.const(np.array([1], dtype=np.int64)), keepdims=0)
     seqlens = op.Cast(op.Sub(ones, op.const(np.array(1, dtype=np.int64))), to=i32)
-    total = op.Cast(op.Squeeze(op.Shape(attention_mask, start=1, end=2)), to=i32)
+    # (a 1-element vector: every GroupQueryAttention kernel takes a scalar or one element)
+    total = op.Cast(op.Shape(attention_mask, start=1, end=2), to=i32)
     cos = sin = None
     interleaved = 0
     if rotary is not None:
