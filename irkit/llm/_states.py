@@ -793,8 +793,8 @@ def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     gathered at the row's last real token instead (the same columns without right pads): the
     ``K - 1`` columns of ``cat(past state, new inputs)`` (the past as given, not transformers'
     padded copy) up to the last new column ``m ≤ S`` whose mask is 1 (``m = 0``: all pads, the
-    past kept), i.e. columns ``m … m + K - 2``. Where every row's last new token is real (each
-    decode step), those are the last ``K - 1`` columns, which the layer's convolution already
+    past kept), i.e. columns ``m … m + K - 2``. Where every new token is real (each decode
+    step), those are the last ``K - 1`` columns, which the layer's convolution already
     holds (``CausalConvWithState``'s new state under ``--target ort``): the layer records both,
     and :func:`_settle_held_states` chooses once for all layers, after the forward. A model that
     passes its new state rather than the new inputs (ZAYA: the last ``K`` columns it computed
@@ -836,9 +836,10 @@ class _HeldConv:
 def _settle_held_states(layers: Sequence[Any], mask: Any) -> None:
     """Each layer's held convolution state, chosen once for all layers after the forward.
 
-    Where every row's last new token is real, the state is the last ``K - 1`` columns the
-    layer's convolution read (no work: under ``--target ort``, ``CausalConvWithState``'s own
-    new state); else each row's columns up to its last real token are gathered. One
+    Where every new token is real (each decode step), the state is the last ``K - 1`` columns
+    the layer's convolution read (no work: under ``--target ort``, ``CausalConvWithState``'s own
+    new state); else each row's columns up to its last real token are gathered (the same
+    columns where a row's last token is real). One
     ``torch.cond`` (an ``If``) for all layers: a decode step runs none of the gathers. Its
     results are written after every layer has read its past state (onnxruntime-genai may give a
     present state the buffer of its past).
@@ -878,8 +879,10 @@ def _settle_held_states(layers: Sequence[Any], mask: Any) -> None:
         *(p.new for _, _, p in found),
         *(p.last for _, _, p in found),
     )
-    every_last_real = mask[:, -1].amin() > 0
-    states = torch.cond(every_last_real, last, gathered, (mask, *tensors))
+    # (every new token real, not only each row's last: the same choice at each decode step, and
+    # the minimum reads the mask slice the graph has, with no Gather of its last column)
+    every_new_real = mask.amin() > 0
+    states = torch.cond(every_new_real, last, gathered, (mask, *tensors))
     for (layer, index, _), state in zip(found, states, strict=True):
         setattr(layer, _HELD, {**getattr(layer, _HELD, {}), index: lambda state=state: state})
         getattr(layer, _PENDING).pop(index)
