@@ -40,6 +40,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -357,12 +358,48 @@ def generation_rounds(
     return ids
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadOrder:
+    """One generation process of :func:`process_rounds`: the kind it loaded first, and its
+    rounds' figures by kind."""
+
+    first: str
+    figures: Mapping[str, Figures]
+
+
+def balanced_ratio(
+    orders: Sequence[LoadOrder], field: str, a: str = "irkit", b: str = "builder"
+) -> tuple[float, float, float] | None:
+    """``a``/``b`` of ``field`` with the load order cancelled: (the median over processes that
+    loaded ``a`` first of their per-round ratios' medians, the same over those that loaded ``b``
+    first, their geometric mean); ``None`` without processes of both orders.
+
+    A genai process decodes the model it loaded first slower than the next one (LFM2-350M int4:
+    ~13 %, whichever model it is): a process measures ``a/b · f`` or ``a/(b · f)`` by its order,
+    so the product of the two orders' ratios is ``(a/b)²`` whatever ``f`` is, while a median
+    pooled over processes falls anywhere between the two modes.
+    """
+    by_first: dict[str, list[float]] = {a: [], b: []}
+    for order in orders:
+        if order.first not in by_first:
+            continue
+        pairs = zip(getattr(order.figures[a], field), getattr(order.figures[b], field), strict=True)
+        ratios = [x / y for x, y in pairs]
+        if ratios:
+            by_first[order.first].append(statistics.median(ratios))
+    if not by_first[a] or not by_first[b]:
+        return None
+    first_a, first_b = statistics.median(by_first[a]), statistics.median(by_first[b])
+    return first_a, first_b, math.sqrt(first_a * first_b)
+
+
 def process_rounds(
     folders: Mapping[str, pathlib.Path],
     prompt: Sequence[int],
     rounds: int,
     processes: int,
     figures: Mapping[str, Figures],
+    orders: list[LoadOrder] | None = None,
 ) -> dict[str, list[int]]:
     """:func:`generation_rounds` in ``processes`` fresh processes, ``rounds`` each.
 
@@ -370,7 +407,8 @@ def process_rounds(
     its own: the per-process median ratio of one pair of folders swung 1.006–1.062 over 10
     processes on an idle machine (2026-11-29), while a process's rounds agree within 1 %. The
     ratio of a comparison is therefore measured over processes, each loading every folder
-    afresh (the load order rotated from one process to the next).
+    afresh (the load order rotated from one process to the next); much of the offset is that
+    order (:func:`balanced_ratio`).
 
     Args:
         folders: The folder of each kind (``genai_config.json``'s session options set).
@@ -378,6 +416,8 @@ def process_rounds(
         rounds: Timed generation rounds per process (after one warm-up).
         processes: How many processes.
         figures: Where each kind's prefill and per-token seconds are appended (all processes').
+        orders: Where each process's load order and figures are appended
+            (:func:`balanced_ratio`), if given.
 
     Returns:
         Each kind's greedy ids of the first process's warm-up generation.
@@ -399,6 +439,12 @@ def process_rounds(
         for kind in kinds:
             figures[kind].prefill.extend(result[kind]["prefill"])
             figures[kind].per_token.extend(result[kind]["per_token"])
+        if orders is not None:
+            own = {
+                kind: Figures(prefill=result[kind]["prefill"], per_token=result[kind]["per_token"])
+                for kind in kinds
+            }
+            orders.append(LoadOrder(order[0], own))
         if not ids:
             ids = {kind: result[kind]["ids"] for kind in kinds}
     return ids
@@ -467,6 +513,7 @@ def report(
     rounds: int,
     export_rounds: int,
     refused: str | None = None,
+    orders: Sequence[LoadOrder] = (),
 ) -> str:
     """The table: median [min..max] of each variant, and the ratio irkit/builder.
 
@@ -477,6 +524,8 @@ def report(
         export_rounds: Export rounds, for the first line.
         refused: Why the builder gave no folder: its rows then give irkit's figures alone, no
             ratio, and a last line says why.
+        orders: The generation processes (:func:`process_rounds`): a line per timed quantity
+            with the ratio by load order (:func:`balanced_ratio`), where both orders ran.
     """
     irkit, builder = figures["irkit"], figures["builder"]
     rows = [
@@ -510,6 +559,14 @@ def report(
             f"{label:24}{_stat(a, scale, unit):>30}{_stat(b, scale, unit):>30}"
             f"{ratio:8.2f}  <= {target} {verdict}"
         )
+    for label, field in (("prefill", "prefill"), ("per token", "per_token")):
+        balanced = balanced_ratio(orders, field)
+        if balanced is not None:
+            first_a, first_b, mean = balanced
+            lines.append(
+                f"{label}, load order cancelled: {mean:.3f} (irkit loaded first {first_a:.3f}, "
+                f"builder first {first_b:.3f}; geometric mean of the orders' process medians)"
+            )
     if refused is not None:
         lines.append(f"builder refused: {refused}")
     return "\n".join(lines)

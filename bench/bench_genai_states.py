@@ -26,7 +26,11 @@ reason printed as its figure, with irkit's absolute figures and no ratio.
 ``--processes N`` times ``--rounds`` rounds in each of N fresh processes
 (``bench_genai.process_rounds``): a process keeps its models' memory placement, and with it an
 offset of its own (one pair's per-process median ratio swung 1.006–1.062 over 10 processes), so a
-ratio to ±0.01 needs several processes; the table then pools every process's rounds.
+ratio to ±0.01 needs several processes; the table then pools every process's rounds. Much of
+that offset is the load order: a process decodes the model it loaded first slower (LFM2-350M
+int4: ~13 %, whichever folder it is), so the table adds the ratio with the order cancelled, the
+geometric mean of the two orders' process medians (``bench_genai.balanced_ratio``): read that
+one.
 
 ``--profile`` prints, from onnxruntime's profiler over ``--profile-rounds`` more generations of
 each folder (interleaved), the kernels one decode step runs and, per op type, the median over
@@ -298,9 +302,15 @@ def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Names
     for kind in kinds:
         bg.set_session_options(outs[kind])
     prompt = bg.make_prompt(bg.VOCAB)
+    orders: list[bg.LoadOrder] = []
     if args.processes:  # (each process loads the folders afresh: bench_genai.process_rounds)
         ids = bg.process_rounds(
-            {kind: outs[kind] for kind in kinds}, prompt, args.rounds, args.processes, figures
+            {kind: outs[kind] for kind in kinds},
+            prompt,
+            args.rounds,
+            args.processes,
+            figures,
+            orders,
         )
     else:
         models = {kind: og.Model(str(outs[kind])) for kind in kinds}
@@ -308,7 +318,7 @@ def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Names
         del models
     label = f"{arch}, {precision}, irkit --target {args.target}"
     rounds = args.rounds * max(args.processes, 1)
-    print(bg.report(figures, label, rounds, args.export_rounds, refused=refused))
+    print(bg.report(figures, label, rounds, args.export_rounds, refused=refused, orders=orders))
     same = compare_ids(ids["irkit"], ids["builder"]) if "builder" in ids else "no builder folder"
     print(f"greedy ids, irkit vs builder: {same}")
     reference = None

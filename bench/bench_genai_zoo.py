@@ -32,7 +32,11 @@ architectures and precisions whose prefill or per-token ratio is over 1.0.
 ``--processes N`` times ``--rounds`` rounds in each of N fresh processes
 (``bench_genai.process_rounds``): a process keeps its models' memory placement, and with it an
 offset of its own (one pair's per-process median ratio swung 1.006–1.062 over 10 processes), so a
-ratio to ±0.01 needs several processes; the table then pools every process's rounds.
+ratio to ±0.01 needs several processes; the table then pools every process's rounds. Much of
+that offset is the load order: a process decodes the model it loaded first slower (LFM2-350M
+int4: ~13 %, whichever folder it is), so the table adds the ratio with the order cancelled, the
+geometric mean of the two orders' process medians (``bench_genai.balanced_ratio``): read that
+one.
 
 ``--profile`` prints ORT's kernel time by op type of one more generation of each folder
 (``bench_genai.profile_summary``). ``--export-only`` stops after the exports; ``--keep-exports``
@@ -313,9 +317,10 @@ def run_case(
         return case
     if case.note is not None:
         print(f"{name} {precision}: {case.note}", flush=True)
+    orders: list[bg.LoadOrder] = []
     try:
         if args.processes:  # (each process loads the folders afresh: bench_genai.process_rounds)
-            ids = bg.process_rounds(outs, prompt, args.rounds, args.processes, figures)
+            ids = bg.process_rounds(outs, prompt, args.rounds, args.processes, figures, orders)
         else:
             models = {kind: og.Model(str(out)) for kind, out in outs.items()}
             ids = bg.generation_rounds(models, prompt, args.rounds, figures)
@@ -325,7 +330,7 @@ def run_case(
         print(f"{name} {precision}: {case.failed}", flush=True)
         return case
     label = f"{name}, {precision}, irkit --target ort"
-    print(bg.report(figures, label, args.rounds * max(args.processes, 1), 1))
+    print(bg.report(figures, label, args.rounds * max(args.processes, 1), 1, orders=orders))
     case.ids = bs.compare_ids(ids["irkit"], ids["builder"])
     print(f"greedy ids, irkit vs builder: {case.ids}")
     if precision == "fp32":
