@@ -9,6 +9,11 @@ full_attention``; Qwen3.5 three ``linear_attention`` then ``full_attention``), 8
 heads, vocab 4000; Qwen3.5's head dim 64 (rotary 16: partial factor 0.25, interleaved M-RoPE
 sections ``[3, 3, 2]`` as its checkpoints carry; with text positions it is plain RoPE) and
 linear attention 4 key / 8 value heads of 64. Random weights, the local word-level tokenizer.
+``--size real`` takes the released models' shapes instead (LFM2-350M: hidden 1024, 16 layers of
+which 6 attention, 16 heads, 8 KV heads, intermediate 4608, vocab 65536, tied; Qwen3.5-0.8B's
+text decoder: hidden 1024, 24 layers in six groups of three linear-attention and one attention,
+KV heads 2 of 256, linear attention 16 + 16 heads of 128, intermediate 3584, vocab 248320, tied),
+where a decode step is bound by its weights and the graph's fixed per-step costs weigh little.
 
 Everything else is ``bench/bench_genai.py``'s (imported): whole-process exports with their peak
 RSS, ``intra_op_num_threads: 1``, a prompt of 128 tokens then 128 tokens decoded one at a time in
@@ -39,7 +44,7 @@ irkit's beside the builder's (nodes inside a ``Scan`` body are counted on their 
 the ``Scan``: read the ``Scan`` row as the whole recurrence). Per-step medians, not sums: on a
 loaded machine one descheduled kernel would swamp a sum.
 
-Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--precision fp32 int4]
+Usage: ``python bench/bench_genai_states.py [--arch lfm2 qwen35] [--size bench|real] [--precision fp32 int4]
 [--target ort|onnx] [--rounds 5] [--processes N] [--export-rounds 5] [--profile] [--profile-rounds 3]
 [--workdir DIR]`` (run with ``PYTHONPATH=$PWD``).
 """
@@ -67,43 +72,56 @@ ARCHS = ("lfm2", "qwen35")
 QWEN35_BUILDER_ARCH = "Qwen3_5ForConditionalGeneration"
 
 
-def make_config(arch: str) -> object:
-    """The transformers config of ``arch`` (``lfm2`` or ``qwen35``)."""
+#: ``--size``: the issue's bench shape, or the released models' (LFM2-350M, Qwen3.5-0.8B's text
+#: decoder: their widths, layer patterns, vocabularies and tied embeddings; random weights).
+SIZES = ("bench", "real")
+
+
+def make_config(arch: str, size: str = "bench") -> object:
+    """The transformers config of ``arch`` (``lfm2`` or ``qwen35``) at ``size`` (:data:`SIZES`)."""
     import transformers
 
+    real = size == "real"
     common = dict(
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=bg.VOCAB,
+        hidden_size=1024 if real else 512,
         max_position_embeddings=2048,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=real,
     )
     if arch == "lfm2":
+        attention = (2, 5, 8, 10, 12, 14) if real else (1, 3)
+        layers = 16 if real else 4
         return transformers.Lfm2Config(
             **common,
-            layer_types=["conv", "full_attention", "conv", "full_attention"],
-            block_ff_dim=1536,
+            intermediate_size=4608 if real else 1536,
+            num_hidden_layers=layers,
+            num_attention_heads=16 if real else 8,
+            num_key_value_heads=8 if real else 2,
+            vocab_size=65536 if real else bg.VOCAB,
+            layer_types=["full_attention" if i in attention else "conv" for i in range(layers)],
+            block_ff_dim=4608 if real else 1536,
             block_auto_adjust_ff_dim=False,
         )
     return transformers.Qwen3_5TextConfig(
         **common,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        head_dim=64,
-        linear_num_key_heads=4,
-        linear_num_value_heads=8,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
+        intermediate_size=3584 if real else 1536,
+        num_hidden_layers=24 if real else 4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=248320 if real else bg.VOCAB,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (6 if real else 1),
+        head_dim=256 if real else 64,
+        linear_num_key_heads=16 if real else 4,
+        linear_num_value_heads=16 if real else 8,
+        linear_key_head_dim=128 if real else 64,
+        linear_value_head_dim=128 if real else 64,
         rope_parameters={
             "rope_type": "default",
             "rope_theta": 10000.0,
             "partial_rotary_factor": 0.25,
-            "mrope_section": [3, 3, 2],
+            "mrope_section": [11, 11, 10] if real else [3, 3, 2],
             "mrope_interleaved": True,
         },
     )
@@ -276,12 +294,13 @@ def run_case(work: pathlib.Path, arch: str, precision: str, args: argparse.Names
     """Export, time and check one model at one precision; prints its table."""
     import onnxruntime_genai as og
 
-    folder = work / f"hf-{arch}"
+    name = arch if args.size == "bench" else f"{arch}-{args.size}"
+    folder = work / f"hf-{name}"
     if not (folder / "config.json").exists():
-        bg.save_folder(folder, make_config(arch))
+        bg.save_folder(folder, make_config(arch, args.size))
     outs = {
-        "irkit": work / f"irkit-{arch}-{precision}-{args.target}",
-        "builder": work / f"builder-{arch}-{precision}",
+        "irkit": work / f"irkit-{name}-{precision}-{args.target}",
+        "builder": work / f"builder-{name}-{precision}",
     }
     source, note = builder_source(folder, arch, outs["builder"], precision)
     if note is not None:
@@ -369,6 +388,13 @@ def summary(cases: Sequence[Case]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
+    parser.add_argument(
+        "--size",
+        choices=SIZES,
+        default="bench",
+        help="the bench shape (hidden 512, 4 layers) or the released models' (LFM2-350M, "
+        "Qwen3.5-0.8B)",
+    )
     parser.add_argument(
         "--precision", nargs="+", choices=("fp32", "int4"), default=["fp32", "int4"]
     )
