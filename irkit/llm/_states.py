@@ -784,6 +784,32 @@ def past_to_present() -> dict[str, str]:
     return {kind.present_format: kind.past_format for kind in KINDS}
 
 
+def _assign_recurrent_states(layer: Any) -> None:
+    """Make the layer's ``update_recurrent_state`` an assignment, not an in-place copy.
+
+    transformers' ``LinearAttentionLayer`` copies the new state into the cache tensor
+    (``recurrent_states[i].copy_(new)``: a static address for CUDA graphs); traced, that is an
+    in-place write into a program input, which makes :func:`irkit.lower` functionalize the
+    whole program (a second trace: 5.7 s of a tiny Qwen3.5's export). The layer's state is
+    rebound to the new tensor instead (in the old one's dtype, as ``copy_`` converts): the
+    same values wherever the model or irkit reads the state after the update.
+    """
+    states = getattr(layer, "recurrent_states", None)
+    flags = getattr(layer, "is_recurrent_states_initialized", None)
+    update = getattr(layer, "update_recurrent_state", None)
+    if not isinstance(states, (list, dict)) or flags is None or update is None:
+        return
+
+    def assign(recurrent_states: Any, state_idx: int = 0, **kwargs: Any) -> Any:
+        if not flags[state_idx]:  # (no state yet: the layer's own lazy initialization)
+            return update(recurrent_states, state_idx, **kwargs)
+        old = states[state_idx]
+        states[state_idx] = recurrent_states.to(old.dtype)
+        return states[state_idx]
+
+    layer.update_recurrent_state = assign
+
+
 def _hold_conv_state_at_pads(layer: Any, mask: Any) -> None:
     """Make the layer keep, as its convolution state, the inputs up to each row's last real token.
 
@@ -955,10 +981,10 @@ def flat_model(model: Any, specs: Sequence[StateSpec], cache_argument: str, use_
     ) -> tuple[Any, ...]:
         cache = fill_cache(self.config, specs, states, self)
         mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :]
-        if mask is not None:
-            for layer in getattr(cache, "layers", ()):  # (xLSTM's own cache has none)
-                if getattr(layer, "conv_states", None) is not None:
-                    _hold_conv_state_at_pads(layer, mask)
+        for layer in getattr(cache, "layers", ()):  # (xLSTM's own cache has none)
+            _assign_recurrent_states(layer)
+            if mask is not None and getattr(layer, "conv_states", None) is not None:
+                _hold_conv_state_at_pads(layer, mask)
         kwargs: dict[str, Any] = {"input_ids": input_ids, cache_argument: cache}
         if attention_mask is not None:  # no attention layer: the mask of the new tokens only
             kwargs["attention_mask"] = attention_mask if attends else mask
