@@ -28,6 +28,7 @@ from irkit.lowering._registry import LoweringTable
 from irkit.lowering._retrace import run_decompositions
 from irkit.lowering._signatures import store_call_signatures
 from irkit.lowering._source import node_location, op_name, python_spelling
+from irkit.lowering._view_writes import functionalize_view_writes
 
 __all__ = [
     "lower_program",
@@ -80,6 +81,17 @@ def lower_program(
         ep = run_decompositions(ep)
     plan = make_plan(ep.graph, table)
     inplace = needs_functionalization(ep.graph, plan)
+    if inplace:
+        local = functionalize_view_writes(ep, {n: plan.choices[n].functional for n in inplace})
+        local_plan = make_plan(local.graph, table) if local is not None else None
+        if local_plan is not None and not needs_functionalization(local.graph, local_plan):
+            logger.info(
+                "irkit.lower: %d in-place write(s) into views of computed tensors (first: %s) "
+                "made functional where they are.",
+                len(inplace),
+                inplace[0].name,
+            )
+            ep, plan, inplace = local, local_plan, []
     if inplace:
         logger.info(
             "irkit.lower: %d in-place op(s) mutate inputs or aliased tensors (first: %s); "
