@@ -84,7 +84,11 @@ def lower_program(
     if inplace:
         local = functionalize_view_writes(ep, {n: plan.choices[n].functional for n in inplace})
         local_plan = make_plan(local.graph, table) if local is not None else None
-        if local_plan is not None and not needs_functionalization(local.graph, local_plan):
+        if (
+            local is not None
+            and local_plan is not None
+            and not needs_functionalization(local.graph, local_plan)
+        ):
             logger.info(
                 "irkit.lower: %d in-place write(s) into views of computed tensors (first: %s) "
                 "made functional where they are.",
