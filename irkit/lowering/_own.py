@@ -20,6 +20,7 @@ from onnxscript import opset18 as op
 
 from irkit.lowering import (
     _own_attention,
+    _own_copy,
     _own_indexing,
     _own_integer,
     _own_ordering,
@@ -454,6 +455,7 @@ def _cross_entropy_gap(node: torch.fx.Node) -> bool:
 _MODULES = (
     sys.modules[__name__],
     _own_attention,
+    _own_copy,
     _own_indexing,
     _own_ordering,
     _own_pool,

@@ -20,6 +20,7 @@ the caller, which torch's functionalization handles); otherwise it returns ``Non
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -164,6 +165,27 @@ class _Rewriter:
                 reader.replace_input_with(value, fresh(value, reader))
 
 
+def _renamed_outputs(signature: Any, graph: torch.fx.Graph) -> Any:
+    """``signature`` with each output named after the node the rewritten ``graph`` returns there
+    (an output that read a written tensor now reads its new value)."""
+    from torch.export.graph_signature import ExportGraphSignature, TensorArgument
+
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    returned = output.args[0] if isinstance(output.args[0], list | tuple) else [output.args[0]]
+    specs = list(signature.output_specs)
+    if len(returned) != len(specs):
+        return signature
+    renamed = [
+        dataclasses.replace(spec, arg=TensorArgument(name=node.name))
+        if isinstance(spec.arg, TensorArgument)
+        and isinstance(node, torch.fx.Node)
+        and node.name != spec.arg.name
+        else spec
+        for spec, node in zip(specs, returned, strict=True)
+    ]
+    return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=renamed)
+
+
 def functionalize_view_writes(
     program: torch.export.ExportedProgram, writes: Mapping[torch.fx.Node, Any]
 ) -> torch.export.ExportedProgram | None:
@@ -198,7 +220,7 @@ def functionalize_view_writes(
     return torch.export.ExportedProgram(
         root=program.graph_module,
         graph=graph,
-        graph_signature=program.graph_signature,
+        graph_signature=_renamed_outputs(program.graph_signature, graph),
         state_dict=program.state_dict,
         range_constraints=program.range_constraints,
         module_call_graph=program.module_call_graph,

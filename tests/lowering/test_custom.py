@@ -94,6 +94,30 @@ class RecomposedFrequencies(torch.nn.Module):
         return torch.cat((thw, thw), dim=-1), freq.sum(0), early
 
 
+class WritesSeenByEarlierViews(torch.nn.Module):
+    """A write into the base and one through its diagonal, both seen by views taken before."""
+
+    def forward(self, x):
+        y = x * 2
+        first_row, diagonal = y[0], y.diagonal(0, -2, -1)
+        y.add_(1)
+        diagonal.mul_(3)
+        return first_row + 0, y.sum(), diagonal * 1
+
+
+class BroadcastCopies(torch.nn.Module):
+    """``copy_`` of a scalar into a column and a row; the written base is an output."""
+
+    def forward(self, x):
+        y = x * 2
+        y[1:, 2].copy_(x[0, 0])
+        rows = y[:, 1:3]
+        rows[0].zero_()
+        z = x + 1
+        z.copy_(x[1, 1])  # (into a fresh tensor: renamed, the scalar broadcast)
+        return y, rows.sum(-1), z
+
+
 class InPlaceOnTransposedView(torch.nn.Module):
     def forward(self, x):
         y = x.clone()
@@ -102,10 +126,19 @@ class InPlaceOnTransposedView(torch.nn.Module):
 
 
 @pytest.mark.parametrize(
-    "module", [InPlaceOnView(), RecomposedFrequencies()], ids=["select", "mrope"]
+    ("module", "shape"),
+    [
+        (InPlaceOnView(), (3, 2, 12)),
+        (RecomposedFrequencies(), (3, 2, 12)),
+        (WritesSeenByEarlierViews(), (3, 4, 4)),
+        (BroadcastCopies(), (3, 4)),
+    ],
+    ids=["select", "mrope", "diagonal", "broadcast-copy"],
 )
-def test_inplace_write_into_a_view_of_a_computed_tensor_is_functional_in_place(caplog, module):
-    args = (torch.randn(3, 2, 12),)
+def test_inplace_write_into_a_view_of_a_computed_tensor_is_functional_in_place(
+    caplog, module, shape
+):
+    args = (torch.randn(*shape),)
     ep = torch.export.export(module, args)
     before = str(ep.graph)
     with caplog.at_level("INFO", logger="irkit"):
