@@ -13,7 +13,8 @@ value, scattered back up its chain of views into a new ``freq``::
 and every later read of ``freq``, of a view of it taken before the write, or of the write's
 result reads ``new`` (the view taken again from ``new``). Reads before the write keep the old
 value. :func:`functionalize_view_writes` does this on a copy of the program's graph where every
-view in the chain has a scatter inverse (``slice``, ``select``, ``diagonal``, ``alias``) and the
+view in the chain can be undone (``slice``, ``select``, ``diagonal`` scattered back;
+``transpose``, ``t``, ``permute``, ``unsqueeze`` inverted; ``alias``) and the
 base is a tensor the program computes (not an input, weight or buffer: those writes must reach
 the caller, which torch's functionalization handles); otherwise it returns ``None``.
 """
@@ -21,7 +22,7 @@ the caller, which torch's functionalization handles); otherwise it returns ``Non
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -31,13 +32,30 @@ __all__ = ["functionalize_view_writes"]
 
 _aten = torch.ops.aten
 
-#: A view op → its scatter inverse (``scatter(base, view_value, *view_args)``); ``None``: the
-#: view is the whole tensor.
-_SCATTERS: dict[Any, Any] = {
-    _aten.slice.Tensor: _aten.slice_scatter.default,
-    _aten.select.int: _aten.select_scatter.default,
-    _aten.diagonal.default: _aten.diagonal_scatter.default,
-    _aten.alias.default: None,
+#: A view op → how its parent's new value is made from the view's (``(op, args)`` from the
+#: parent, the view's new value and the view's arguments after its input): a part of the
+#: parent is scattered back into it, a whole-tensor view (a transpose, an unsqueeze) undone.
+_SCATTERS: dict[Any, Callable[..., tuple[Any, tuple[Any, ...]]]] = {
+    _aten.slice.Tensor: lambda parent, value, *args: (
+        _aten.slice_scatter.default,
+        (parent, value, *args),
+    ),
+    _aten.select.int: lambda parent, value, *args: (
+        _aten.select_scatter.default,
+        (parent, value, *args),
+    ),
+    _aten.diagonal.default: lambda parent, value, *args: (
+        _aten.diagonal_scatter.default,
+        (parent, value, *args),
+    ),
+    _aten.transpose.int: lambda parent, value, d0, d1: (_aten.transpose.int, (value, d0, d1)),
+    _aten.t.default: lambda parent, value: (_aten.t.default, (value,)),
+    _aten.permute.default: lambda parent, value, dims: (
+        _aten.permute.default,
+        (value, sorted(range(len(dims)), key=lambda d: dims[d])),
+    ),
+    _aten.unsqueeze.default: lambda parent, value, dim: (_aten.squeeze.dim, (value, dim)),
+    _aten.alias.default: lambda parent, value: (None, (value,)),
 }
 
 #: Meta keys a new node takes from the node it stands for (where it came from, which module).
@@ -111,9 +129,9 @@ class _Rewriter:
         with self.graph.inserting_before(node.next):  # (in order, after the write)
             value = self._node(functional, tuple(node.args), node, node)
             for view in chain:  # the written view's new value, scattered into its parent
-                scatter = _SCATTERS[view.target]
-                if scatter is not None:
-                    value = self._node(scatter, (view.args[0], value, *view.args[1:]), node, node)
+                target, args = _SCATTERS[view.target](view.args[0], value, *view.args[1:])
+                if target is not None:
+                    value = self._node(target, args, node, node)
             new_base = value
         # stale: the base and its views taken before the write (the write's result is the view)
         stale: dict[torch.fx.Node, torch.fx.Node | None] = {base: new_base, node: None}

@@ -121,8 +121,16 @@ class BroadcastCopies(torch.nn.Module):
 class InPlaceOnTransposedView(torch.nn.Module):
     def forward(self, x):
         y = x.clone()
-        y.t()[0].add_(10)  # a transpose has no scatter inverse here: torch's functionalization
+        y.t()[0].add_(10)  # a transposed view's row: a column of y
+        y.permute(1, 0).unsqueeze(0)[0, 1].mul_(2)
         return y * 1
+
+
+class InPlaceOnFlatView(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y.view(-1)[0].add_(10)  # a view whose inverse needs y's (symbolic) shape: torch's
+        return y * 1  # functionalization
 
 
 @pytest.mark.parametrize(
@@ -132,8 +140,9 @@ class InPlaceOnTransposedView(torch.nn.Module):
         (RecomposedFrequencies(), (3, 2, 12)),
         (WritesSeenByEarlierViews(), (3, 4, 4)),
         (BroadcastCopies(), (3, 4)),
+        (InPlaceOnTransposedView(), (3, 2)),
     ],
-    ids=["select", "mrope", "diagonal", "broadcast-copy"],
+    ids=["select", "mrope", "diagonal", "broadcast-copy", "transpose"],
 )
 def test_inplace_write_into_a_view_of_a_computed_tensor_is_functional_in_place(
     caplog, module, shape
@@ -150,7 +159,7 @@ def test_inplace_write_into_a_view_of_a_computed_tensor_is_functional_in_place(
 
 
 def test_inplace_write_through_a_view_without_scatter_falls_back_to_functionalization(caplog):
-    module, args = InPlaceOnTransposedView(), (torch.randn(3, 2),)
+    module, args = InPlaceOnFlatView(), (torch.randn(3, 2),)
     ep = torch.export.export(module, args)
     with caplog.at_level("INFO", logger="irkit"):
         model = irkit.lower(ep, functions=False)
@@ -243,7 +252,7 @@ def test_docs_custom_lowering_example_runs():
 
 
 def test_functionalization_fallback_leaves_the_program_untouched():
-    module, args = InPlaceOnTransposedView(), (torch.randn(3, 2),)
+    module, args = InPlaceOnFlatView(), (torch.randn(3, 2),)
     ep = torch.export.export(module, args)
     before = str(ep.graph)
     assert any(n.target == torch.ops.aten.add_.Tensor for n in ep.graph.nodes)
