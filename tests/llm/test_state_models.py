@@ -69,6 +69,32 @@ def qwen35_folder(
     return root, model
 
 
+def test_qwen35_vision_language_checkpoint_exports_its_text_decoder(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Qwen3.5 is released as ``Qwen3_5ForConditionalGeneration`` (a text decoder beside a
+    vision tower, weights under ``model.language_model.*`` and ``model.visual.*``): ``irkit
+    export`` of such a folder writes the text decoder, which genai runs as transformers
+    ``generate`` does on text (batch 1 and a right-padded batch 2)."""
+    text = _qwen35().to_dict()
+    vision = dict(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+        out_hidden_size=64, num_position_embeddings=16,
+    )  # fmt: skip
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    vlm = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    folder = gs.save_folder(tmp_path / "hf", vlm, gs.tokenizer(vocab_size=VOCAB))
+    out = tmp_path / "out"
+    assert main(["export", str(folder), "-o", str(out), "-q", "--target", "ort"]) == 0
+    prompts = ["hello world the quick", "the lazy dog jumps over the brown fox and hello world"]
+    for batch in (prompts[:1], prompts):
+        got = [gs.until_eos(ids, EOS) for ids in gs.genai_ids(out, batch, 16)]
+        want = [gs.until_eos(ids, EOS) for ids in gs.reference_ids(folder, batch, 16, vlm)]
+        assert got == want
+        assert max(len(set(ids)) for ids in want) >= 6  # varied ids, not one token repeated
+
+
 def _op_counts(path: pathlib.Path) -> collections.Counter:
     import onnx
 
