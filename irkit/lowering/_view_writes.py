@@ -77,7 +77,7 @@ def _view_chain(written: torch.fx.Node) -> tuple[list[torch.fx.Node], torch.fx.N
     chain = []
     node = written
     while _is_view(node):
-        if node.target not in _SCATTERS:
+        if node.target not in _SCATTERS or node.kwargs:  # (its arguments by position only)
             return None
         chain.append(node)
         node = node.args[0]
@@ -107,12 +107,18 @@ class _Rewriter:
         self.fake_mode = fake_mode
 
     def _node(
-        self, target: Any, args: tuple[Any, ...], like: torch.fx.Node, module_of: torch.fx.Node
+        self,
+        target: Any,
+        args: tuple[Any, ...],
+        like: torch.fx.Node,
+        module_of: torch.fx.Node,
+        kwargs: dict[str, Any] | None = None,
     ) -> torch.fx.Node:
-        node = self.graph.call_function(target, args)
+        node = self.graph.call_function(target, args, dict(kwargs or {}))
         values = map_arg(args, lambda n: n.meta["val"])
+        keywords = map_arg(dict(kwargs or {}), lambda n: n.meta["val"])
         with self.fake_mode:
-            node.meta["val"] = target(*values)
+            node.meta["val"] = target(*values, **keywords)
         for key in _PROVENANCE:
             if key in like.meta:
                 node.meta[key] = like.meta[key]
@@ -127,7 +133,7 @@ class _Rewriter:
         chain, base = found
         order = {n: i for i, n in enumerate(self.graph.nodes)}
         with self.graph.inserting_before(node.next):  # (in order, after the write)
-            value = self._node(functional, tuple(node.args), node, node)
+            value = self._node(functional, tuple(node.args), node, node, dict(node.kwargs))
             for view in chain:  # the written view's new value, scattered into its parent
                 target, args = _SCATTERS[view.target](view.args[0], value, *view.args[1:])
                 if target is not None:
@@ -164,7 +170,9 @@ class _Rewriter:
             if known is None:
                 with self.graph.inserting_before(reader):
                     parent = fresh(value.args[0], reader)
-                    known = self._node(value.target, (parent, *value.args[1:]), value, reader)
+                    known = self._node(
+                        value.target, (parent, *value.args[1:]), value, reader, dict(value.kwargs)
+                    )
                 known.meta.update(
                     {k: v for k, v in value.meta.items() if k not in known.meta and k != "val"}
                 )
