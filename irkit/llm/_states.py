@@ -908,7 +908,10 @@ def _settle_held_states(layers: Sequence[Any], mask: Any) -> None:
     # (every new token real, not only each row's last: the same choice at each decode step, and
     # the minimum reads the mask slice the graph has, with no Gather of its last column)
     every_new_real = mask.amin() > 0
-    states = torch.cond(every_new_real, last, gathered, (mask, *tensors))
+    # (the operator itself, not ``torch.cond``: under export's tracing ``torch.cond`` first
+    # compiles the branches with dynamo, ~1.5 s of a 10-conv-layer export; the operator traces
+    # them with make_fx alone, into the same program)
+    states = torch.ops.higher_order.cond(every_new_real, last, gathered, (mask, *tensors))
     for (layer, index, _), state in zip(found, states, strict=True):
         setattr(layer, _HELD, {**getattr(layer, _HELD, {}), index: lambda state=state: state})
         getattr(layer, _PENDING).pop(index)
