@@ -39,7 +39,8 @@ def _kda(
     use_qk_l2norm_in_kernel: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     import torch
-    from torch._higher_order_ops.scan import scan
+
+    from irkit.llm.kernels._scan import scan_along as scan
 
     initial_dtype = query.dtype
     query, key, value, g, beta = (t.to(torch.float32) for t in (query, key, value, g, beta))

@@ -84,7 +84,8 @@ def selective_scan_fn(
     """
     import torch
     import torch.nn.functional as F
-    from torch._higher_order_ops.scan import scan
+
+    from irkit.llm.kernels._scan import scan_along as scan
 
     refuse("selective_scan_fn", kwargs)
     if B.dim() != 3 or C.dim() != 3:

@@ -224,7 +224,8 @@ def mamba_chunk_scan_combined(
     )
     import torch
     import torch.nn.functional as F
-    from torch._higher_order_ops.scan import scan
+
+    from irkit.llm.kernels._scan import scan_along as scan
 
     heads, groups = hidden_states.shape[2], B.shape[2]
     if dt_bias is not None:

@@ -63,7 +63,8 @@ def rnn_scan(
         ``(y (batch, seq, width) in the dtype of hidden_states, last state (batch, width))``.
     """
     import torch
-    from torch._higher_order_ops.scan import scan
+
+    from irkit.llm.kernels._scan import scan_along as scan
 
     acc = torch.float32 if acc_dtype is None else acc_dtype
     gate = (recurrent_gate * ~reset).to(acc)

@@ -63,7 +63,8 @@ def rwkv_linear_attention(
         after the last token where ``state`` was given or ``return_state`` is set.
     """
     import torch
-    from torch._higher_order_ops.scan import scan
+
+    from irkit.llm.kernels._scan import scan_along as scan
 
     if state is None:
         num = torch.zeros_like(key[:, 0], dtype=torch.float32)
