@@ -744,13 +744,6 @@ def _trace_and_lower(
     def lower(exported: Any) -> Any:
         return irkit.lower(exported.program, **exported.lower_kwargs())
 
-    from irkit.llm._states import has_state_layers
-
-    if layer_reuse and has_state_layers(source.model.config):
-        note(
-            "layer reuse off: the cache holds state kinds beyond keys and values; tracing every layer"
-        )
-        layer_reuse = False
     if layer_reuse:
         from irkit.llm._stamp import cut_layers, layer_period, stamp_layers
 
@@ -783,19 +776,46 @@ def _trace_and_lower(
                     f"layer reuse: traced {found.period} of {found.layers} decoder layers, "
                     f"stamped the others (layer i = layer i mod {found.period})"
                 )
-                return model, _all_layers(cut, found.layers)
+                return model, _all_layers(cut, found.layers, found.period)
         else:
             note(f"layer reuse off: {found.reason}; tracing every layer")
     exported = export_causal_lm(source.model)
     return lower(exported), exported
 
 
-def _all_layers(cut: Any, count: int) -> Any:
+def _all_layers(cut: Any, count: int, period: int) -> Any:
     """``cut``'s export with the names and cache layout of all ``count`` layers (layer ``i``
-    is layer ``i mod P``)."""
+    is layer ``i mod period``)."""
     from irkit.llm._causal_lm import CacheLayout
 
-    period = cut.cache.num_layers
+    if cut.cache.states:  # every cache tensor by kind and layer: kind by kind, layer by layer
+        kinds = list(cut.cache.kinds)
+        states = sorted(
+            (
+                dataclasses.replace(spec, layer=i)
+                for i in range(count)
+                for spec in cut.cache.states
+                if spec.layer == i % period
+            ),
+            key=lambda s: (kinds.index(s.kind.name), s.layer, s.index),
+        )
+        attention = [s.layer for s in cut.cache.states if s.kind.name == "key"]
+        keys = dict(zip(attention, cut.cache.keys, strict=True))
+        values = dict(zip(attention, cut.cache.values, strict=True))
+        every = [i for i in range(count) if i % period in keys]
+        layout = CacheLayout(
+            keys=tuple(keys[i % period] for i in every),
+            values=tuple(values[i % period] for i in every),
+            dtype=cut.cache.dtype,
+            states=tuple(states),
+        )
+        steps = [n for n in cut.input_names if n in ("input_ids", "attention_mask", "position_ids")]
+        return dataclasses.replace(
+            cut,
+            input_names=steps + [s.past_name for s in states],
+            output_names=["logits"] + [s.present_name for s in states],
+            cache=layout,
+        )
     layout = CacheLayout(
         keys=tuple(cut.cache.keys[i % period] for i in range(count)),
         values=tuple(cut.cache.values[i % period] for i in range(count)),

@@ -30,7 +30,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -137,15 +137,17 @@ def _equal(a: Any, b: Any) -> bool | None:
 
 
 def _index_attributes(attributes: list[dict[str, Any]]) -> set[str]:
-    keys = set(attributes[0])
-    return {
-        key
-        for key in keys
-        if all(
-            type(attrs.get(key)) is int and attrs.get(key) == i
-            for i, attrs in enumerate(attributes)
-        )
-    }
+    """The attributes that hold the layer index: an ``int`` equal to ``i`` in every layer ``i``
+    that has it, held by two layers at least (a hybrid's ``linear_attn.layer_idx`` is on its
+    linear-attention layers only; layers ``i`` and ``i mod P`` still hold the same keys, which
+    :func:`_same_layer` checks)."""
+    keys = {key for attrs in attributes for key in attrs}
+    found = set()
+    for key in keys:
+        holders = [(i, attrs[key]) for i, attrs in enumerate(attributes) if key in attrs]
+        if len(holders) >= 2 and all(type(v) is int and v == i for i, v in holders):
+            found.add(key)
+    return found
 
 
 def _buffer_value(name: str, tensor: Any, buffers: Mapping[str, Any]) -> Any:
@@ -355,18 +357,6 @@ def cut_layers(model: Any, found: LayerPeriod) -> Iterator[Any]:
             setattr(config, key, value)
 
 
-_PAST = "past_key_values"
-_PRESENT = "present"
-_KINDS = ("key", "value")
-
-
-def _identity_source(value: Any) -> Any:
-    """The graph input an ``Identity`` chain copies ``value`` from (else ``value`` itself)."""
-    while value.producer() is not None and value.producer().op_type == "Identity":
-        value = value.producer().inputs[0]
-    return value
-
-
 def _layer_of(name: str, prefix: str, period: int) -> int | None:
     for r in range(period):
         if name.startswith(f"{prefix}.{r}."):
@@ -397,6 +387,21 @@ def _stamped_weight(rep: Any, name: str, weight: Callable[[str], Any] | None) ->
     return weight(name) if weight is not None else None
 
 
+#: Graph inputs and outputs that are not per layer.
+_STEP_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids"})
+
+
+def _insert_by_format(values: Any, new: Sequence[Any]) -> None:
+    """Insert ``new`` cache values into a graph's inputs or outputs, each after the last one
+    of its format (kind) there: the order a full trace gives (kind by kind, layer by layer)."""
+    from irkit.llm._stamp_graph import cache_name
+
+    for value in sorted(new, key=lambda v: cache_name(v.name)[1:]):  # type: ignore[index]
+        fmt = cache_name(value.name)[0]  # type: ignore[index]
+        at = max(p for p, v in enumerate(values) if (cache_name(v.name) or ("",))[0] == fmt)
+        values.insert(at + 1, value)
+
+
 def stamp_layers(
     model: Any,
     found: LayerPeriod,
@@ -409,9 +414,13 @@ def stamp_layers(
     ``LlamaModel``) whose body calls the layer functions ``{path}.0`` … ``{path}.{P-1}``. For
     each layer ``i`` from ``P`` on, the call of layer ``r = i mod P`` is cloned (the same
     function) with its own weights (``{path}.{r}.*`` → ``{path}.{i}.*`` initializers, same
-    shapes and dtypes), its own ``past_key_values.{i}.*`` inputs and ``present.{i}.*`` outputs,
-    chained on the hidden state; the layer-invariant values (mask, rotary cos/sin, sizes) are
-    shared.
+    shapes and dtypes), its own cache inputs (``past_key_values.{i}.key``, ``past.{i}.conv``,
+    … with the main-graph nodes layer ``r``'s pass through before the call, a ``Pad`` or an
+    ``Identity``) and its own outputs, chained on the hidden state; the layer-invariant values
+    (mask, rotary cos/sin, sizes) are shared. A layer output other than its hidden state and
+    its ``present…`` outputs is read by the main graph's control flow only: the ``If`` that
+    chooses every conv layer's held state gets layer ``i``'s outputs too
+    (:func:`irkit.llm._stamp_graph.stamp_control_flow`).
 
     Args:
         model: The lowered ``onnx_ir.Model`` (before optimize).
@@ -429,6 +438,7 @@ def stamp_layers(
     import onnx_ir as ir
 
     from irkit.errors import ExportError
+    from irkit.llm._stamp_graph import cache_name, clone_chain, source_chain, stamp_control_flow
 
     def refuse(why: str) -> ExportError:
         return ExportError(f"stamp_layers: {why}; trace every layer (layer_reuse=False)")
@@ -437,6 +447,10 @@ def stamp_layers(
     if period is None:
         raise refuse(f"no layer period ({found.reason})")
     graph = model.graph
+    for value in graph.inputs:  # (a cache kind without a name format here: not stamped)
+        named = cache_name(value.name)
+        if value.name not in _STEP_INPUTS and (named is None or named[1] >= period):
+            raise refuse(f"graph input {value.name!r} is not a cache input of a traced layer")
     # the function that calls the layers, and its one call in the main graph
     names = [f"{found.path}.{r}" for r in range(period)]
     owner = None
@@ -454,35 +468,66 @@ def stamp_layers(
         raise refuse(f"{key[1]} is called {len(callers)} times in the main graph")
     (caller,) = callers
     last_part = found.path.rsplit(".", 1)[-1]
-    # which function inputs are per-layer: weights of {path}.{r}. or copies of past_key_values.r
-    per_input: dict[int, tuple[int, Any, str]] = {}  # position -> (r, main value, kind)
+    # per-layer function inputs: weights of {path}.{r}., or a cache input of layer r (through
+    # a chain of main-graph nodes: an Identity copy, the Pad of a conv state)
+    per_input: dict[int, tuple[int, Any, Any, list[Any]]] = {}  # position -> r, main, source, chain
     for position, actual in enumerate(caller.inputs):
         if actual is None:
             continue
         r = _layer_of(actual.name or "", found.path, period)
         if r is not None and actual.is_initializer():
-            per_input[position] = (r, actual, "weight")
+            per_input[position] = (r, actual, None, [])
             continue
-        source = _identity_source(actual)
-        for r in range(period):
-            for kind in _KINDS:
-                if source.name == f"{_PAST}.{r}.{kind}" and source is not actual:
-                    per_input[position] = (r, actual, kind)
-    per_output: dict[int, tuple[int, str]] = {}
+        source, chain = source_chain(actual)
+        named = cache_name(source.name) if source.is_graph_input() else None
+        if named is not None:
+            per_input[position] = (named[1], actual, source, chain)
+    # per-layer function outputs: a present… graph output, or a layer call's value the main
+    # graph's control flow reads (the held conv states' If)
+    owners = _subgraph_owners(graph)
+    per_output: dict[int, tuple[int, bool]] = {}  # position -> r, whether a present output
+    flows: dict[int, Any] = {}
     for position, actual in enumerate(caller.outputs):
-        for r in range(period):
-            for kind in _KINDS:
-                if actual.name == f"{_PRESENT}.{r}.{kind}" and actual in graph.outputs:
-                    per_output[position] = (r, kind)
+        named = cache_name(actual.name)
+        if named is not None and actual in graph.outputs:
+            per_output[position] = (named[1], True)
+            continue
+        producer = function.outputs[position].producer()
+        if producer is None or producer not in layer_calls:
+            continue
+        readers = [owners.get(id(use.node.graph)) for use in actual.uses()]
+        if not readers or actual in graph.outputs or any(n is None for n in readers):
+            raise refuse(f"layer output {actual.name!r} is read by the main graph")
+        flows.update((id(n), n) for n in readers)
+        per_output[position] = (layer_calls.index(producer), False)
+    for value in graph.outputs:
+        named = cache_name(value.name)
+        if value.name != "logits" and (named is None or named[1] >= period):
+            raise refuse(f"graph output {value.name!r} is not a cache output of a traced layer")
     formal_in = {id(function.inputs[p]): p for p in per_input}
     formal_out = {id(function.outputs[p]): p for p in per_output}
-    # the hidden state: the one output of each layer call that is not a present
-    hidden_out = []
-    for call in layer_calls:
-        rest = [o for o in call.outputs if id(o) not in formal_out]
-        if len(rest) != 1:
-            raise refuse(f"{call.name} has {len(rest)} outputs besides its cache")
-        hidden_out.append(rest[0])
+    # the hidden state: the last layer's one output read after the layers, then backwards the
+    # one output of each layer of its type that the next layer reads; any other output of a
+    # layer (a layer-invariant value torch computed once, inside the first) is read by layers
+    others = [[o for o in call.outputs if id(o) not in formal_out] for call in layer_calls]
+    tail = [o for o in others[-1] if any(u.node not in layer_calls for u in o.uses())]
+    if len(tail) != 1:
+        raise refuse(f"{names[-1]} has {len(tail)} outputs read after the layers")
+    hidden_out = [tail[0]]
+    for r in range(period - 2, -1, -1):
+        found_out = [
+            o
+            for o in others[r]
+            if (o.dtype, o.shape) == (tail[0].dtype, tail[0].shape)
+            and any(u.node is layer_calls[r + 1] for u in o.uses())
+        ]
+        if len(found_out) != 1:
+            raise refuse(f"cannot tell the hidden-state output of {names[r]}")
+        hidden_out.insert(0, found_out[0])
+    for r, outs in enumerate(others):
+        for o in outs:
+            if o is not hidden_out[r] and any(u.node not in layer_calls for u in o.uses()):
+                raise refuse(f"{names[r]}'s output {o.name!r} is read outside the layers")
     hidden_in = []
     for r, call in enumerate(layer_calls):
         out = hidden_out[r]
@@ -504,34 +549,37 @@ def stamp_layers(
                 raise refuse(f"{call.name} reads another layer's weights or cache")
     # uses of the last traced layer's hidden state (outside the layers) move to the last stamp
     last = hidden_out[-1]
-    tail_uses = [(n, idx) for n, idx in last.uses() if n is not layer_calls[0]]
-    if any(n in layer_calls for n, _ in tail_uses):
-        raise refuse("a traced layer reads the last traced layer's output")
+    tail_uses = [(n, idx) for n, idx in last.uses() if n not in layer_calls]
 
     new_formal_in: list[Any] = []
     new_actual_in: list[Any] = []
     new_formal_out: list[Any] = []
     new_actual_out: list[Any] = []
-    new_inputs: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
-    new_outputs: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
+    new_inputs: list[Any] = []
+    new_presents: list[Any] = []
     main_nodes: list[Any] = []
     body: list[Any] = []
+    # per stamped layer: layer r's main-graph values (ids) → layer i's, for the control flow
+    substitutions: dict[int, tuple[int, dict[int, Any]]] = {}
+    flowing: list[tuple[dict[int, Any], Any, Any]] = []  # (subst, layer r's value, layer i's)
     previous = last
     for i in range(period, count):
         r = i % period
         rep = layer_calls[r]
+        subst: dict[int, Any] = {}
+        substitutions[i] = (r, subst)
         mapping: dict[int, Any] = {}
         for v in rep.inputs:
             if v is None or id(v) not in formal_in:
                 continue
             position = formal_in[id(v)]
-            _, actual, kind = per_input[position]
+            _, actual, source, chain = per_input[position]
             formal = ir.Value(
                 name=_formal_name(v.name or "", last_part, r, i),
                 shape=v.shape,
                 type=v.type,
             )
-            if kind == "weight":
+            if source is None:  # a weight
                 name = _renamed(actual.name, found.path, r, i)
                 if name in graph.initializers:
                     raise refuse(f"initializer {name!r} exists already")
@@ -541,17 +589,16 @@ def stamp_layers(
                     raise refuse(f"no tensor for {name!r}")
                 graph.register_initializer(value)
             else:
-                past = ir.Value(
-                    name=f"{_PAST}.{i}.{kind}",
-                    shape=_identity_source(actual).shape,
-                    type=_identity_source(actual).type,
-                )
-                new_inputs[kind].append(past)
-                copy = ir.node("Identity", [past], name=f"{actual.name}.{i}")
-                copy.outputs[0].name = f"{actual.name}.{i}"
-                copy.outputs[0].shape, copy.outputs[0].type = actual.shape, actual.type
-                main_nodes.append(copy)
-                value = copy.outputs[0]
+                fmt, _, suffix = cache_name(source.name)  # type: ignore[misc]
+                past = next((x for x in new_inputs if x.name == fmt % i + suffix), None)
+                if past is None:
+                    past = ir.Value(name=fmt % i + suffix, shape=source.shape, type=source.type)
+                    new_inputs.append(past)
+                subst[id(source)] = past
+                nodes, value = clone_chain(chain, past, i)
+                for old, new in zip(chain, nodes, strict=True):
+                    subst[id(old.outputs[0])] = new.outputs[0]
+                main_nodes.extend(nodes)
             mapping[id(v)] = formal
             new_formal_in.append(formal)
             new_actual_in.append(value)
@@ -573,15 +620,23 @@ def stamp_layers(
         for out, rep_out in zip(clone.outputs, rep.outputs, strict=True):
             out.shape, out.type = rep_out.shape, rep_out.type
             if id(rep_out) in formal_out:
-                _, kind = per_output[formal_out[id(rep_out)]]
-                out.name = f"{_PRESENT}.{i}.{kind}"
-                actual = ir.Value(name=f"{_PRESENT}.{i}.{kind}", shape=out.shape, type=out.type)
+                position = formal_out[id(rep_out)]
+                old_actual = caller.outputs[position]
+                if per_output[position][1]:
+                    fmt, _, suffix = cache_name(old_actual.name)  # type: ignore[misc]
+                    out.name = fmt % i + suffix
+                    actual = ir.Value(name=out.name, shape=out.shape, type=out.type)
+                    new_presents.append(actual)
+                else:
+                    out.name = f"{rep_out.name}.{i}"
+                    actual = ir.Value(name=f"{old_actual.name}.{i}", shape=out.shape, type=out.type)
+                    flowing.append((subst, old_actual, actual))
                 new_formal_out.append(out)
                 new_actual_out.append(actual)
-                new_outputs[kind].append(actual)
             else:
                 out.name = f"{rep_out.name}.{i}"
-                previous = out
+                if rep_out is hidden_out[r]:
+                    previous = out
         body.append(clone)
     for node, idx in tail_uses:
         node.replace_input_with(idx, previous)
@@ -613,25 +668,28 @@ def stamp_layers(
     for old in old_outputs:
         old.replace_all_uses_with(by_id[id(old)], replace_graph_outputs=True)
     graph.remove(caller, safe=True)
-    # graph inputs and outputs: all keys, then all values
-    for kind in _KINDS:
-        at = (
-            max(
-                p
-                for p, v in enumerate(graph.inputs)
-                if v.name.startswith(f"{_PAST}.") and v.name.endswith(f".{kind}")
-            )
-            + 1
-        )
-        graph.inputs[at:at] = new_inputs[kind]
-        at = (
-            max(
-                p
-                for p, v in enumerate(graph.outputs)
-                if v.name.startswith(f"{_PRESENT}.") and v.name.endswith(kind)
-            )
-            + 1
-        )
-        graph.outputs[at:at] = [by_id.get(id(v), v) for v in new_outputs[kind]]
+    for subst, old, new in flowing:  # layer r's flowing value (now the new call's) → layer i's
+        subst[id(by_id[id(old)])] = by_id[id(new)]
+    presents = [by_id[id(v)] for v in new_presents]
+    for node in flows.values():
+        presents += stamp_control_flow(graph, node, substitutions, refuse)
+    # graph inputs and outputs: kind by kind, layer by layer (a full trace's order)
+    _insert_by_format(graph.inputs, new_inputs)
+    _insert_by_format(graph.outputs, presents)
     graph.sort()
     return model
+
+
+def _subgraph_owners(graph: Any) -> dict[int, Any]:
+    """The id of every subgraph (nested too) under ``graph``'s nodes → its main-graph node."""
+    owners: dict[int, Any] = {}
+    for node in graph:
+        stack = [a.as_graph() for a in node.attributes.values() if a.type.name == "GRAPH"]
+        while stack:
+            sub = stack.pop()
+            owners[id(sub)] = node
+            for inner in sub:
+                stack.extend(
+                    a.as_graph() for a in inner.attributes.values() if a.type.name == "GRAPH"
+                )
+    return owners

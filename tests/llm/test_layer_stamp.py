@@ -258,3 +258,115 @@ def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> Non
         if name.startswith("present."):  # the 3 positions written: the rest of a buffer
             a, b = a[:, :, :3], b[:, :, :3]  # bounded to its window is not written (garbage)
         np.testing.assert_array_equal(a, b)
+
+
+def _state_model(kind: str):
+    """Tiny hybrid models with a layer period: Qwen3.5 (3 gated-delta-net layers, then
+    attention: ``P = 4``), LFM2 (conv, attention: ``P = 2``), Mamba2 (``P = 1``)."""
+    import torch
+    import transformers
+
+    common = dict(
+        vocab_size=300, hidden_size=64, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        initializer_range=0.3,
+    )  # fmt: skip
+    attention = dict(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    if kind == "qwen3_5":
+        config = transformers.Qwen3_5TextConfig(
+            **common, **attention, num_hidden_layers=8, head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
+        )  # fmt: skip
+    elif kind == "lfm2":
+        config = transformers.Lfm2Config(
+            **common, **attention, num_hidden_layers=4, block_ff_dim=128,
+            layer_types=["conv", "full_attention"] * 2, block_auto_adjust_ff_dim=False,
+        )  # fmt: skip
+    else:
+        config = transformers.Mamba2Config(
+            **common, num_hidden_layers=3, num_heads=4, head_dim=32, state_size=16, n_groups=1,
+            expand=2,
+        )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_index_attribute_on_some_layers_only() -> None:
+    # Qwen3.5's linear_attn.layer_idx is on its linear-attention layers only, self_attn's on
+    # its attention layers only: each is still the layer index where it is
+    found = layer_period(_state_model("qwen3_5"))
+    assert (found.period, found.layers, found.reason) == (4, 8, "")
+    assert {"linear_attn.layer_idx", "self_attn.layer_idx"} <= set(found.index_attributes)
+
+
+# (Qwen3.5, P = 4, is exported both ways, whole folders, in
+# test_export_state_model_layer_reuse_in_genai)
+@pytest.mark.parametrize(("kind", "period"), [("lfm2", 2), ("mamba2", 1)])
+def test_stamped_state_model_equals_full_trace(kind: str, period: int) -> None:
+    """Conv and recurrent states stamped too: their inputs' ``Pad``/``Identity`` in front of
+    the layer call, and the held conv states' ``If``, which gets the stamped layers' outputs."""
+    import numpy as np
+    import onnx_ir as ir
+
+    import irkit
+    from irkit.llm import causal_lm_feeds, export_causal_lm
+    from irkit.llm._stamp import stamp_layers
+
+    model = _state_model(kind)
+    found = layer_period(model)
+    assert found.period == period
+    exported = export_causal_lm(model)
+    full = irkit.lower(exported.program, **exported.lower_kwargs())
+    with cut_layers(model, found):
+        cut = export_causal_lm(model)
+    stamped = irkit.lower(cut.program, **cut.lower_kwargs())
+    state = model.state_dict()
+    stamp_layers(stamped, found, lambda n: ir.tensor(state[n].detach().numpy(), name=n))
+    for kind_ in ("inputs", "outputs"):
+        expected = [v.name for v in getattr(full.graph, kind_)]
+        assert [v.name for v in getattr(stamped.graph, kind_)] == expected
+    assert any(name.startswith("past.") for name in exported.input_names)
+    assert sorted(stamped.graph.initializers) == sorted(full.graph.initializers)
+    for batch, seq, past in ((2, 3, 5), (1, 1, 7), (2, 6, 0)):
+        feeds = causal_lm_feeds(model, batch=batch, seq=seq, past=past, layout=exported.cache)
+        if seq > 1:  # (a prefill from zero states; the second row right-padded)
+            feeds = {k: np.zeros_like(v) if k.startswith("past.") else v for k, v in feeds.items()}
+            if batch == 2:
+                feeds["attention_mask"][1, -2:] = 0
+        for a, b in zip(_run(full, feeds), _run(stamped, feeds), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_export_state_model_layer_reuse_in_genai(tmp_path) -> None:
+    """``irkit export`` of a hybrid model with layer reuse: the folder of the full trace
+    (inputs, outputs, op histogram, genai_config.json) and genai's ids equal ``generate``'s on
+    a right-padded batch."""
+    import json
+
+    import onnx
+
+    from irkit.llm import export
+    from tests.llm import genai_support as gs
+
+    model = _state_model("qwen3_5")
+    folder = gs.save_folder(tmp_path / "hf", model, gs.tokenizer(vocab_size=300))
+    lines: list[str] = []
+    export(folder, tmp_path / "stamped", log=lines.append)
+    assert any("traced 4 of 8 decoder layers" in x for x in lines)
+    export(folder, tmp_path / "full", layer_reuse=False)
+    protos = [onnx.load(tmp_path / d / "model.onnx") for d in ("full", "stamped")]
+    for kind in ("input", "output"):
+        names = [[v.name for v in getattr(p.graph, kind)] for p in protos]
+        assert names[0] == names[1]
+    counts = [
+        collections.Counter(n.op_type for graph in (p.graph, *p.functions) for n in graph.node)
+        for p in protos
+    ]
+    assert counts[0] == counts[1]
+    configs = [
+        json.loads((tmp_path / d / "genai_config.json").read_text()) for d in ("full", "stamped")
+    ]
+    assert configs[0] == configs[1]
+    prompts = ["a b c d e f g h i j k l m n o p q r s t", "b c d e f g"]
+    want = gs.reference_ids(folder, prompts, 24, model)
+    assert gs.genai_ids(tmp_path / "stamped", prompts, 24) == want
