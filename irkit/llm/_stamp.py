@@ -42,8 +42,9 @@ __all__ = [
     "stamp_layers",
 ]
 
-#: The largest period tried (a larger one saves little trace time).
-MAX_PERIOD = 4
+#: The largest period tried: hybrids repeat their attention layer every 4 (Qwen3.5, Qwen3-Next),
+#: 8 (Jamba, MiniMax) or 10 (Granite-4.0-H) layers; a trace of P of N layers costs ~P/N of all.
+MAX_PERIOD = 16
 _INTERNAL = frozenset({"_parameters", "_buffers", "_modules", "training"})
 
 
