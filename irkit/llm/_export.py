@@ -772,20 +772,25 @@ def _trace_and_lower(
             except ExportError as exc:
                 note(f"layer reuse off ({exc}); tracing every layer")
             else:
+                rule = (
+                    f"layer i = layer i mod {found.period}"
+                    if not found.sources
+                    else "each as its last equal among them"
+                )
                 note(
                     f"layer reuse: traced {found.period} of {found.layers} decoder layers, "
-                    f"stamped the others (layer i = layer i mod {found.period})"
+                    f"stamped the others ({rule})"
                 )
-                return model, _all_layers(cut, found.layers, found.period)
+                return model, _all_layers(cut, found.layers, found.source)
         else:
             note(f"layer reuse off: {found.reason}; tracing every layer")
     exported = export_causal_lm(source.model)
     return lower(exported), exported
 
 
-def _all_layers(cut: Any, count: int, period: int) -> Any:
+def _all_layers(cut: Any, count: int, source: Callable[[int], int]) -> Any:
     """``cut``'s export with the names and cache layout of all ``count`` layers (layer ``i``
-    is layer ``i mod period``)."""
+    is traced layer ``source(i)``)."""
     from irkit.llm._causal_lm import CacheLayout
 
     if cut.cache.states:  # every cache tensor by kind and layer: kind by kind, layer by layer
@@ -795,17 +800,17 @@ def _all_layers(cut: Any, count: int, period: int) -> Any:
                 dataclasses.replace(spec, layer=i)
                 for i in range(count)
                 for spec in cut.cache.states
-                if spec.layer == i % period
+                if spec.layer == source(i)
             ),
             key=lambda s: (kinds.index(s.kind.name), s.layer, s.index),
         )
         attention = [s.layer for s in cut.cache.states if s.kind.name == "key"]
         keys = dict(zip(attention, cut.cache.keys, strict=True))
         values = dict(zip(attention, cut.cache.values, strict=True))
-        every = [i for i in range(count) if i % period in keys]
+        every = [i for i in range(count) if source(i) in keys]
         layout = CacheLayout(
-            keys=tuple(keys[i % period] for i in every),
-            values=tuple(values[i % period] for i in every),
+            keys=tuple(keys[source(i)] for i in every),
+            values=tuple(values[source(i)] for i in every),
             dtype=cut.cache.dtype,
             states=tuple(states),
         )
@@ -817,8 +822,8 @@ def _all_layers(cut: Any, count: int, period: int) -> Any:
             cache=layout,
         )
     layout = CacheLayout(
-        keys=tuple(cut.cache.keys[i % period] for i in range(count)),
-        values=tuple(cut.cache.values[i % period] for i in range(count)),
+        keys=tuple(cut.cache.keys[source(i)] for i in range(count)),
+        values=tuple(cut.cache.values[source(i)] for i in range(count)),
         dtype=cut.cache.dtype,
     )
     past = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(count)]

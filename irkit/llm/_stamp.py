@@ -53,11 +53,15 @@ class LayerPeriod:
     """What :func:`layer_period` found.
 
     Attributes:
-        period: The smallest ``P`` with layer ``i`` ≡ layer ``i mod P``, or ``None`` (full trace).
+        period: ``P``, how many first layers are traced: the smallest with layer ``i`` ≡ layer
+            ``i mod P``, else the shortest prefix holding an equal of every later layer; or
+            ``None`` (full trace).
         layers: ``N``, the number of decoder layers (0 where no layer list was found).
         path: Module path of the decoder-layer list (e.g. ``model.layers``).
         index_attributes: Relative attribute paths holding the layer index (``self_attn.layer_idx``).
         reason: Why there is no period (empty when there is one).
+        sources: Per layer, the traced layer it is stamped from, where not ``i mod P`` (the
+            prefix case); empty for a period.
     """
 
     period: int | None
@@ -65,6 +69,13 @@ class LayerPeriod:
     path: str
     index_attributes: tuple[str, ...]
     reason: str = ""
+    sources: tuple[int, ...] = ()
+
+    def source(self, layer: int) -> int:
+        """The traced layer that layer ``layer`` is a stamp of."""
+        if self.period is None:
+            raise ValueError("no layer period")
+        return self.sources[layer] if self.sources else layer % self.period
 
 
 def _text_config(model: Any) -> Any:
@@ -317,7 +328,53 @@ def layer_period(model: Any, buffers: Mapping[str, Any] | None = None) -> LayerP
         reasons.append(f"P={period}: {why}")
     if not reasons:
         reasons.append(f"{count} layer(s): too few to trace fewer")
+        return LayerPeriod(None, count, path, tuple(sorted(index)), "; ".join(reasons))
+    prefix = _prefix_sources(layers, path, attributes, index, buffers, lists)
+    if isinstance(prefix, tuple):
+        traced = next(i for i, source in enumerate(prefix) if source != i)
+        return LayerPeriod(traced, count, path, tuple(sorted(index)), "", prefix)
+    reasons.append(prefix)
     return LayerPeriod(None, count, path, tuple(sorted(index)), "; ".join(reasons))
+
+
+def _prefix_sources(
+    layers: Any,
+    path: str,
+    attributes: list[dict[str, Any]],
+    index: set[str],
+    buffers: Mapping[str, Any],
+    lists: dict[str, list[Any]],
+) -> tuple[int, ...] | str:
+    """Without a period: the shortest prefix of ``Q <= N / 2`` layers holding an equal of every
+    later layer (LFM2's attention layers at irregular places: conv, conv, attention, then any
+    mix of the two), as each layer's source (``i`` itself inside the prefix, the last equal
+    layer of the prefix after it); else why not. Equal: :func:`_same_layer`, and the same
+    value in every per-layer config list."""
+    count = len(layers)
+    classes = [_classes(layer) for layer in layers]
+    memo: dict[tuple[int, int], bool] = {}
+
+    def equal(i: int, j: int) -> bool:
+        if (i, j) not in memo:
+            memo[i, j] = (
+                classes[i] == classes[j]
+                and all(_equal(v[i], v[j]) is True for v in lists.values())
+                and not _same_layer(i, j, layers, path, attributes, index, buffers)
+            )
+        return memo[i, j]
+
+    last = ""
+    for prefix in range(1, count // 2 + 1):
+        sources = list(range(prefix))
+        for i in range(prefix, count):
+            j = next((j for j in range(prefix - 1, -1, -1) if equal(i, j)), None)
+            if j is None:
+                last = f"layer {i} equals none of the first {prefix}"
+                break
+            sources.append(j)
+        else:
+            return tuple(sources)
+    return f"no prefix of at most {count // 2} layers holds an equal of every later one ({last})"
 
 
 @contextlib.contextmanager
@@ -565,7 +622,7 @@ def stamp_layers(
     flowing: list[tuple[dict[int, Any], Any, Any]] = []  # (subst, layer r's value, layer i's)
     previous = last
     for i in range(period, count):
-        r = i % period
+        r = found.source(i)
         rep = layer_calls[r]
         subst: dict[int, Any] = {}
         substitutions[i] = (r, subst)

@@ -63,13 +63,23 @@ def test_custom_forward_reading_layer_index_refused() -> None:
     assert "self.layer_idx" in found.reason
 
 
-def test_non_periodic_config_list_refused() -> None:
-    # qwen2: sliding window from layer max_window_layers on: full, sliding, sliding, sliding
+def test_non_periodic_layers_take_a_prefix() -> None:
+    # qwen2: sliding window from layer max_window_layers on: full, sliding, sliding, sliding —
+    # no period, but the first two layers hold an equal of every later one
     model = _model("qwen2", layer_types=["full_attention", *["sliding_attention"] * 3])
     found = layer_period(model)
+    assert (found.period, found.sources, found.reason) == (2, (0, 1, 1, 1), "")
+    assert [found.source(i) for i in range(4)] == [0, 1, 1, 1]
+
+
+def test_no_prefix_refused() -> None:
+    # the last layer's attention differs from every other: no prefix of at most N / 2 layers
+    model = _model("llama")
+    model.model.layers[3].self_attn.scaling = 0.5
+    found = layer_period(model)
     assert found.period is None
-    assert "config.layer_types is not 1-periodic" in found.reason
-    assert "config.layer_types is not 2-periodic" in found.reason
+    assert "no prefix of at most 2 layers holds an equal of every later one" in found.reason
+    assert "(layer 3 equals none of the first 2)" in found.reason
 
 
 def test_different_attribute_refused() -> None:
@@ -261,8 +271,8 @@ def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> Non
 
 
 def _state_model(kind: str):
-    """Tiny hybrid models with a layer period: Qwen3.5 (3 gated-delta-net layers, then
-    attention: ``P = 4``), LFM2 (conv, attention: ``P = 2``), Mamba2 (``P = 1``)."""
+    """Tiny hybrid models: Qwen3.5 (3 gated-delta-net layers, then attention: ``P = 4``),
+    LFM2 (conv and attention layers at no period: the first 3 traced), Mamba2 (``P = 1``)."""
     import torch
     import transformers
 
@@ -277,10 +287,11 @@ def _state_model(kind: str):
             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
             layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
         )  # fmt: skip
-    elif kind == "lfm2":
+    elif kind == "lfm2":  # (attention layers at no period, as in LFM2's checkpoints)
         config = transformers.Lfm2Config(
-            **common, **attention, num_hidden_layers=4, block_ff_dim=128,
-            layer_types=["conv", "full_attention"] * 2, block_auto_adjust_ff_dim=False,
+            **common, **attention, num_hidden_layers=7, block_ff_dim=128,
+            layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv", "conv"],
+            block_auto_adjust_ff_dim=False,
         )  # fmt: skip
     else:
         config = transformers.Mamba2Config(
@@ -301,7 +312,7 @@ def test_index_attribute_on_some_layers_only() -> None:
 
 # (Qwen3.5, P = 4, is exported both ways, whole folders, in
 # test_export_state_model_layer_reuse_in_genai)
-@pytest.mark.parametrize(("kind", "period"), [("lfm2", 2), ("mamba2", 1)])
+@pytest.mark.parametrize(("kind", "period"), [("lfm2", 3), ("mamba2", 1)])
 def test_stamped_state_model_equals_full_trace(kind: str, period: int) -> None:
     """Conv and recurrent states stamped too: their inputs' ``Pad``/``Identity`` in front of
     the layer call, and the held conv states' ``If``, which gets the stamped layers' outputs."""
