@@ -305,6 +305,12 @@ def layer_period(model: Any, buffers: Mapping[str, Any] | None = None) -> LayerP
         why = _forward_reads(cls, names)
         if why:
             return LayerPeriod(None, count, path, tuple(sorted(index)), why)
+    owner: dict[int, int] = {}
+    for i, layer in enumerate(layers):  # (a stamp renames its weights by layer: none shared)
+        for name, tensor in layer.named_parameters(remove_duplicate=False):
+            if owner.setdefault(id(tensor), i) != i:
+                why = f"{path}.{i}.{name} is a parameter of layer {owner[id(tensor)]} too"
+                return LayerPeriod(None, count, path, tuple(sorted(index)), why)
     lists = _config_lists(_text_config(model), count)
     reasons = []
     for period in range(1, MAX_PERIOD + 1):

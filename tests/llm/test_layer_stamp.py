@@ -72,6 +72,15 @@ def test_non_periodic_layers_take_a_prefix() -> None:
     assert [found.source(i) for i in range(4)] == [0, 1, 1, 1]
 
 
+def test_shared_parameters_refused() -> None:
+    # Zamba2's hybrid layers share one transformer block: a stamp would rename its weights
+    model = _model("llama")
+    model.model.layers[2].mlp = model.model.layers[0].mlp
+    found = layer_period(model)
+    assert found.period is None
+    assert found.reason == "model.layers.2.mlp.gate_proj.weight is a parameter of layer 0 too"
+
+
 def test_no_prefix_refused() -> None:
     # the last layer's attention differs from every other: no prefix of at most N / 2 layers
     model = _model("llama")
