@@ -502,7 +502,13 @@ def stamp_layers(
     import onnx_ir as ir
 
     from irkit.errors import ExportError
-    from irkit.llm._stamp_graph import cache_name, clone_chain, source_chain, stamp_control_flow
+    from irkit.llm._stamp_graph import (
+        cache_name,
+        clone_chain,
+        copy_node,
+        source_chain,
+        stamp_control_flow,
+    )
 
     def refuse(why: str) -> ExportError:
         return ExportError(f"stamp_layers: {why}; trace every layer (layer_reuse=False)")
@@ -668,15 +674,12 @@ def stamp_layers(
             new_actual_in.append(value)
         inputs = [mapping.get(id(v), v) if v is not None else None for v in rep.inputs]
         inputs[hidden_in[r]] = previous
-        clone = ir.Node(
-            rep.domain,
-            rep.op_type,
+        clone = copy_node(
+            rep,
             inputs,
-            attributes=list(rep.attributes.values()),
-            overload=rep.overload,
-            num_outputs=len(rep.outputs),
-            name=f"{found.path}.{i}",
-            metadata_props={
+            len(rep.outputs),
+            f"{found.path}.{i}",
+            **{
                 k: v.replace(f'"{found.path}.{r}"', f'"{found.path}.{i}"')
                 for k, v in rep.metadata_props.items()
             },
@@ -713,16 +716,7 @@ def stamp_layers(
     function.outputs[out_at:out_at] = new_formal_out
     call_inputs = list(caller.inputs)
     call_inputs[in_at:in_at] = new_actual_in
-    new_call = ir.Node(
-        caller.domain,
-        caller.op_type,
-        call_inputs,
-        attributes=list(caller.attributes.values()),
-        overload=caller.overload,
-        num_outputs=len(caller.outputs) + len(new_actual_out),
-        name=caller.name,
-        metadata_props=dict(caller.metadata_props),
-    )
+    new_call = copy_node(caller, call_inputs, len(caller.outputs) + len(new_actual_out))
     old_outputs = list(caller.outputs)
     outputs = old_outputs[:out_at] + new_actual_out + old_outputs[out_at:]
     for new, old in zip(new_call.outputs, outputs, strict=True):

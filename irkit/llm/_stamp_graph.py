@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["cache_name", "clone_chain", "source_chain", "stamp_control_flow"]
+__all__ = ["cache_name", "clone_chain", "copy_node", "source_chain", "stamp_control_flow"]
 
 
 @functools.cache
@@ -74,18 +74,28 @@ def source_chain(value: Any) -> tuple[Any, list[Any]]:
         value = live[0]
 
 
-def _clone(node: Any, inputs: Sequence[Any], layer: int) -> Any:
+def copy_node(
+    node: Any, inputs: Sequence[Any], outputs: int, name: str | None = None, **metadata: str
+) -> Any:
+    """A new node of ``node``'s op, attributes and metadata (``metadata`` replacing some) on
+    ``inputs``, with ``outputs`` outputs (unnamed) and ``name`` (default: ``node``'s)."""
     import onnx_ir as ir
 
-    clone = ir.Node(
+    return ir.Node(
         node.domain,
         node.op_type,
         list(inputs),
         attributes=list(node.attributes.values()),
         overload=node.overload,
-        num_outputs=len(node.outputs),
-        name=f"{node.name}.{layer}" if node.name else None,
-        metadata_props=dict(node.metadata_props),
+        num_outputs=outputs,
+        name=node.name if name is None else name,
+        metadata_props={**node.metadata_props, **metadata},
+    )
+
+
+def _clone(node: Any, inputs: Sequence[Any], layer: int) -> Any:
+    clone = copy_node(
+        node, inputs, len(node.outputs), f"{node.name}.{layer}" if node.name else None
     )
     for out, old in zip(clone.outputs, node.outputs, strict=True):
         out.name = f"{old.name}.{layer}"
@@ -164,7 +174,6 @@ def stamp_control_flow(
         The new outputs, named ``present…`` for layer ``i``, in the order of ``layers`` and of
         ``node``'s outputs.
     """
-    import onnx_ir as ir
 
     named = [cache_name(out.name) for out in node.outputs]
     if any(n is None for n in named) or not all(out in graph.outputs for out in node.outputs):
@@ -183,16 +192,7 @@ def stamp_control_flow(
             added.append((fmt, i, suffix, old.shape, old.type))
     if not added:
         return []
-    copy = ir.Node(
-        node.domain,
-        node.op_type,
-        list(node.inputs),
-        attributes=list(node.attributes.values()),
-        overload=node.overload,
-        num_outputs=len(node.outputs) + len(added),
-        name=node.name,
-        metadata_props=dict(node.metadata_props),
-    )
+    copy = copy_node(node, node.inputs, len(node.outputs) + len(added))
     old_outputs = list(node.outputs)
     for out, old in zip(copy.outputs, old_outputs, strict=False):
         out.name, out.shape, out.type = old.name, old.shape, old.type

@@ -152,14 +152,16 @@ def _histogram(model) -> collections.Counter:
     return counts
 
 
-def _stamped_and_full(name: str):
+def _stamped_and_full(name: str, model=None):
+    """The model (``_model(name)`` unless given), its export, and its lowering traced whole
+    and stamped from its traced layers."""
     import onnx_ir as ir
 
     import irkit
     from irkit.llm import export_causal_lm
     from irkit.llm._stamp import stamp_layers
 
-    model = _model(name)
+    model = _model(name) if model is None else model
     found = layer_period(model)
     exported = export_causal_lm(model)
     full = irkit.lower(exported.program, **exported.lower_kwargs())
@@ -209,12 +211,30 @@ def test_stamped_equals_full_trace(name: str) -> None:
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize(("name", "target"), [("llama", "onnx"), ("gemma2", "ort")])
-def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> None:
+def _assert_same_folders(full, stamped) -> None:
+    """The same graph inputs and outputs, op histogram (graph and functions) and
+    ``genai_config.json``."""
     import json
 
-    import numpy as np
     import onnx
+
+    protos = [onnx.load(d / "model.onnx") for d in (full, stamped)]
+    for kind in ("input", "output"):
+        names = [[v.name for v in getattr(p.graph, kind)] for p in protos]
+        assert names[0] == names[1]
+    counts = [
+        collections.Counter(n.op_type for graph in (p.graph, *p.functions) for n in graph.node)
+        for p in protos
+    ]
+    assert counts[0] == counts[1]
+    configs = [json.loads((d / "genai_config.json").read_text()) for d in (full, stamped)]
+    assert configs[0] == configs[1]
+
+
+@pytest.mark.parametrize(("name", "target"), [("llama", "onnx"), ("gemma2", "ort")])
+def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> None:
+
+    import numpy as np
 
     from irkit.cli import main
     from irkit.llm import export
@@ -239,19 +259,7 @@ def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> Non
         )
         == 0
     )
-    protos = [onnx.load(tmp_path / d / "model.onnx") for d in ("full", "stamped")]
-    for kind in ("input", "output"):
-        names = [[v.name for v in getattr(p.graph, kind)] for p in protos]
-        assert names[0] == names[1]
-    counts = [
-        collections.Counter(n.op_type for graph in (p.graph, *p.functions) for n in graph.node)
-        for p in protos
-    ]
-    assert counts[0] == counts[1]
-    configs = [
-        json.loads((tmp_path / d / "genai_config.json").read_text()) for d in ("full", "stamped")
-    ]
-    assert configs[0] == configs[1]
+    _assert_same_folders(tmp_path / "full", tmp_path / "stamped")
     feeds = {
         "input_ids": np.array([[5, 6, 7], [8, 9, 10]]),
         "attention_mask": np.ones((2, 3), np.int64),
@@ -326,22 +334,12 @@ def test_stamped_state_model_equals_full_trace(kind: str, period: int) -> None:
     """Conv and recurrent states stamped too: their inputs' ``Pad``/``Identity`` in front of
     the layer call, and the held conv states' ``If``, which gets the stamped layers' outputs."""
     import numpy as np
-    import onnx_ir as ir
 
-    import irkit
-    from irkit.llm import causal_lm_feeds, export_causal_lm
-    from irkit.llm._stamp import stamp_layers
+    from irkit.llm import causal_lm_feeds
 
     model = _state_model(kind)
-    found = layer_period(model)
-    assert found.period == period
-    exported = export_causal_lm(model)
-    full = irkit.lower(exported.program, **exported.lower_kwargs())
-    with cut_layers(model, found):
-        cut = export_causal_lm(model)
-    stamped = irkit.lower(cut.program, **cut.lower_kwargs())
-    state = model.state_dict()
-    stamp_layers(stamped, found, lambda n: ir.tensor(state[n].detach().numpy(), name=n))
+    assert layer_period(model).period == period
+    model, exported, full, stamped = _stamped_and_full(kind, model)
     for kind_ in ("inputs", "outputs"):
         expected = [v.name for v in getattr(full.graph, kind_)]
         assert [v.name for v in getattr(stamped.graph, kind_)] == expected
@@ -361,9 +359,6 @@ def test_export_state_model_layer_reuse_in_genai(tmp_path) -> None:
     """``irkit export`` of a hybrid model with layer reuse: the folder of the full trace
     (inputs, outputs, op histogram, genai_config.json) and genai's ids equal ``generate``'s on
     a right-padded batch."""
-    import json
-
-    import onnx
 
     from irkit.llm import export
     from tests.llm import genai_support as gs
@@ -374,19 +369,7 @@ def test_export_state_model_layer_reuse_in_genai(tmp_path) -> None:
     export(folder, tmp_path / "stamped", log=lines.append)
     assert any("traced 4 of 8 decoder layers" in x for x in lines)
     export(folder, tmp_path / "full", layer_reuse=False)
-    protos = [onnx.load(tmp_path / d / "model.onnx") for d in ("full", "stamped")]
-    for kind in ("input", "output"):
-        names = [[v.name for v in getattr(p.graph, kind)] for p in protos]
-        assert names[0] == names[1]
-    counts = [
-        collections.Counter(n.op_type for graph in (p.graph, *p.functions) for n in graph.node)
-        for p in protos
-    ]
-    assert counts[0] == counts[1]
-    configs = [
-        json.loads((tmp_path / d / "genai_config.json").read_text()) for d in ("full", "stamped")
-    ]
-    assert configs[0] == configs[1]
+    _assert_same_folders(tmp_path / "full", tmp_path / "stamped")
     prompts = ["a b c d e f g h i j k l m n o p q r s t", "b c d e f g"]
     want = gs.reference_ids(folder, prompts, 24, model)
     assert gs.genai_ids(tmp_path / "stamped", prompts, 24) == want
