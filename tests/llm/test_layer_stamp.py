@@ -72,6 +72,12 @@ def test_non_periodic_layers_take_a_prefix() -> None:
     assert [found.source(i) for i in range(4)] == [0, 1, 1, 1]
 
 
+def test_dense_first_layers_take_a_prefix() -> None:
+    # DeepSeek-V3: first_k_dense_replace dense layers (another MLP class), then MoE layers
+    found = layer_period(_model("deepseek_v3", layers=6))
+    assert (found.period, found.sources, found.reason) == (2, (0, 1, 1, 1, 1, 1), "")
+
+
 def test_shared_parameters_refused() -> None:
     # Zamba2's hybrid layers share one transformer block: a stamp would rename its weights
     model = _model("llama")
