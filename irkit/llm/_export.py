@@ -769,6 +769,11 @@ def _trace_and_lower(
 
             try:
                 stamp_layers(model, found, weight)
+                every = _all_layers(cut, found.layers, found.source)
+                for kind, names in (("inputs", every.input_names), ("outputs", every.output_names)):
+                    stamped = [v.name for v in getattr(model.graph, kind)]
+                    if stamped != names:  # (the cache layout all layers have: the folder's names)
+                        raise ExportError(f"the stamped graph's {kind} {stamped} are not {names}")
             except ExportError as exc:
                 note(f"layer reuse off ({exc}); tracing every layer")
             else:
@@ -781,7 +786,7 @@ def _trace_and_lower(
                     f"layer reuse: traced {found.period} of {found.layers} decoder layers, "
                     f"stamped the others ({rule})"
                 )
-                return model, _all_layers(cut, found.layers, found.source)
+                return model, every
         else:
             note(f"layer reuse off: {found.reason}; tracing every layer")
     exported = export_causal_lm(source.model)
