@@ -462,7 +462,10 @@ def _insert_by_format(values: Any, new: Sequence[Any]) -> None:
 
     for value in sorted(new, key=lambda v: cache_name(v.name)[1:]):  # type: ignore[index]
         fmt = cache_name(value.name)[0]  # type: ignore[index]
-        at = max(p for p, v in enumerate(values) if (cache_name(v.name) or ("",))[0] == fmt)
+        at = max(
+            (p for p, v in enumerate(values) if (cache_name(v.name) or ("",))[0] == fmt),
+            default=len(values) - 1,  # (a kind no traced layer has: last; the layout check refuses)
+        )
         values.insert(at + 1, value)
 
 
