@@ -776,6 +776,10 @@ def _trace_and_lower(
                         raise ExportError(f"the stamped graph's {kind} {stamped} are not {names}")
             except ExportError as exc:
                 note(f"layer reuse off ({exc}); tracing every layer")
+            except Exception as exc:  # (a graph stamping did not foresee: the full trace is right)
+                note(
+                    f"layer reuse off (stamp_layers: {type(exc).__name__}: {exc}); tracing every layer"
+                )
             else:
                 rule = (
                     f"layer i = layer i mod {found.period}"
