@@ -237,6 +237,26 @@ def _assert_same_folders(full, stamped) -> None:
     assert configs[0] == configs[1]
 
 
+def test_a_failing_stamp_traces_every_layer(tmp_path, monkeypatch) -> None:
+    """Anything the stamp did not foresee falls back to the full trace, with the reason."""
+    import irkit.llm._stamp as stamp
+    from irkit.llm import export
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("unforeseen graph")
+
+    monkeypatch.setattr(stamp, "stamp_layers", broken)
+    model = _model("llama")
+    model.save_pretrained(tmp_path / "src")
+    lines: list[str] = []
+    export(tmp_path / "src", tmp_path / "out", log=lines.append)
+    assert any(
+        "layer reuse off (stamp_layers: RuntimeError: unforeseen graph); tracing every layer" in x
+        for x in lines
+    )
+    assert (tmp_path / "out" / "model.onnx").exists()
+
+
 @pytest.mark.parametrize(("name", "target"), [("llama", "onnx"), ("gemma2", "ort")])
 def test_export_layer_reuse_same_folder(name: str, target: str, tmp_path) -> None:
 
