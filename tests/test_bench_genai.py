@@ -1,4 +1,5 @@
-"""``bench/bench_genai.py``'s load-order cancelling ratio (no genai run: figures given)."""
+"""``bench/bench_genai.py``'s load-order cancelling ratio and ``bench/bench_genai_alone.py``'s
+table (no genai run: figures given)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import pytest
 
 from bench import bench_genai as bg
+from bench import bench_genai_alone as alone
 
 
 def _process(first: str, irkit: list[float], builder: list[float]) -> bg.LoadOrder:
@@ -48,3 +50,21 @@ def test_the_report_prints_the_cancelled_ratio():
         in text
     )
     assert "prefill, load order cancelled" not in text  # (no prefill figures)
+
+
+def test_one_model_per_process_ratios_are_of_the_process_medians():
+    medians = {
+        ("irkit", "default"): {"prefill": [0.10, 0.11, 0.50], "per_token": [0.016, 0.016, 0.02]},
+        ("builder", "default"): {"prefill": [0.10, 0.10, 0.10], "per_token": [0.016, 0.017, 0.017]},
+        ("irkit", "hugepages"): {"prefill": [0.12, 0.12, 0.12], "per_token": [0.014, 0.014, 0.014]},
+        ("builder", "hugepages"): {"prefill": [0.1, 0.1, 0.1], "per_token": [0.016, 0.016, 0.016]},
+    }
+    text = alone.summary(medians, ["irkit", "builder"], ["default", "hugepages"], 3, 2)
+    lines = text.splitlines()
+    assert lines[0].startswith("one model per process, 3 processes per folder and environment x 2")
+    assert "[default] prefill   ratio irkit/builder: 1.100" in lines  # (0.11 / 0.10: medians)
+    assert "[default] per token ratio irkit/builder: 0.941" in lines  # (16 / 17)
+    assert "[hugepages] per token ratio irkit/builder: 0.875" in lines
+    assert "irkit: per token hugepages/default 0.875" in lines
+    assert "builder: per token hugepages/default 0.941" in lines
+    assert "[default] per token irkit   16.000 ms [16.000..20.000]" in text
