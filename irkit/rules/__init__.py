@@ -22,7 +22,7 @@ module                        identity
 :mod:`irkit.rules.glue`        shape-keeping ``Reshape`` → ``x``; head reshapes → 3-D ``Attention``
 :mod:`irkit.rules.unit_axes`   a ``Reshape`` appending unit dims → ``Unsqueeze``; an ``Unsqueeze``
                               of a ``keepdims=0`` reduction → ``keepdims=1`` (``"ort"`` target)
-:mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, n ≥ 3)
+:mod:`irkit.rules.packed`      ``x @ W₁ … x @ Wₙ`` → one ``MatMul`` + ``Split`` (Q/K/V, n ≥ 3); a pair back to two
 :mod:`irkit.rules.quantize`    constant-weight MatMul/FusedMatMul/Gemm → ``MatMulNBits`` (a pass:
                               :func:`irkit.quantize`, not in any default rule set)
 :mod:`irkit.rules.decode`      after quantizing: residual add + RMSNorm →

@@ -213,3 +213,85 @@ def test_wider_pack_is_kept_where_q_has_another_reader():
     assert stats.fired == 0 and "Q, K or V is read by more than the attention" in str(
         dict(stats.failures)
     )
+
+
+def _packed_pair(t: str, sizes: list[int], transposed: bool, split: str, bias: bool = False):
+    """x @ W (+ b) of a constant ``W`` packing ``sizes`` columns, split in two on the last axis
+    (``split``: by a sizes input or ``num_outputs``), both halves graph outputs."""
+    b, s, k = 2, 3, 8
+    m = _qkv(t, b, s, k, [sum(sizes)], transposed)
+    product = m.graph.outputs[0]
+    m.graph.outputs.clear()
+    y = product
+    if bias:
+        rng = np.random.default_rng(7)
+        data = rng.standard_normal(sum(sizes)).astype(TYPES[t])
+        value = ir.Value(
+            name="b", type=product.type, shape=ir.Shape([sum(sizes)]), const_value=ir.tensor(data)
+        )
+        m.graph.register_initializer(value)
+        add = ir.Node("", "Add", [product, value])
+        add.outputs[0].type, add.outputs[0].shape = product.type, product.shape
+        m.graph.append(add)
+        y = add.outputs[0]
+    if split == "sizes":
+        counts = ir.Value(
+            name="sizes",
+            type=ir.TensorType(ir.DataType.INT64),
+            shape=ir.Shape([2]),
+            const_value=ir.tensor(np.array(sizes, dtype=np.int64)),
+        )
+        m.graph.register_initializer(counts)
+        node = ir.Node("", "Split", [y, counts], [ir.AttrInt64("axis", -1)], num_outputs=2)
+    else:
+        attrs = [ir.AttrInt64("axis", 2), ir.AttrInt64("num_outputs", 2)]
+        node = ir.Node("", "Split", [y], attrs, num_outputs=2)
+    m.graph.append(node)
+    for i, (out, n) in enumerate(zip(node.outputs, sizes, strict=True)):
+        out.name, out.type, out.shape = f"half{i}", product.type, ir.Shape([b, s, n])
+        m.graph.outputs.append(out)
+    return m
+
+
+@pytest.mark.parametrize(
+    ("sizes", "transposed", "split", "t"),
+    [
+        ([6, 6], True, "num_outputs", "float"),  # (phi3's gate_up_proj.chunk(2, -1))
+        ([5, 3], False, "sizes", "float"),
+        ([4, 4], True, "sizes", "float16"),
+    ],
+)
+def test_a_packed_pair_is_two_products(sizes, transposed, split, t):
+    m = _packed_pair(t, sizes, transposed, split)
+    fire(m, "UnpackedMatMulPair", {"Constant": 2, "MatMul": 2}, t)
+    halves = [n.inputs[1].const_value.numpy().shape for n in m.graph if n.op_type == "MatMul"]
+    assert halves == [(8, sizes[0]), (8, sizes[1])]
+
+
+def test_a_packed_pair_with_its_bias_is_two_biased_products():
+    m = _packed_pair("float", [6, 6], True, "num_outputs", bias=True)
+    fire(m, "UnpackedMatMulPair", {"Add": 2, "Constant": 4, "MatMul": 2})
+
+
+def test_a_split_into_three_stays_packed():
+    m = _qkv("float", 1, 2, 4, [6], transposed=False)
+    y = m.graph.outputs.pop()
+    m.graph.append(ir.Node("", "Split", [y], [ir.AttrInt64("axis", -1)], num_outputs=3))
+    split = m.graph[-1]
+    split.attributes["num_outputs"] = ir.AttrInt64("num_outputs", 3)
+    for i, out in enumerate(split.outputs):
+        out.name, out.type, out.shape = f"p{i}", y.type, ir.Shape([1, 2, 2])
+        m.graph.outputs.append(out)
+    no_fire(m, "UnpackedMatMulPair", "a Split into 3: three or more stay packed (PackedMatMul)")
+
+
+def test_a_pair_whose_product_is_read_elsewhere_stays_packed():
+    m = _packed_pair("float", [6, 6], False, "sizes")
+    product = next(n for n in m.graph if n.op_type == "MatMul").outputs[0]
+    product.name = "whole"
+    m.graph.outputs.append(product)
+    no_fire(
+        m,
+        "UnpackedMatMulPair",
+        "the split value is not a node's output read only by the Split",
+    )
