@@ -680,6 +680,10 @@ def export(
 
     hoist_invariants(model)  # each layer's mask, rotary slices, … once in the main graph
     input_names = _drop_unread_inputs(model, exported.input_names, note)
+    from irkit.llm._logits import last_token_logits
+
+    if not last_token_logits(model):  # (genai then picks each row's last token itself)
+        note("logits of every position: the lm_head was not found after the last norm")
     content = genai_config(
         decoder,
         model_type=str(source.config.model_type),

@@ -157,7 +157,8 @@ def _assert_conv_state_is_chosen_once(path: pathlib.Path, contrib: bool) -> None
     assert [n.op_type for n in branches["then_branch"].node] == ["Identity"]
     assert "GatherElements" in {n.op_type for n in branches["else_branch"].node}
     everywhere = [n for g in (proto.graph, *proto.functions) for n in g.node]
-    assert "GatherElements" not in {n.op_type for n in everywhere}
+    gathers = {n.name for n in everywhere if n.op_type == "GatherElements"}
+    assert all(name.startswith("last_token_logits_") for name in gathers)  # (the logits' only)
     if contrib:  # (the op's new state leaves its function: no Concat of the state and x left)
         (conv,) = [n for n in everywhere if n.op_type == "CausalConvWithState"]
         assert len(conv.output) == 2 and conv.output[1]
